@@ -1,0 +1,57 @@
+# minibroker: every target that needs the environment installs it first, so a fresh clone needs
+# no other step. The venv is rebuilt only when pyproject.toml changes (the stamp file).
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+EXTRAS  ?= dev,spark
+PYTEST_ARGS ?=
+SEEDS   ?= 200
+
+.PHONY: install test test-unit test-integration lint proto proto-check bench sim demo clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	@touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-unit: install
+	$(BIN)/python -m pytest tests/unit tests/sim $(PYTEST_ARGS)
+
+test-integration: install
+	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+sim: install
+	MINIBROKER_SIM_SEEDS=$(SEEDS) $(BIN)/python -m pytest tests/sim -q $(PYTEST_ARGS)
+
+lint: install proto-check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# protoc's -I VIRTUAL=DISK mapping compiles proto/x.proto as minibroker/proto/x.proto, so the
+# generated imports read `from minibroker.proto import x_pb2` (research/aesthetics.md §4.4).
+GEN := .proto-gen
+proto: install
+	rm -rf $(GEN) && mkdir $(GEN)
+	$(BIN)/python -m grpc_tools.protoc -Iminibroker/proto=proto \
+	  --python_out=$(GEN) --grpc_python_out=$(GEN) --pyi_out=$(GEN) proto/*.proto
+	cp $(GEN)/minibroker/proto/*.py $(GEN)/minibroker/proto/*.pyi proto/
+	rm -rf $(GEN)
+
+proto-check: proto
+	git diff --exit-code -- proto/
+
+bench: install
+	$(BIN)/minibroker bench log
+
+demo: install
+	$(BIN)/minibroker demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis .proto-gen build *.egg-info

@@ -1,0 +1,47 @@
+"""The one `minibroker` command: assembles the subcommands of every component.
+
+This is the only module (with the rest of `minibroker.deploy`) allowed to import broker,
+controller and client alike (DESIGN.md §1). Each command module exposes
+`register(subparsers) -> None`, which adds its parser and sets `func(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Order is the order of `minibroker --help`.
+COMMAND_MODULES: tuple[str, ...] = (
+    "minibroker.client.cli.dump_log",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="minibroker",
+        description="minibroker: a small replicated log broker that follows Kafka's protocol.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
