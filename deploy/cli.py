@@ -14,6 +14,7 @@ import sys
 # Order is the order of `minibroker --help`.
 COMMAND_MODULES: tuple[str, ...] = (
     "minibroker.client.cli.dump_log",
+    "minibroker.deploy.bench",
 )
 
 
