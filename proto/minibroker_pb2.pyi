@@ -356,16 +356,20 @@ class MetadataRequest(_message.Message):
     def __init__(self, topics: _Optional[_Iterable[str]] = ..., all_topics: _Optional[bool] = ...) -> None: ...
 
 class MetadataResponse(_message.Message):
-    __slots__ = ("cluster_id", "controller_id", "brokers", "topics")
+    __slots__ = ("cluster_id", "controller_id", "brokers", "topics", "controller_host", "controller_port")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
     BROKERS_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_HOST_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_PORT_FIELD_NUMBER: _ClassVar[int]
     cluster_id: str
     controller_id: int
     brokers: _containers.RepeatedCompositeFieldContainer[BrokerMetadata]
     topics: _containers.RepeatedCompositeFieldContainer[TopicMetadata]
-    def __init__(self, cluster_id: _Optional[str] = ..., controller_id: _Optional[int] = ..., brokers: _Optional[_Iterable[_Union[BrokerMetadata, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicMetadata, _Mapping]]] = ...) -> None: ...
+    controller_host: str
+    controller_port: int
+    def __init__(self, cluster_id: _Optional[str] = ..., controller_id: _Optional[int] = ..., brokers: _Optional[_Iterable[_Union[BrokerMetadata, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicMetadata, _Mapping]]] = ..., controller_host: _Optional[str] = ..., controller_port: _Optional[int] = ...) -> None: ...
 
 class BrokerMetadata(_message.Message):
     __slots__ = ("node_id", "host", "port", "rack", "fenced")
