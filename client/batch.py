@@ -1,4 +1,4 @@
-"""Kafka v2 record-batch headers: parse, validate and restamp whole batches without decoding records.
+"""Kafka v2 record-batch headers: parse, validate and restamp batches without decoding records.
 
 Pure: no I/O (works on bytes, bytearray and memoryview). This is what the broker runs on the
 produce, replicate, fetch and recovery paths (DESIGN.md §4, §9): one header parse, one CRC32C, an

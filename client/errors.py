@@ -126,7 +126,8 @@ UnknownTopicOrPartitionError = _define(
 InvalidFetchSizeError = _define(ErrorCode.INVALID_FETCH_SIZE, "The fetch size is invalid.")
 LeaderNotAvailableError = _define(ErrorCode.LEADER_NOT_AVAILABLE, "The partition has no leader.")
 NotLeaderOrFollowerError = _define(
-    ErrorCode.NOT_LEADER_OR_FOLLOWER, "This broker is not the leader (or a follower) of the partition."
+    ErrorCode.NOT_LEADER_OR_FOLLOWER,
+    "This broker is not the leader (or a follower) of the partition.",
 )
 RequestTimedOutError = _define(ErrorCode.REQUEST_TIMED_OUT, "The request timed out.")
 BrokerNotAvailableError = _define(ErrorCode.BROKER_NOT_AVAILABLE, "The broker is not available.")
@@ -189,7 +190,9 @@ PreferredLeaderNotAvailableError = _define(
 EligibleLeadersNotAvailableError = _define(
     ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE, "No replica can be elected leader."
 )
-ElectionNotNeededError = _define(ErrorCode.ELECTION_NOT_NEEDED, "The leader is already the one asked.")
+ElectionNotNeededError = _define(
+    ErrorCode.ELECTION_NOT_NEEDED, "The leader is already the one asked."
+)
 InvalidRecordError = _define(ErrorCode.INVALID_RECORD, "A record is invalid.")
 InvalidUpdateVersionError = _define(
     ErrorCode.INVALID_UPDATE_VERSION, "The partition epoch is stale (compare-and-set failed)."

@@ -10,9 +10,7 @@ import argparse
 import importlib
 from typing import Any
 
-BENCH_MODULES: tuple[str, ...] = (
-    "minibroker.broker.storage.bench",
-)
+BENCH_MODULES: tuple[str, ...] = ("minibroker.broker.storage.bench",)
 
 
 def register(sub: Any) -> None:

@@ -17,5 +17,7 @@ def test_every_subpackage_is_listed_in_pyproject() -> None:
         for ns, folder in cfg["package-dir"].items()
         for init in (ROOT / folder).rglob("__init__.py")
     }
-    assert on_disk - listed == set(), f"add to [tool.setuptools].packages: {sorted(on_disk - listed)}"
+    assert on_disk - listed == set(), (
+        f"add to [tool.setuptools].packages: {sorted(on_disk - listed)}"
+    )
     assert listed - on_disk == set(), f"listed but missing on disk: {sorted(listed - on_disk)}"

@@ -14,8 +14,9 @@ from typing import Any
 import structlog
 
 
-def configure(component: str, *, node_id: int | None = None, json: bool | None = None,
-              level: str = "INFO") -> None:
+def configure(
+    component: str, *, node_id: int | None = None, json: bool | None = None, level: str = "INFO"
+) -> None:
     """Configure structlog once per process; `component` and `node_id` go on every line."""
     if json is None:
         json = not sys.stderr.isatty()

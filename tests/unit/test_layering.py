@@ -22,7 +22,14 @@ PURE = [
     "controller/core",
 ]
 FORBIDDEN_IN_PURE = {
-    "asyncio", "grpc", "socket", "os", "time", "random", "threading", "subprocess",
+    "asyncio",
+    "grpc",
+    "socket",
+    "os",
+    "time",
+    "random",
+    "threading",
+    "subprocess",
     "minibroker.proto",
 }
 # package folder -> packages it must never import
@@ -30,8 +37,12 @@ FORBIDDEN_EDGES = {
     "client": {"minibroker.broker", "minibroker.controller", "minibroker.deploy"},
     "broker": {"minibroker.controller", "minibroker.deploy"},
     "controller": {"minibroker.broker", "minibroker.deploy"},
-    "proto": {"minibroker.broker", "minibroker.controller", "minibroker.client",
-              "minibroker.deploy"},
+    "proto": {
+        "minibroker.broker",
+        "minibroker.controller",
+        "minibroker.client",
+        "minibroker.deploy",
+    },
 }
 
 
@@ -57,8 +68,11 @@ def test_pure_cores_do_not_import_io() -> None:
         for path in files:
             if not path.exists():
                 continue
-            bad += [f"{path.relative_to(ROOT)} imports {n}" for n in _imports(path)
-                    if _matches(n, FORBIDDEN_IN_PURE)]
+            bad += [
+                f"{path.relative_to(ROOT)} imports {n}"
+                for n in _imports(path)
+                if _matches(n, FORBIDDEN_IN_PURE)
+            ]
     assert not bad, "\n".join(bad)
 
 
@@ -66,6 +80,9 @@ def test_dependencies_point_one_way() -> None:
     bad = []
     for folder, forbidden in FORBIDDEN_EDGES.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
-            bad += [f"{path.relative_to(ROOT)} imports {n}" for n in _imports(path)
-                    if _matches(n, forbidden)]
+            bad += [
+                f"{path.relative_to(ROOT)} imports {n}"
+                for n in _imports(path)
+                if _matches(n, forbidden)
+            ]
     assert not bad, "\n".join(bad)

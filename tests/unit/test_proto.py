@@ -21,15 +21,27 @@ def test_generated_stubs_are_fresh(tmp_path: pathlib.Path) -> None:
     out.mkdir()
     protos = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "proto").glob("*.proto"))
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", "-Iminibroker/proto=proto",
-         f"--python_out={out}", f"--grpc_python_out={out}", f"--pyi_out={out}", *protos],
-        cwd=ROOT, check=True,
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            "-Iminibroker/proto=proto",
+            f"--python_out={out}",
+            f"--grpc_python_out={out}",
+            f"--pyi_out={out}",
+            *protos,
+        ],
+        cwd=ROOT,
+        check=True,
     )
     generated = sorted((out / "minibroker" / "proto").iterdir())
     assert generated, "protoc produced nothing"
-    stale = [g.name for g in generated
-             if not (ROOT / "proto" / g.name).exists()
-             or (ROOT / "proto" / g.name).read_bytes() != g.read_bytes()]
+    stale = [
+        g.name
+        for g in generated
+        if not (ROOT / "proto" / g.name).exists()
+        or (ROOT / "proto" / g.name).read_bytes() != g.read_bytes()
+    ]
     assert not stale, f"stale generated files, run `make proto`: {stale}"
 
 

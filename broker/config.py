@@ -1,0 +1,180 @@
+"""Broker configuration: Kafka's property names, minibroker's local-cluster defaults.
+
+Pure apart from reading the config file through `client.common.config.load_file`. Broker-level
+defaults for topic configs are accepted under the topic name (`min.insync.replicas`) and under
+Kafka's broker name (`log.segment.bytes`, `message.max.bytes`, ...); a topic's own config wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from minibroker.client.common.config import ConfigError, ConfigKey, at_least, resolve
+from minibroker.client.topic_config import TOPIC_CONFIG_KEYS
+
+# Kafka's broker-level names for topic-level defaults.
+BROKER_ALIASES: dict[str, str] = {
+    "log.segment.bytes": "segment.bytes",
+    "log.roll.ms": "segment.ms",
+    "log.retention.ms": "retention.ms",
+    "log.retention.bytes": "retention.bytes",
+    "message.max.bytes": "max.message.bytes",
+    "log.index.interval.bytes": "index.interval.bytes",
+    "log.flush.interval.messages": "flush.messages",
+    "log.flush.interval.ms": "flush.ms",
+    "log.message.timestamp.type": "message.timestamp.type",
+    "log.cleanup.policy": "cleanup.policy",
+}
+
+BROKER_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey("node.id", int, -1, "this broker's id (required, >= 0)"),
+    ConfigKey("log.dirs", str, "", "the data dir (one dir per broker)"),
+    ConfigKey("listeners", str, "127.0.0.1:9092", "HOST:PORT the broker serves on (port 0: any)"),
+    ConfigKey(
+        "controller.quorum.bootstrap.servers", str, "127.0.0.1:9093", "HOST:PORT of the controller"
+    ),
+    ConfigKey("broker.rack", str, "", "rack id for replica placement and fetch-from-follower"),
+    ConfigKey(
+        "metrics.port", int, 0, "Prometheus /metrics port (0: any free port, -1: off)", at_least(-1)
+    ),
+    ConfigKey(
+        "broker.heartbeat.interval.ms",
+        int,
+        500,
+        "heartbeat period (Kafka: 2000; shorter for fast local failover)",
+        at_least(10),
+    ),
+    ConfigKey(
+        "replica.lag.time.max.ms",
+        int,
+        10000,
+        "drop a follower from the ISR when not caught up for this long (Kafka: 30000)",
+        at_least(10),
+    ),
+    ConfigKey("replica.fetch.wait.max.ms", int, 500, "follower long-poll wait", at_least(0)),
+    ConfigKey("replica.fetch.min.bytes", int, 1, "follower long-poll minimum", at_least(0)),
+    ConfigKey(
+        "replica.fetch.max.bytes", int, 1048576, "per-partition follower fetch size", at_least(1)
+    ),
+    ConfigKey(
+        "replica.fetch.response.max.bytes",
+        int,
+        10485760,
+        "follower fetch response size",
+        at_least(1),
+    ),
+    ConfigKey(
+        "replica.fetch.backoff.ms",
+        int,
+        200,
+        "wait after a follower fetch error (Kafka: 1000)",
+        at_least(0),
+    ),
+    ConfigKey(
+        "replica.high.watermark.checkpoint.interval.ms",
+        int,
+        5000,
+        "how often HWs are checkpointed",
+        at_least(1),
+    ),
+    ConfigKey(
+        "log.flush.offset.checkpoint.interval.ms",
+        int,
+        60000,
+        "how often the recovery point is checkpointed",
+        at_least(1),
+    ),
+    ConfigKey(
+        "log.retention.check.interval.ms",
+        int,
+        60000,
+        "how often retention runs (Kafka: 300000)",
+        at_least(1),
+    ),
+    ConfigKey(
+        "replica.selector.class",
+        str,
+        "RackAwareReplicaSelector",
+        "fetch-from-follower: RackAwareReplicaSelector or '' (leader only)",
+    ),
+    ConfigKey(
+        "queued.max.requests", int, 1000, "bound on parked produce and fetch requests", at_least(1)
+    ),
+)
+
+_BROKER_KEY_NAMES = frozenset(k.name for k in BROKER_KEYS)
+_TOPIC_KEY_NAMES = frozenset(k.name for k in TOPIC_CONFIG_KEYS)
+
+
+def is_known_key(name: str) -> bool:
+    return name in _BROKER_KEY_NAMES or name in _TOPIC_KEY_NAMES or name in BROKER_ALIASES
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Typed broker settings plus the broker's defaults for topic configs."""
+
+    values: Mapping[str, Any]
+    topic_defaults: Mapping[str, Any]
+
+    @property
+    def node_id(self) -> int:
+        return int(self.values["node.id"])
+
+    @property
+    def data_dir(self) -> str:
+        return str(self.values["log.dirs"])
+
+    @property
+    def listen(self) -> tuple[str, int]:
+        return split_host_port(str(self.values["listeners"]))
+
+    @property
+    def controller(self) -> tuple[str, int]:
+        return split_host_port(str(self.values["controller.quorum.bootstrap.servers"]))
+
+    @property
+    def rack(self) -> str:
+        return str(self.values["broker.rack"])
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+
+def split_host_port(text: str) -> tuple[str, int]:
+    text = text.strip()
+    for prefix in ("PLAINTEXT://", "plaintext://"):
+        text = text.removeprefix(prefix)
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def build_config(*layers: Mapping[str, Any]) -> BrokerConfig:
+    """Merge layers (file, then flags) into a BrokerConfig; unknown keys raise ConfigError."""
+    broker_layers: list[dict[str, Any]] = []
+    topic_layers: list[dict[str, Any]] = []
+    for layer in layers:
+        b: dict[str, Any] = {}
+        t: dict[str, Any] = {}
+        for name, value in layer.items():
+            if name in _BROKER_KEY_NAMES:
+                b[name] = value
+            elif name in _TOPIC_KEY_NAMES:
+                t[name] = value
+            elif name in BROKER_ALIASES:
+                t[BROKER_ALIASES[name]] = value
+            else:
+                raise ConfigError(f"unknown broker configuration {name!r}")
+        broker_layers.append(b)
+        topic_layers.append(t)
+    values = resolve(BROKER_KEYS, *broker_layers)
+    if values["node.id"] < 0:
+        raise ConfigError("node.id is required (--node-id N, N >= 0)")
+    if not values["log.dirs"]:
+        raise ConfigError("a data dir is required (--data-dir DIR)")
+    topic_defaults = resolve(TOPIC_CONFIG_KEYS, *topic_layers)
+    return BrokerConfig(values=values, topic_defaults=topic_defaults)
