@@ -1,0 +1,261 @@
+"""Protobuf <-> domain conversion for BrokerService, so nothing past the servicer sees `_pb2` types.
+
+Pure conversion, no I/O. Record data stays an opaque `bytes` object end to end (never copied
+per record); the dataclasses are per partition, not per record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minibroker.client.errors import ErrorCode
+from minibroker.proto import minibroker_pb2 as pb
+
+
+@dataclass(frozen=True, slots=True)
+class ProducePartition:
+    topic: str
+    partition: int
+    records: bytes
+
+
+@dataclass(slots=True)
+class ProduceResult:
+    topic: str
+    partition: int
+    error: ErrorCode = ErrorCode.NONE
+    message: str = ""
+    base_offset: int = -1
+    log_append_time_ms: int = -1
+    log_start_offset: int = -1
+    leader: tuple[int, int] | None = None  # (leader id, leader epoch) with NOT_LEADER
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPartitionRequest:
+    topic: str
+    partition: int
+    current_leader_epoch: int
+    fetch_offset: int
+    last_fetched_epoch: int
+    log_start_offset: int
+    max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchParams:
+    replica_id: int  # -1: a consumer
+    replica_epoch: int
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int
+    rack_id: str
+    partitions: tuple[FetchPartitionRequest, ...]
+
+    @property
+    def is_follower(self) -> bool:
+        return self.replica_id >= 0
+
+
+@dataclass(slots=True)
+class FetchPartitionResult:
+    topic: str
+    partition: int
+    error: ErrorCode = ErrorCode.NONE
+    message: str = ""
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    log_end_offset: int = -1
+    diverging_epoch: tuple[int, int] | None = None  # (epoch, end offset)
+    current_leader: tuple[int, int] | None = None  # (leader id, leader epoch)
+    preferred_read_replica: int = -1
+    records: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class ListOffsetsPartition:
+    topic: str
+    partition: int
+    current_leader_epoch: int
+    timestamp: int
+
+
+@dataclass(slots=True)
+class ListOffsetsResult:
+    topic: str
+    partition: int
+    error: ErrorCode = ErrorCode.NONE
+    message: str = ""
+    timestamp: int = -1
+    offset: int = -1
+    leader_epoch: int = -1
+
+
+@dataclass(slots=True)
+class FollowerState:
+    replica_id: int
+    log_end_offset: int
+    last_caught_up_time_ms: int
+
+
+@dataclass(slots=True)
+class ReplicaState:
+    topic: str
+    partition: int
+    is_leader: bool
+    leader_id: int
+    leader_epoch: int
+    partition_epoch: int
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+    isr: list[int]
+    maximal_isr: list[int]
+    size_bytes: int
+    followers: list[FollowerState] = field(default_factory=list)
+
+
+# -- decode ----------------------------------------------------------------------------------
+
+
+def decode_produce(request: pb.ProduceRequest) -> list[ProducePartition]:
+    return [
+        ProducePartition(t.topic, p.partition, p.records)
+        for t in request.topics
+        for p in t.partitions
+    ]
+
+
+def decode_fetch(request: pb.FetchRequest) -> FetchParams:
+    return FetchParams(
+        replica_id=request.replica_id,
+        replica_epoch=request.replica_epoch,
+        max_wait_ms=request.max_wait_ms,
+        min_bytes=request.min_bytes,
+        max_bytes=request.max_bytes,
+        rack_id=request.rack_id,
+        partitions=tuple(
+            FetchPartitionRequest(
+                topic=t.topic,
+                partition=p.partition,
+                current_leader_epoch=p.current_leader_epoch,
+                fetch_offset=p.fetch_offset,
+                last_fetched_epoch=p.last_fetched_epoch,
+                log_start_offset=p.log_start_offset,
+                max_bytes=p.partition_max_bytes,
+            )
+            for t in request.topics
+            for p in t.partitions
+        ),
+    )
+
+
+def decode_list_offsets(request: pb.ListOffsetsRequest) -> list[ListOffsetsPartition]:
+    return [
+        ListOffsetsPartition(t.topic, p.partition, p.current_leader_epoch, p.timestamp)
+        for t in request.topics
+        for p in t.partitions
+    ]
+
+
+# -- encode ----------------------------------------------------------------------------------
+
+
+def _grouped(results: list, make_partition, topic_cls, partitions_field: str):  # type: ignore[no-untyped-def]
+    by_topic: dict[str, list] = {}
+    for result in results:
+        by_topic.setdefault(result.topic, []).append(make_partition(result))
+    return [
+        topic_cls(topic=topic, **{partitions_field: parts}) for topic, parts in by_topic.items()
+    ]
+
+
+def _leader(value: tuple[int, int] | None) -> pb.LeaderIdAndEpoch | None:
+    if value is None:
+        return None
+    return pb.LeaderIdAndEpoch(leader_id=value[0], leader_epoch=value[1])
+
+
+def encode_produce(results: list[ProduceResult]) -> pb.ProduceResponse:
+    def make(r: ProduceResult) -> pb.PartitionProduceResponse:
+        return pb.PartitionProduceResponse(
+            partition=r.partition,
+            error_code=int(r.error),
+            error_message=r.message,
+            base_offset=r.base_offset,
+            log_append_time_ms=r.log_append_time_ms,
+            log_start_offset=r.log_start_offset,
+            current_leader=_leader(r.leader),
+        )
+
+    return pb.ProduceResponse(topics=_grouped(results, make, pb.TopicProduceResponse, "partitions"))
+
+
+def encode_fetch(results: list[FetchPartitionResult]) -> pb.FetchResponse:
+    def make(r: FetchPartitionResult) -> pb.FetchPartitionResponse:
+        return pb.FetchPartitionResponse(
+            partition=r.partition,
+            error_code=int(r.error),
+            error_message=r.message,
+            high_watermark=r.high_watermark,
+            last_stable_offset=r.high_watermark,
+            log_start_offset=r.log_start_offset,
+            log_end_offset=r.log_end_offset,
+            diverging_epoch=(
+                pb.EpochEndOffset(epoch=r.diverging_epoch[0], end_offset=r.diverging_epoch[1])
+                if r.diverging_epoch is not None
+                else None
+            ),
+            current_leader=_leader(r.current_leader),
+            preferred_read_replica=r.preferred_read_replica,
+            records=r.records,
+        )
+
+    return pb.FetchResponse(topics=_grouped(results, make, pb.FetchTopicResponse, "partitions"))
+
+
+def encode_list_offsets(results: list[ListOffsetsResult]) -> pb.ListOffsetsResponse:
+    def make(r: ListOffsetsResult) -> pb.ListOffsetsPartitionResponse:
+        return pb.ListOffsetsPartitionResponse(
+            partition=r.partition,
+            error_code=int(r.error),
+            error_message=r.message,
+            timestamp=r.timestamp,
+            offset=r.offset,
+            leader_epoch=r.leader_epoch,
+        )
+
+    return pb.ListOffsetsResponse(
+        topics=_grouped(results, make, pb.ListOffsetsTopicResponse, "partitions")
+    )
+
+
+def encode_replicas(broker_id: int, states: list[ReplicaState]) -> pb.DescribeReplicasResponse:
+    return pb.DescribeReplicasResponse(
+        broker_id=broker_id,
+        replicas=[
+            pb.ReplicaDescription(
+                topic=s.topic,
+                partition=s.partition,
+                is_leader=s.is_leader,
+                leader_id=s.leader_id,
+                leader_epoch=s.leader_epoch,
+                partition_epoch=s.partition_epoch,
+                log_start_offset=s.log_start_offset,
+                log_end_offset=s.log_end_offset,
+                high_watermark=s.high_watermark,
+                isr=s.isr,
+                maximal_isr=s.maximal_isr,
+                size_bytes=s.size_bytes,
+                followers=[
+                    pb.FollowerDescription(
+                        replica_id=f.replica_id,
+                        log_end_offset=f.log_end_offset,
+                        last_caught_up_time_ms=f.last_caught_up_time_ms,
+                    )
+                    for f in s.followers
+                ],
+            )
+            for s in states
+        ],
+    )
