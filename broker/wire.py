@@ -158,6 +158,37 @@ def decode_list_offsets(request: pb.ListOffsetsRequest) -> list[ListOffsetsParti
     ]
 
 
+def decode_fetch_response(response: pb.FetchResponse) -> list[FetchPartitionResult]:
+    """A leader's Fetch answer as seen by a follower fetcher."""
+    results = []
+    for t in response.topics:
+        for p in t.partitions:
+            results.append(
+                FetchPartitionResult(
+                    topic=t.topic,
+                    partition=p.partition,
+                    error=ErrorCode(p.error_code),
+                    message=p.error_message,
+                    high_watermark=p.high_watermark,
+                    log_start_offset=p.log_start_offset,
+                    log_end_offset=p.log_end_offset,
+                    diverging_epoch=(
+                        (p.diverging_epoch.epoch, p.diverging_epoch.end_offset)
+                        if p.HasField("diverging_epoch")
+                        else None
+                    ),
+                    current_leader=(
+                        (p.current_leader.leader_id, p.current_leader.leader_epoch)
+                        if p.HasField("current_leader")
+                        else None
+                    ),
+                    preferred_read_replica=p.preferred_read_replica,
+                    records=p.records,
+                )
+            )
+    return results
+
+
 # -- encode ----------------------------------------------------------------------------------
 
 
