@@ -18,6 +18,7 @@ PURE = [
     "client/errors.py",
     "client/batch.py",
     "client/records.py",
+    "client/compression.py",
     "client/partitioner.py",
     "controller/core",
 ]

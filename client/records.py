@@ -1,0 +1,644 @@
+"""The v2 record-batch codec: records in, Kafka's RecordBatch bytes out, and back.
+
+Pure: no I/O. Header-level work (parsing, CRC32C validation, restamping offsets and epochs) lives
+in `minibroker.client.batch` and is called from here, never re-implemented; compression framing
+lives in `minibroker.client.compression`. Layout (research/kafka-replication.md §3, Kafka's
+DefaultRecordBatch and DefaultRecord): a 61-byte header, then `recordsCount` records, each
+
+    length varint | attributes int8 | timestampDelta varlong | offsetDelta varint |
+    keyLength varint | key | valueLength varint | value | headersCount varint |
+    (headerKeyLength varint | headerKey utf8 | headerValueLength varint | headerValue)*
+
+where varints are zig-zag encoded (Kafka's ByteUtils) and -1 lengths mean null. With compression
+the whole records section (after `recordsCount`) is one compressed blob.
+
+The producer's accumulator uses `BatchBuilder`: each record is varint-encoded when it is appended,
+so closing a batch is one join, at most one compression and one CRC. Consumers use
+`iter_records` / `iter_decoded_batches` over a fetch response, which may end in a partial batch.
+Malformed input of any kind raises `CorruptRecordError` with the batch's position and a reason.
+
+Objects here are not thread-safe; a BatchBuilder belongs to one producer task.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from operator import index
+from typing import NamedTuple
+
+from minibroker.client.batch import (
+    ATTRIBUTES_OFFSET,
+    BATCH_LENGTH_MIN,
+    COMPRESSION_MASK,
+    CRC_OFFSET,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAGIC,
+    NO_PARTITION_LEADER_EPOCH,
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    NO_SEQUENCE,
+    TIMESTAMP_TYPE_MASK,
+    TRANSACTIONAL_MASK,
+    BatchHeader,
+    Compression,
+    CorruptRecordError,
+    crc_of,
+    read_header,
+)
+from minibroker.client.compression import compress, decompress
+
+INT32_MIN = -(1 << 31)
+INT32_MAX = (1 << 31) - 1
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+
+CREATE_TIME = 0
+LOG_APPEND_TIME = 1
+
+# A record body is at least attributes, timestampDelta, offsetDelta, keyLength, valueLength and
+# headersCount at one byte each; with its length prefix a record takes at least 7 bytes.
+MIN_RECORD_BODY_BYTES = 6
+MIN_RECORD_BYTES = MIN_RECORD_BODY_BYTES + 1
+# DefaultRecord.MAX_RECORD_OVERHEAD: the most a record adds around its key, value and headers.
+MAX_RECORD_OVERHEAD = 21
+
+# Writing side of the header layout that minibroker.client.batch documents and parses.
+_HEADER_WRITER = struct.Struct(">qiibIhiqqqhii")
+_UINT32 = struct.Struct(">I")
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+
+HeaderList = Sequence[tuple[str, bytes | None]]
+RecordInput = tuple[int, bytes | None, bytes | None, HeaderList]
+
+
+# ---------------------------------------------------------------------------------------------
+# Varints (Kafka's ByteUtils.writeVarint / writeVarlong / readVarint / readVarlong)
+
+
+def _encode_unsigned(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+# Every value whose zig-zag form fits two bytes, precomputed: lengths of keys and values up to
+# 8 KiB, offset deltas and small timestamp deltas all hit this table, which keeps append cheap.
+_SMALL_LIMIT = 8192
+_SMALL_VARINTS: tuple[bytes, ...] = tuple(
+    _encode_unsigned((n << 1) ^ (n >> 63)) for n in range(-_SMALL_LIMIT, _SMALL_LIMIT)
+)
+_NULL_LENGTH = _SMALL_VARINTS[_SMALL_LIMIT - 1]  # varint(-1): a null key, value or header value
+
+
+def encode_varint(value: int) -> bytes:
+    """Zig-zag varint of a signed int32 (at most 5 bytes)."""
+    if -_SMALL_LIMIT <= value < _SMALL_LIMIT:
+        return _SMALL_VARINTS[value + _SMALL_LIMIT]
+    if not INT32_MIN <= value <= INT32_MAX:
+        raise ValueError(f"varint {value} is outside int32")
+    return _encode_unsigned(((value << 1) ^ (value >> 31)) & 0xFFFFFFFF)
+
+
+def encode_varlong(value: int) -> bytes:
+    """Zig-zag varint of a signed int64 (at most 10 bytes)."""
+    if -_SMALL_LIMIT <= value < _SMALL_LIMIT:
+        return _SMALL_VARINTS[value + _SMALL_LIMIT]
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError(f"varlong {value} is outside int64")
+    return _encode_unsigned(((value << 1) ^ (value >> 63)) & 0xFFFFFFFFFFFFFFFF)
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """Hot-path varint read; running off the end raises IndexError, which callers translate."""
+    b = buf[pos]
+    if b < 0x80:
+        return (b >> 1) ^ -(b & 1), pos + 1
+    result = b & 0x7F
+    shift = 7
+    pos += 1
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            break
+        shift += 7
+        if shift > 28:
+            raise CorruptRecordError("varint is longer than 5 bytes")
+    # Java keeps only the low 32 bits of the five 7-bit groups; so do we.
+    result &= 0xFFFFFFFF
+    return (result >> 1) ^ -(result & 1), pos
+
+
+def _read_varlong(buf: bytes, pos: int) -> tuple[int, int]:
+    b = buf[pos]
+    if b < 0x80:
+        return (b >> 1) ^ -(b & 1), pos + 1
+    result = b & 0x7F
+    shift = 7
+    pos += 1
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise CorruptRecordError("varlong is longer than 10 bytes")
+    result &= 0xFFFFFFFFFFFFFFFF
+    return (result >> 1) ^ -(result & 1), pos
+
+
+def decode_varint(buf: bytes | bytearray, pos: int = 0) -> tuple[int, int]:
+    """Read a zig-zag int32 varint at `pos`; returns (value, next position)."""
+    try:
+        return _read_varint(buf, pos)
+    except IndexError:
+        raise CorruptRecordError(f"varint at {pos} runs past the end of the buffer") from None
+
+
+def decode_varlong(buf: bytes | bytearray, pos: int = 0) -> tuple[int, int]:
+    """Read a zig-zag int64 varint at `pos`; returns (value, next position)."""
+    try:
+        return _read_varlong(buf, pos)
+    except IndexError:
+        raise CorruptRecordError(f"varlong at {pos} runs past the end of the buffer") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+
+
+def _as_bytes(data: bytes | bytearray | memoryview | None, what: str) -> bytes | None:
+    if data is None or type(data) is bytes:
+        return data
+    if isinstance(data, bytearray | memoryview):
+        return bytes(data)
+    raise TypeError(f"record {what} must be bytes or None, not {type(data).__name__}")
+
+
+class BatchBuilder:
+    """Accumulates records into one v2 batch for the producer (Kafka's MemoryRecordsBuilder).
+
+    Offsets deltas are 0..n-1; the first record's timestamp is the batch's baseTimestamp. The
+    size estimate counts uncompressed bytes, so with compression a batch holds at least
+    `batch_size` bytes of uncompressed records (Kafka starts its estimate at ratio 1.0 too).
+    `append` refuses a record that would pass `batch_size`, except into an empty builder: one
+    record larger than `batch_size` still gets a batch of its own, as in Kafka.
+    """
+
+    def __init__(
+        self,
+        batch_size: int = 16384,
+        *,
+        compression: Compression = Compression.NONE,
+        compression_level: int | None = None,
+        base_offset: int = 0,
+        partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+        producer_id: int = NO_PRODUCER_ID,
+        producer_epoch: int = NO_PRODUCER_EPOCH,
+        base_sequence: int = NO_SEQUENCE,
+        timestamp_type: int = CREATE_TIME,
+        is_transactional: bool = False,
+    ) -> None:
+        if timestamp_type not in (CREATE_TIME, LOG_APPEND_TIME):
+            raise ValueError(f"timestamp_type must be 0 (CreateTime) or 1, got {timestamp_type}")
+        self.batch_size = batch_size
+        self.compression = Compression(compression)
+        self.compression_level = compression_level
+        self.base_offset = base_offset
+        self.partition_leader_epoch = partition_leader_epoch
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.base_sequence = base_sequence
+        self.timestamp_type = timestamp_type
+        self.is_transactional = is_transactional
+        self._parts: list[bytes] = []
+        self._records_bytes = 0
+        self._count = 0
+        self._base_timestamp = 0
+        self._max_timestamp = 0
+        self._built: bytes | None = None
+
+    @property
+    def record_count(self) -> int:
+        return self._count
+
+    @property
+    def is_empty(self) -> bool:
+        return self._count == 0
+
+    @property
+    def is_closed(self) -> bool:
+        return self._built is not None
+
+    @property
+    def estimated_size(self) -> int:
+        """Header plus uncompressed records: the batch's size without compression."""
+        return HEADER_SIZE + self._records_bytes
+
+    @property
+    def base_timestamp(self) -> int:
+        return self._base_timestamp
+
+    @property
+    def max_timestamp(self) -> int:
+        return self._max_timestamp
+
+    def set_producer_state(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        base_sequence: int,
+        is_transactional: bool = False,
+    ) -> None:
+        """Stamp the idempotence fields, known only when the sender drains the batch."""
+        if self._built is not None:
+            raise RuntimeError("the batch is already built")
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.base_sequence = base_sequence
+        self.is_transactional = is_transactional
+
+    def append(
+        self,
+        timestamp_ms: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: HeaderList = (),
+    ) -> bool:
+        """Encode one record into the batch. False (nothing added) when it would overflow."""
+        if self._built is not None:
+            raise RuntimeError("the batch is already built")
+        timestamp_ms = index(timestamp_ms)
+        if type(key) is not bytes:
+            key = _as_bytes(key, "key")
+        if type(value) is not bytes:
+            value = _as_bytes(value, "value")
+        count = self._count
+        base = timestamp_ms if count == 0 else self._base_timestamp
+        parts = [b"\x00", encode_varlong(timestamp_ms - base), encode_varint(count)]
+        if key is None:
+            parts.append(_NULL_LENGTH)
+        else:
+            parts.append(encode_varint(len(key)))
+            parts.append(key)
+        if value is None:
+            parts.append(_NULL_LENGTH)
+        else:
+            parts.append(encode_varint(len(value)))
+            parts.append(value)
+        parts.append(encode_varint(len(headers)))
+        for name, header_value in headers:
+            encoded_name = name.encode("utf-8")
+            parts.append(encode_varint(len(encoded_name)))
+            parts.append(encoded_name)
+            if header_value is None:
+                parts.append(_NULL_LENGTH)
+            else:
+                if type(header_value) is not bytes:
+                    header_value = _as_bytes(header_value, "header value")
+                    assert header_value is not None
+                parts.append(encode_varint(len(header_value)))
+                parts.append(header_value)
+        body_size = sum(map(len, parts))
+        prefix = encode_varint(body_size)
+        record_size = len(prefix) + body_size
+        if count > 0 and HEADER_SIZE + self._records_bytes + record_size > self.batch_size:
+            return False
+        if count == 0:
+            self._base_timestamp = timestamp_ms
+            self._max_timestamp = timestamp_ms
+        elif timestamp_ms > self._max_timestamp:
+            self._max_timestamp = timestamp_ms
+        self._parts.append(prefix)
+        self._parts.extend(parts)
+        self._records_bytes += record_size
+        self._count = count + 1
+        return True
+
+    def build(self) -> bytes:
+        """Close the batch and return its bytes (cached: later calls return the same bytes)."""
+        if self._built is not None:
+            return self._built
+        if self._count == 0:
+            raise ValueError("a record batch holds at least one record")
+        records = b"".join(self._parts)
+        if self.compression is not Compression.NONE:
+            records = compress(self.compression, records, self.compression_level)
+        attributes = int(self.compression)
+        if self.timestamp_type == LOG_APPEND_TIME:
+            attributes |= TIMESTAMP_TYPE_MASK
+        if self.is_transactional:
+            attributes |= TRANSACTIONAL_MASK
+        out = bytearray(HEADER_SIZE)
+        out += records
+        _HEADER_WRITER.pack_into(
+            out,
+            0,
+            self.base_offset,
+            len(out) - LOG_OVERHEAD,
+            self.partition_leader_epoch,
+            MAGIC,
+            0,
+            attributes,
+            self._count - 1,
+            self._base_timestamp,
+            self._max_timestamp,
+            self.producer_id,
+            self.producer_epoch,
+            self.base_sequence,
+            self._count,
+        )
+        _UINT32.pack_into(out, CRC_OFFSET, crc_of(out, ATTRIBUTES_OFFSET, len(out)))
+        self._built = bytes(out)
+        self._parts = []
+        return self._built
+
+
+def encode_batch(
+    records: Iterable[RecordInput],
+    *,
+    compression: Compression = Compression.NONE,
+    compression_level: int | None = None,
+    base_offset: int = 0,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    timestamp_type: int = CREATE_TIME,
+    is_transactional: bool = False,
+) -> bytes:
+    """One v2 batch of `records` = (timestamp_ms, key, value, headers); offset deltas 0..n-1."""
+    builder = BatchBuilder(
+        INT32_MAX,
+        compression=compression,
+        compression_level=compression_level,
+        base_offset=base_offset,
+        partition_leader_epoch=partition_leader_epoch,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        timestamp_type=timestamp_type,
+        is_transactional=is_transactional,
+    )
+    for timestamp_ms, key, value, headers in records:
+        builder.append(timestamp_ms, key, value, headers)
+    return builder.build()
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding
+
+
+class DecodedRecord(NamedTuple):
+    """One record with its absolute offset. key/value None for null; headers name -> value."""
+
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedBatch:
+    """A validated batch and its records; `position` is where it starts in the decoded buffer."""
+
+    position: int
+    header: BatchHeader
+    records: list[DecodedRecord]
+
+    @property
+    def base_offset(self) -> int:
+        return self.header.base_offset
+
+    @property
+    def last_offset(self) -> int:
+        return self.header.last_offset
+
+    @property
+    def size(self) -> int:
+        return self.header.size
+
+    def sequence_of(self, record: DecodedRecord) -> int:
+        """The producer sequence of `record` (DefaultRecord.sequence), -1 without idempotence."""
+        if self.header.base_sequence < 0:
+            return NO_SEQUENCE
+        delta = record.offset - self.header.base_offset
+        return (self.header.base_sequence + delta) % (1 << 31)
+
+
+def compression_of(header: BatchHeader, position: int = 0) -> Compression:
+    """The batch's codec; ids 5-7 are not codecs and make the batch corrupt."""
+    codec_id = header.attributes & COMPRESSION_MASK
+    if codec_id > Compression.ZSTD:
+        raise CorruptRecordError(f"unknown compression codec id {codec_id}", position)
+    return Compression(codec_id)
+
+
+def decode_records(
+    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader
+) -> list[DecodedRecord]:
+    """Decode the records of the batch at `pos` whose header (already validated) is `header`."""
+    section = memoryview(buf)[pos + HEADER_SIZE : pos + header.size]
+    compression = compression_of(header, pos)
+    if compression is Compression.NONE:
+        data = bytes(section)
+    else:
+        data = decompress(compression, section, pos)
+    return _parse_records(data, header, pos)
+
+
+def _parse_records(data: bytes, header: BatchHeader, position: int) -> list[DecodedRecord]:
+    count = header.records_count
+    end = len(data)
+    if count * MIN_RECORD_BYTES > end:
+        raise CorruptRecordError(
+            f"recordsCount {count} cannot fit in {end} bytes of records", position
+        )
+    base_offset = header.base_offset
+    base_timestamp = header.base_timestamp
+    # LogAppendTime batches carry the broker's time as maxTimestamp; every record reports it
+    # (DefaultRecordBatch passes it down instead of baseTimestamp + delta).
+    append_time = header.max_timestamp if header.log_append_time else None
+    read_varint = _read_varint
+    records: list[DecodedRecord] = []
+    pos = 0
+    i = 0
+    try:
+        for i in range(count):
+            length, pos = read_varint(data, pos)
+            record_end = pos + length
+            if length < MIN_RECORD_BODY_BYTES or record_end > end:
+                raise CorruptRecordError(
+                    f"record {i} declares {length} bytes, {end - pos} left", position
+                )
+            timestamp_delta, pos = _read_varlong(data, pos + 1)
+            offset_delta, pos = read_varint(data, pos)
+            key_length, pos = read_varint(data, pos)
+            if key_length < 0:
+                if key_length != -1:
+                    raise CorruptRecordError(f"record {i} key length {key_length}", position)
+                key = None
+            else:
+                key_end = pos + key_length
+                if key_end > record_end:
+                    raise CorruptRecordError(f"record {i} key overruns the record", position)
+                key = data[pos:key_end]
+                pos = key_end
+            value_length, pos = read_varint(data, pos)
+            if value_length < 0:
+                if value_length != -1:
+                    raise CorruptRecordError(f"record {i} value length {value_length}", position)
+                value = None
+            else:
+                value_end = pos + value_length
+                if value_end > record_end:
+                    raise CorruptRecordError(f"record {i} value overruns the record", position)
+                value = data[pos:value_end]
+                pos = value_end
+            header_count, pos = read_varint(data, pos)
+            headers: tuple[tuple[str, bytes | None], ...] = ()
+            if header_count:
+                headers, pos = _parse_headers(data, pos, record_end, header_count, i, position)
+            if pos != record_end:
+                raise CorruptRecordError(
+                    f"record {i} declares {length} bytes but its fields take "
+                    f"{length + pos - record_end}",
+                    position,
+                )
+            records.append(
+                DecodedRecord(
+                    base_offset + offset_delta,
+                    base_timestamp + timestamp_delta if append_time is None else append_time,
+                    key,
+                    value,
+                    headers,
+                )
+            )
+    except IndexError:
+        raise CorruptRecordError(f"record {i} is truncated", position) from None
+    except CorruptRecordError as err:
+        if err.position != position:
+            raise CorruptRecordError(f"record {i}: {err.reason}", position) from None
+        raise
+    if pos != end:
+        raise CorruptRecordError(
+            f"{end - pos} bytes left after the {count} declared records", position
+        )
+    return records
+
+
+def _parse_headers(
+    data: bytes, pos: int, record_end: int, count: int, record_index: int, position: int
+) -> tuple[tuple[tuple[str, bytes | None], ...], int]:
+    """Parse `count` headers from `pos`; returns them and the position after the last."""
+    # Each header takes at least two bytes (two lengths), which bounds a corrupt count.
+    if count < 0 or count * 2 > record_end - pos:
+        raise CorruptRecordError(f"record {record_index} headersCount {count}", position)
+    headers: list[tuple[str, bytes | None]] = []
+    for _ in range(count):
+        name_length, pos = _read_varint(data, pos)
+        if name_length < 0:
+            raise CorruptRecordError(f"record {record_index} has a null header key", position)
+        name_end = pos + name_length
+        if name_end > record_end:
+            raise CorruptRecordError(
+                f"record {record_index} header key overruns the record", position
+            )
+        try:
+            name = data[pos:name_end].decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptRecordError(
+                f"record {record_index} header key is not UTF-8", position
+            ) from None
+        pos = name_end
+        value_length, pos = _read_varint(data, pos)
+        header_value: bytes | None
+        if value_length < 0:
+            if value_length != -1:
+                raise CorruptRecordError(
+                    f"record {record_index} header value length {value_length}", position
+                )
+            header_value = None
+        else:
+            value_end = pos + value_length
+            if value_end > record_end:
+                raise CorruptRecordError(
+                    f"record {record_index} header value overruns the record", position
+                )
+            header_value = data[pos:value_end]
+            pos = value_end
+        headers.append((name, header_value))
+    return tuple(headers), pos
+
+
+def decode_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> DecodedBatch:
+    """Validate (length, magic, CRC32C) and decode the batch at `pos`."""
+    header = read_header(buf, pos)
+    return DecodedBatch(pos, header, decode_records(buf, pos, header))
+
+
+def is_partial_tail(buf: bytes | bytearray | memoryview, pos: int) -> bool:
+    """True when the bytes from `pos` are the start of a batch cut off by the end of `buf`.
+
+    A fetch response may end in such a batch (the broker sends whole batches up to `max_bytes`,
+    and a byte range of a segment can end mid-batch). A batchLength below the minimum is
+    corruption, not a cut: this returns False and decoding reports it.
+    """
+    available = len(buf) - pos
+    if available < LOG_OVERHEAD:
+        return available > 0
+    (batch_length,) = _INT32.unpack_from(buf, pos + 8)
+    return batch_length >= BATCH_LENGTH_MIN and batch_length + LOG_OVERHEAD > available
+
+
+def iter_decoded_batches(
+    buf: bytes | bytearray | memoryview, *, allow_partial_tail: bool = False
+) -> Iterator[DecodedBatch]:
+    """Decode each batch of concatenated batches (a fetch response's records, a segment).
+
+    With `allow_partial_tail`, a final batch cut off by the end of `buf` is silently dropped;
+    otherwise it raises CorruptRecordError like any other damage.
+    """
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        if allow_partial_tail and is_partial_tail(buf, pos):
+            return
+        batch = decode_batch(buf, pos)
+        yield batch
+        pos += batch.header.size
+
+
+def iter_records(
+    buf: bytes | bytearray | memoryview,
+    *,
+    allow_partial_tail: bool = False,
+    include_control: bool = False,
+) -> Iterator[DecodedRecord]:
+    """Every record of concatenated batches, in offset order.
+
+    Control batches (transaction markers) are skipped unless `include_control`, as Kafka's
+    consumer never hands them to the application.
+    """
+    for batch in iter_decoded_batches(buf, allow_partial_tail=allow_partial_tail):
+        if batch.header.is_control and not include_control:
+            continue
+        yield from batch.records
+
+
+def parse_control_key(key: bytes | None) -> tuple[int, int]:
+    """(version, type) of a control record's key; type 0 is ABORT and 1 is COMMIT."""
+    if key is None or len(key) < 4:
+        raise CorruptRecordError("control record key is shorter than 4 bytes")
+    return _INT16.unpack_from(key, 0)[0], _INT16.unpack_from(key, 2)[0]
