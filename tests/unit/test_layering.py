@@ -20,6 +20,8 @@ PURE = [
     "client/records.py",
     "client/compression.py",
     "client/partitioner.py",
+    "client/metadata/records.py",
+    "client/metadata/image.py",
     "controller/core",
 ]
 FORBIDDEN_IN_PURE = {

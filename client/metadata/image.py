@@ -1,0 +1,211 @@
+"""The metadata image: the cluster state that the metadata log builds, record by record.
+
+Pure: no I/O. The controller keeps one as its state; brokers and tools keep one by following
+`WatchMetadata`. `apply(entry)` must be called in offset order; `replace_with_snapshot` loads a
+snapshot (the whole image as records, as of an offset). `to_records()` is the inverse: a list of
+records that rebuilds an equal image. Not thread-safe: one owner mutates it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+
+from minibroker.client.metadata.records import (
+    NO_LEADER,
+    BrokerRegistrationChangeRecord,
+    ConfigRecord,
+    LogEntry,
+    MetadataRecord,
+    NoOpRecord,
+    PartitionRecord,
+    ProducerIdsRecord,
+    RegisterBrokerRecord,
+    RemoveTopicRecord,
+    TopicRecord,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRegistration:
+    """A registered broker as of the latest record about it."""
+
+    broker_id: int
+    incarnation_id: str
+    broker_epoch: int
+    host: str
+    port: int
+    rack: str
+    fenced: bool
+    in_controlled_shutdown: bool
+    metrics_port: int
+
+    @property
+    def is_active(self) -> bool:
+        """May lead and be in an ISR (research §2.7 'acceptable')."""
+        return not self.fenced and not self.in_controlled_shutdown
+
+
+@dataclass(slots=True)
+class TopicImage:
+    name: str
+    topic_id: str
+    configs: dict[str, str] = field(default_factory=dict)
+    partitions: dict[int, PartitionRecord] = field(default_factory=dict)
+
+
+class MetadataImage:
+    """Brokers, topics (by name and by id) with their partitions, and the producer-id cursor.
+
+    `next_offset` is the offset after the last applied entry (the `from_offset` to watch from).
+    """
+
+    def __init__(self) -> None:
+        self.brokers: dict[int, BrokerRegistration] = {}
+        self.topics_by_id: dict[str, TopicImage] = {}
+        self.topic_ids_by_name: dict[str, str] = {}
+        self.next_producer_id: int = 0
+        self.next_offset: int = 0
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def topic(self, name: str) -> TopicImage | None:
+        topic_id = self.topic_ids_by_name.get(name)
+        return None if topic_id is None else self.topics_by_id.get(topic_id)
+
+    def partition(self, topic_id: str, partition: int) -> PartitionRecord | None:
+        topic = self.topics_by_id.get(topic_id)
+        return None if topic is None else topic.partitions.get(partition)
+
+    def partitions(self) -> Iterator[tuple[TopicImage, PartitionRecord]]:
+        """Every partition, in topic-name then partition order (deterministic)."""
+        for name in sorted(self.topic_ids_by_name):
+            topic = self.topics_by_id[self.topic_ids_by_name[name]]
+            for index in sorted(topic.partitions):
+                yield topic, topic.partitions[index]
+
+    def partition_count(self) -> int:
+        return sum(len(t.partitions) for t in self.topics_by_id.values())
+
+    def is_active(self, broker_id: int) -> bool:
+        broker = self.brokers.get(broker_id)
+        return broker is not None and broker.is_active
+
+    def offline_partition_count(self) -> int:
+        return sum(1 for _, p in self.partitions() if p.leader == NO_LEADER)
+
+    def preferred_imbalance_count(self) -> int:
+        """Partitions whose leader is not the preferred replica (Kafka's
+        PreferredReplicaImbalanceCount)."""
+        return sum(1 for _, p in self.partitions() if p.leader != p.preferred_leader)
+
+    # -- applying records ---------------------------------------------------------------------
+
+    def apply(self, entry: LogEntry) -> None:
+        """Apply one log entry; entries must come in offset order."""
+        if entry.offset < self.next_offset:
+            raise ValueError(f"entry offset {entry.offset} is below next offset {self.next_offset}")
+        self.apply_record(entry.record)
+        self.next_offset = entry.offset + 1
+
+    def apply_record(self, record: MetadataRecord) -> None:
+        """Apply a record's effect without moving `next_offset` (snapshot loading)."""
+        if isinstance(record, PartitionRecord):
+            topic = self.topics_by_id.get(record.topic_id)
+            if topic is not None:
+                topic.partitions[record.partition] = record
+        elif isinstance(record, BrokerRegistrationChangeRecord):
+            broker = self.brokers.get(record.broker_id)
+            # A change for an older incarnation is stale: the new registration superseded it.
+            if broker is not None and broker.broker_epoch == record.broker_epoch:
+                if record.fenced is not None:
+                    broker = replace(broker, fenced=record.fenced)
+                if record.in_controlled_shutdown is not None:
+                    broker = replace(broker, in_controlled_shutdown=record.in_controlled_shutdown)
+                self.brokers[record.broker_id] = broker
+        elif isinstance(record, RegisterBrokerRecord):
+            self.brokers[record.broker_id] = BrokerRegistration(
+                broker_id=record.broker_id,
+                incarnation_id=record.incarnation_id,
+                broker_epoch=record.broker_epoch,
+                host=record.host,
+                port=record.port,
+                rack=record.rack,
+                fenced=record.fenced,
+                in_controlled_shutdown=False,
+                metrics_port=record.metrics_port,
+            )
+        elif isinstance(record, TopicRecord):
+            self.topics_by_id[record.topic_id] = TopicImage(
+                record.name, record.topic_id, dict(record.configs)
+            )
+            self.topic_ids_by_name[record.name] = record.topic_id
+        elif isinstance(record, RemoveTopicRecord):
+            removed = self.topics_by_id.pop(record.topic_id, None)
+            if removed is not None and self.topic_ids_by_name.get(removed.name) == record.topic_id:
+                del self.topic_ids_by_name[removed.name]
+        elif isinstance(record, ProducerIdsRecord):
+            self.next_producer_id = max(self.next_producer_id, record.next_producer_id)
+        elif isinstance(record, ConfigRecord):
+            topic = self.topics_by_id.get(record.topic_id)
+            if topic is not None:
+                if record.value is None:
+                    topic.configs.pop(record.name, None)
+                else:
+                    topic.configs[record.name] = record.value
+        elif isinstance(record, NoOpRecord):
+            return
+        else:
+            raise TypeError(f"not a metadata record: {record!r}")
+
+    def replace_with_snapshot(
+        self, records: Iterable[MetadataRecord], snapshot_offset: int
+    ) -> None:
+        """Replace the whole state with a snapshot taken as of `snapshot_offset` (the next
+        offset at the time of the snapshot)."""
+        self.__init__()  # type: ignore[misc]
+        for record in records:
+            self.apply_record(record)
+        self.next_offset = snapshot_offset
+
+    def to_records(self) -> list[MetadataRecord]:
+        """Records that rebuild this image (brokers, topics with configs, partitions, the
+        producer-id cursor), in an order `apply_record` accepts."""
+        out: list[MetadataRecord] = []
+        for broker_id in sorted(self.brokers):
+            b = self.brokers[broker_id]
+            out.append(
+                RegisterBrokerRecord(
+                    b.broker_id,
+                    b.incarnation_id,
+                    b.broker_epoch,
+                    b.host,
+                    b.port,
+                    b.rack,
+                    b.fenced,
+                    b.metrics_port,
+                )
+            )
+            if b.in_controlled_shutdown:
+                out.append(
+                    BrokerRegistrationChangeRecord(
+                        b.broker_id, b.broker_epoch, in_controlled_shutdown=True
+                    )
+                )
+        for name in sorted(self.topic_ids_by_name):
+            topic = self.topics_by_id[self.topic_ids_by_name[name]]
+            out.append(TopicRecord(topic.name, topic.topic_id, dict(topic.configs)))
+            out.extend(topic.partitions[i] for i in sorted(topic.partitions))
+        if self.next_producer_id:
+            out.append(ProducerIdsRecord(-1, -1, self.next_producer_id))
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MetadataImage):
+            return NotImplemented
+        return self.next_offset == other.next_offset and self.to_records() == other.to_records()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+__all__ = ["BrokerRegistration", "MetadataImage", "TopicImage"]

@@ -1,0 +1,142 @@
+"""The metadata log's record types as plain frozen dataclasses (KRaft's metadata records).
+
+Pure: no I/O. These mirror the `MetadataRecord` oneof of proto/minibroker.proto one to one;
+`minibroker.client.metadata.wire` converts between the two. The controller writes them, brokers
+and tools apply them to a `MetadataImage` in offset order. A `LogEntry` is one record at its
+offset in the log; the offset of a broker's RegisterBrokerRecord is its broker epoch (Kafka).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+NO_LEADER = -1
+LEADER_RECOVERED = 0
+LEADER_RECOVERING = 1  # after an unclean election (KIP-704)
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterBrokerRecord:
+    """A broker process registered; a new incarnation replaces the old registration."""
+
+    broker_id: int
+    incarnation_id: str
+    broker_epoch: int  # == the offset of this record
+    host: str
+    port: int
+    rack: str = ""
+    fenced: bool = True
+    metrics_port: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRegistrationChangeRecord:
+    """Fence/unfence a broker or mark its controlled shutdown; None leaves a flag unchanged."""
+
+    broker_id: int
+    broker_epoch: int
+    fenced: bool | None = None
+    in_controlled_shutdown: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRecord:
+    """A topic was created. `configs` holds only the configs set on the topic (Kafka keeps
+    defaults out of the log, so a changed default applies to every topic that did not set it)."""
+
+    name: str
+    topic_id: str
+    configs: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRecord:
+    """The FULL state of one partition, written at creation and on every change.
+
+    Invariants (research §4.1 I7, I11): isr is a non-empty subset of replicas; leader is
+    NO_LEADER or a member of isr; leader_epoch and partition_epoch only grow along the log, and
+    every leader_epoch change comes with a partition_epoch change.
+    """
+
+    topic_id: str
+    partition: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    leader: int
+    leader_epoch: int
+    partition_epoch: int
+    leader_recovery_state: int = LEADER_RECOVERED
+    reason: str = ""
+
+    @property
+    def preferred_leader(self) -> int:
+        return self.replicas[0] if self.replicas else NO_LEADER
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveTopicRecord:
+    topic_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerIdsRecord:
+    """A block of producer ids was handed to a broker; `next_producer_id` is the first id not
+    yet handed out, so ids are never reused across controller restarts."""
+
+    broker_id: int
+    broker_epoch: int
+    next_producer_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigRecord:
+    """A topic config was set (value) or removed (value None)."""
+
+    topic_id: str
+    name: str
+    value: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class NoOpRecord:
+    """Keeps the log moving; changes nothing."""
+
+
+MetadataRecord = (
+    RegisterBrokerRecord
+    | BrokerRegistrationChangeRecord
+    | TopicRecord
+    | PartitionRecord
+    | RemoveTopicRecord
+    | ProducerIdsRecord
+    | ConfigRecord
+    | NoOpRecord
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One record at its place in the metadata log."""
+
+    offset: int
+    timestamp_ms: int
+    record: MetadataRecord
+
+
+__all__ = [
+    "LEADER_RECOVERED",
+    "LEADER_RECOVERING",
+    "NO_LEADER",
+    "BrokerRegistrationChangeRecord",
+    "ConfigRecord",
+    "LogEntry",
+    "MetadataRecord",
+    "NoOpRecord",
+    "PartitionRecord",
+    "ProducerIdsRecord",
+    "RegisterBrokerRecord",
+    "RemoveTopicRecord",
+    "TopicRecord",
+]

@@ -1,0 +1,123 @@
+"""Partition changes and leader elections: the analogue of Kafka's PartitionChangeBuilder.
+
+Pure: a function from the current partition record, a target ISR, the election kind and an
+"is this broker acceptable" predicate to the next partition record, or None for "no change"
+(research §2.7, §2.8; DESIGN.md §6). Acceptable = registered, unfenced, not in controlled shutdown.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from minibroker.client.metadata.records import (
+    LEADER_RECOVERED,
+    LEADER_RECOVERING,
+    NO_LEADER,
+    PartitionRecord,
+)
+
+
+class Election(enum.Enum):
+    ONLINE = "online"  # keep a valid leader, else the first valid replica in assignment order
+    PREFERRED = "preferred"  # replicas[0] first if valid
+    UNCLEAN = "unclean"  # ONLINE, then any acceptable replica even if out of sync
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionChange:
+    """The next record, and whether its leader came from outside the ISR (unclean)."""
+
+    record: PartitionRecord
+    leader_changed: bool
+    unclean: bool
+
+
+def elect_leader(
+    current: PartitionRecord,
+    target_isr: Sequence[int],
+    election: Election,
+    acceptable: Callable[[int], bool],
+) -> tuple[int, bool]:
+    """(leader, unclean) chosen for `current` with ISR `target_isr` (research §2.7)."""
+    replicas = current.replicas
+
+    def valid(broker_id: int) -> bool:
+        return broker_id in target_isr and acceptable(broker_id)
+
+    if election is Election.PREFERRED:
+        if replicas and valid(replicas[0]):
+            return replicas[0], False
+        if current.leader != NO_LEADER and valid(current.leader):
+            return current.leader, False
+        for broker_id in replicas[1:]:
+            if valid(broker_id):
+                return broker_id, False
+        return NO_LEADER, False
+    if current.leader != NO_LEADER and valid(current.leader):
+        return current.leader, False
+    for broker_id in replicas:
+        if valid(broker_id):
+            return broker_id, False
+    if election is Election.UNCLEAN:
+        for broker_id in replicas:
+            if acceptable(broker_id):
+                return broker_id, True
+    return NO_LEADER, False
+
+
+def build_partition_change(
+    current: PartitionRecord,
+    *,
+    acceptable: Callable[[int], bool],
+    election: Election = Election.ONLINE,
+    target_isr: Sequence[int] | None = None,
+    leader_recovery_state: int | None = None,
+    reason: str,
+) -> PartitionChange | None:
+    """The next record for `current`, or None when nothing would change.
+
+    The ISR never becomes empty: when `target_isr` is empty the current ISR is kept, so the last
+    member can lead again when it returns (pre-KIP-966 "last replica standing"). Every leader
+    change (to NO_LEADER too) bumps the leader epoch; every change bumps the partition epoch.
+    """
+    isr = tuple(current.isr if target_isr is None else target_isr)
+    if not isr:
+        isr = current.isr
+    leader, unclean = elect_leader(current, isr, election, acceptable)
+    recovery = current.leader_recovery_state
+    if leader_recovery_state is not None:
+        recovery = leader_recovery_state
+    if unclean:
+        # The new leader's log is the truth now; nobody else is known to match it (KIP-704).
+        isr = (leader,)
+        recovery = LEADER_RECOVERING
+    leader_changed = leader != current.leader
+    if not leader_changed and isr == current.isr and recovery == current.leader_recovery_state:
+        return None
+    record = replace(
+        current,
+        isr=isr,
+        leader=leader,
+        leader_epoch=current.leader_epoch + 1 if leader_changed else current.leader_epoch,
+        partition_epoch=current.partition_epoch + 1,
+        leader_recovery_state=recovery,
+        reason=reason,
+    )
+    return PartitionChange(record, leader_changed, unclean)
+
+
+def remove_from_isr(isr: Sequence[int], broker_id: int) -> tuple[int, ...]:
+    """`isr` without `broker_id`; empty when it was the last member (the builder keeps it)."""
+    return tuple(b for b in isr if b != broker_id)
+
+
+__all__ = [
+    "LEADER_RECOVERED",
+    "Election",
+    "PartitionChange",
+    "build_partition_change",
+    "elect_leader",
+    "remove_from_isr",
+]

@@ -1,0 +1,179 @@
+"""The controller core's inputs and outputs: small frozen dataclasses, the whole seam between
+`ControllerCore` and its gRPC shell (`controller/service.py` converts protobuf to and from these).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from minibroker.client.errors import ErrorCode
+from minibroker.client.metadata.image import BrokerRegistration
+from minibroker.client.metadata.records import LogEntry, PartitionRecord
+from minibroker.controller.core.isr import AlterPartitionProposal
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One state transition, for the shell to log (structlog event name + fields) and count."""
+
+    name: str
+    fields: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome(Generic[R]):
+    """A command's reply and the log entries it produced.
+
+    Contract (etcd's Ready rule): the caller makes `entries` durable (journal, fsync) BEFORE it
+    sends `reply` or publishes the entries to watchers. The core has already applied them to its
+    image; if they cannot be made durable the process must stop, because the core's state is
+    ahead of the log.
+    """
+
+    reply: R
+    entries: tuple[LogEntry, ...] = ()
+    events: tuple[Event, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterRequest:
+    broker_id: int
+    cluster_id: str
+    incarnation_id: str
+    host: str
+    port: int
+    rack: str = ""
+    metrics_port: int = -1
+    previous_broker_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterReply:
+    error: ErrorCode
+    message: str = ""
+    broker_epoch: int = -1
+    cluster_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatRequest:
+    broker_id: int
+    broker_epoch: int
+    current_metadata_offset: int
+    want_fence: bool = False
+    want_shut_down: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatReply:
+    error: ErrorCode
+    message: str = ""
+    is_caught_up: bool = False
+    is_fenced: bool = True
+    should_shut_down: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AlterPartitionRequest:
+    broker_id: int
+    broker_epoch: int
+    proposals: tuple[AlterPartitionProposal, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AlterPartitionResult:
+    topic_id: str
+    partition: int
+    error: ErrorCode
+    message: str = ""
+    record: PartitionRecord | None = None  # the committed state on success
+
+
+@dataclass(frozen=True, slots=True)
+class AlterPartitionReply:
+    error: ErrorCode
+    message: str = ""
+    results: tuple[AlterPartitionResult, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CreatableTopic:
+    name: str
+    num_partitions: int = -1  # -1: num.partitions
+    replication_factor: int = -1  # -1: default.replication.factor
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopicResult:
+    name: str
+    error: ErrorCode
+    message: str = ""
+    topic_id: str = ""
+    num_partitions: int = -1
+    replication_factor: int = -1
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopicResult:
+    name: str
+    error: ErrorCode
+    message: str = ""
+    topic_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionResult:
+    topic: str
+    partition: int
+    error: ErrorCode
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerIdBlock:
+    error: ErrorCode
+    message: str = ""
+    producer_id_start: int = -1
+    producer_id_len: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerDescription:
+    registration: BrokerRegistration
+    last_heartbeat_ms_ago: int  # -1: not heard from since this controller started
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterDescription:
+    cluster_id: str
+    controller_id: int
+    metadata_offset: int  # the next offset of the metadata log
+    brokers: tuple[BrokerDescription, ...]
+
+
+__all__ = [
+    "AlterPartitionReply",
+    "AlterPartitionRequest",
+    "AlterPartitionResult",
+    "BrokerDescription",
+    "ClusterDescription",
+    "CreatableTopic",
+    "CreateTopicResult",
+    "DeleteTopicResult",
+    "ElectionResult",
+    "Event",
+    "HeartbeatReply",
+    "HeartbeatRequest",
+    "Outcome",
+    "ProducerIdBlock",
+    "RegisterReply",
+    "RegisterRequest",
+]
