@@ -15,6 +15,8 @@ import sys
 COMMAND_MODULES: tuple[str, ...] = (
     "minibroker.client.cli.dump_log",
     "minibroker.deploy.bench",
+    "minibroker.deploy.cluster_cli",
+    "minibroker.broker.cli",
 )
 
 

@@ -1,0 +1,193 @@
+"""`minibroker cluster up|status|kill|stop|pause|resume|start|down|logs`: the local cluster.
+
+I/O shell over `minibroker.deploy.cluster`: parses flags, prints results in words a newcomer
+understands, and turns LauncherError into one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+from typing import Any
+
+from minibroker.deploy import cluster as launcher
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "cluster",
+        help="start, inspect and break a local cluster (controller + brokers as processes)",
+        description="A local cluster of real processes on 127.0.0.1: one controller and N "
+        "brokers, each with its own data dir and log file under --dir.",
+    )
+    parser.add_argument(
+        "--dir", default=launcher.DEFAULT_DIR, help="where the cluster lives (default: .minibroker)"
+    )
+    csub = parser.add_subparsers(dest="cluster_command", metavar="ACTION")
+
+    p = csub.add_parser("up", help="start the cluster (or restart what is stopped; data is kept)")
+    p.add_argument("--brokers", type=int, default=3, help="number of brokers (default 3)")
+    p.add_argument(
+        "--racks",
+        type=int,
+        default=0,
+        help="spread brokers over N racks rack-0..rack-N-1 (default: no racks)",
+    )
+    p.add_argument(
+        "--base-port",
+        type=int,
+        default=9092,
+        help="brokers listen on BASE, BASE+1, ...; the controller on BASE+100; "
+        "metrics on BASE+1000+i (0: any free ports)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting for every process that knows KEY (repeatable)",
+    )
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for readiness")
+    p.set_defaults(func=_up)
+
+    p = csub.add_parser("status", help="list every process with its state")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_status)
+
+    for action, text in (
+        ("kill", "SIGKILL a process (a crash)"),
+        ("stop", "SIGTERM a process (controlled shutdown)"),
+        ("pause", "SIGSTOP a process (a hang)"),
+        ("resume", "SIGCONT a paused process"),
+        ("start", "start a stopped process again"),
+    ):
+        p = csub.add_parser(action, help=text)
+        p.add_argument("id", help="a broker node id, or 'controller'")
+        p.set_defaults(func=_act, action=action)
+
+    p = csub.add_parser("down", help="stop everything (brokers first, controlled)")
+    p.set_defaults(func=_down)
+
+    p = csub.add_parser("logs", help="print a process's log (all processes without ID)")
+    p.add_argument("id", nargs="?", help="a broker node id, or 'controller'")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    p.add_argument("-n", "--lines", type=int, default=50, help="lines of history (default 50)")
+    p.set_defaults(func=_logs)
+
+    parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
+
+
+def _guard(fn: Any) -> Any:
+    def wrapped(args: argparse.Namespace) -> int:
+        try:
+            return int(fn(args) or 0)
+        except launcher.LauncherError as err:
+            print(f"minibroker cluster: {err}", file=sys.stderr)
+            return 1
+        except ValueError as err:  # ConfigError from --set parsing
+            print(f"minibroker cluster: {err}", file=sys.stderr)
+            return 2
+
+    return wrapped
+
+
+@_guard
+def _up(args: argparse.Namespace) -> int:
+    from minibroker.client.common.config import parse_overrides
+
+    existing = launcher.load_state(args.dir)
+    print(
+        f"Starting the local cluster in {args.dir} ..."
+        if existing is None
+        else f"Restarting what is stopped in {args.dir} (data kept) ..."
+    )
+    state = launcher.up(
+        args.dir, args.brokers, args.racks, args.base_port, parse_overrides(args.set), args.timeout
+    )
+    c = state.controller
+    print(
+        f"  controller   {c.address:<18} pid {c.pid:<7} metrics http://{c.host}:{c.metrics_port}/metrics"
+    )
+    for b in state.brokers:
+        rack = f" rack {b.rack}" if b.rack else ""
+        print(
+            f"  broker {b.node_id:<5} {b.address:<18} pid {b.pid:<7} "
+            f"metrics http://{b.host}:{b.metrics_port}/metrics{rack}"
+        )
+    print(f"Cluster ready. Bootstrap servers: {state.bootstrap_servers}")
+    print(
+        "Try: minibroker topics create demo --partitions 3 --replication-factor 3; minibroker watch"
+    )
+    return 0
+
+
+@_guard
+def _status(args: argparse.Namespace) -> int:
+    info = launcher.status(args.dir)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"{'PROCESS':<12} {'STATE':<8} {'PID':<8} {'ADDRESS':<18} {'METRICS':<8} LOG")
+    rows = [("controller", info["controller"])] + [
+        (f"broker {b['node_id']}", b) for b in info["brokers"]
+    ]
+    for label, row in rows:
+        print(
+            f"{label:<12} {row['state']:<8} {row['pid'] or '-':<8} {row['address']:<18} "
+            f"{row['metrics_port']:<8} {row['log_file']}"
+        )
+    return 0
+
+
+@_guard
+def _act(args: argparse.Namespace) -> int:
+    print(launcher.act(args.dir, args.action, args.id))
+    return 0
+
+
+@_guard
+def _down(args: argparse.Namespace) -> int:
+    launcher.down(args.dir)
+    print(
+        f"Stopped every process of the cluster in {args.dir} (data kept; `cluster up` restarts it)."
+    )
+    return 0
+
+
+@_guard
+def _logs(args: argparse.Namespace) -> int:
+    state = launcher.require_state(args.dir)
+    specs = [state.find(args.id)] if args.id else state.all()
+    for spec in specs:
+        if len(specs) > 1:
+            print(f"==> {spec.label}: {spec.log_file} <==")
+        print(launcher.read_log_tail(spec.log_file, args.lines))
+    if not args.follow:
+        return 0
+    positions = {s.log_file: _size(s.log_file) for s in specs}
+    try:
+        while True:
+            for spec in specs:
+                path = pathlib.Path(spec.log_file)
+                size = _size(spec.log_file)
+                if size > positions[spec.log_file]:
+                    with path.open("rb") as f:
+                        f.seek(positions[spec.log_file])
+                        chunk = f.read(size - positions[spec.log_file]).decode(errors="replace")
+                    prefix = f"[{spec.label}] " if len(specs) > 1 else ""
+                    for line in chunk.splitlines():
+                        print(prefix + line, flush=True)
+                positions[spec.log_file] = max(size, 0)
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _size(path: str) -> int:
+    try:
+        return pathlib.Path(path).stat().st_size
+    except OSError:
+        return 0
