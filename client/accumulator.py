@@ -1,0 +1,338 @@
+"""The producer's record accumulator: per-partition batches, readiness, draining, retries.
+
+Pure: no I/O, no clock (time comes in as `now_ms`). The producer's sender task (the I/O shell,
+`minibroker.client.producer`) appends records, asks which partitions are ready, drains their head
+batches grouped by leader broker into one produce request per broker, and reports back with
+`complete`, `retry` or `fail`. Event-loop thread only.
+
+Rules (Kafka's RecordAccumulator and Sender, aiokafka's shape):
+- A partition's head batch is sendable once it is full, older than `linger_ms`, or a flush or
+  close is under way; a retried batch is sendable once its backoff has passed.
+- At most one batch per partition is in flight (the partition is "muted" while it is). With
+  idempotence this keeps per-partition order on retry without the broker-side reordering Kafka
+  needs for five in-flight batches: a failed batch goes back to the head of its queue and is sent
+  again, with the same sequence number, before any later batch of that partition. Other
+  partitions of the same broker still travel in the same and in concurrent requests.
+- Sequence numbers are assigned when a batch is first drained (so a batch that expires before it
+  was ever sent leaves no gap), set on the builder together with the producer id and epoch before
+  it is built, and kept unchanged on every retry so the broker can deduplicate.
+- The builder (made by `new_builder`, which knows the batch size limit) decides when a batch is
+  full; `batch_size` is recorded for the shell. The producer's default is 256 KiB rather than
+  Kafka's 16 KiB because each gRPC call costs ~0.4 ms of CPU whatever it carries
+  (research/perf-baseline.md §7).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from minibroker.client.errors import MessageTooLargeError
+from minibroker.client.types import TopicPartition
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+SEQUENCE_MODULUS = 1 << 31  # sequences wrap at int32 max (DefaultRecordBatch.incrementSequence)
+
+# Per-record framing in a v2 batch is at most ~21 bytes of varints and attributes; used only for
+# the memory bound and the early "too large" check, the builder knows the exact size.
+RECORD_OVERHEAD_BYTES = 21
+
+Headers = Sequence[tuple[str, bytes | None]]
+
+
+class BatchBuilderLike(Protocol):
+    """What the accumulator needs from `minibroker.client.records.BatchBuilder`."""
+
+    def append(
+        self, timestamp_ms: int, key: bytes | None, value: bytes | None, headers: Headers
+    ) -> bool: ...
+
+    def set_producer_state(
+        self, producer_id: int, producer_epoch: int, base_sequence: int
+    ) -> None: ...
+
+    def build(self) -> bytes: ...
+
+
+def record_size_estimate(key: bytes | None, value: bytes | None, headers: Headers) -> int:
+    size = RECORD_OVERHEAD_BYTES + (len(key) if key else 0) + (len(value) if value else 0)
+    for name, hvalue in headers:
+        size += len(name) + (len(hvalue) if hvalue else 0) + 4
+    return size
+
+
+@dataclass(eq=False, slots=True)
+class ProducerBatch:
+    """One batch of one partition, from first append to acknowledgement.
+
+    `handles` are opaque per-record completion objects owned by the shell, in offset order.
+    `buffer` is None while records are still being appended and holds the final bytes (producer
+    fields stamped) from the first drain on; it never changes after that.
+    """
+
+    tp: TopicPartition
+    builder: BatchBuilderLike | None
+    created_ms: int
+    handles: list[Any] = field(default_factory=list)
+    record_count: int = 0
+    approx_bytes: int = 0
+    full: bool = False
+    buffer: bytes | None = None
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = NO_PRODUCER_EPOCH
+    base_sequence: int = NO_SEQUENCE
+    attempts: int = 0
+    retry_at_ms: int = 0
+    drained_ms: int = -1
+
+    @property
+    def closed(self) -> bool:
+        return self.buffer is not None
+
+    @property
+    def size_bytes(self) -> int:
+        return len(self.buffer) if self.buffer is not None else self.approx_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """`appended` False only with `abort_on_new_batch` when a new batch would be needed."""
+
+    appended: bool
+    batch: ProducerBatch | None
+    new_batch: bool
+
+
+class RecordAccumulator:
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        linger_ms: int,
+        new_builder: Callable[[TopicPartition], BatchBuilderLike],
+        idempotent: bool,
+    ) -> None:
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if linger_ms < 0:
+            raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
+        self.batch_size = batch_size
+        self.linger_ms = linger_ms
+        self.idempotent = idempotent
+        self._new_builder = new_builder
+        self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
+        self._in_flight: dict[TopicPartition, ProducerBatch] = {}
+        self._next_sequence: dict[TopicPartition, int] = {}
+        self.producer_id = NO_PRODUCER_ID
+        self.producer_epoch = NO_PRODUCER_EPOCH
+        self.flushing = 0
+        self.closing = False
+        # Sum of size_bytes over incomplete batches (queued or in flight): the memory bound.
+        self.buffered_bytes = 0
+        self._drain_rotation = 0
+
+    # -- producer identity ---------------------------------------------------------------------
+
+    def set_producer_id(self, producer_id: int, producer_epoch: int) -> None:
+        """Adopt a (new) producer id: sequences restart at 0 for every partition.
+
+        Batches already stamped keep their old id and sequence, so a retry of one of them stays a
+        valid duplicate for the broker; batches drained from now on use the new id.
+        """
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self._next_sequence.clear()
+
+    # -- appending -----------------------------------------------------------------------------
+
+    def append(
+        self,
+        tp: TopicPartition,
+        timestamp_ms: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        handle: Any,
+        now_ms: int,
+        *,
+        abort_on_new_batch: bool = False,
+    ) -> AppendResult:
+        """Append one record to `tp`'s open batch, opening a new one when needed.
+
+        With `abort_on_new_batch` (sticky partitioning, KIP-480) nothing is appended when the
+        record would need a new batch; the caller picks another partition and appends again.
+        """
+        queue = self._batches.get(tp)
+        if queue is None:
+            queue = self._batches[tp] = deque()
+        size = record_size_estimate(key, value, headers)
+        if queue:
+            last = queue[-1]
+            if not last.closed and not last.full:
+                if last.builder is not None and last.builder.append(
+                    timestamp_ms, key, value, headers
+                ):
+                    self._add(last, handle, size)
+                    return AppendResult(True, last, False)
+                last.full = True
+        if abort_on_new_batch:
+            return AppendResult(False, None, True)
+        builder = self._new_builder(tp)
+        if not builder.append(timestamp_ms, key, value, headers):
+            raise MessageTooLargeError(
+                f"a record of about {size} bytes does not fit in an empty batch for {tp}"
+            )
+        batch = ProducerBatch(tp, builder, now_ms)
+        self._add(batch, handle, size)
+        queue.append(batch)
+        return AppendResult(True, batch, True)
+
+    def _add(self, batch: ProducerBatch, handle: Any, size: int) -> None:
+        batch.handles.append(handle)
+        batch.record_count += 1
+        batch.approx_bytes += size
+        self.buffered_bytes += size
+
+    # -- readiness and draining ----------------------------------------------------------------
+
+    def _sendable(self, batch: ProducerBatch, queue_len: int, now_ms: int) -> bool:
+        if batch.closed:
+            return batch.retry_at_ms <= now_ms
+        return (
+            queue_len > 1
+            or batch.full
+            or self.flushing > 0
+            or self.closing
+            or now_ms - batch.created_ms >= self.linger_ms
+        )
+
+    def ready(self, now_ms: int) -> tuple[list[TopicPartition], int | None]:
+        """Partitions whose head batch can be sent now, and the ms until the next one may be
+        (None when nothing is waiting). Muted (in-flight) partitions are never ready."""
+        ready: list[TopicPartition] = []
+        next_ms: int | None = None
+        for tp, queue in self._batches.items():
+            if not queue or tp in self._in_flight:
+                continue
+            head = queue[0]
+            if self._sendable(head, len(queue), now_ms):
+                ready.append(tp)
+                continue
+            due = head.retry_at_ms if head.closed else head.created_ms + self.linger_ms
+            wait = max(0, due - now_ms)
+            next_ms = wait if next_ms is None else min(next_ms, wait)
+        return ready, next_ms
+
+    def drain(
+        self,
+        partitions_by_node: Mapping[int, Sequence[TopicPartition]],
+        max_request_size: int,
+        now_ms: int,
+    ) -> dict[int, list[ProducerBatch]]:
+        """Take the head batch of each given ready partition, grouped by node, at most
+        `max_request_size` bytes per node (always at least one batch). Drained partitions are
+        muted until `complete`, `retry` or `fail`."""
+        out: dict[int, list[ProducerBatch]] = {}
+        self._drain_rotation += 1
+        for node, tps in partitions_by_node.items():
+            taken: list[ProducerBatch] = []
+            total = 0
+            count = len(tps)
+            # Rotate the starting partition so a size-capped request does not starve the tail.
+            start = self._drain_rotation % count if count else 0
+            for i in range(count):
+                tp = tps[(start + i) % count]
+                queue = self._batches.get(tp)
+                if not queue or tp in self._in_flight:
+                    continue
+                head = queue[0]
+                if not self._sendable(head, len(queue), now_ms):
+                    continue
+                size = head.size_bytes
+                if taken and total + size > max_request_size:
+                    break
+                queue.popleft()
+                self._close(head)
+                head.attempts += 1
+                head.drained_ms = now_ms
+                self._in_flight[tp] = head
+                taken.append(head)
+                total += head.size_bytes
+            if taken:
+                out[node] = taken
+        return out
+
+    def _close(self, batch: ProducerBatch) -> None:
+        if batch.closed:
+            return
+        if batch.builder is None:
+            raise RuntimeError(f"batch for {batch.tp} has neither bytes nor a builder")
+        if self.idempotent and self.producer_id != NO_PRODUCER_ID:
+            seq = self._next_sequence.get(batch.tp, 0)
+            self._next_sequence[batch.tp] = (seq + batch.record_count) % SEQUENCE_MODULUS
+            batch.producer_id = self.producer_id
+            batch.producer_epoch = self.producer_epoch
+            batch.base_sequence = seq
+            batch.builder.set_producer_state(self.producer_id, self.producer_epoch, seq)
+        raw = batch.builder.build()
+        batch.builder = None
+        self.buffered_bytes += len(raw) - batch.approx_bytes
+        batch.approx_bytes = len(raw)
+        batch.buffer = raw
+
+    # -- outcomes ------------------------------------------------------------------------------
+
+    def complete(self, batch: ProducerBatch) -> None:
+        """The batch was acknowledged (or failed for good): unmute its partition."""
+        if self._in_flight.get(batch.tp) is batch:
+            del self._in_flight[batch.tp]
+        self.buffered_bytes -= batch.size_bytes
+
+    fail = complete
+
+    def retry(self, batch: ProducerBatch, now_ms: int, backoff_ms: int) -> None:
+        """Put an in-flight batch back at the head of its partition, to send after a backoff."""
+        if self._in_flight.get(batch.tp) is batch:
+            del self._in_flight[batch.tp]
+        batch.retry_at_ms = now_ms + backoff_ms
+        self._batches.setdefault(batch.tp, deque()).appendleft(batch)
+
+    def expire(self, now_ms: int, delivery_timeout_ms: int) -> list[ProducerBatch]:
+        """Remove and return queued (not in-flight) batches older than the delivery timeout.
+        The caller reports each one with `fail`."""
+        expired: list[ProducerBatch] = []
+        for queue in self._batches.values():
+            while queue and now_ms - queue[0].created_ms >= delivery_timeout_ms:
+                expired.append(queue.popleft())
+        return expired
+
+    def abort_all(self) -> list[ProducerBatch]:
+        """Remove and return every queued batch (close without waiting, fatal errors).
+        The caller reports each one with `fail`."""
+        aborted = [b for queue in self._batches.values() for b in queue]
+        for queue in self._batches.values():
+            queue.clear()
+        return aborted
+
+    # -- introspection -------------------------------------------------------------------------
+
+    def in_flight(self) -> Iterable[ProducerBatch]:
+        return self._in_flight.values()
+
+    def incomplete(self) -> list[ProducerBatch]:
+        """Every batch not yet acknowledged or failed: queued and in flight."""
+        queued = [b for queue in self._batches.values() for b in queue]
+        return queued + list(self._in_flight.values())
+
+    def has_unsent(self) -> bool:
+        return any(self._batches.values())
+
+    def has_incomplete(self) -> bool:
+        return bool(self._in_flight) or self.has_unsent()
+
+    def queued_partitions(self) -> list[TopicPartition]:
+        return [tp for tp, queue in self._batches.items() if queue]

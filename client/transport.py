@@ -1,0 +1,278 @@
+"""Client transport: one grpc.aio channel per broker address, metadata refresh, RPC errors.
+
+Does network I/O (grpc.aio). `ClusterClient` is shared by one producer, consumer or admin: it owns
+a channel per address (many requests in flight on each, DESIGN.md §9), a `MetadataCache`, and the
+one metadata refresh in flight at a time (concurrent callers wait for the same answer).
+`metadata_from_pb` is the only place that turns a Metadata response into the cache's dataclasses.
+Event-loop thread only; `close()` must run on the loop that created the channels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import grpc
+
+from minibroker.client.errors import (
+    ErrorCode,
+    MessageTooLargeError,
+    MiniBrokerError,
+    NetworkExceptionError,
+    RequestTimedOutError,
+    UnknownServerError,
+    UnknownTopicOrPartitionError,
+)
+from minibroker.client.metadata_cache import (
+    BrokerInfo,
+    ClusterSnapshot,
+    MetadataCache,
+    PartitionInfo,
+    TopicInfo,
+)
+from minibroker.proto import minibroker_pb2 as pb
+from minibroker.proto import minibroker_pb2_grpc as pb_grpc
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+# Fetch responses carry up to fetch_max_bytes (50 MiB) and produce requests max_request_size
+# (8 MiB); gRPC's 4 MiB default receive limit would reject both.
+MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # Reconnect fast after a broker restarts; the defaults back off up to two minutes.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.enable_retries", 0),
+)
+
+
+class ClientClosedError(MiniBrokerError, RuntimeError):
+    """The producer, consumer or admin client was closed; create a new one to continue."""
+
+
+def now_ms() -> int:
+    """Monotonic milliseconds: the clock every pure core of the client is fed with."""
+    return time.monotonic_ns() // 1_000_000
+
+
+def parse_bootstrap(servers: str | Sequence[str]) -> list[str]:
+    """`"h1:9092,h2:9093"` or a list of them -> ["h1:9092", "h2:9093"], checked."""
+    items = servers.split(",") if isinstance(servers, str) else list(servers)
+    out: list[str] = []
+    for item in items:
+        addr = item.strip()
+        if not addr:
+            continue
+        host, sep, port = addr.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"bootstrap server {addr!r} is not HOST:PORT (e.g. 127.0.0.1:9092)")
+        out.append(addr)
+    if not out:
+        raise ValueError("bootstrap_servers is empty: give at least one HOST:PORT")
+    return out
+
+
+def error_from_rpc(err: grpc.aio.AioRpcError | grpc.RpcError, address: str) -> MiniBrokerError:
+    """Map a transport failure to the Kafka error a client acts on (retriable or not)."""
+    code = err.code() if hasattr(err, "code") else None
+    details = err.details() if hasattr(err, "details") else str(err)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED):
+        return NetworkExceptionError(f"broker {address} unavailable: {details}")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return RequestTimedOutError(f"request to {address} timed out")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return MessageTooLargeError(f"{address} refused the request size: {details}")
+    return UnknownServerError(f"{address} failed the call ({code}): {details}")
+
+
+def metadata_from_pb(resp: pb.MetadataResponse, *, all_topics: bool) -> ClusterSnapshot:
+    brokers = {
+        b.node_id: BrokerInfo(b.node_id, b.host, b.port, b.rack, b.fenced) for b in resp.brokers
+    }
+    topics: dict[str, TopicInfo] = {}
+    for t in resp.topics:
+        parts = {
+            p.partition: PartitionInfo(
+                partition=p.partition,
+                leader=p.leader_id,
+                leader_epoch=p.leader_epoch,
+                replicas=tuple(p.replicas),
+                isr=tuple(p.isr),
+                offline_replicas=tuple(p.offline_replicas),
+                partition_epoch=p.partition_epoch,
+                error_code=p.error_code,
+            )
+            for p in t.partitions
+        }
+        topics[t.name] = TopicInfo(t.name, t.topic_id, parts, dict(t.configs), t.error_code)
+    return ClusterSnapshot(
+        cluster_id=resp.cluster_id,
+        controller_id=resp.controller_id,
+        brokers=brokers,
+        topics=topics,
+        controller_host=resp.controller_host,
+        controller_port=resp.controller_port,
+        all_topics=all_topics,
+    )
+
+
+def unknown_topic_error(topic: str) -> UnknownTopicOrPartitionError:
+    return UnknownTopicOrPartitionError(
+        f"topic {topic!r} does not exist; create it first, e.g. "
+        f"`minibroker topics create {topic} --partitions 3 --replication-factor 3`"
+    )
+
+
+class ClusterClient:
+    """Channels plus metadata for one client object."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str | Sequence[str],
+        *,
+        request_timeout_ms: int = 30_000,
+        retry_backoff_ms: int = 100,
+        metadata_max_age_ms: int = 300_000,
+    ) -> None:
+        self.bootstrap = parse_bootstrap(bootstrap_servers)
+        self.request_timeout_ms = request_timeout_ms
+        self.retry_backoff_ms = retry_backoff_ms
+        self.metadata = MetadataCache(metadata_max_age_ms)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._broker_stubs: dict[str, pb_grpc.BrokerServiceStub] = {}
+        self._controller_stubs: dict[str, pb_grpc.ControllerServiceStub] = {}
+        self._refresh: asyncio.Task[None] | None = None
+        self._closed = False
+        self._bootstrap_turn = 0
+
+    # -- channels ------------------------------------------------------------------------------
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        if self._closed:
+            raise ClientClosedError("the client is closed")
+        chan = self._channels.get(address)
+        if chan is None:
+            chan = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            self._channels[address] = chan
+        return chan
+
+    def broker_stub(self, address: str) -> pb_grpc.BrokerServiceStub:
+        stub = self._broker_stubs.get(address)
+        if stub is None:
+            stub = self._broker_stubs[address] = pb_grpc.BrokerServiceStub(self.channel(address))
+        return stub
+
+    def controller_stub(self, address: str) -> pb_grpc.ControllerServiceStub:
+        stub = self._controller_stubs.get(address)
+        if stub is None:
+            stub = pb_grpc.ControllerServiceStub(self.channel(address))
+            self._controller_stubs[address] = stub
+        return stub
+
+    def node_address(self, node_id: int) -> str:
+        addr = self.metadata.address(node_id)
+        if addr is None:
+            raise NetworkExceptionError(f"broker {node_id} is not in the cluster metadata")
+        return addr
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._refresh is not None and not self._refresh.done():
+            self._refresh.cancel()
+        channels = list(self._channels.values())
+        self._channels.clear()
+        self._broker_stubs.clear()
+        self._controller_stubs.clear()
+        await asyncio.gather(*(c.close(grace=None) for c in channels), return_exceptions=True)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- metadata ------------------------------------------------------------------------------
+
+    def _metadata_addresses(self) -> list[str]:
+        """Known live brokers first (they track the controller), then the bootstrap list."""
+        known = [b.address for b in self.metadata.brokers.values() if not b.fenced]
+        seen: set[str] = set()
+        ordered: list[str] = []
+        # Rotate so one dead broker does not take the first attempt of every refresh.
+        self._bootstrap_turn += 1
+        pool = known + self.bootstrap
+        start = self._bootstrap_turn % len(pool)
+        for addr in pool[start:] + pool[:start]:
+            if addr not in seen:
+                seen.add(addr)
+                ordered.append(addr)
+        return ordered
+
+    async def fetch_metadata(
+        self, topics: Iterable[str] = (), *, all_topics: bool = False
+    ) -> ClusterSnapshot:
+        """One Metadata call, trying each known broker in turn; raises the last error."""
+        request = pb.MetadataRequest(topics=list(topics), all_topics=all_topics)
+        timeout_s = min(self.request_timeout_ms, 10_000) / 1000
+        last: MiniBrokerError | None = None
+        for addr in self._metadata_addresses():
+            try:
+                resp = await self.broker_stub(addr).Metadata(request, timeout=timeout_s)
+            except grpc.aio.AioRpcError as err:
+                last = error_from_rpc(err, addr)
+                continue
+            return metadata_from_pb(resp, all_topics=all_topics)
+        raise last or NetworkExceptionError("no broker to ask for metadata")
+
+    async def refresh_metadata(self) -> None:
+        """Refresh the topics of interest; concurrent callers share one request."""
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.ensure_future(self._do_refresh())
+        await asyncio.shield(self._refresh)
+
+    async def _do_refresh(self) -> None:
+        snapshot = await self.fetch_metadata(sorted(self.metadata.interest))
+        self.metadata.update(snapshot, now_ms())
+
+    async def maybe_refresh_metadata(self) -> None:
+        """Refresh if flagged stale or older than metadata.max.age.ms; errors are swallowed
+        (the next attempt retries) because callers run this from their I/O loops."""
+        if self.metadata.needs_update(now_ms()):
+            try:
+                await self.refresh_metadata()
+            except MiniBrokerError:
+                pass
+
+    async def wait_for_topic(self, topic: str, max_block_ms: int) -> TopicInfo:
+        """The topic's metadata, refreshing until it is known or `max_block_ms` passes.
+
+        A topic the cluster reports as unknown for the whole wait raises
+        UnknownTopicOrPartitionError naming it; other failures raise the last transport error.
+        """
+        info = self.metadata.topics.get(topic)
+        if info is not None:
+            return info
+        self.metadata.add_interest([topic])
+        deadline = now_ms() + max_block_ms
+        last: MiniBrokerError | None = None
+        while True:
+            try:
+                await self.refresh_metadata()
+                last = None
+            except MiniBrokerError as err:
+                last = err
+            info = self.metadata.topics.get(topic)
+            if info is not None:
+                return info
+            if now_ms() >= deadline:
+                if last is not None:
+                    raise last
+                code = self.metadata.topic_errors.get(topic, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                    raise unknown_topic_error(topic)
+                from minibroker.client.errors import error_for
+
+                raise error_for(code, f"metadata for topic {topic!r} failed")
+            await asyncio.sleep(self.retry_backoff_ms / 1000)
