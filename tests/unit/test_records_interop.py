@@ -212,7 +212,8 @@ public class CodecCheck {
         switch (codec) {
             case "snappy": return new SnappyOutputStream(out);
             // Kafka's own writer: 64 KiB blocks, independent.
-            case "lz4": return new LZ4FrameOutputStream(out, LZ4FrameOutputStream.BLOCKSIZE.SIZE_64KB,
+            case "lz4": return new LZ4FrameOutputStream(out,
+                LZ4FrameOutputStream.BLOCKSIZE.SIZE_64KB,
                 LZ4FrameOutputStream.FLG.Bits.BLOCK_INDEPENDENCE);
             case "zstd": return new ZstdOutputStream(out);
             default: throw new IllegalArgumentException(codec);
@@ -225,11 +226,13 @@ public class CodecCheck {
             throw new IllegalStateException("lz4 magic");
         int flg = b[4] & 0xff, bd = b[5] & 0xff;
         if ((flg & 3) != 0) throw new IllegalStateException("Reserved bits must be 0");
-        if (((flg >>> 5) & 1) != 1) throw new IllegalStateException("Dependent block stream is unsupported");
+        if (((flg >>> 5) & 1) != 1)
+            throw new IllegalStateException("Dependent block stream is unsupported");
         if (((flg >>> 6) & 3) != 1) throw new IllegalStateException("Version is unsupported");
         if ((bd & 15) != 0 || (bd >>> 7) != 0) throw new IllegalStateException("BD reserved bits");
         int size = (bd >>> 4) & 7;
-        if (size < 4 || size > 7) throw new IllegalStateException("Block size value must be between 4 and 7");
+        if (size < 4 || size > 7)
+            throw new IllegalStateException("Block size value must be between 4 and 7");
         int len = ((flg >>> 3) & 1) == 1 ? 10 : 2;
         int hash = XXHashFactory.fastestInstance().hash32().hash(b, 4, len, 0);
         if (b[4 + len] != (byte) ((hash >> 8) & 0xff))
