@@ -17,8 +17,9 @@ and the choices that make our bytes readable by Kafka and Kafka's bytes readable
 - zstd: one standard zstd frame.
 
 Levels default to Kafka's (KIP-390: `compression.gzip.level` 6 via Deflater's default,
-`compression.zstd.level` 3) except lz4, where Kafka's default level 9 is LZ4-HC; we use the fast
-compressor, which Kafka's reader decodes all the same, because the producer runs in Python.
+`compression.zstd.level` 3) except lz4, where Kafka's default level 9 is LZ4-HC; we default to
+the fast compressor (level 1), which Kafka's reader decodes all the same, because the producer
+runs in Python and HC costs about 4x the time for about 1% smaller batches.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from minibroker.client.batch import Compression, CorruptRecordError
 
 GZIP_DEFAULT_LEVEL = 6
 ZSTD_DEFAULT_LEVEL = 3
+# liblz4's frame API switches to LZ4-HC from level 3 up; 1 is the fast compressor (about 4x the
+# speed of HC on a 16 KiB batch here, for about 1% larger output).
+LZ4_DEFAULT_LEVEL = 1
 
 XERIAL_MAGIC = b"\x82SNAPPY\x00"
 XERIAL_VERSION = 1
@@ -53,7 +57,11 @@ def compress(
     if compression is Compression.SNAPPY:
         return xerial_snappy_encode(data)
     if compression is Compression.LZ4:
-        compressor = cramjam.lz4.Compressor(level=level, content_checksum=False, block_linked=False)
+        compressor = cramjam.lz4.Compressor(
+            level=LZ4_DEFAULT_LEVEL if level is None else level,
+            content_checksum=False,
+            block_linked=False,
+        )
         compressor.compress(data)
         return bytes(compressor.finish())
     if compression is Compression.ZSTD:
