@@ -1,0 +1,396 @@
+"""AsyncAdmin: topics, cluster description and leader elections.
+
+Does network I/O through `ClusterClient`. Metadata comes from any broker (BrokerService.Metadata);
+the Metadata response names the controller's address, and topic creation and deletion, cluster
+description and elections go to the ControllerService there directly (Kafka forwards admin
+requests through a broker; calling the controller is one hop less). `describe_topics` adds each
+replica's log end offset and the leader's high watermark from every broker's DescribeReplicas.
+
+Concurrency: every method runs on the caller's event loop; no background tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from minibroker.client.errors import (
+    ErrorCode,
+    MiniBrokerError,
+    NetworkExceptionError,
+    RequestTimedOutError,
+    error_for,
+)
+from minibroker.client.transport import (
+    DEFAULT_BOOTSTRAP,
+    ClientClosedError,
+    ClusterClient,
+    error_from_rpc,
+    now_ms,
+    unknown_topic_error,
+)
+from minibroker.client.types import TopicPartition
+from minibroker.proto import minibroker_pb2 as pb
+
+
+@dataclass(frozen=True, slots=True)
+class NewTopic:
+    """A topic to create. -1 partitions / replication factor: the controller's defaults."""
+
+    name: str
+    num_partitions: int = -1
+    replication_factor: int = -1
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionDescription:
+    """One partition: the controller's record plus each replica's live offsets.
+
+    `high_watermark` comes from the leader (-1 when it did not answer); `log_end_offsets` maps
+    each replica to its LEO, None for a replica whose broker did not answer.
+    """
+
+    topic: str
+    partition: int
+    leader: int
+    leader_epoch: int
+    partition_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    offline_replicas: tuple[int, ...]
+    high_watermark: int = -1
+    log_end_offsets: Mapping[int, int | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    name: str
+    topic_id: str
+    partitions: tuple[PartitionDescription, ...]
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def replication_factor(self) -> int:
+        return len(self.partitions[0].replicas) if self.partitions else 0
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerDescription:
+    broker_id: int
+    host: str
+    port: int
+    rack: str
+    fenced: bool
+    in_controlled_shutdown: bool
+    broker_epoch: int
+    last_heartbeat_ms_ago: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterDescription:
+    cluster_id: str
+    controller_id: int
+    metadata_offset: int
+    brokers: tuple[BrokerDescription, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedTopic:
+    name: str
+    topic_id: str
+    num_partitions: int
+    replication_factor: int
+
+
+_ELECTION_TYPES = {"preferred": pb.PREFERRED, "unclean": pb.UNCLEAN}
+
+
+class AsyncAdmin:
+    """Kafka-shaped admin client for asyncio code."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+        *,
+        request_timeout_ms: int = 30_000,
+        retry_backoff_ms: int = 100,
+        default_api_timeout_ms: int = 60_000,
+    ) -> None:
+        self.request_timeout_ms = request_timeout_ms
+        self.default_api_timeout_ms = default_api_timeout_ms
+        self.cluster = ClusterClient(
+            bootstrap_servers,
+            request_timeout_ms=request_timeout_ms,
+            retry_backoff_ms=retry_backoff_ms,
+        )
+
+    async def __aenter__(self) -> AsyncAdmin:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.cluster.close()
+
+    def _check_open(self) -> None:
+        if self.cluster.closed:
+            raise ClientClosedError("the admin client is closed; create a new one")
+
+    # -- controller calls ----------------------------------------------------------------------
+
+    async def _controller_call(self, method: str, request: Any) -> Any:
+        """Call the controller, finding it through broker metadata; retries unavailability
+        until default_api_timeout_ms (the controller may be restarting)."""
+        self._check_open()
+        deadline = now_ms() + self.default_api_timeout_ms
+        last: MiniBrokerError | None = None
+        while now_ms() < deadline:
+            address = self.cluster.metadata.controller_address()
+            if address is None:
+                try:
+                    self.cluster.metadata.update(await self.cluster.fetch_metadata(), now_ms())
+                except MiniBrokerError as err:
+                    last = err
+                    await asyncio.sleep(self.cluster.retry_backoff_ms / 1000)
+                    continue
+                address = self.cluster.metadata.controller_address()
+                if address is None:
+                    raise NetworkExceptionError(
+                        "the brokers do not know the controller's address yet; retry shortly"
+                    )
+            stub = self.cluster.controller_stub(address)
+            try:
+                return await getattr(stub, method)(request, timeout=self.request_timeout_ms / 1000)
+            except grpc.aio.AioRpcError as rpc_err:
+                last = error_from_rpc(rpc_err, f"controller {address}")
+                if not last.retriable:
+                    raise last from None
+                # The controller may have moved or restarted: ask the brokers again.
+                self.cluster.metadata.controller_host = ""
+                await asyncio.sleep(self.cluster.retry_backoff_ms / 1000)
+        raise last or RequestTimedOutError("the controller did not answer in time")
+
+    async def create_topics(
+        self, new_topics: Iterable[NewTopic], *, validate_only: bool = False
+    ) -> dict[str, CreatedTopic]:
+        """Create topics; raises the typed error of the first failure (others are named in
+        its message). Returns what was created, by name."""
+        topics = list(new_topics)
+        request = pb.CreateTopicsRequest(
+            topics=[
+                pb.CreatableTopic(
+                    name=t.name,
+                    num_partitions=t.num_partitions,
+                    replication_factor=t.replication_factor,
+                    configs=dict(t.configs),
+                )
+                for t in topics
+            ],
+            timeout_ms=self.request_timeout_ms,
+            validate_only=validate_only,
+        )
+        resp = await self._controller_call("CreateTopics", request)
+        created: dict[str, CreatedTopic] = {}
+        failures: list[tuple[str, MiniBrokerError]] = []
+        for r in resp.topics:
+            if r.error_code != ErrorCode.NONE:
+                failures.append((r.name, error_for(r.error_code, r.error_message)))
+            else:
+                created[r.name] = CreatedTopic(
+                    r.name, r.topic_id, r.num_partitions, r.replication_factor
+                )
+        _raise_first(failures, "create topic")
+        return created
+
+    async def create_topic(
+        self,
+        name: str,
+        num_partitions: int = -1,
+        replication_factor: int = -1,
+        configs: Mapping[str, str] | None = None,
+    ) -> CreatedTopic:
+        created = await self.create_topics(
+            [NewTopic(name, num_partitions, replication_factor, dict(configs or {}))]
+        )
+        return created[name]
+
+    async def delete_topics(self, names: Iterable[str]) -> None:
+        names = list(names)
+        request = pb.DeleteTopicsRequest(topic_names=names, timeout_ms=self.request_timeout_ms)
+        resp = await self._controller_call("DeleteTopics", request)
+        failures = []
+        for r in resp.results:
+            if r.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                failures.append((r.name, unknown_topic_error(r.name)))
+            elif r.error_code != ErrorCode.NONE:
+                failures.append((r.name, error_for(r.error_code, r.error_message)))
+        _raise_first(failures, "delete topic")
+
+    async def describe_cluster(self) -> ClusterDescription:
+        resp = await self._controller_call("DescribeCluster", pb.DescribeClusterRequest())
+        if resp.error_code != ErrorCode.NONE:
+            raise error_for(resp.error_code, resp.error_message)
+        return ClusterDescription(
+            cluster_id=resp.cluster_id,
+            controller_id=resp.controller_id,
+            metadata_offset=resp.metadata_offset,
+            brokers=tuple(
+                BrokerDescription(
+                    b.broker_id,
+                    b.host,
+                    b.port,
+                    b.rack,
+                    b.fenced,
+                    b.in_controlled_shutdown,
+                    b.broker_epoch,
+                    b.last_heartbeat_ms_ago,
+                )
+                for b in sorted(resp.brokers, key=lambda b: b.broker_id)
+            ),
+        )
+
+    async def elect_leaders(
+        self,
+        election_type: str = "preferred",
+        partitions: Iterable[TopicPartition] | None = None,
+    ) -> dict[TopicPartition, MiniBrokerError | None]:
+        """Run a preferred or unclean election for `partitions` (None: every partition).
+
+        Returns each partition's outcome: None for success, else its error
+        (ElectionNotNeededError when the wanted leader already leads).
+        """
+        kind = _ELECTION_TYPES.get(str(election_type).lower())
+        if kind is None:
+            raise ValueError(
+                f"election_type must be 'preferred' or 'unclean', got {election_type!r}"
+            )
+        by_topic: dict[str, list[int]] = {}
+        if partitions is not None:
+            for tp in partitions:
+                by_topic.setdefault(tp[0], []).append(tp[1])
+        request = pb.ElectLeadersRequest(
+            election_type=kind,
+            topic_partitions=[
+                pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()
+            ],
+            all_partitions=partitions is None,
+            timeout_ms=self.request_timeout_ms,
+        )
+        resp = await self._controller_call("ElectLeaders", request)
+        if resp.error_code != ErrorCode.NONE:
+            raise error_for(resp.error_code, resp.error_message)
+        return {
+            TopicPartition(r.topic, r.partition): (
+                None if r.error_code == ErrorCode.NONE else error_for(r.error_code, r.error_message)
+            )
+            for r in resp.results
+        }
+
+    # -- broker calls --------------------------------------------------------------------------
+
+    async def list_topics(self) -> list[str]:
+        self._check_open()
+        snapshot = await self.cluster.fetch_metadata(all_topics=True)
+        self.cluster.metadata.update(snapshot, now_ms())
+        return sorted(snapshot.topics)
+
+    async def describe_topics(
+        self, names: Iterable[str] | None = None, *, include_offsets: bool = True
+    ) -> list[TopicDescription]:
+        """Describe `names` (None: every topic), sorted by name. Unknown names raise
+        UnknownTopicOrPartitionError. With `include_offsets`, every live broker is asked for
+        its replicas' HW and LEO (one DescribeReplicas call each, in parallel)."""
+        self._check_open()
+        wanted = None if names is None else list(names)
+        if wanted is None:
+            snapshot = await self.cluster.fetch_metadata(all_topics=True)
+        else:
+            snapshot = await self.cluster.fetch_metadata(wanted)
+        self.cluster.metadata.update(snapshot, now_ms())
+        for name in wanted or ():
+            info = snapshot.topics.get(name)
+            if info is None:
+                raise unknown_topic_error(name)
+            if info.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                raise unknown_topic_error(name)
+            if info.error_code != ErrorCode.NONE:
+                raise error_for(info.error_code, f"describe topic {name!r}")
+        replica_state: dict[tuple[str, int, int], pb.ReplicaDescription] = {}
+        if include_offsets:
+            topics = sorted(snapshot.topics)
+            calls = [self._describe_replicas(b.address, topics) for b in snapshot.brokers.values()]
+            for resp in await asyncio.gather(*calls):
+                if resp is None:
+                    continue
+                for rep in resp.replicas:
+                    replica_state[(rep.topic, rep.partition, resp.broker_id)] = rep
+        out: list[TopicDescription] = []
+        for name in sorted(snapshot.topics):
+            info = snapshot.topics[name]
+            if info.error_code != ErrorCode.NONE:
+                continue
+            parts = []
+            for p in sorted(info.partitions):
+                pi = info.partitions[p]
+                hw = -1
+                leos: dict[int, int | None] = {}
+                for replica in pi.replicas:
+                    rep = replica_state.get((name, p, replica))
+                    leos[replica] = rep.log_end_offset if rep is not None else None
+                    if rep is not None and replica == pi.leader and rep.is_leader:
+                        hw = rep.high_watermark
+                parts.append(
+                    PartitionDescription(
+                        topic=name,
+                        partition=p,
+                        leader=pi.leader,
+                        leader_epoch=pi.leader_epoch,
+                        partition_epoch=pi.partition_epoch,
+                        replicas=pi.replicas,
+                        isr=pi.isr,
+                        offline_replicas=pi.offline_replicas,
+                        high_watermark=hw,
+                        log_end_offsets=leos if include_offsets else {},
+                    )
+                )
+            out.append(TopicDescription(name, info.topic_id, tuple(parts), dict(info.configs)))
+        return out
+
+    async def _describe_replicas(
+        self, address: str, topics: list[str]
+    ) -> pb.DescribeReplicasResponse | None:
+        try:
+            return await self.cluster.broker_stub(address).DescribeReplicas(
+                pb.DescribeReplicasRequest(topics=topics),
+                timeout=min(self.request_timeout_ms, 5_000) / 1000,
+            )
+        except grpc.aio.AioRpcError:
+            return None  # a down broker: its replicas show no LEO
+
+
+def _raise_first(failures: list[tuple[str, MiniBrokerError]], what: str) -> None:
+    if not failures:
+        return
+    name, first = failures[0]
+    if len(failures) == 1:
+        detail = f"{what} {name!r}: {first}"
+    else:
+        detail = "; ".join(f"{what} {n!r}: {e}" for n, e in failures)
+    raise type(first)(detail)
+
+
+__all__ = [
+    "AsyncAdmin",
+    "BrokerDescription",
+    "ClusterDescription",
+    "CreatedTopic",
+    "NewTopic",
+    "PartitionDescription",
+    "TopicDescription",
+]

@@ -1,0 +1,337 @@
+"""Blocking Producer, Consumer and Admin for scripts and Spark tasks.
+
+Does I/O by delegation: each object owns a private event loop (uvloop where available) running in
+a daemon thread, and its async counterpart lives on that loop. Methods block the calling thread
+until the loop has answered, except `Producer.send`, which validates in the caller's thread (so
+bad input raises at once, with the same typed errors as the async API), hands the record to the
+loop without waiting, and returns a `concurrent.futures.Future` of its RecordMetadata.
+
+Thread safety: a Producer may be shared by threads (sends from several threads interleave);
+Consumer and Admin are meant for one thread at a time, like Kafka's. Never call these objects
+from their own loop thread (e.g. inside a future's done-callback): that would wait on itself, so
+it raises RuntimeError instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+from minibroker.client.admin import (
+    AsyncAdmin,
+    ClusterDescription,
+    CreatedTopic,
+    NewTopic,
+    TopicDescription,
+)
+from minibroker.client.common.runtime import new_event_loop
+from minibroker.client.consumer import AsyncConsumer
+from minibroker.client.errors import MiniBrokerError, RequestTimedOutError
+from minibroker.client.producer import AsyncProducer, HeadersIn, PreparedRecord
+from minibroker.client.transport import DEFAULT_BOOTSTRAP, ClientClosedError
+from minibroker.client.types import Record, RecordMetadata, TopicPartition
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    """An event loop running forever in a daemon thread."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = new_event_loop()
+        ready = threading.Event()
+
+        def main() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.call_soon(ready.set)
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=main, name=name, daemon=True)
+        self.thread.start()
+        ready.wait()
+
+    def run(self, coro: Awaitable[T], timeout_s: float | None = None) -> T:
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("blocking minibroker call from its own event-loop thread")
+        if self.loop.is_closed():
+            raise ClientClosedError("the client is closed")
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        try:
+            return future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise RequestTimedOutError(f"no answer within {timeout_s} s") from None
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a plain function on the loop thread and return its result."""
+
+        async def wrapper() -> T:
+            return fn(*args)
+
+        return self.run(wrapper())
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+class Producer:
+    """Blocking Kafka-shaped producer: `send` returns a concurrent.futures.Future.
+
+    Takes the same keyword arguments as AsyncProducer (acks, enable_idempotence, linger_ms,
+    batch_size, compression_type, max_in_flight, retries, request_timeout_ms,
+    delivery_timeout_ms, retry_backoff_ms, max_request_size, buffer_memory, max_block_ms, ...).
+    """
+
+    def __init__(
+        self, bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP, **config: Any
+    ) -> None:
+        self._async = AsyncProducer(bootstrap_servers, **config)
+        self._lt = _LoopThread("minibroker-producer")
+        self._lt.run(self._async.start())
+        self._lock = threading.Lock()
+        self._pending: deque[tuple[PreparedRecord, concurrent.futures.Future[Any]]] = deque()
+        self._scheduled = False
+        # Bytes sent but not yet acknowledged, bounded by buffer_memory (Kafka's send blocks
+        # while the buffer is full, for at most max_block_ms).
+        self._space = threading.Condition()
+        self._unacked_bytes = 0
+        self._closed = False
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        partition: int | None = None,
+        headers: HeadersIn = None,
+        timestamp_ms: int | None = None,
+    ) -> concurrent.futures.Future[RecordMetadata]:
+        """Buffer one record; the returned future resolves to its RecordMetadata or error."""
+        if self._closed:
+            raise ClientClosedError("send() after close(): the producer is closed")
+        p = self._async
+        info = p.cluster.metadata.topics.get(topic) if isinstance(topic, str) else None
+        if info is None:
+            info = self._lt.run(p._topic(topic))
+        rec = p._prepare(topic, value, key, partition, headers, timestamp_ms, info)
+        with self._space:
+            if self._unacked_bytes >= p.buffer_memory and not self._space.wait_for(
+                lambda: self._unacked_bytes < p.buffer_memory, p.max_block_ms / 1000
+            ):
+                raise RequestTimedOutError(
+                    f"buffer_memory ({p.buffer_memory} bytes) stayed full for max_block_ms "
+                    f"({p.max_block_ms}); the cluster is not keeping up"
+                )
+            self._unacked_bytes += rec.size
+        future: concurrent.futures.Future[RecordMetadata] = concurrent.futures.Future()
+        size = rec.size
+        future.add_done_callback(lambda _f: self._release(size))
+        with self._lock:
+            self._pending.append((rec, future))
+            schedule = not self._scheduled
+            self._scheduled = True
+        if schedule:
+            self._lt.loop.call_soon_threadsafe(self._drain_pending)
+        return future
+
+    def _release(self, size: int) -> None:
+        with self._space:
+            self._unacked_bytes -= size
+            self._space.notify_all()
+
+    def _drain_pending(self) -> None:
+        """Loop thread: move records handed over by send() into the accumulator."""
+        with self._lock:
+            items = list(self._pending)
+            self._pending.clear()
+            self._scheduled = False
+        for rec, future in items:
+            self._async._enqueue(rec, future)
+
+    def flush(self, timeout_ms: int | None = None) -> None:
+        """Block until every record sent so far is acknowledged or failed."""
+
+        async def run() -> None:
+            self._drain_pending()
+            await self._async.flush(timeout_ms)
+
+        self._lt.run(run())
+
+    def partitions_for(self, topic: str) -> list[int]:
+        return self._lt.run(self._async.partitions_for(topic))
+
+    def close(self, timeout_ms: int | None = None) -> None:
+        """Send what is buffered (up to `timeout_ms`), then release the loop thread."""
+        if self._closed:
+            return
+        self._closed = True
+
+        async def run() -> None:
+            self._drain_pending()
+            await self._async.close(timeout_ms)
+
+        try:
+            self._lt.run(run())
+        finally:
+            self._lt.stop()
+
+
+class Consumer:
+    """Blocking Kafka-shaped consumer with manual assignment (see AsyncConsumer for options).
+
+    Iterating over a Consumer yields records forever (poll in a loop).
+    """
+
+    def __init__(
+        self, bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP, **config: Any
+    ) -> None:
+        self._async = AsyncConsumer(bootstrap_servers, **config)
+        self._lt = _LoopThread("minibroker-consumer")
+        self._lt.run(self._async.start())
+        self._closed = False
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[Record]:
+        while True:
+            yield from self.poll(1000)
+
+    def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
+        self._lt.call(self._async.assign, list(partitions))
+
+    def assignment(self) -> set[TopicPartition]:
+        return self._lt.call(self._async.assignment)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._lt.call(self._async.seek, tp, offset)
+
+    def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        self._lt.call(self._async.seek_to_beginning, *partitions)
+
+    def seek_to_end(self, *partitions: TopicPartition) -> None:
+        self._lt.call(self._async.seek_to_end, *partitions)
+
+    def position(self, tp: TopicPartition) -> int:
+        return self._lt.run(self._async.position(tp))
+
+    def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> list[Record]:
+        return self._lt.run(self._async.poll(timeout_ms, max_records))
+
+    def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return self._lt.run(self._async.beginning_offsets(list(partitions)))
+
+    def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return self._lt.run(self._async.end_offsets(list(partitions)))
+
+    def offsets_for_times(
+        self, timestamps: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, tuple[int, int] | None]:
+        return self._lt.run(self._async.offsets_for_times(dict(timestamps)))
+
+    def partitions_for_topic(self, topic: str) -> set[int]:
+        async def run() -> set[int]:
+            info = await self._async.cluster.wait_for_topic(topic, self._async.max_block_ms)
+            return set(info.partitions)
+
+        return self._lt.run(run())
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return self._lt.call(self._async.highwater, tp)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._lt.run(self._async.close())
+        finally:
+            self._lt.stop()
+
+
+class Admin:
+    """Blocking admin client (see AsyncAdmin)."""
+
+    def __init__(
+        self, bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP, **config: Any
+    ) -> None:
+        self._async = AsyncAdmin(bootstrap_servers, **config)
+        self._lt = _LoopThread("minibroker-admin")
+        self._closed = False
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def create_topics(
+        self, new_topics: Iterable[NewTopic], *, validate_only: bool = False
+    ) -> dict[str, CreatedTopic]:
+        return self._lt.run(
+            self._async.create_topics(list(new_topics), validate_only=validate_only)
+        )
+
+    def create_topic(
+        self,
+        name: str,
+        num_partitions: int = -1,
+        replication_factor: int = -1,
+        configs: Mapping[str, str] | None = None,
+    ) -> CreatedTopic:
+        return self._lt.run(
+            self._async.create_topic(name, num_partitions, replication_factor, configs)
+        )
+
+    def delete_topics(self, names: Iterable[str]) -> None:
+        self._lt.run(self._async.delete_topics(list(names)))
+
+    def list_topics(self) -> list[str]:
+        return self._lt.run(self._async.list_topics())
+
+    def describe_topics(
+        self, names: Iterable[str] | None = None, *, include_offsets: bool = True
+    ) -> list[TopicDescription]:
+        wanted = None if names is None else list(names)
+        return self._lt.run(self._async.describe_topics(wanted, include_offsets=include_offsets))
+
+    def describe_cluster(self) -> ClusterDescription:
+        return self._lt.run(self._async.describe_cluster())
+
+    def elect_leaders(
+        self,
+        election_type: str = "preferred",
+        partitions: Iterable[TopicPartition] | None = None,
+    ) -> dict[TopicPartition, MiniBrokerError | None]:
+        wanted = None if partitions is None else list(partitions)
+        return self._lt.run(self._async.elect_leaders(election_type, wanted))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._lt.run(self._async.close())
+        finally:
+            self._lt.stop()
+
+
+__all__ = ["Admin", "Consumer", "Producer"]
