@@ -1,0 +1,82 @@
+"""`LogConfig`: the storage settings of one topic, with Kafka's names and minibroker's defaults.
+
+Pure: no I/O. The keys, defaults and checks live once in `minibroker.client.topic_config`
+(shared with the controller, which validates CreateTopics with the same `ConfigKey`s); this module
+turns a resolved mapping into a typed, frozen value for the storage code and maps Kafka's
+broker-level names (`log.segment.bytes`, ...) onto the topic-level ones.
+
+Defaults that differ from Kafka's: `segment.bytes` is 64 MiB (Kafka: 1 GiB), which suits a local
+cluster's disks and keeps recovery of the active segment short.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from minibroker.client.topic_config import resolve_topic_config
+
+# Kafka's broker-wide defaults for the topic-level log configs (LogConfig's "synonyms").
+BROKER_SYNONYMS: dict[str, str] = {
+    "log.segment.bytes": "segment.bytes",
+    "log.roll.ms": "segment.ms",
+    "log.retention.ms": "retention.ms",
+    "log.retention.bytes": "retention.bytes",
+    "log.index.interval.bytes": "index.interval.bytes",
+    "message.max.bytes": "max.message.bytes",
+    "log.flush.interval.messages": "flush.messages",
+    "log.flush.interval.ms": "flush.ms",
+    "log.message.timestamp.type": "message.timestamp.type",
+}
+
+
+def topic_defaults_from_broker(broker_configs: Mapping[str, Any]) -> dict[str, Any]:
+    """The topic-level defaults a broker's `log.*` properties set (unrelated keys are ignored)."""
+    return {
+        topic_name: broker_configs[broker_name]
+        for broker_name, topic_name in BROKER_SYNONYMS.items()
+        if broker_name in broker_configs
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """Typed storage settings of one topic (Kafka's LogConfig, storage part only)."""
+
+    segment_bytes: int = 64 * 1024 * 1024
+    segment_ms: int = 7 * 24 * 3600 * 1000
+    retention_ms: int = 7 * 24 * 3600 * 1000  # -1: keep forever
+    retention_bytes: int = -1  # -1: no size limit
+    index_interval_bytes: int = 4096
+    max_message_bytes: int = 1048588
+    flush_messages: int = 2**63 - 1
+    flush_ms: int = 2**63 - 1
+    message_timestamp_type: str = "CreateTime"
+
+    @property
+    def log_append_time(self) -> bool:
+        return self.message_timestamp_type == "LogAppendTime"
+
+    @classmethod
+    def from_configs(
+        cls,
+        topic_configs: Mapping[str, Any] | None = None,
+        defaults: Mapping[str, Any] | None = None,
+    ) -> LogConfig:
+        """Built-in defaults < `defaults` (broker-wide, topic names) < `topic_configs`.
+
+        Raises ConfigError (from client/common/config.py) naming a bad or unknown key.
+        """
+        typed = resolve_topic_config(topic_configs or {}, defaults)
+        return cls(
+            segment_bytes=typed["segment.bytes"],
+            segment_ms=typed["segment.ms"],
+            retention_ms=typed["retention.ms"],
+            retention_bytes=typed["retention.bytes"],
+            index_interval_bytes=typed["index.interval.bytes"],
+            max_message_bytes=typed["max.message.bytes"],
+            flush_messages=typed["flush.messages"],
+            flush_ms=typed["flush.ms"],
+            message_timestamp_type=typed["message.timestamp.type"],
+        )

@@ -1,0 +1,306 @@
+"""A segment's sparse indexes: `.index` (offset -> file position) and `.timeindex` (time -> offset).
+
+Does file I/O on the index files. Layout (research/kafka-replication.md §2.14), big-endian:
+
+    .index      8-byte entries: int32 relative offset (a batch's LAST offset - segment base),
+                int32 file position of that batch in the `.log`
+    .timeindex  12-byte entries: int64 largest timestamp so far, int32 relative offset of the
+                batch (its last offset) where that timestamp was reached
+
+The segment adds an entry once more than `index.interval.bytes` have been written since the
+previous one. A lookup takes the largest entry <= the target and the caller scans batch headers
+from there: every batch before the entry's position ends below the entry's offset, so the scan
+never misses the batch it is looking for.
+
+Entries live in memory (two sorted lists, searched with bisect) and are appended to the file in
+small groups (`PENDING_ENTRIES_MAX`), on flush, roll and close. An index file that is missing or
+fails `load`'s checks is rebuilt from the `.log` by the segment's recovery; one that is merely
+short (a crash lost the last group) is still correct, only sparser.
+
+Concurrency contract: single-threaded; owned by one LogSegment.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import pathlib
+import struct
+
+PENDING_ENTRIES_MAX = 128
+_OFFSET_ENTRY = struct.Struct(">ii")
+_TIME_ENTRY = struct.Struct(">qi")
+_INT32_MAX = 2**31 - 1
+
+
+class _IndexFile:
+    """Shared file handling: entries in memory, unwritten ones in a pending buffer."""
+
+    entry: struct.Struct
+
+    def __init__(self, path: pathlib.Path, base_offset: int) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self._pending = bytearray()
+        self._pending_count = 0
+
+    def _add_pending(self, *fields: int) -> None:
+        self._pending += self.entry.pack(*fields)
+        self._pending_count += 1
+        if self._pending_count >= PENDING_ENTRIES_MAX:
+            self.write_pending()
+
+    def write_pending(self) -> None:
+        """Append the entries not yet in the file."""
+        if not self._pending:
+            return
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            data = bytes(self._pending)
+            while data:
+                data = data[os.write(fd, data) :]
+        finally:
+            os.close(fd)
+        self._pending.clear()
+        self._pending_count = 0
+
+    def _rewrite(self, count: int) -> None:
+        """Make the file hold exactly the first `count` in-memory entries."""
+        self._pending.clear()
+        self._pending_count = 0
+        try:
+            on_disk = os.path.getsize(self.path) // self.entry.size
+        except FileNotFoundError:
+            self._create()
+            on_disk = 0
+        # Dropping a partial trailing entry too keeps the file a whole number of entries.
+        os.truncate(self.path, min(on_disk, count) * self.entry.size)
+        for i in range(on_disk, count):
+            self._pending += self.entry.pack(*self._entry_fields(i))
+        self.write_pending()
+
+    def _create(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.close(fd)
+
+    def _entry_fields(self, i: int) -> tuple[int, int]:
+        raise TypeError("subclass duty")
+
+    def flush(self) -> None:
+        """Write pending entries and fsync the file."""
+        self.write_pending()
+        if not self.path.exists():
+            self._create()
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def delete(self) -> None:
+        self._pending.clear()
+        self._pending_count = 0
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    @classmethod
+    def _read_raw(cls, path: pathlib.Path) -> list[tuple[int, int]] | None:
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if len(raw) % cls.entry.size:
+            return None
+        return list(cls.entry.iter_unpack(raw))
+
+
+class OffsetIndex(_IndexFile):
+    """`.index`: the file position of a batch, keyed by its last offset."""
+
+    entry = _OFFSET_ENTRY
+
+    def __init__(self, path: pathlib.Path, base_offset: int) -> None:
+        super().__init__(path, base_offset)
+        self._offsets: list[int] = []
+        self._positions: list[int] = []
+
+    @classmethod
+    def create(cls, path: pathlib.Path, base_offset: int) -> OffsetIndex:
+        index = cls(path, base_offset)
+        index._create()
+        return index
+
+    @classmethod
+    def load(cls, path: pathlib.Path, base_offset: int, log_size: int) -> OffsetIndex | None:
+        """The index in `path`, or None when it is missing or inconsistent with the log."""
+        rows = cls._read_raw(path)
+        if rows is None:
+            return None
+        index = cls(path, base_offset)
+        last_relative = -1
+        last_position = -1
+        for relative, position in rows:
+            if relative <= last_relative or position <= last_position or position >= log_size:
+                return None
+            last_relative, last_position = relative, position
+            index._offsets.append(base_offset + relative)
+            index._positions.append(position)
+        return index
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    def entries(self) -> list[tuple[int, int]]:
+        """(absolute offset, position) pairs, oldest first."""
+        return list(zip(self._offsets, self._positions))
+
+    @property
+    def last_entry(self) -> tuple[int, int]:
+        """The newest (offset, position), or (base offset, 0) when empty."""
+        if not self._offsets:
+            return self.base_offset, 0
+        return self._offsets[-1], self._positions[-1]
+
+    def can_append_offset(self, offset: int) -> bool:
+        return 0 <= offset - self.base_offset <= _INT32_MAX
+
+    def append(self, offset: int, position: int) -> None:
+        if self._offsets and (offset <= self._offsets[-1] or position <= self._positions[-1]):
+            raise ValueError(
+                f"offset index entry ({offset}, {position}) is not after "
+                f"({self._offsets[-1]}, {self._positions[-1]}) in {self.path}"
+            )
+        if not self.can_append_offset(offset):
+            raise ValueError(f"offset {offset} does not fit segment {self.base_offset}")
+        self._offsets.append(offset)
+        self._positions.append(position)
+        self._add_pending(offset - self.base_offset, position)
+
+    def lookup(self, offset: int) -> tuple[int, int]:
+        """The largest entry whose offset is <= `offset`, or (base offset, 0)."""
+        i = bisect.bisect_right(self._offsets, offset)
+        if i == 0:
+            return self.base_offset, 0
+        return self._offsets[i - 1], self._positions[i - 1]
+
+    def floor_position(self, position: int) -> int:
+        """The largest indexed batch position <= `position` (0 when none): a batch boundary."""
+        i = bisect.bisect_right(self._positions, position)
+        return self._positions[i - 1] if i else 0
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove entries whose offset is >= `offset`."""
+        keep = bisect.bisect_left(self._offsets, offset)
+        if keep == len(self._offsets):
+            return
+        del self._offsets[keep:]
+        del self._positions[keep:]
+        self._rewrite(keep)
+
+    def truncate_to_position(self, position: int) -> None:
+        """Remove entries for batches at or after `position` (the log was cut there)."""
+        keep = bisect.bisect_left(self._positions, position)
+        if keep == len(self._positions):
+            return
+        del self._offsets[keep:]
+        del self._positions[keep:]
+        self._rewrite(keep)
+
+    def reset(self) -> None:
+        self._offsets.clear()
+        self._positions.clear()
+        self._pending.clear()
+        self._pending_count = 0
+        self._create()
+
+    def _entry_fields(self, i: int) -> tuple[int, int]:
+        return self._offsets[i] - self.base_offset, self._positions[i]
+
+
+class TimeIndex(_IndexFile):
+    """`.timeindex`: the largest timestamp so far and the offset where it was reached."""
+
+    entry = _TIME_ENTRY
+
+    def __init__(self, path: pathlib.Path, base_offset: int) -> None:
+        super().__init__(path, base_offset)
+        self._timestamps: list[int] = []
+        self._offsets: list[int] = []
+
+    @classmethod
+    def create(cls, path: pathlib.Path, base_offset: int) -> TimeIndex:
+        index = cls(path, base_offset)
+        index._create()
+        return index
+
+    @classmethod
+    def load(cls, path: pathlib.Path, base_offset: int, next_offset: int) -> TimeIndex | None:
+        """The index in `path`, or None when missing or inconsistent with the segment's offsets."""
+        rows = cls._read_raw(path)
+        if rows is None:
+            return None
+        index = cls(path, base_offset)
+        last_timestamp = -(2**63)
+        last_offset = base_offset - 1
+        for timestamp, relative in rows:
+            offset = base_offset + relative
+            if timestamp <= last_timestamp or offset < last_offset or offset >= next_offset:
+                return None
+            if relative < 0:
+                return None
+            last_timestamp, last_offset = timestamp, offset
+            index._timestamps.append(timestamp)
+            index._offsets.append(offset)
+        return index
+
+    def __len__(self) -> int:
+        return len(self._timestamps)
+
+    def entries(self) -> list[tuple[int, int]]:
+        """(timestamp, absolute offset) pairs, oldest first."""
+        return list(zip(self._timestamps, self._offsets))
+
+    @property
+    def last_entry(self) -> tuple[int, int]:
+        """The newest (timestamp, offset), or (-1, base offset) when empty."""
+        if not self._timestamps:
+            return -1, self.base_offset
+        return self._timestamps[-1], self._offsets[-1]
+
+    def maybe_append(self, timestamp: int, offset: int) -> None:
+        """Add (timestamp, offset) if the timestamp is larger than the last entry's."""
+        if self._timestamps and timestamp <= self._timestamps[-1]:
+            return
+        if self._offsets and offset < self._offsets[-1]:
+            raise ValueError(f"time index offset {offset} goes back in {self.path}")
+        self._timestamps.append(timestamp)
+        self._offsets.append(offset)
+        self._add_pending(timestamp, offset - self.base_offset)
+
+    def lookup(self, timestamp: int) -> tuple[int, int]:
+        """The largest entry whose timestamp is <= `timestamp`, or (-1, base offset)."""
+        i = bisect.bisect_right(self._timestamps, timestamp)
+        if i == 0:
+            return -1, self.base_offset
+        return self._timestamps[i - 1], self._offsets[i - 1]
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove entries whose offset is >= `offset`."""
+        keep = bisect.bisect_left(self._offsets, offset)
+        if keep == len(self._offsets):
+            return
+        del self._timestamps[keep:]
+        del self._offsets[keep:]
+        self._rewrite(keep)
+
+    def reset(self) -> None:
+        self._timestamps.clear()
+        self._offsets.clear()
+        self._pending.clear()
+        self._pending_count = 0
+        self._create()
+
+    def _entry_fields(self, i: int) -> tuple[int, int]:
+        return self._timestamps[i], self._offsets[i] - self.base_offset

@@ -1,0 +1,837 @@
+"""`PartitionLog`: one replica's log on disk (Kafka's UnifiedLog, storage part only).
+
+Does file I/O in the partition dir `<topic>-<partition>/`: the segments (segment.py), the
+`leader-epoch-checkpoint` (checkpoint.py) and nothing else; the three offset checkpoints of the
+data dir are the LogManager's. No replication decision is made here: the HW is a number the
+replication layer sets (this class only clamps it to [log start, LEO]), and the leader epoch to
+stamp comes in with each leader append.
+
+Invariants:
+  * segments are sorted, contiguous (each base offset is the previous segment's end) and
+    non-empty except possibly the last (the active segment);
+  * log_start_offset <= high_watermark <= leo, and recovery_point <= leo;
+  * the epoch cache covers every epoch of the batches in the log at the batch's start offset;
+    it is rewritten (atomically) before the first batch of a new epoch is written and after the
+    log is truncated, so a crash leaves it a superset of the log's epochs, which loading trims.
+
+Appends validate everything before changing anything: a bad batch raises a typed error
+(CorruptRecordError, InvalidRecordError, MessageTooLargeError, RecordListTooLargeError,
+UnexpectedAppendOffsetError) and leaves the log, the cache and the files untouched.
+
+Concurrency contract: not thread-safe. One owner calls it from one thread (the broker's event
+loop; every call is page-cache I/O except `flush`, which fsyncs).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import os
+import pathlib
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from minibroker.broker.replication.epoch_cache import EpochCache, EpochEntry
+from minibroker.broker.storage.checkpoint import (
+    LEADER_EPOCH_CHECKPOINT,
+    LeaderEpochCheckpointFile,
+)
+from minibroker.broker.storage.config import LogConfig
+from minibroker.broker.storage.errors import CorruptCheckpointError, UnexpectedAppendOffsetError
+from minibroker.broker.storage.segment import LOG_SUFFIX, AppendEntry, LogSegment
+from minibroker.client.batch import (
+    ATTRIBUTES_OFFSET,
+    CRC_OFFSET,
+    TIMESTAMP_TYPE_MASK,
+    BatchHeader,
+    assign_offsets,
+    crc_of,
+    iter_batches,
+    validate_producer_batches,
+)
+from minibroker.client.common.log import get_logger
+from minibroker.client.errors import OffsetOutOfRangeError, RecordListTooLargeError
+from minibroker.client.types import TopicPartition
+
+_log = get_logger("minibroker.broker.storage")
+_INT16 = struct.Struct(">h")
+_INT64 = struct.Struct(">q")
+_UINT32 = struct.Struct(">I")
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    """What an append wrote. `first_offset` is -1 when nothing was appended."""
+
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+    log_append_time_ms: int  # -1 unless message.timestamp.type is LogAppendTime
+    log_start_offset: int
+    batches: tuple[BatchHeader, ...]  # as stored: leader appends carry the assigned offsets
+    valid_bytes: int
+    records_count: int
+
+    @property
+    def appended(self) -> bool:
+        return self.first_offset >= 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReadInfo:
+    """Whole batches read from the log, with the log's offsets at the time of the read.
+
+    `first_offset` is the base offset of the first batch (it may be below `fetch_offset`: the
+    batch holding the fetch offset comes whole) or -1 when `records` is empty; `next_offset`
+    is the offset after the last batch returned (`fetch_offset` when empty).
+    """
+
+    records: bytes
+    fetch_offset: int
+    first_offset: int
+    next_offset: int
+    high_watermark: int
+    log_start_offset: int
+    leo: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeletedSegment:
+    """A segment removed by retention: offsets [base_offset, next_offset)."""
+
+    base_offset: int
+    next_offset: int
+    size_bytes: int
+    reason: str  # "retention.ms", "retention.bytes" or "log_start_offset"
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class PartitionLog:
+    """Ordered segments of one partition replica plus its epoch cache, HW and offsets."""
+
+    def __init__(
+        self,
+        directory: pathlib.Path,
+        topic_partition: TopicPartition,
+        config: LogConfig,
+        segments: list[LogSegment],
+        epoch_cache: EpochCache,
+        log_start_offset: int,
+        high_watermark: int,
+        recovery_point: int,
+        now_ms: int,
+    ) -> None:
+        self.directory = directory
+        self.topic_partition = topic_partition
+        self.config = config
+        self._segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self._epoch_cache = epoch_cache
+        self._epoch_file = LeaderEpochCheckpointFile(directory / LEADER_EPOCH_CHECKPOINT)
+        self._log_start_offset = log_start_offset
+        self._high_watermark = high_watermark
+        self._recovery_point = recovery_point
+        self._last_flush_ms = now_ms
+        self._closed = False
+
+    # -- loading ------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        topic_partition: TopicPartition,
+        config: LogConfig,
+        now_ms: int,
+        *,
+        recovery_point: int = 0,
+        log_start_offset: int = 0,
+        high_watermark: int = 0,
+        had_clean_shutdown: bool = False,
+    ) -> PartitionLog:
+        """Open (or create) the log in `directory`, recovering what an unclean stop left.
+
+        `recovery_point`, `log_start_offset` and `high_watermark` come from the data dir's
+        checkpoints. After an unclean shutdown, segments from the one holding the recovery point
+        on are scanned batch by batch; the first torn or corrupt batch and everything after it
+        (later segments too) is removed. Any segment whose indexes are missing or inconsistent
+        is recovered the same way, whatever the shutdown.
+        """
+        path = pathlib.Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        bases: list[int] = []
+        for name in os.listdir(path):
+            stem, dot, suffix = name.partition(".")
+            if dot and len(stem) == 20 and stem.isdigit() and "." + suffix == LOG_SUFFIX:
+                bases.append(int(stem))
+            if name.endswith(".tmp"):
+                os.unlink(path / name)
+        bases.sort()
+        for name in os.listdir(path):
+            # Index files whose .log is gone would shadow a future segment with that base.
+            stem, dot, suffix = name.partition(".")
+            if dot and len(stem) == 20 and stem.isdigit() and int(stem) not in bases:
+                os.unlink(path / name)
+
+        epoch_file = LeaderEpochCheckpointFile(path / LEADER_EPOCH_CHECKPOINT)
+        try:
+            stored = epoch_file.read()
+        except CorruptCheckpointError as err:
+            _log.warning("epoch_checkpoint_unreadable", path=str(epoch_file.path), error=str(err))
+            stored = None
+        cache = EpochCache(stored or ())
+        trusted_cache = stored is not None
+
+        segments = [
+            LogSegment.open(path, base, config.index_interval_bytes, now_ms) for base in bases
+        ]
+        recover_from = len(segments)
+        if not had_clean_shutdown:
+            recover_from = max(bisect.bisect_right(bases, recovery_point) - 1, 0)
+
+        check = _RecoveryCheck(cache if trusted_cache else None)
+        kept: list[LogSegment] = []
+        truncated_bytes = 0
+        recovered = 0
+        for i, segment in enumerate(segments):
+            if kept and segment.base_offset != kept[-1].next_offset:
+                _log.warning(
+                    "log_segment_gap",
+                    topic=topic_partition.topic,
+                    partition=topic_partition.partition,
+                    base_offset=segment.base_offset,
+                    expected=kept[-1].next_offset,
+                )
+                for later in segments[i:]:
+                    later.delete()
+                break
+            if i >= recover_from or segment.needs_recovery:
+                recovered += 1
+                truncated = segment.recover(check)
+                truncated_bytes += truncated
+                kept.append(segment)
+                if truncated:
+                    for later in segments[i + 1 :]:
+                        later.delete()
+                    break
+            else:
+                kept.append(segment)
+
+        leo = kept[-1].next_offset if kept else log_start_offset
+        if kept and leo < log_start_offset:
+            # Kafka: the checkpointed log start is past everything left, start over there.
+            for segment in kept:
+                segment.delete()
+            kept = []
+        if not kept:
+            kept = [LogSegment.create(path, log_start_offset, config.index_interval_bytes, now_ms)]
+        leo = kept[-1].next_offset
+        start = max(log_start_offset, kept[0].base_offset)
+        log = cls(
+            path,
+            topic_partition,
+            config,
+            kept,
+            cache,
+            start,
+            min(max(high_watermark, start), leo),
+            leo if had_clean_shutdown else min(recovery_point, leo),
+            now_ms,
+        )
+        changed = False
+        if not trusted_cache:
+            changed = log._rebuild_epoch_cache()
+        changed = bool(cache.truncate_from_end(leo)) or changed
+        changed = bool(cache.truncate_from_start(start)) or changed
+        if changed or (stored is None and len(cache)):
+            log._persist_epoch_cache()
+        if recovered or truncated_bytes:
+            _log.info(
+                "log_recovered",
+                topic=topic_partition.topic,
+                partition=topic_partition.partition,
+                segments_recovered=recovered,
+                truncated_bytes=truncated_bytes,
+                leo=leo,
+            )
+        return log
+
+    def _rebuild_epoch_cache(self) -> bool:
+        """Rebuild the cache from the batch headers (the checkpoint was missing or corrupt)."""
+        changed = self._epoch_cache.clear()
+        for segment in self._segments:
+            for batch in segment.walk(0, segment.size):
+                epoch = batch.partition_leader_epoch
+                latest = self._epoch_cache.latest_epoch
+                if epoch >= 0 and (latest is None or epoch > latest):
+                    changed = self._epoch_cache.assign(epoch, batch.base_offset) or changed
+        return changed
+
+    # -- facts --------------------------------------------------------------------------------
+
+    @property
+    def leo(self) -> int:
+        """Log end offset: the offset the next appended record gets."""
+        return self._segments[-1].next_offset
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @property
+    def high_watermark(self) -> int:
+        return self._high_watermark
+
+    @property
+    def recovery_point(self) -> int:
+        """Offsets below this are fsynced; recovery after a crash starts here."""
+        return self._recovery_point
+
+    @property
+    def segments(self) -> tuple[LogSegment, ...]:
+        return tuple(self._segments)
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self._segments[-1]
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    @property
+    def epoch_cache(self) -> EpochCache:
+        """Read it freely; change it only through this class, which persists it."""
+        return self._epoch_cache
+
+    @property
+    def latest_epoch(self) -> int | None:
+        return self._epoch_cache.latest_epoch
+
+    def end_offset_for_epoch(self, requested_epoch: int) -> tuple[int, int]:
+        """(epoch, end offset) for a follower's `last_fetched_epoch` (research §2.10 step 4)."""
+        return self._epoch_cache.end_offset_for(requested_epoch, self.leo)
+
+    def update_config(self, config: LogConfig) -> None:
+        """New topic configs apply to the next append, roll, retention and flush decision."""
+        self.config = config
+
+    # -- epoch cache --------------------------------------------------------------------------
+
+    def _persist_epoch_cache(self) -> None:
+        self._epoch_file.write(self._epoch_cache.entries)
+
+    def maybe_assign_epoch_start_offset(self, leader_epoch: int, start_offset: int) -> bool:
+        """Record (epoch, start offset) durably; a new leader calls it with its LEO (KIP-279)."""
+        if self._epoch_cache.assign(leader_epoch, start_offset):
+            self._persist_epoch_cache()
+            return True
+        return False
+
+    # -- appends ------------------------------------------------------------------------------
+
+    def append_as_leader(
+        self,
+        records: bytes | bytearray | memoryview,
+        leader_epoch: int,
+        now_ms: int,
+        max_message_bytes: int | None = None,
+    ) -> AppendInfo:
+        """Validate a produce request's batches, assign offsets from the LEO, stamp the epoch.
+
+        One write (two when the batches straddle a segment roll). `max_message_bytes` defaults
+        to the topic's `max.message.bytes`.
+        """
+        if leader_epoch < 0:
+            raise ValueError(f"a leader append needs a leader epoch, got {leader_epoch}")
+        limit = self.config.max_message_bytes if max_message_bytes is None else max_message_bytes
+        batches = validate_producer_batches(records, limit)
+        for position, header in batches:
+            if header.size > self.config.segment_bytes:
+                raise RecordListTooLargeError(
+                    f"batch at position {position} is {header.size} bytes, larger than "
+                    f"segment.bytes ({self.config.segment_bytes})"
+                )
+        buf = bytearray(records)
+        first_offset = self.leo
+        assign_offsets(buf, batches, first_offset, leader_epoch)
+        append_time = now_ms if self.config.log_append_time else -1
+        entries: list[AppendEntry] = []
+        stored: list[BatchHeader] = []
+        base = first_offset
+        max_timestamp = -1
+        records_count = 0
+        for position, header in batches:
+            if append_time >= 0:
+                header = _stamp_log_append_time(buf, position, header, append_time)
+            header = dataclasses.replace(
+                header, base_offset=base, partition_leader_epoch=leader_epoch
+            )
+            stored.append(header)
+            last = base + header.last_offset_delta
+            entries.append((position, header.size, last, header.max_timestamp))
+            max_timestamp = max(max_timestamp, header.max_timestamp)
+            records_count += header.records_count
+            base = last + 1
+        # The cache entry goes to disk before the first batch of the epoch (KIP-279 order).
+        self.maybe_assign_epoch_start_offset(leader_epoch, first_offset)
+        self._write(buf, entries, now_ms)
+        return AppendInfo(
+            first_offset,
+            base - 1,
+            max_timestamp,
+            append_time,
+            self._log_start_offset,
+            tuple(stored),
+            len(buf),
+            records_count,
+        )
+
+    def append_as_follower(
+        self, records: bytes | bytearray | memoryview, now_ms: int | None = None
+    ) -> AppendInfo:
+        """Append the leader's batches as they are: offsets and epochs kept, CRCs checked.
+
+        The first batch must start exactly at the LEO and each batch right after the previous
+        one (UnexpectedAppendOffsetError otherwise). Each new batch epoch goes into the epoch
+        cache at the batch's base offset. `now_ms` (default: the wall clock) drives segment.ms.
+        """
+        now = _wall_clock_ms() if now_ms is None else now_ms
+        if len(records) == 0:
+            return AppendInfo(-1, -1, -1, -1, self._log_start_offset, (), 0, 0)
+        expected = self.leo
+        entries: list[AppendEntry] = []
+        headers: list[BatchHeader] = []
+        max_timestamp = -1
+        records_count = 0
+        for position, header in iter_batches(records):
+            if header.base_offset != expected:
+                where = "first batch" if not headers else f"batch at position {position}"
+                raise UnexpectedAppendOffsetError(
+                    f"{self.topic_partition}: {where} starts at offset {header.base_offset}, "
+                    f"expected {expected}",
+                    first_offset=header.base_offset,
+                    expected_offset=expected,
+                )
+            headers.append(header)
+            entries.append((position, header.size, header.last_offset, header.max_timestamp))
+            max_timestamp = max(max_timestamp, header.max_timestamp)
+            records_count += header.records_count
+            expected = header.next_offset
+        cache_changed = False
+        for header in headers:
+            if header.partition_leader_epoch >= 0:
+                cache_changed = (
+                    self._epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
+                    or cache_changed
+                )
+        if cache_changed:
+            self._persist_epoch_cache()
+        self._write(records, entries, now)
+        return AppendInfo(
+            headers[0].base_offset,
+            expected - 1,
+            max_timestamp,
+            -1,
+            self._log_start_offset,
+            tuple(headers),
+            len(records),
+            records_count,
+        )
+
+    def _write(
+        self,
+        data: bytes | bytearray | memoryview,
+        entries: Sequence[AppendEntry],
+        now_ms: int,
+    ) -> None:
+        """Write validated batches, rolling first when Kafka's roll rules say so."""
+        try:
+            self._write_runs(memoryview(data), entries, now_ms)
+        except BaseException:
+            # The segment removed any partial batch; keep the cache in step with the log.
+            if self._epoch_cache.truncate_from_end(self.leo):
+                self._persist_epoch_cache()
+            raise
+        if self.leo - self._recovery_point >= self.config.flush_messages:
+            self.flush(now_ms)
+
+    def _write_runs(self, view: memoryview, entries: Sequence[AppendEntry], now_ms: int) -> None:
+        segment_bytes = self.config.segment_bytes
+        end = entries[-1][0] + entries[-1][1]
+        i = 0
+        while i < len(entries):
+            active = self._segments[-1]
+            start = entries[i][0]
+            remaining = end - start
+            if active.size > 0:
+                max_timestamp = max(e[3] for e in entries[i:])
+                if (
+                    active.size > segment_bytes - remaining
+                    or active.time_waited_for_roll(now_ms, max_timestamp) > self.config.segment_ms
+                    or not active.can_hold_offset(entries[-1][2])
+                ):
+                    self._roll(_base_offset(view, start), now_ms)
+                    active = self._segments[-1]
+            j = len(entries)
+            if active.size + remaining > segment_bytes:
+                # More than a whole segment in one append (a follower's big fetch): fill this
+                # segment, then roll for the rest. A single oversized batch goes alone.
+                j = i + 1
+                while j < len(entries) and entries[j][0] + entries[j][1] - start <= segment_bytes:
+                    j += 1
+            run_end = entries[j - 1][0] + entries[j - 1][1]
+            run = [(p - start, size, last, ts) for p, size, last, ts in entries[i:j]]
+            active.append(view[start:run_end], run)
+            i = j
+
+    def _roll(self, new_base_offset: int, now_ms: int) -> LogSegment:
+        old = self._segments[-1]
+        old.on_become_inactive()
+        segment = LogSegment.create(
+            self.directory, new_base_offset, self.config.index_interval_bytes, now_ms
+        )
+        self._segments.append(segment)
+        self._bases.append(new_base_offset)
+        _log.info(
+            "segment_rolled",
+            topic=self.topic_partition.topic,
+            partition=self.topic_partition.partition,
+            base_offset=new_base_offset,
+            previous_base_offset=old.base_offset,
+            previous_size_bytes=old.size,
+        )
+        return segment
+
+    def roll(self, now_ms: int) -> LogSegment:
+        """Start a new active segment at the LEO now (no-op when the active one is empty)."""
+        if self._segments[-1].size == 0:
+            return self._segments[-1]
+        return self._roll(self.leo, now_ms)
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def read(
+        self,
+        offset: int,
+        max_bytes: int,
+        max_offset: int | None = None,
+        min_one_batch: bool = True,
+    ) -> ReadInfo:
+        """Whole batches from the one holding `offset`, up to `max_bytes` (KIP-74: at least one).
+
+        Only batches whose last offset is below `max_offset` (the HW for consumers; None: the
+        LEO). Reads stay inside one segment, as Kafka's do; the next read continues.
+        Raises OffsetOutOfRangeError when `offset` is below the log start or above the LEO.
+        """
+        leo = self.leo
+        if offset < self._log_start_offset or offset > leo:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is out of range for {self.topic_partition}: "
+                f"log start {self._log_start_offset}, log end {leo}"
+            )
+        upper = leo if max_offset is None else min(max_offset, leo)
+        empty = ReadInfo(b"", offset, -1, offset, self._high_watermark, self._log_start_offset, leo)
+        if offset >= upper:
+            return empty
+        i = max(bisect.bisect_right(self._bases, offset) - 1, 0)
+        for segment in self._segments[i:]:
+            if upper >= segment.next_offset:
+                max_position = segment.size
+            else:
+                max_position = segment.position_of(upper)
+            result = segment.read(offset, max_bytes, max_position, min_one_batch)
+            if result is None:
+                continue
+            data, first, next_offset = result
+            if not data:
+                return empty
+            return ReadInfo(
+                data,
+                offset,
+                first.base_offset,
+                next_offset,
+                self._high_watermark,
+                self._log_start_offset,
+                leo,
+            )
+        return empty
+
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first batch with maxTimestamp >= `timestamp`, or None.
+
+        Batch granularity (the broker never decodes records): the offset is that batch's first
+        offset (at least the log start) and the timestamp its maxTimestamp. ListOffsets' HW
+        limit is the caller's to apply.
+        """
+        for segment in self._segments:
+            if segment.max_timestamp_so_far >= timestamp:
+                found = segment.find_offset_by_timestamp(timestamp, self._log_start_offset)
+                if found is not None:
+                    return found
+        return None
+
+    # -- offsets set by the replication layer ---------------------------------------------------
+
+    def update_high_watermark(self, high_watermark: int) -> int:
+        """Set the HW, clamped to [log start, LEO]; returns the value stored. May go back."""
+        self._high_watermark = min(max(high_watermark, self._log_start_offset), self.leo)
+        return self._high_watermark
+
+    def maybe_increment_high_watermark(self, high_watermark: int) -> bool:
+        """Move the HW forward only (clamped to the LEO); True if it moved."""
+        new = min(high_watermark, self.leo)
+        if new <= self._high_watermark:
+            return False
+        self._high_watermark = new
+        return True
+
+    def maybe_increment_log_start_offset(self, new_log_start_offset: int) -> bool:
+        """Raise the log start (a follower copies its leader's); segments below it go at the
+        next `delete_retention`. It may not pass the HW (OffsetOutOfRangeError)."""
+        if new_log_start_offset > self._high_watermark:
+            raise OffsetOutOfRangeError(
+                f"cannot raise the log start of {self.topic_partition} to "
+                f"{new_log_start_offset}: above the high watermark {self._high_watermark}"
+            )
+        if new_log_start_offset <= self._log_start_offset:
+            return False
+        self._log_start_offset = new_log_start_offset
+        if self._epoch_cache.truncate_from_start(new_log_start_offset):
+            self._persist_epoch_cache()
+        _log.info(
+            "log_start_offset_incremented",
+            topic=self.topic_partition.topic,
+            partition=self.topic_partition.partition,
+            log_start_offset=new_log_start_offset,
+        )
+        return True
+
+    # -- truncation ---------------------------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> bool:
+        """Remove the batches at and after `offset`; True if any bytes went.
+
+        The epoch cache drops entries starting at or after the new end even when nothing is
+        truncated (KAFKA-10706). Batch-granular: a batch holding `offset` goes whole. Below the
+        first segment this is `truncate_fully_and_start_at(offset)`.
+        """
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"cannot truncate {self.topic_partition} to {offset}")
+        if offset >= self.leo:
+            if self._epoch_cache.truncate_from_end(offset):
+                self._persist_epoch_cache()
+            return False
+        if offset < self._segments[0].base_offset:
+            self.truncate_fully_and_start_at(offset)
+            return True
+        old_leo = self.leo
+        keep = bisect.bisect_right(self._bases, offset)
+        for segment in self._segments[keep:]:
+            segment.delete()
+        del self._segments[keep:]
+        del self._bases[keep:]
+        self._segments[-1].truncate_to(offset)
+        # The log first, then the cache: a crash in between leaves cache entries past the LEO,
+        # which loading trims, never a batch whose epoch the cache lacks.
+        leo = self.leo
+        if self._epoch_cache.truncate_from_end(leo):
+            self._persist_epoch_cache()
+        self._log_start_offset = min(self._log_start_offset, leo)
+        self._high_watermark = min(self._high_watermark, leo)
+        self._recovery_point = min(self._recovery_point, leo)
+        _log.info(
+            "truncated",
+            topic=self.topic_partition.topic,
+            partition=self.topic_partition.partition,
+            offset=offset,
+            leo=leo,
+            previous_leo=old_leo,
+        )
+        return True
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop every segment and the epoch cache; the log restarts empty at `offset`."""
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"cannot restart {self.topic_partition} at {offset}")
+        old_leo = self.leo
+        now = _wall_clock_ms()
+        for segment in self._segments:
+            segment.delete()
+        self._segments = [
+            LogSegment.create(self.directory, offset, self.config.index_interval_bytes, now)
+        ]
+        self._bases = [offset]
+        if self._epoch_cache.clear() or self._epoch_file.path.exists():
+            self._persist_epoch_cache()
+        self._log_start_offset = offset
+        self._high_watermark = offset
+        self._recovery_point = offset
+        _log.info(
+            "truncated_fully",
+            topic=self.topic_partition.topic,
+            partition=self.topic_partition.partition,
+            offset=offset,
+            previous_leo=old_leo,
+        )
+
+    # -- retention ----------------------------------------------------------------------------
+
+    def delete_retention(self, now_ms: int) -> list[DeletedSegment]:
+        """Delete whole old segments by retention.ms, retention.bytes and the log start offset.
+
+        From the oldest segment on, stopping at the first one that may not go. A segment may go
+        only if the next segment's base offset is <= HW (nothing at or above the HW is ever
+        deleted) and it is not the active segment. The log start offset then moves up to the
+        first remaining segment.
+        """
+        deleted: list[DeletedSegment] = []
+        retention_ms = self.config.retention_ms
+        if retention_ms >= 0:
+            deleted += self._delete_oldest(
+                lambda s: now_ms - s.largest_timestamp() > retention_ms, "retention.ms"
+            )
+        retention_bytes = self.config.retention_bytes
+        if retention_bytes >= 0:
+            excess = self.size_bytes - retention_bytes
+
+            def over_size(segment: LogSegment) -> bool:
+                nonlocal excess
+                if excess - segment.size >= 0:
+                    excess -= segment.size
+                    return True
+                return False
+
+            deleted += self._delete_oldest(over_size, "retention.bytes")
+        deleted += self._delete_oldest(
+            lambda s: s.next_offset <= self._log_start_offset, "log_start_offset"
+        )
+        return deleted
+
+    def _delete_oldest(
+        self, predicate: Callable[[LogSegment], bool], reason: str
+    ) -> list[DeletedSegment]:
+        count = 0
+        while count < len(self._segments) - 1:
+            segment = self._segments[count]
+            upper = self._segments[count + 1].base_offset
+            if self._high_watermark < upper or not predicate(segment):
+                break
+            count += 1
+        if count == 0:
+            return []
+        gone = self._segments[:count]
+        del self._segments[:count]
+        del self._bases[:count]
+        result = [DeletedSegment(s.base_offset, s.next_offset, s.size, reason) for s in gone]
+        for segment in gone:
+            segment.delete()
+        first_base = self._segments[0].base_offset
+        if first_base > self._log_start_offset:
+            self._log_start_offset = first_base
+            if self._epoch_cache.truncate_from_start(first_base):
+                self._persist_epoch_cache()
+        self._recovery_point = max(self._recovery_point, first_base)
+        _log.info(
+            "segments_deleted",
+            topic=self.topic_partition.topic,
+            partition=self.topic_partition.partition,
+            reason=reason,
+            base_offsets=[d.base_offset for d in result],
+            log_start_offset=self._log_start_offset,
+        )
+        return result
+
+    # -- durability ---------------------------------------------------------------------------
+
+    def flush(self, now_ms: int | None = None) -> None:
+        """fsync every segment holding offsets at or above the recovery point; advance it."""
+        leo = self.leo
+        for segment in self._segments:
+            if segment.next_offset > self._recovery_point or segment is self._segments[-1]:
+                segment.flush()
+        self._recovery_point = leo
+        self._last_flush_ms = _wall_clock_ms() if now_ms is None else now_ms
+
+    def maybe_flush(self, now_ms: int) -> bool:
+        """Flush when `flush.messages` offsets or `flush.ms` have passed since the last flush."""
+        unflushed = self.leo - self._recovery_point
+        if unflushed <= 0:
+            return False
+        if (
+            unflushed >= self.config.flush_messages
+            or now_ms - self._last_flush_ms >= self.config.flush_ms
+        ):
+            self.flush(now_ms)
+            return True
+        return False
+
+    def close(self) -> None:
+        """Close the files (no fsync: call `flush` first for a clean shutdown)."""
+        if self._closed:
+            return
+        for segment in self._segments:
+            segment.close()
+        self._closed = True
+
+    def __repr__(self) -> str:
+        return (
+            f"PartitionLog({self.topic_partition}, log_start={self._log_start_offset}, "
+            f"hw={self._high_watermark}, leo={self.leo}, segments={len(self._segments)})"
+        )
+
+
+class _RecoveryCheck:
+    """Checks on recovered batches beyond CRC and offsets: the epoch fields.
+
+    `partitionLeaderEpoch` sits outside the CRC, so a flipped byte there would pass it. Epochs
+    never go back along a log, and when the checkpointed cache is present it names the epoch
+    of every batch (it is written before the batch), so a batch that disagrees is corrupt.
+    """
+
+    def __init__(self, cache: EpochCache | None) -> None:
+        self._cache = cache
+        self._previous_epoch = -1
+
+    def __call__(self, header: BatchHeader) -> str | None:
+        epoch = header.partition_leader_epoch
+        if epoch < 0:
+            return None
+        if epoch < self._previous_epoch:
+            return f"partitionLeaderEpoch {epoch} after {self._previous_epoch}"
+        if self._cache is not None and self._cache:
+            cached = self._cache.epoch_for_offset(header.base_offset)
+            if cached is not None and cached != epoch:
+                return f"partitionLeaderEpoch {epoch}, the epoch cache says {cached}"
+        self._previous_epoch = epoch
+        return None
+
+
+def _stamp_log_append_time(
+    buf: bytearray, position: int, header: BatchHeader, now_ms: int
+) -> BatchHeader:
+    """LogAppendTime: set the timestamp-type bit and maxTimestamp, then recompute the CRC."""
+    attributes = header.attributes | TIMESTAMP_TYPE_MASK
+    _INT16.pack_into(buf, position + ATTRIBUTES_OFFSET, attributes)
+    _INT64.pack_into(buf, position + 35, now_ms)
+    crc = crc_of(buf, position + ATTRIBUTES_OFFSET, position + header.size)
+    _UINT32.pack_into(buf, position + CRC_OFFSET, crc)
+    return dataclasses.replace(header, attributes=attributes, max_timestamp=now_ms, crc=crc)
+
+
+def _base_offset(view: memoryview, position: int) -> int:
+    return int.from_bytes(view[position : position + 8], "big", signed=True)
+
+
+__all__ = [
+    "AppendInfo",
+    "DeletedSegment",
+    "EpochEntry",
+    "PartitionLog",
+    "ReadInfo",
+]

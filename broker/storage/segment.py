@@ -1,0 +1,492 @@
+"""One log segment: `<baseOffset:020d>.log` with its `.index` and `.timeindex`.
+
+Does file I/O: appends with one `os.write`, reads with `os.pread`, `ftruncate`, `fsync`. The
+`.log` holds whole v2 record batches back to back, nothing else (research §3). Offsets inside a
+segment are contiguous: the first batch starts at `base_offset` and each batch starts right after
+the previous one, so `base_offset` <= every offset here < the next segment's base offset.
+
+Reads work on batch boundaries found from the sparse offset index and a walk over batch headers
+(never over records); the segment never decodes a record. The CRC is checked on the way in (by
+the log, before `append`) and by `recover`, not on reads (Kafka serves fetches the same way;
+consumers check CRCs).
+
+Concurrency contract: not thread-safe; one owner (the PartitionLog) calls it from one thread.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from minibroker.broker.storage.index import OffsetIndex, TimeIndex
+from minibroker.client.batch import (
+    BATCH_LENGTH_MIN,
+    LOG_OVERHEAD,
+    BatchHeader,
+    CorruptRecordError,
+    scan_valid_prefix,
+)
+from minibroker.client.errors import KafkaStorageError
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+
+# The first 43 header bytes: baseOffset, batchLength, partitionLeaderEpoch, magic, crc,
+# attributes, lastOffsetDelta, baseTimestamp, maxTimestamp (client/batch.py has the layout).
+_WALK_HEADER = struct.Struct(">qiibIhiqq")
+_WALK_READ_AHEAD = 8192
+_RECOVERY_CHUNK = 8 * 1024 * 1024
+
+# One batch as `append` needs it: (position in the appended bytes, size, last offset, max ts).
+AppendEntry = tuple[int, int, int, int]
+# A recovery check beyond CRC and offsets: returns why the batch is bad, or None.
+BatchCheck = Callable[[BatchHeader], "str | None"]
+
+
+def segment_path(directory: pathlib.Path, base_offset: int, suffix: str) -> pathlib.Path:
+    return directory / f"{base_offset:020d}{suffix}"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPosition:
+    """Where one batch sits in the `.log`, from its header only."""
+
+    position: int
+    size: int
+    base_offset: int
+    last_offset: int
+    partition_leader_epoch: int
+    max_timestamp: int
+
+
+class LogSegment:
+    """A `.log` file of contiguous batches plus its two sparse indexes (Kafka's LogSegment)."""
+
+    def __init__(
+        self,
+        directory: pathlib.Path,
+        base_offset: int,
+        fd: int,
+        size: int,
+        index: OffsetIndex,
+        time_index: TimeIndex,
+        index_interval_bytes: int,
+        created_ms: int,
+    ) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.index = index
+        self.time_index = time_index
+        self.index_interval_bytes = index_interval_bytes
+        self.created_ms = created_ms
+        # True after `open` when the indexes or the tail failed their checks: the owner must
+        # call `recover` before using the segment.
+        self.needs_recovery = False
+        self._fd = fd
+        self._size = size
+        self._next_offset = base_offset
+        self._max_timestamp = -1
+        self._offset_of_max_timestamp = base_offset
+        self._bytes_since_last_index_entry = 0
+        self._rolling_based_timestamp: int | None = None
+
+    # -- creation ---------------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls, directory: pathlib.Path, base_offset: int, index_interval_bytes: int, now_ms: int
+    ) -> LogSegment:
+        """A new empty segment (replacing any stale files with the same base offset)."""
+        fd = os.open(
+            segment_path(directory, base_offset, LOG_SUFFIX),
+            os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC,
+            0o644,
+        )
+        index = OffsetIndex.create(segment_path(directory, base_offset, INDEX_SUFFIX), base_offset)
+        time_index = TimeIndex.create(
+            segment_path(directory, base_offset, TIME_INDEX_SUFFIX), base_offset
+        )
+        return cls(directory, base_offset, fd, 0, index, time_index, index_interval_bytes, now_ms)
+
+    @classmethod
+    def open(
+        cls, directory: pathlib.Path, base_offset: int, index_interval_bytes: int, now_ms: int
+    ) -> LogSegment:
+        """An existing segment. Sets `needs_recovery` when its indexes or tail look wrong."""
+        fd = os.open(segment_path(directory, base_offset, LOG_SUFFIX), os.O_RDWR | os.O_APPEND)
+        size = os.fstat(fd).st_size
+        index_path = segment_path(directory, base_offset, INDEX_SUFFIX)
+        time_path = segment_path(directory, base_offset, TIME_INDEX_SUFFIX)
+        index = OffsetIndex.load(index_path, base_offset, size)
+        segment = cls(
+            directory,
+            base_offset,
+            fd,
+            size,
+            index or OffsetIndex(index_path, base_offset),
+            TimeIndex(time_path, base_offset),
+            index_interval_bytes,
+            now_ms,
+        )
+        if index is None or not segment._load_tail():
+            segment.needs_recovery = True
+        return segment
+
+    def _load_tail(self) -> bool:
+        """Validate the batches after the last index entry; set the end offset and timestamps."""
+        last_indexed_offset, start = self.index.last_entry
+        tail = self._pread(start, self._size - start)
+        valid, found, error = scan_valid_prefix(tail)
+        if error is not None or valid != len(tail):
+            return False
+        expected = self.base_offset if len(self.index) == 0 else None
+        max_timestamp, offset_of_max = -1, self.base_offset
+        for i, (_pos, header) in enumerate(found):
+            if expected is None:
+                # The indexed batch must be the one the index says it is.
+                if i != 0 or header.last_offset != last_indexed_offset:
+                    return False
+            elif header.base_offset != expected:
+                return False
+            expected = header.next_offset
+            if header.max_timestamp > max_timestamp:
+                max_timestamp, offset_of_max = header.max_timestamp, header.last_offset
+        self._next_offset = expected if expected is not None else self.base_offset
+        if self._next_offset - 1 - self.base_offset > 2**31 - 1:
+            return False
+        time_index = TimeIndex.load(self.time_index.path, self.base_offset, self._next_offset)
+        if time_index is None:
+            return False
+        self.time_index = time_index
+        indexed_timestamp, indexed_offset = time_index.last_entry
+        if indexed_timestamp >= max_timestamp:
+            max_timestamp, offset_of_max = indexed_timestamp, indexed_offset
+        self._max_timestamp, self._offset_of_max_timestamp = max_timestamp, offset_of_max
+        self._bytes_since_last_index_entry = self._size - start
+        if self._size:
+            first = self._walk_one(0)
+            self._rolling_based_timestamp = first.max_timestamp if first else None
+        return True
+
+    # -- facts --------------------------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next batch appended here would get (base offset when empty)."""
+        return self._next_offset
+
+    @property
+    def max_timestamp_so_far(self) -> int:
+        """The largest batch maxTimestamp here, -1 when none."""
+        return self._max_timestamp
+
+    @property
+    def offset_of_max_timestamp(self) -> int:
+        return self._offset_of_max_timestamp
+
+    def largest_timestamp(self) -> int:
+        """Retention's clock: the largest timestamp, or the file's mtime when there is none."""
+        if self._max_timestamp >= 0:
+            return self._max_timestamp
+        return int(os.fstat(self._fd).st_mtime * 1000)
+
+    def time_waited_for_roll(self, now_ms: int, max_timestamp_in_messages: int) -> int:
+        """Kafka's rule: new batch time - first batch time, or wall time since creation."""
+        if self._rolling_based_timestamp is not None and self._rolling_based_timestamp >= 0:
+            return max_timestamp_in_messages - self._rolling_based_timestamp
+        return now_ms - self.created_ms
+
+    def can_hold_offset(self, offset: int) -> bool:
+        return self.index.can_append_offset(offset)
+
+    # -- append -------------------------------------------------------------------------------
+
+    def append(self, data: bytes | bytearray | memoryview, batches: Sequence[AppendEntry]) -> None:
+        """Append whole batches (already validated and stamped) that start at `next_offset`."""
+        if not batches:
+            return
+        position0 = self._size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as err:
+            # Leave no partial batch behind: the log must stay a sequence of whole batches.
+            try:
+                os.ftruncate(self._fd, position0)
+            except OSError:
+                pass
+            raise KafkaStorageError(
+                f"append to {segment_path(self.directory, self.base_offset, LOG_SUFFIX)} "
+                f"failed: {err.strerror}"
+            ) from err
+        if position0 == 0 and self._rolling_based_timestamp is None:
+            self._rolling_based_timestamp = batches[0][3]
+        for relative, size, last_offset, max_timestamp in batches:
+            self._index_batch(position0 + relative, size, last_offset, max_timestamp)
+        self._size = position0 + len(data)
+        self._next_offset = batches[-1][2] + 1
+
+    def _index_batch(self, position: int, size: int, last_offset: int, max_timestamp: int) -> None:
+        if max_timestamp > self._max_timestamp:
+            self._max_timestamp = max_timestamp
+            self._offset_of_max_timestamp = last_offset
+        if self._bytes_since_last_index_entry > self.index_interval_bytes:
+            self.index.append(last_offset, position)
+            self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+            self._bytes_since_last_index_entry = 0
+        self._bytes_since_last_index_entry += size
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def _pread(self, position: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        data = os.pread(self._fd, length, position)
+        if len(data) == length:
+            return data
+        parts = [data]
+        got = len(data)
+        while got < length:
+            more = os.pread(self._fd, length - got, position + got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
+
+    def _walk_one(self, position: int) -> BatchPosition | None:
+        for batch in self.walk(position, self._size):
+            return batch
+        return None
+
+    def walk(self, start: int, end: int) -> Iterator[BatchPosition]:
+        """The batches from `start` (a batch boundary) to `end`, from their headers only."""
+        chunk = b""
+        chunk_start = start
+        position = start
+        while position < end:
+            relative = position - chunk_start
+            if relative + _WALK_HEADER.size > len(chunk):
+                chunk = self._pread(position, min(_WALK_READ_AHEAD, self._size - position))
+                chunk_start, relative = position, 0
+                if len(chunk) < _WALK_HEADER.size:
+                    raise CorruptRecordError("truncated batch header in segment", position)
+            base, length, epoch, _magic, _crc, _attrs, delta, _base_ts, max_ts = (
+                _WALK_HEADER.unpack_from(chunk, relative)
+            )
+            size = length + LOG_OVERHEAD
+            if length < BATCH_LENGTH_MIN or position + size > self._size:
+                raise CorruptRecordError(f"bad batchLength {length} in segment", position)
+            yield BatchPosition(position, size, base, base + delta, epoch, max_ts)
+            position += size
+
+    def translate_offset(self, offset: int, start_position: int = 0) -> BatchPosition | None:
+        """The first batch whose last offset is >= `offset`, or None past the end."""
+        if offset >= self._next_offset:
+            return None
+        _, position = self.index.lookup(offset)
+        for batch in self.walk(max(position, start_position), self._size):
+            if batch.last_offset >= offset:
+                return batch
+        return None
+
+    def position_of(self, offset: int) -> int:
+        """The position of the batch holding `offset`: reads below it end before `offset`."""
+        batch = self.translate_offset(offset)
+        return self._size if batch is None else batch.position
+
+    def _boundary_at_or_below(self, start: int, limit: int) -> tuple[int, int]:
+        """The largest batch boundary in [start, limit] and the offset of the batch there."""
+        if limit >= self._size:
+            return self._size, self._next_offset
+        position = max(start, self.index.floor_position(limit))
+        for batch in self.walk(position, self._size):
+            if batch.position + batch.size > limit:
+                return batch.position, batch.base_offset
+        return self._size, self._next_offset
+
+    def read(
+        self, start_offset: int, max_bytes: int, max_position: int, min_one_batch: bool = True
+    ) -> tuple[bytes, BatchPosition, int] | None:
+        """Whole batches from the one holding `start_offset`, ending at or before `max_position`.
+
+        Returns (bytes, the first batch, the offset after the last batch returned). At most
+        `max_bytes`, except that with `min_one_batch` the first batch comes whole even when
+        larger (KIP-74). None when `start_offset` is past this segment's end; empty bytes when
+        the first batch is not below `max_position`.
+        """
+        first = self.translate_offset(start_offset)
+        if first is None:
+            return None
+        if first.position >= max_position:
+            return b"", first, first.base_offset
+        limit = min(max_position, first.position + max(max_bytes, 0))
+        if min_one_batch and first.position + first.size > limit:
+            limit = first.position + first.size
+        end, next_offset = self._boundary_at_or_below(first.position, limit)
+        if end <= first.position:
+            return b"", first, first.base_offset
+        return self._pread(first.position, end - first.position), first, next_offset
+
+    def find_offset_by_timestamp(
+        self, timestamp: int, starting_offset: int
+    ) -> tuple[int, int] | None:
+        """(offset, maxTimestamp) of the first batch with maxTimestamp >= `timestamp`.
+
+        Batch granularity, as the broker never decodes records: the offset is the batch's first
+        offset (at least `starting_offset`); the records before the first matching one in that
+        batch are for the consumer to skip.
+        """
+        _, indexed_offset = self.time_index.lookup(timestamp)
+        _, position = self.index.lookup(max(indexed_offset, starting_offset))
+        for batch in self.walk(position, self._size):
+            if batch.max_timestamp >= timestamp and batch.last_offset >= starting_offset:
+                return max(batch.base_offset, starting_offset), batch.max_timestamp
+        return None
+
+    # -- recovery and truncation -------------------------------------------------------------
+
+    def recover(self, check: BatchCheck | None = None) -> int:
+        """Rebuild the indexes from the `.log` and cut it at the first bad batch.
+
+        A batch is bad when it is torn, fails its length, magic or CRC check, does not start
+        right after the previous one (baseOffset is outside the CRC), overflows the index, or
+        fails `check`. Returns the number of bytes truncated.
+        """
+        self.index.reset()
+        self.time_index.reset()
+        self._max_timestamp, self._offset_of_max_timestamp = -1, self.base_offset
+        self._bytes_since_last_index_entry = 0
+        self._rolling_based_timestamp = None
+        expected = self.base_offset
+        position = 0
+        chunk_size = _RECOVERY_CHUNK
+        while position < self._size:
+            chunk = self._pread(position, min(chunk_size, self._size - position))
+            chunk_size = _RECOVERY_CHUNK
+            valid, found, error = scan_valid_prefix(chunk)
+            stopped = False
+            for relative, header in found:
+                problem = None
+                if header.base_offset != expected:
+                    problem = f"baseOffset {header.base_offset}, expected {expected}"
+                elif not self.can_hold_offset(header.last_offset):
+                    problem = f"offset {header.last_offset} overflows the segment index"
+                elif check is not None:
+                    problem = check(header)
+                if problem is not None:
+                    position += relative
+                    stopped = True
+                    break
+                if self._rolling_based_timestamp is None:
+                    self._rolling_based_timestamp = header.max_timestamp
+                self._index_batch(
+                    position + relative, header.size, header.last_offset, header.max_timestamp
+                )
+                expected = header.next_offset
+            if stopped:
+                break
+            if error is None:
+                position += valid
+                continue
+            # The chunk may have cut a good batch in two: read it whole before judging it.
+            at = position + valid
+            if position + len(chunk) < self._size:
+                if valid + LOG_OVERHEAD > len(chunk):
+                    position = at
+                    continue
+                (length,) = struct.unpack_from(">i", chunk, valid + 8)
+                needed = length + LOG_OVERHEAD
+                fits_in_file = at + needed <= self._size
+                if length >= BATCH_LENGTH_MIN and valid + needed > len(chunk) and fits_in_file:
+                    position = at
+                    chunk_size = max(_RECOVERY_CHUNK, needed)
+                    continue
+            position = at
+            break
+        truncated = self._size - position
+        if truncated:
+            os.ftruncate(self._fd, position)
+            self._size = position
+        self._next_offset = expected
+        self.index.write_pending()
+        self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+        self.time_index.write_pending()
+        self.needs_recovery = False
+        return truncated
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch whose last offset is >= `offset`; returns the bytes removed.
+
+        Batch-granular: a batch that holds `offset` goes whole, so `next_offset` afterwards is
+        that batch's base offset (<= `offset`).
+        """
+        batch = self.translate_offset(offset)
+        if batch is None:
+            return 0
+        self.index.truncate_to(batch.base_offset)
+        self.time_index.truncate_to(batch.base_offset)
+        removed = self._size - batch.position
+        os.ftruncate(self._fd, batch.position)
+        self._size = batch.position
+        self._next_offset = batch.base_offset
+        _, start = self.index.last_entry
+        self._bytes_since_last_index_entry = self._size - start
+        timestamp, at = self.time_index.last_entry
+        self._max_timestamp, self._offset_of_max_timestamp = timestamp, at
+        for later in self.walk(start, self._size):
+            if later.max_timestamp > self._max_timestamp:
+                self._max_timestamp = later.max_timestamp
+                self._offset_of_max_timestamp = later.last_offset
+        if self._size == 0:
+            self._rolling_based_timestamp = None
+        return removed
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def on_become_inactive(self) -> None:
+        """Record the segment's largest timestamp for retention and write pending entries."""
+        if self._max_timestamp >= 0:
+            self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+        self.index.write_pending()
+        self.time_index.write_pending()
+
+    def flush(self) -> None:
+        """fsync the `.log` and both indexes."""
+        os.fsync(self._fd)
+        self.index.flush()
+        self.time_index.flush()
+
+    def close(self) -> None:
+        if self._fd < 0:
+            return
+        self.on_become_inactive()
+        os.close(self._fd)
+        self._fd = -1
+
+    def delete(self) -> None:
+        """Close and remove the three files."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self.index.delete()
+        self.time_index.delete()
+        try:
+            os.unlink(segment_path(self.directory, self.base_offset, LOG_SUFFIX))
+        except FileNotFoundError:
+            pass
+
+    def __repr__(self) -> str:
+        return (
+            f"LogSegment(base_offset={self.base_offset}, size={self._size}, "
+            f"next_offset={self._next_offset})"
+        )
