@@ -115,7 +115,11 @@ def encode_varlong(value: int) -> bytes:
     return _encode_unsigned(((value << 1) ^ (value >> 63)) & 0xFFFFFFFFFFFFFFFF)
 
 
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+class _VarintTooLong(ValueError):
+    """A varint with a continuation bit past its maximum length; callers add the position."""
+
+
+def _read_varint(buf: bytes | bytearray, pos: int) -> tuple[int, int]:
     """Hot-path varint read; running off the end raises IndexError, which callers translate."""
     b = buf[pos]
     if b < 0x80:
@@ -131,13 +135,13 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
             break
         shift += 7
         if shift > 28:
-            raise CorruptRecordError("varint is longer than 5 bytes")
+            raise _VarintTooLong("varint is longer than 5 bytes")
     # Java keeps only the low 32 bits of the five 7-bit groups; so do we.
     result &= 0xFFFFFFFF
     return (result >> 1) ^ -(result & 1), pos
 
 
-def _read_varlong(buf: bytes, pos: int) -> tuple[int, int]:
+def _read_varlong(buf: bytes | bytearray, pos: int) -> tuple[int, int]:
     b = buf[pos]
     if b < 0x80:
         return (b >> 1) ^ -(b & 1), pos + 1
@@ -152,7 +156,7 @@ def _read_varlong(buf: bytes, pos: int) -> tuple[int, int]:
             break
         shift += 7
         if shift > 63:
-            raise CorruptRecordError("varlong is longer than 10 bytes")
+            raise _VarintTooLong("varlong is longer than 10 bytes")
     result &= 0xFFFFFFFFFFFFFFFF
     return (result >> 1) ^ -(result & 1), pos
 
@@ -163,6 +167,8 @@ def decode_varint(buf: bytes | bytearray, pos: int = 0) -> tuple[int, int]:
         return _read_varint(buf, pos)
     except IndexError:
         raise CorruptRecordError(f"varint at {pos} runs past the end of the buffer") from None
+    except _VarintTooLong as err:
+        raise CorruptRecordError(f"{err} at {pos}") from None
 
 
 def decode_varlong(buf: bytes | bytearray, pos: int = 0) -> tuple[int, int]:
@@ -171,16 +177,17 @@ def decode_varlong(buf: bytes | bytearray, pos: int = 0) -> tuple[int, int]:
         return _read_varlong(buf, pos)
     except IndexError:
         raise CorruptRecordError(f"varlong at {pos} runs past the end of the buffer") from None
+    except _VarintTooLong as err:
+        raise CorruptRecordError(f"{err} at {pos}") from None
 
 
 # ---------------------------------------------------------------------------------------------
 # Encoding
 
 
-def _as_bytes(data: bytes | bytearray | memoryview | None, what: str) -> bytes | None:
-    if data is None or type(data) is bytes:
-        return data
-    if isinstance(data, bytearray | memoryview):
+def _as_bytes(data: object, what: str) -> bytes:
+    """bytes of a bytes-like key, value or header value (the caller handles None)."""
+    if isinstance(data, bytes | bytearray | memoryview):
         return bytes(data)
     raise TypeError(f"record {what} must be bytes or None, not {type(data).__name__}")
 
@@ -279,9 +286,9 @@ class BatchBuilder:
         if self._built is not None:
             raise RuntimeError("the batch is already built")
         timestamp_ms = index(timestamp_ms)
-        if type(key) is not bytes:
+        if key is not None and type(key) is not bytes:
             key = _as_bytes(key, "key")
-        if type(value) is not bytes:
+        if value is not None and type(value) is not bytes:
             value = _as_bytes(value, "value")
         count = self._count
         base = timestamp_ms if count == 0 else self._base_timestamp
@@ -306,7 +313,6 @@ class BatchBuilder:
             else:
                 if type(header_value) is not bytes:
                     header_value = _as_bytes(header_value, "header value")
-                    assert header_value is not None
                 parts.append(encode_varint(len(header_value)))
                 parts.append(header_value)
         body_size = sum(map(len, parts))
@@ -527,10 +533,8 @@ def _parse_records(data: bytes, header: BatchHeader, position: int) -> list[Deco
             )
     except IndexError:
         raise CorruptRecordError(f"record {i} is truncated", position) from None
-    except CorruptRecordError as err:
-        if err.position != position:
-            raise CorruptRecordError(f"record {i}: {err.reason}", position) from None
-        raise
+    except _VarintTooLong as err:
+        raise CorruptRecordError(f"record {i}: {err}", position) from None
     if pos != end:
         raise CorruptRecordError(
             f"{end - pos} bytes left after the {count} declared records", position

@@ -428,6 +428,7 @@ def test_record_level_errors_name_the_problem() -> None:
         "recordsCount": (57, b"\x00\x00\x00\x02"),  # says two records, holds one
         "codec id": (22, b"\x07"),  # compression bits 7
         "key length": (65, b"\x05"),  # key length -3
+        "longer than 5 bytes": (65, b"\xff" * 6),  # key length varint never ends
     }
     for reason, (offset, patch) in cases.items():
         buf = bytearray(good)
