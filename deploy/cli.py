@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "minibroker.deploy.bench",
     "minibroker.deploy.cluster_cli",
     "minibroker.broker.cli",
+    "minibroker.controller.cli",
 )
 
 
