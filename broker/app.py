@@ -1,0 +1,188 @@
+"""The broker's composition root: open the data dir and logs, serve gRPC, join the cluster.
+
+I/O shell, event-loop thread only. Start-up order: lock the data dir and recover the logs (before
+anything can read them), bind the gRPC port, register with the controller (the broker epoch and
+cluster id come back), then follow the metadata log and heartbeat. SIGTERM is a controlled
+shutdown (DESIGN.md §6): ask the controller to move our leaderships away, wait until it says we may
+go, stop serving, flush and checkpoint every log, and leave the clean-shutdown marker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pathlib
+import sys
+import time
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from minibroker.broker.config import BrokerConfig
+from minibroker.broker.controller_link import ControllerLink, FatalRegistrationError
+from minibroker.broker.metrics import BrokerMetrics
+from minibroker.broker.replica_manager import ReplicaManager
+from minibroker.broker.service import BrokerServicer
+from minibroker.broker.storage.data_dir import DataDir
+from minibroker.broker.storage.errors import DataDirError
+from minibroker.broker.storage.log_manager import LogManager
+from minibroker.client.common import log as logconf
+from minibroker.client.common import metrics as metrics_server
+from minibroker.client.common import runtime
+from minibroker.client.errors import MiniBrokerError
+from minibroker.proto import minibroker_pb2_grpc as pb_grpc
+
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ("grpc.so_reuseport", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+]
+CONTROLLED_SHUTDOWN_TIMEOUT_S = 30.0
+
+
+def main(
+    config: BrokerConfig, *, port_file: str | None = None, log_format: str | None = None
+) -> int:
+    logconf.configure(
+        "broker", node_id=config.node_id, json=None if log_format is None else log_format == "json"
+    )
+    return runtime.run(lambda stop: run(config, stop, port_file=port_file))
+
+
+async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | None = None) -> int:
+    log = logconf.get_logger("minibroker.broker")
+    try:
+        data_dir = DataDir.open(config.data_dir, config.node_id)
+    except (DataDirError, MiniBrokerError) as err:
+        log.error("data_dir_unusable", error=str(err))
+        print(f"minibroker broker: {err}", file=sys.stderr)
+        return 1
+    started = time.monotonic()
+    try:
+        log_manager = LogManager.open(data_dir, config.topic_defaults)
+    except (DataDirError, MiniBrokerError) as err:
+        log.error("log_recovery_failed", error=str(err))
+        data_dir.close()
+        return 1
+    log.info(
+        "logs_loaded",
+        partitions=len(log_manager.logs()),
+        clean_shutdown=data_dir.had_clean_shutdown,
+        seconds=round(time.monotonic() - started, 3),
+    )
+
+    metrics = BrokerMetrics()
+    metrics_port = -1
+    if config["metrics.port"] >= 0:
+        metrics_port = metrics_server.serve(metrics.registry, config["metrics.port"])
+
+    rm = ReplicaManager(config, log_manager, metrics, config.controller)
+    rm.load_existing_logs()
+
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    host, port = config.listen
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        log.error("listen_failed", address=f"{host}:{port}")
+        print(f"minibroker broker: cannot listen on {host}:{port}", file=sys.stderr)
+        log_manager.close()
+        data_dir.close()
+        return 1
+    link = ControllerLink(
+        controller=config.controller,
+        broker_id=config.node_id,
+        host=host,
+        port=bound,
+        rack=config.rack,
+        metrics_port=metrics_port,
+        cluster_id=data_dir.cluster_id or "",
+        previous_broker_epoch=data_dir.previous_broker_epoch,
+        heartbeat_interval_ms=config["broker.heartbeat.interval.ms"],
+        on_metadata=rm.apply_metadata_batch,
+        metadata_offset=rm.metadata_offset,
+    )
+    rm.attach(link)
+    pb_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(rm), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    await server.start()
+    if port_file:
+        _write_port_file(port_file, bound)
+    log.info(
+        "broker_listening",
+        address=f"{host}:{bound}",
+        metrics_port=metrics_port,
+        controller=f"{config.controller[0]}:{config.controller[1]}",
+        rack=config.rack,
+    )
+
+    tasks: list[asyncio.Task[None]] = []
+    status = 0
+    try:
+        registration = await _until_stopped(link.register(stop), stop)
+        if registration is None:
+            return 0
+        data_dir.adopt_cluster_id(registration.cluster_id)
+        tasks = [
+            asyncio.create_task(link.watch_loop(stop), name="metadata-watch"),
+            asyncio.create_task(link.heartbeat_loop(stop), name="heartbeat"),
+            asyncio.create_task(rm.run_background(stop), name="replica-background"),
+        ]
+        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        await health_servicer.set(
+            "minibroker.BrokerService", health_pb2.HealthCheckResponse.SERVING
+        )
+        await stop.wait()
+        log.info("controlled_shutdown_started", leaderships=rm.led_partitions())
+        link.request_controlled_shutdown()
+        try:
+            await asyncio.wait_for(link.should_shut_down.wait(), CONTROLLED_SHUTDOWN_TIMEOUT_S)
+            log.info("controlled_shutdown_granted", leaderships=rm.led_partitions())
+        except TimeoutError:
+            log.warning("controlled_shutdown_timed_out", leaderships=rm.led_partitions())
+    except (FatalRegistrationError, DataDirError) as err:
+        log.error("registration_refused", error=str(err))
+        print(f"minibroker broker: {err}", file=sys.stderr)
+        status = 1
+    finally:
+        await health_servicer.enter_graceful_shutdown()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await rm.stop()
+        await server.stop(grace=1.0)
+        await link.close()
+        log_manager.flush_all()
+        log_manager.checkpoint_all()
+        if status == 0 and link.broker_epoch >= 0:
+            data_dir.mark_clean_shutdown(link.broker_epoch)
+        log_manager.close()
+        data_dir.close()
+        log.info("broker_stopped", status=status)
+    return status
+
+
+async def _until_stopped(coro, stop: asyncio.Event):  # type: ignore[no-untyped-def]
+    """Run `coro` unless `stop` is set first (then cancel it and return None)."""
+    task = asyncio.ensure_future(coro)
+    stopper = asyncio.ensure_future(stop.wait())
+    done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        stopper.cancel()
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    return None
+
+
+def _write_port_file(path: str, port: int) -> None:
+    target = pathlib.Path(path)
+    tmp = target.with_suffix(target.suffix + ".tmp")
+    tmp.write_text(f"{port}\n")
+    os.replace(tmp, target)

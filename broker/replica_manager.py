@@ -1,0 +1,959 @@
+"""The replica manager: the effect interpreter where storage, the replication cores and RPCs meet.
+
+I/O shell, event-loop thread only. It is the only module that joins `broker/storage` (the
+partition logs), `broker/replication` (the pure `PartitionReplica` cores) and the network (the
+controller link, fetchers, purgatories). Its loop is always the same (STYLE.md): turn a request or
+a fact into a core call, then apply the returned effects in order — storage first, then RPCs,
+then waking waiters.
+
+Per partition, appends and truncations run synchronously on the event loop between two awaits,
+so nothing else can interleave between a core's `plan_append` and `on_leader_appended` (the core's
+contract). Writes go to the page cache; fsync follows the topic's flush policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from minibroker.broker import wire
+from minibroker.broker.config import BrokerConfig
+from minibroker.broker.fetcher import FetcherManager
+from minibroker.broker.metrics import BrokerMetrics
+from minibroker.broker.purgatory import KeySignals, PurgatoryFullError
+from minibroker.broker.replication.events import (
+    AdvanceLogStartOffset,
+    AlterPartitionResult,
+    AppendAsFollower,
+    AppendPlan,
+    AssignEpoch,
+    Backoff,
+    CompleteProduce,
+    FetchPosition,
+    FetchResponse,
+    FollowerFetch,
+    HighWatermarkChanged,
+    IsrChangeKind,
+    IsrUpdated,
+    LeaderRecoveryState,
+    PartitionState,
+    ProposeIsr,
+    ReplicaConfig,
+    Role,
+    StartFetching,
+    StopFetching,
+    TruncateFullyAndStartAt,
+    TruncateTo,
+)
+from minibroker.broker.replication.invariants import invariant
+from minibroker.broker.replication.partition import BrokerRegistrations, PartitionReplica
+from minibroker.broker.storage.config import LogConfig
+from minibroker.broker.storage.log import PartitionLog
+from minibroker.broker.storage.log_manager import LogManager
+from minibroker.client import batch as batchlib
+from minibroker.client.common.log import get_logger
+from minibroker.client.errors import ErrorCode, MiniBrokerError
+from minibroker.client.metadata.image import MetadataImage
+from minibroker.client.metadata.records import NO_LEADER
+from minibroker.client.metadata.wire import apply_batch
+from minibroker.client.topic_config import resolve_topic_config
+from minibroker.client.types import TopicPartition
+from minibroker.proto import minibroker_pb2 as pb
+
+log = get_logger(__name__)
+
+PRODUCER_ID_BLOCK_REFILL = 0  # ask for a new block when the current one is used up
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(slots=True)
+class Hosted:
+    """One partition replica hosted here: its log, its core, and its in-flight proposal."""
+
+    tp: TopicPartition
+    topic_id: str
+    log: PartitionLog
+    core: PartitionReplica
+    proposal_task: asyncio.Task[None] | None = None
+    pending_fetch: FetchPosition | None = None
+    produce_futures: dict[int, asyncio.Future[CompleteProduce]] = field(default_factory=dict)
+
+
+class ReplicaManager:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        log_manager: LogManager,
+        metrics: BrokerMetrics,
+        controller_address: tuple[str, int],
+    ) -> None:
+        self.config = config
+        self.broker_id = config.node_id
+        self.log_manager = log_manager
+        self.metrics = metrics
+        self.image = MetadataImage()
+        self.brokers = BrokerRegistrations()
+        self.partitions: dict[TopicPartition, Hosted] = {}
+        self.fetch_signals = KeySignals(config["queued.max.requests"])
+        self._controller_address = controller_address
+        self._link: Any = None  # ControllerLink, attached after construction
+        self._metadata_ready = asyncio.Event()
+        self._produce_seq = 0
+        self._producer_ids: tuple[int, int] = (0, 0)  # next id, end (exclusive)
+        self._producer_id_lock = asyncio.Lock()
+        self.fetchers = FetcherManager(
+            self,
+            self._broker_address,
+            max_wait_ms=config["replica.fetch.wait.max.ms"],
+            min_bytes=config["replica.fetch.min.bytes"],
+            max_bytes=config["replica.fetch.max.bytes"],
+            response_max_bytes=config["replica.fetch.response.max.bytes"],
+            backoff_ms=config["replica.fetch.backoff.ms"],
+        )
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def attach(self, link: Any) -> None:
+        self._link = link
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def broker_epoch(self) -> int:
+        return int(self._link.broker_epoch) if self._link is not None else -1
+
+    def metadata_offset(self) -> int:
+        return self.image.next_offset
+
+    def _broker_address(self, broker_id: int) -> str | None:
+        broker = self.image.brokers.get(broker_id)
+        if broker is None:
+            return None
+        return f"{broker.host}:{broker.port}"
+
+    def _replica_config(self, topic_configs: dict[str, Any]) -> ReplicaConfig:
+        return ReplicaConfig(
+            min_insync_replicas=int(topic_configs["min.insync.replicas"]),
+            replica_lag_time_max_ms=self.config["replica.lag.time.max.ms"],
+            replica_fetch_backoff_ms=self.config["replica.fetch.backoff.ms"],
+            max_pending_produces=self.config["queued.max.requests"],
+        )
+
+    def _topic_configs(self, raw: dict[str, str]) -> dict[str, Any]:
+        return resolve_topic_config(raw, self.config.topic_defaults)
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- startup ------------------------------------------------------------------------------
+
+    def load_existing_logs(self) -> None:
+        """Open every partition found on disk; roles come later, from metadata."""
+        for tp, partition_log in self.log_manager.logs().items():
+            self._host(tp, partition_log.topic_id or "", partition_log, {})
+
+    def _host(
+        self,
+        tp: TopicPartition,
+        topic_id: str,
+        partition_log: PartitionLog,
+        raw_configs: dict[str, str],
+    ) -> Hosted:
+        configs = self._topic_configs(raw_configs)
+        core = PartitionReplica(
+            self.broker_id,
+            partition_log.epoch_cache,
+            self.brokers,
+            self._replica_config(configs),
+            leo=partition_log.leo,
+            log_start_offset=partition_log.log_start_offset,
+            high_watermark=partition_log.high_watermark,
+            name=str(tp),
+        )
+        core.producer_state.rebuild(_batch_headers(partition_log))
+        hosted = Hosted(tp, topic_id, partition_log, core)
+        self.partitions[tp] = hosted
+        return hosted
+
+    # -- metadata -----------------------------------------------------------------------------
+
+    async def apply_metadata_batch(self, batch: pb.MetadataBatch) -> None:
+        """Apply a batch from the controller's metadata log, then act on what changed for us."""
+        before = {topic_id: topic.name for topic_id, topic in self.image.topics_by_id.items()}
+        apply_batch(self.image, batch)
+        self._sync_brokers()
+        now = now_ms()
+        # Topics that disappeared: stop and delete their replicas here.
+        for topic_id, name in before.items():
+            if topic_id not in self.image.topics_by_id:
+                for tp in [tp for tp, h in self.partitions.items() if h.topic_id == topic_id]:
+                    self._remove_partition(tp, delete=True, reason=f"topic {name} deleted")
+        for topic, record in self.image.partitions():
+            tp = TopicPartition(topic.name, record.partition)
+            hosted = self.partitions.get(tp)
+            if self.broker_id not in record.replicas:
+                if hosted is not None and hosted.topic_id == topic.topic_id:
+                    self._remove_partition(tp, delete=True, reason="no longer a replica")
+                continue
+            if hosted is not None and hosted.topic_id and hosted.topic_id != topic.topic_id:
+                # A topic of the same name was deleted and re-created: the old log goes.
+                self._remove_partition(tp, delete=True, reason="topic re-created")
+                hosted = None
+            if hosted is None:
+                partition_log = self.log_manager.get_or_create(
+                    tp, topic.topic_id, self._log_config(topic.configs)
+                )
+                hosted = self._host(tp, topic.topic_id, partition_log, topic.configs)
+            elif not hosted.topic_id:
+                hosted.topic_id = topic.topic_id
+            state = PartitionState(
+                replicas=tuple(record.replicas),
+                isr=frozenset(record.isr),
+                leader=record.leader,
+                leader_epoch=record.leader_epoch,
+                partition_epoch=record.partition_epoch,
+                leader_recovery_state=LeaderRecoveryState(record.leader_recovery_state),
+            )
+            old_role = hosted.core.role
+            old_epoch = hosted.core.leader_epoch
+            self._apply(hosted, hosted.core.apply_partition_state(state, now))
+            if hosted.core.role != old_role or hosted.core.leader_epoch != old_epoch:
+                log.info(
+                    "became_leader" if hosted.core.role is Role.LEADER else "became_follower",
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    leader=record.leader,
+                    leader_epoch=record.leader_epoch,
+                    partition_epoch=record.partition_epoch,
+                    isr=sorted(record.isr),
+                    leo=hosted.core.leo,
+                    high_watermark=hosted.core.high_watermark,
+                )
+        self._metadata_ready.set()
+
+    def _sync_brokers(self) -> None:
+        for broker_id, reg in self.image.brokers.items():
+            self.brokers.update(
+                broker_id,
+                reg.broker_epoch,
+                fenced=reg.fenced,
+                in_controlled_shutdown=reg.in_controlled_shutdown,
+            )
+
+    def _log_config(self, raw: dict[str, str]) -> LogConfig:
+        return LogConfig.from_configs(raw, self.config.topic_defaults)
+
+    def _remove_partition(self, tp: TopicPartition, *, delete: bool, reason: str) -> None:
+        hosted = self.partitions.pop(tp, None)
+        if hosted is None:
+            return
+        self.fetchers.unfollow(tp)
+        for future in hosted.produce_futures.values():
+            if not future.done():
+                future.set_result(
+                    CompleteProduce(None, ErrorCode.NOT_LEADER_OR_FOLLOWER, -1, -1, reason)
+                )
+        self.fetch_signals.notify(tp)
+        if delete:
+            self.log_manager.delete(tp)
+        log.info("replica_removed", topic=tp.topic, partition=tp.partition, reason=reason)
+
+    # -- effects ------------------------------------------------------------------------------
+
+    def _apply(self, hosted: Hosted, effects: Iterable[Any]) -> None:
+        """Carry out a core's effects in order (storage, then RPCs, then waiters)."""
+        queue = list(effects)
+        while queue:
+            effect = queue.pop(0)
+            core = hosted.core
+            tp = hosted.tp
+            if isinstance(effect, AssignEpoch):
+                hosted.log.maybe_assign_epoch_start_offset(effect.leader_epoch, effect.start_offset)
+            elif isinstance(effect, HighWatermarkChanged):
+                hosted.log.update_high_watermark(effect.high_watermark)
+                self.fetch_signals.notify(tp)
+            elif isinstance(effect, CompleteProduce):
+                future = hosted.produce_futures.pop(effect.token, None)  # type: ignore[arg-type]
+                if future is not None and not future.done():
+                    future.set_result(effect)
+            elif isinstance(effect, AppendAsFollower):
+                try:
+                    info = hosted.log.append_as_follower(effect.records)
+                except MiniBrokerError as err:
+                    # The core's LEO did not move, so the next fetch asks for the same offset.
+                    log.warning(
+                        "follower_append_failed",
+                        topic=tp.topic,
+                        partition=tp.partition,
+                        error=str(err),
+                    )
+                    continue
+                self.metrics.replication_bytes_in.inc(len(effect.records))
+                queue[:0] = core.on_follower_appended(hosted.log.leo, info.batches)
+                hosted.log.maybe_flush(now_ms())
+            elif isinstance(effect, TruncateTo):
+                old_leo = hosted.log.leo
+                hosted.log.truncate_to(effect.offset)
+                self.metrics.truncations.inc()
+                log.info(
+                    "truncated",
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    from_offset=old_leo,
+                    to_offset=hosted.log.leo,
+                    reason=effect.reason,
+                    leader_epoch=core.leader_epoch,
+                )
+                queue[:0] = core.on_log_truncated(hosted.log.leo, hosted.log.log_start_offset)
+            elif isinstance(effect, TruncateFullyAndStartAt):
+                old_leo = hosted.log.leo
+                hosted.log.truncate_fully_and_start_at(effect.offset)
+                self.metrics.truncations.inc()
+                log.info(
+                    "truncated_fully",
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    from_offset=old_leo,
+                    start_offset=effect.offset,
+                    reason=effect.reason,
+                )
+                queue[:0] = core.on_log_truncated(hosted.log.leo, hosted.log.log_start_offset)
+            elif isinstance(effect, AdvanceLogStartOffset):
+                hosted.log.maybe_increment_log_start_offset(effect.offset)
+            elif isinstance(effect, ProposeIsr):
+                self._send_proposal(hosted, effect)
+            elif isinstance(effect, IsrUpdated):
+                if effect.kind is IsrChangeKind.SHRINK:
+                    self.metrics.isr_shrinks.inc()
+                else:
+                    self.metrics.isr_expands.inc()
+                log.info(
+                    "isr_shrink" if effect.kind is IsrChangeKind.SHRINK else "isr_expand",
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    old_isr=sorted(effect.old_isr),
+                    new_isr=sorted(effect.new_isr),
+                    partition_epoch=effect.partition_epoch,
+                    leader_epoch=core.leader_epoch,
+                    high_watermark=core.high_watermark,
+                )
+                self.fetch_signals.notify(tp)
+            elif isinstance(effect, StartFetching):
+                self.fetchers.follow(tp, effect.leader_id)
+            elif isinstance(effect, StopFetching):
+                self.fetchers.unfollow(tp)
+            elif isinstance(effect, Backoff):
+                log.debug(
+                    "fetch_backoff",
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    delay_ms=effect.delay_ms,
+                    reason=effect.reason,
+                )
+            else:  # pragma: no cover - a new effect type without a handler is a bug
+                raise TypeError(f"unhandled effect {effect!r}")
+
+    def _send_proposal(self, hosted: Hosted, proposal: ProposeIsr) -> None:
+        async def send() -> None:
+            if proposal.delay_ms > 0:
+                await asyncio.sleep(proposal.delay_ms / 1000.0)
+            request = pb.AlterPartitionRequest(
+                topics=[
+                    pb.AlterPartitionTopic(
+                        topic_id=hosted.topic_id,
+                        partitions=[
+                            pb.AlterPartitionPartition(
+                                partition=hosted.tp.partition,
+                                leader_epoch=proposal.leader_epoch,
+                                partition_epoch=proposal.partition_epoch,
+                                new_isr_with_epochs=[
+                                    pb.BrokerState(broker_id=b, broker_epoch=e)
+                                    for b, e in proposal.new_isr_with_epochs
+                                ],
+                                leader_recovery_state=int(proposal.leader_recovery_state),
+                            )
+                        ],
+                    )
+                ]
+            )
+            try:
+                response = await self._link.alter_partition(request)
+                result = _alter_partition_result(proposal.proposal_id, response)
+            except Exception as err:  # transport failure: the core retries the same proposal
+                log.debug(
+                    "alter_partition_failed",
+                    topic=hosted.tp.topic,
+                    partition=hosted.tp.partition,
+                    error=repr(err),
+                )
+                result = AlterPartitionResult(proposal.proposal_id, ErrorCode.REQUEST_TIMED_OUT)
+            if result.error != ErrorCode.NONE:
+                self.metrics.failed_isr_updates.inc()
+                log.info(
+                    "alter_partition_rejected",
+                    topic=hosted.tp.topic,
+                    partition=hosted.tp.partition,
+                    error=result.error.name,
+                    proposed_isr=sorted(proposal.new_isr),
+                )
+            if self.partitions.get(hosted.tp) is hosted:
+                self._apply(hosted, hosted.core.on_alter_partition_result(result, now_ms()))
+
+        hosted.proposal_task = self._spawn(send(), f"alter-partition-{hosted.tp}")
+
+    # -- produce ------------------------------------------------------------------------------
+
+    async def produce(
+        self, acks: int, timeout_ms: int, partitions: list[wire.ProducePartition]
+    ) -> list[wire.ProduceResult]:
+        self.metrics.produce_requests.inc()
+        if acks not in (-1, 0, 1):
+            return [
+                wire.ProduceResult(
+                    p.topic,
+                    p.partition,
+                    ErrorCode.INVALID_REQUIRED_ACKS,
+                    f"acks must be 0, 1 or -1 (all), got {acks}",
+                )
+                for p in partitions
+            ]
+        results: list[wire.ProduceResult] = []
+        waits: list[tuple[wire.ProduceResult, asyncio.Future[CompleteProduce]]] = []
+        deadline = now_ms() + max(timeout_ms, 0)
+        for part in partitions:
+            result, future = self._produce_one(acks, deadline, part)
+            results.append(result)
+            if future is not None:
+                waits.append((result, future))
+        if waits:
+            timeout_s = max(timeout_ms, 0) / 1000.0
+            await asyncio.wait([f for _, f in waits], timeout=timeout_s)
+            for result, future in waits:
+                if future.done():
+                    completion = future.result()
+                    result.error = completion.error
+                    result.message = completion.message
+                    if completion.error != ErrorCode.NONE:
+                        result.base_offset = -1
+                else:
+                    result.error = ErrorCode.REQUEST_TIMED_OUT
+                    result.message = "the ISR did not acknowledge the write within timeout_ms"
+                    result.base_offset = -1
+                    # The core expires its own record of this produce at the same deadline.
+                    future.cancel()
+        for result in results:
+            if result.error != ErrorCode.NONE:
+                self.metrics.failed_produce_requests.inc()
+        return results
+
+    def _produce_one(
+        self, acks: int, deadline_ms: int, part: wire.ProducePartition
+    ) -> tuple[wire.ProduceResult, asyncio.Future[CompleteProduce] | None]:
+        tp = TopicPartition(part.topic, part.partition)
+        result = wire.ProduceResult(part.topic, part.partition)
+        hosted = self.partitions.get(tp)
+        if hosted is None:
+            known = self.image.topic(part.topic)
+            if known is None or part.partition not in known.partitions:
+                result.error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                result.message = f"{tp} does not exist"
+            else:
+                result.error = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                result.message = f"broker {self.broker_id} does not host {tp}"
+                record = known.partitions[part.partition]
+                result.leader = (record.leader, record.leader_epoch)
+            return result, None
+        core = hosted.core
+        if core.role is not Role.LEADER:
+            result.error = ErrorCode.NOT_LEADER_OR_FOLLOWER
+            result.message = f"broker {self.broker_id} is not the leader of {tp}"
+            result.leader = (core.leader_id, core.leader_epoch)
+            return result, None
+        try:
+            # Headers only, for the core's idempotence and acks checks; the log validates again
+            # as it appends (a second CRC32C pass costs ~0.05 ms per MiB).
+            batches = batchlib.validate_producer_batches(
+                part.records, hosted.log.config.max_message_bytes
+            )
+        except batchlib.CorruptRecordError as err:
+            self.metrics.invalid_crc.inc()
+            result.error, result.message = ErrorCode.CORRUPT_MESSAGE, str(err)
+            return result, None
+        except MiniBrokerError as err:
+            result.error, result.message = err.code, str(err)
+            return result, None
+        plan = core.plan_append(acks, [h for _, h in batches])
+        if not isinstance(plan, AppendPlan):
+            result.error, result.message = plan.error, plan.message
+            result.log_start_offset = core.log_start_offset
+            if plan.is_duplicate:
+                result.base_offset = plan.base_offset
+                if acks == -1:
+                    return result, self._park(
+                        hosted, plan.base_offset, plan.last_offset, deadline_ms
+                    )
+            return result, None
+        now = now_ms()
+        try:
+            info = hosted.log.append_as_leader(part.records, plan.leader_epoch, now)
+        except MiniBrokerError as err:
+            result.error, result.message = err.code, str(err)
+            return result, None
+        invariant(
+            info.first_offset == plan.base_offset,
+            f"{tp}: the log appended at {info.first_offset}, the core planned {plan.base_offset}",
+        )
+        result.log_append_time_ms = info.log_append_time_ms
+        records = sum(h.records_count for _, h in batches)
+        self.metrics.messages_in.inc(records)
+        self.metrics.bytes_in.inc(info.valid_bytes)
+        result.base_offset = plan.base_offset
+        result.log_start_offset = hosted.log.log_start_offset
+        future: asyncio.Future[CompleteProduce] | None = None
+        token: int | None = None
+        if acks == -1:
+            self._produce_seq += 1
+            token = self._produce_seq
+            future = asyncio.get_running_loop().create_future()
+            hosted.produce_futures[token] = future
+        self._apply(
+            hosted, core.on_leader_appended(plan, now, token=token, deadline_ms=deadline_ms)
+        )
+        self.fetch_signals.notify(tp)  # wake followers' long polls
+        hosted.log.maybe_flush(now)
+        return result, future
+
+    def _park(
+        self, hosted: Hosted, base_offset: int, last_offset: int, deadline_ms: int
+    ) -> asyncio.Future[CompleteProduce]:
+        self._produce_seq += 1
+        token = self._produce_seq
+        future: asyncio.Future[CompleteProduce] = asyncio.get_running_loop().create_future()
+        hosted.produce_futures[token] = future
+        self._apply(hosted, hosted.core.park_produce(token, base_offset, last_offset, deadline_ms))
+        return future
+
+    # -- fetch ----------------------------------------------------------------------------------
+
+    async def fetch(self, params: wire.FetchParams) -> list[wire.FetchPartitionResult]:
+        self.metrics.fetch_requests.inc()
+        deadline = time.monotonic() + max(params.max_wait_ms, 0) / 1000.0
+        keys = [TopicPartition(p.topic, p.partition) for p in params.partitions]
+        while True:
+            results = [self._fetch_one(params, p) for p in params.partitions]
+            total = sum(len(r.records) for r in results)
+            enough = total >= max(params.min_bytes, 1) or any(
+                r.error != ErrorCode.NONE
+                or r.diverging_epoch is not None
+                or r.preferred_read_replica >= 0
+                for r in results
+            )
+            remaining = deadline - time.monotonic()
+            if enough or remaining <= 0:
+                break
+            try:
+                await self.fetch_signals.wait_any(keys, remaining)
+            except PurgatoryFullError:
+                break
+        out_bytes = sum(len(r.records) for r in results)
+        if params.is_follower:
+            self.metrics.replication_bytes_out.inc(out_bytes)
+        else:
+            self.metrics.bytes_out.inc(out_bytes)
+        return results
+
+    def _fetch_one(
+        self, params: wire.FetchParams, req: wire.FetchPartitionRequest
+    ) -> wire.FetchPartitionResult:
+        tp = TopicPartition(req.topic, req.partition)
+        result = wire.FetchPartitionResult(req.topic, req.partition)
+        hosted = self.partitions.get(tp)
+        if hosted is None:
+            known = self.image.topic(req.topic)
+            if known is None or req.partition not in known.partitions:
+                result.error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            else:
+                result.error = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                record = known.partitions[req.partition]
+                result.current_leader = (record.leader, record.leader_epoch)
+            return result
+        core = hosted.core
+        max_bytes = req.max_bytes if req.max_bytes > 0 else self.config["replica.fetch.max.bytes"]
+        if params.is_follower:
+            answer = core.handle_follower_fetch(
+                FollowerFetch(
+                    replica_id=params.replica_id,
+                    broker_epoch=params.replica_epoch,
+                    current_leader_epoch=req.current_leader_epoch,
+                    fetch_offset=req.fetch_offset,
+                    last_fetched_epoch=req.last_fetched_epoch,
+                    log_start_offset=req.log_start_offset,
+                ),
+                now_ms(),
+            )
+            self._apply(hosted, answer.effects)
+            result.error, result.message = answer.error, answer.message
+            result.high_watermark = answer.high_watermark
+            result.log_start_offset = answer.log_start_offset
+            result.log_end_offset = answer.log_end_offset
+            result.diverging_epoch = answer.diverging_epoch
+            result.current_leader = (core.leader_id, core.leader_epoch)
+            readable = answer.error == ErrorCode.NONE and answer.diverging_epoch is None
+            if readable and answer.read_until_offset > answer.fetch_offset:
+                result.records = hosted.log.read(
+                    answer.fetch_offset, max_bytes, max_offset=answer.read_until_offset
+                ).records
+            return result
+        # A consumer: the leader, or an in-sync follower in the client's rack (KIP-392).
+        allow_follower = bool(params.rack_id) and self._serves_rack(params.rack_id)
+        answer_c = core.check_consumer_fetch(
+            req.current_leader_epoch, req.fetch_offset, allow_follower=allow_follower
+        )
+        result.error, result.message = answer_c.error, answer_c.message
+        result.high_watermark = answer_c.high_watermark
+        result.log_start_offset = answer_c.log_start_offset
+        result.log_end_offset = answer_c.log_end_offset
+        result.current_leader = (core.leader_id, core.leader_epoch)
+        if answer_c.error != ErrorCode.NONE:
+            return result
+        if core.is_leader and params.rack_id:
+            preferred = self._preferred_read_replica(hosted, params.rack_id, req.fetch_offset)
+            if preferred is not None:
+                result.preferred_read_replica = preferred
+                return result
+        if answer_c.read_until_offset > req.fetch_offset:
+            result.records = hosted.log.read(
+                req.fetch_offset, max_bytes, max_offset=answer_c.read_until_offset
+            ).records
+        return result
+
+    def _serves_rack(self, rack: str) -> bool:
+        return (
+            self.config["replica.selector.class"] == "RackAwareReplicaSelector"
+            and bool(self.config.rack)
+            and self.config.rack == rack
+        )
+
+    def _preferred_read_replica(self, hosted: Hosted, rack: str, fetch_offset: int) -> int | None:
+        """KIP-392: an in-sync follower in the client's rack that holds the offset."""
+        if self.config["replica.selector.class"] != "RackAwareReplicaSelector":
+            return None
+        if self.config.rack == rack:
+            return None  # the leader is in the client's rack already
+        core = hosted.core
+        for replica_id in core.replicas:
+            if replica_id == self.broker_id or replica_id not in core.isr:
+                continue
+            broker = self.image.brokers.get(replica_id)
+            if broker is None or broker.rack != rack or not broker.is_active:
+                continue
+            remote = core.remotes.get(replica_id)
+            if remote is not None and remote.leo >= fetch_offset:
+                return replica_id
+        return None
+
+    # -- follower fetch plumbing (FollowerHost for fetcher.py) ----------------------------------
+
+    def follower_fetch_state(
+        self, tp: TopicPartition, leader_id: int
+    ) -> wire.FetchPartitionRequest | None:
+        hosted = self.partitions.get(tp)
+        if hosted is None:
+            return None
+        position = hosted.core.next_fetch(now_ms())
+        if position is None or position.leader_id != leader_id:
+            hosted.pending_fetch = None
+            return None
+        hosted.pending_fetch = position
+        return wire.FetchPartitionRequest(
+            topic=tp.topic,
+            partition=tp.partition,
+            current_leader_epoch=position.current_leader_epoch,
+            fetch_offset=position.fetch_offset,
+            last_fetched_epoch=position.last_fetched_epoch,
+            log_start_offset=position.log_start_offset,
+            max_bytes=self.config["replica.fetch.max.bytes"],
+        )
+
+    async def apply_follower_fetch(self, leader_id: int, result: wire.FetchPartitionResult) -> None:
+        tp = TopicPartition(result.topic, result.partition)
+        hosted = self.partitions.get(tp)
+        if hosted is None or hosted.pending_fetch is None:
+            return
+        request = hosted.pending_fetch
+        if request.leader_id != leader_id:
+            return
+        hosted.pending_fetch = None
+        response = FetchResponse(
+            error=result.error,
+            high_watermark=result.high_watermark,
+            log_start_offset=result.log_start_offset,
+            log_end_offset=result.log_end_offset,
+            diverging_epoch=result.diverging_epoch,
+            records=result.records,
+        )
+        self._apply(hosted, hosted.core.on_fetch_response(request, response, now_ms()))
+
+    # -- list offsets, metadata, producer ids, describe -----------------------------------------
+
+    def list_offsets(
+        self, partitions: list[wire.ListOffsetsPartition]
+    ) -> list[wire.ListOffsetsResult]:
+        results = []
+        for req in partitions:
+            tp = TopicPartition(req.topic, req.partition)
+            result = wire.ListOffsetsResult(req.topic, req.partition)
+            hosted = self.partitions.get(tp)
+            if hosted is None:
+                known = self.image.topic(req.topic)
+                result.error = (
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    if known is None or req.partition not in known.partitions
+                    else ErrorCode.NOT_LEADER_OR_FOLLOWER
+                )
+                results.append(result)
+                continue
+            answer = hosted.core.list_offsets(req.current_leader_epoch, req.timestamp)
+            result.error, result.message = answer.error, answer.message
+            result.leader_epoch = answer.leader_epoch
+            if answer.error == ErrorCode.NONE:
+                if answer.needs_timestamp_lookup:
+                    found = hosted.log.offset_for_timestamp(req.timestamp)
+                    found_offset = found[0] if found is not None else None
+                    error, offset = answer.resolve(found_offset)
+                    result.error, result.offset = error, offset
+                    result.timestamp = found[1] if found is not None and offset >= 0 else -1
+                else:
+                    result.offset = answer.offset
+            results.append(result)
+        return results
+
+    def metadata_response(self, topics: list[str], all_topics: bool) -> pb.MetadataResponse:
+        image = self.image
+        response = pb.MetadataResponse(
+            cluster_id=self._link.cluster_id if self._link is not None else "",
+            controller_id=1000,
+            controller_host=self._controller_address[0],
+            controller_port=self._controller_address[1],
+        )
+        for broker in sorted(image.brokers.values(), key=lambda b: b.broker_id):
+            response.brokers.append(
+                pb.BrokerMetadata(
+                    node_id=broker.broker_id,
+                    host=broker.host,
+                    port=broker.port,
+                    rack=broker.rack,
+                    fenced=broker.fenced,
+                )
+            )
+        names = sorted(image.topic_ids_by_name) if all_topics or not topics else topics
+        for name in names:
+            topic = image.topic(name)
+            if topic is None:
+                response.topics.append(
+                    pb.TopicMetadata(name=name, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                )
+                continue
+            tm = pb.TopicMetadata(name=name, topic_id=topic.topic_id, configs=topic.configs)
+            for index in sorted(topic.partitions):
+                record = topic.partitions[index]
+                offline = [
+                    r for r in record.replicas if r not in image.brokers or image.brokers[r].fenced
+                ]
+                tm.partitions.append(
+                    pb.PartitionMetadata(
+                        error_code=(
+                            ErrorCode.LEADER_NOT_AVAILABLE
+                            if record.leader == NO_LEADER
+                            else ErrorCode.NONE
+                        ),
+                        partition=index,
+                        leader_id=record.leader,
+                        leader_epoch=record.leader_epoch,
+                        replicas=list(record.replicas),
+                        isr=list(record.isr),
+                        offline_replicas=offline,
+                        partition_epoch=record.partition_epoch,
+                    )
+                )
+            response.topics.append(tm)
+        return response
+
+    async def init_producer_id(self) -> pb.InitProducerIdResponse:
+        async with self._producer_id_lock:
+            next_id, end = self._producer_ids
+            if next_id >= end:
+                try:
+                    start, length = await self._link.allocate_producer_ids()
+                except Exception as err:
+                    return pb.InitProducerIdResponse(
+                        error_code=ErrorCode.NOT_CONTROLLER,
+                        error_message=f"cannot allocate producer ids: {err}",
+                        producer_id=-1,
+                        producer_epoch=-1,
+                    )
+                next_id, end = start, start + length
+            self._producer_ids = (next_id + 1, end)
+        return pb.InitProducerIdResponse(
+            error_code=ErrorCode.NONE, producer_id=next_id, producer_epoch=0
+        )
+
+    def describe_replicas(self, topics: set[str]) -> list[wire.ReplicaState]:
+        states = []
+        for tp, hosted in sorted(self.partitions.items()):
+            if topics and tp.topic not in topics:
+                continue
+            core = hosted.core
+            followers = (
+                [
+                    wire.FollowerState(r.replica_id, r.leo, r.last_caught_up_time_ms)
+                    for r in core.remotes.values()
+                ]
+                if core.is_leader
+                else []
+            )
+            states.append(
+                wire.ReplicaState(
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    is_leader=core.is_leader,
+                    leader_id=core.leader_id,
+                    leader_epoch=core.leader_epoch,
+                    partition_epoch=core.partition_epoch,
+                    log_start_offset=core.log_start_offset,
+                    log_end_offset=core.leo,
+                    high_watermark=core.high_watermark,
+                    isr=sorted(core.isr),
+                    maximal_isr=sorted(core.maximal_isr),
+                    size_bytes=hosted.log.size_bytes,
+                    followers=followers,
+                )
+            )
+        return states
+
+    # -- background work ------------------------------------------------------------------------
+
+    async def run_background(self, stop: asyncio.Event) -> None:
+        """ISR shrink checks, produce expiry, checkpoints, retention, metrics gauges."""
+        lag_ms = self.config["replica.lag.time.max.ms"]
+        shrink_every = max(lag_ms / 2, 10) / 1000.0
+        hw_every = self.config["replica.high.watermark.checkpoint.interval.ms"] / 1000.0
+        rp_every = self.config["log.flush.offset.checkpoint.interval.ms"] / 1000.0
+        retention_every = self.config["log.retention.check.interval.ms"] / 1000.0
+        last = {"shrink": 0.0, "hw": 0.0, "rp": 0.0, "retention": 0.0}
+        tick_s = min(shrink_every, 0.25)
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), tick_s)
+            except TimeoutError:
+                pass
+            mono = time.monotonic()
+            now = now_ms()
+            for hosted in list(self.partitions.values()):
+                if hosted.core.pending_produce_count:
+                    self._apply(hosted, hosted.core.expire_produces(now))
+            if mono - last["shrink"] >= shrink_every:
+                last["shrink"] = mono
+                for hosted in list(self.partitions.values()):
+                    if hosted.core.is_leader:
+                        self._apply(hosted, hosted.core.maybe_shrink_isr(now))
+            if mono - last["hw"] >= hw_every:
+                last["hw"] = mono
+                await asyncio.to_thread(self.log_manager.checkpoint_high_watermarks)
+            if mono - last["rp"] >= rp_every:
+                last["rp"] = mono
+                await asyncio.to_thread(self.log_manager.flush_and_checkpoint_recovery_points)
+            if mono - last["retention"] >= retention_every:
+                last["retention"] = mono
+                self._run_retention(now)
+            self._update_gauges()
+
+    def _run_retention(self, now: int) -> None:
+        for hosted in list(self.partitions.values()):
+            deleted = hosted.log.delete_retention(now)
+            if deleted:
+                hosted.core.on_log_start_offset_advanced(hosted.log.log_start_offset)
+                log.info(
+                    "segments_deleted",
+                    topic=hosted.tp.topic,
+                    partition=hosted.tp.partition,
+                    count=len(deleted),
+                    log_start_offset=hosted.log.log_start_offset,
+                )
+
+    def _update_gauges(self) -> None:
+        under_replicated = under_min = at_min = leaders = 0
+        max_lag = 0
+        for hosted in self.partitions.values():
+            core = hosted.core
+            if core.is_leader:
+                leaders += 1
+                isr = len(core.isr)
+                under_replicated += isr < len(core.replicas)
+                under_min += isr < core.effective_min_isr
+                at_min += isr == core.effective_min_isr
+            elif core.role is Role.FOLLOWER and core.follower is not None:
+                lag = core.follower.leader_high_watermark - core.leo
+                max_lag = max(max_lag, lag)
+        m = self.metrics
+        m.under_replicated.set(under_replicated)
+        m.under_min_isr.set(under_min)
+        m.at_min_isr.set(at_min)
+        m.leader_count.set(leaders)
+        m.partition_count.set(len(self.partitions))
+        m.max_lag.set(max_lag)
+        m.fetch_purgatory.set(len(self.fetch_signals))
+        m.produce_purgatory.set(sum(h.core.pending_produce_count for h in self.partitions.values()))
+
+    def led_partitions(self) -> int:
+        return sum(1 for h in self.partitions.values() if h.core.is_leader)
+
+    async def stop(self) -> None:
+        await self.fetchers.stop()
+        for task in list(self._tasks):
+            task.cancel()
+        for hosted in self.partitions.values():
+            for future in hosted.produce_futures.values():
+                if not future.done():
+                    future.set_result(
+                        CompleteProduce(
+                            None, ErrorCode.NOT_LEADER_OR_FOLLOWER, -1, -1, "broker shutting down"
+                        )
+                    )
+
+
+def _alter_partition_result(
+    proposal_id: int, response: pb.AlterPartitionResponse
+) -> AlterPartitionResult:
+    if response.error_code != ErrorCode.NONE:
+        return AlterPartitionResult(proposal_id, ErrorCode(response.error_code))
+    for topic in response.topics:
+        for p in topic.partitions:
+            return AlterPartitionResult(
+                proposal_id,
+                ErrorCode(p.error_code),
+                leader_epoch=p.leader_epoch,
+                partition_epoch=p.partition_epoch,
+                isr=frozenset(p.isr),
+                leader_recovery_state=LeaderRecoveryState(p.leader_recovery_state),
+            )
+    return AlterPartitionResult(proposal_id, ErrorCode.UNKNOWN_SERVER_ERROR)
+
+
+def _batch_headers(partition_log: PartitionLog) -> Iterable[batchlib.BatchHeader]:
+    """Every batch header of the log, oldest first (rebuilding the idempotent-producer state)."""
+    offset = partition_log.log_start_offset
+    while offset < partition_log.leo:
+        info = partition_log.read(offset, 8 * 1024 * 1024)
+        if not info.records:
+            return
+        for _pos, header in batchlib.iter_batches(info.records):
+            yield header
+        offset = info.next_offset
