@@ -482,6 +482,11 @@ def _parse_records(data: bytes, header: BatchHeader, position: int) -> list[Deco
     i = 0
     try:
         for i in range(count):
+            if pos >= end:
+                raise CorruptRecordError(
+                    f"recordsCount {count} but the records section ends after {i} records",
+                    position,
+                )
             length, pos = read_varint(data, pos)
             record_end = pos + length
             if length < MIN_RECORD_BODY_BYTES or record_end > end:

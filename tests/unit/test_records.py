@@ -423,7 +423,7 @@ def test_crc_valid_garbage_raises_only_corrupt_record(
 
 
 def test_record_level_errors_name_the_problem() -> None:
-    good = bytearray(encode_batch([(1, b"k", b"v", [])], base_offset=5))
+    good = bytearray(encode_batch([(1, b"k", b"v" * 10, [])], base_offset=5))
     cases = {
         "recordsCount": (57, b"\x00\x00\x00\x02"),  # says two records, holds one
         "codec id": (22, b"\x07"),  # compression bits 7
