@@ -23,6 +23,7 @@ from minibroker.client.errors import (
     MiniBrokerError,
     NetworkExceptionError,
     RequestTimedOutError,
+    UnknownTopicOrPartitionError,
     error_for,
 )
 from minibroker.client.transport import (
@@ -227,7 +228,9 @@ class AsyncAdmin:
         failures = []
         for r in resp.results:
             if r.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-                failures.append((r.name, unknown_topic_error(r.name)))
+                failures.append(
+                    (r.name, UnknownTopicOrPartitionError(f"topic {r.name!r} does not exist"))
+                )
             elif r.error_code != ErrorCode.NONE:
                 failures.append((r.name, error_for(r.error_code, r.error_message)))
         _raise_first(failures, "delete topic")

@@ -135,6 +135,7 @@ class PreparedRecord:
     value: bytes | None
     headers: Headers
     size: int
+    num_partitions: int
 
 
 class _Handle:
@@ -341,16 +342,16 @@ class AsyncProducer:
             )
         if timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000
-        return PreparedRecord(topic, chosen, timestamp_ms, key_b, value_b, header_t, size)
+        return PreparedRecord(topic, chosen, timestamp_ms, key_b, value_b, header_t, size, count)
 
-    def _enqueue(self, rec: PreparedRecord, future: Any) -> None:
-        """Append a prepared record (loop thread only)."""
+    def _enqueue(self, rec: PreparedRecord, future: Any) -> bool:
+        """Append a prepared record (loop thread only); True when it opened a new batch."""
         if self._closed:
             _settle(future, exc=ClientClosedError("send() after close(): the producer is closed"))
-            return
+            return False
         if self._fatal is not None:
             _settle(future, exc=self._fatal)
-            return
+            return False
         handle = _Handle(future, rec.timestamp_ms)
         now = now_ms()
         acc = self.accumulator
@@ -358,7 +359,7 @@ class AsyncProducer:
             tp = TopicPartition(rec.topic, rec.partition)
             result = acc.append(tp, rec.timestamp_ms, rec.key, rec.value, rec.headers, handle, now)
         else:
-            count = self.cluster.metadata.partition_count(rec.topic) or 1
+            count = rec.num_partitions
             part = self._sticky.partition(rec.topic, count)
             tp = TopicPartition(rec.topic, part)
             result = acc.append(
@@ -379,6 +380,7 @@ class AsyncProducer:
                 )
         if result.new_batch:
             self._wake()
+        return result.new_batch
 
     async def _topic(self, topic: str) -> TopicInfo:
         if not isinstance(topic, str) or not topic:
@@ -426,7 +428,10 @@ class AsyncProducer:
         await self._wait_for_space()
         assert self._loop is not None
         future: asyncio.Future[RecordMetadata] = self._loop.create_future()
-        self._enqueue(rec, future)
+        if self._enqueue(rec, future):
+            # A batch was closed: let the sender run now, or a tight send loop (which never
+            # suspends otherwise) would queue everything before the first request goes out.
+            await asyncio.sleep(0)
         return future
 
     async def send_and_wait(

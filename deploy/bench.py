@@ -10,7 +10,10 @@ import argparse
 import importlib
 from typing import Any
 
-BENCH_MODULES: tuple[str, ...] = ("minibroker.broker.storage.bench",)
+BENCH_MODULES: tuple[str, ...] = (
+    "minibroker.broker.storage.bench",
+    "minibroker.client.cli.bench",
+)
 
 
 def register(sub: Any) -> None:

@@ -13,6 +13,10 @@ import sys
 
 # Order is the order of `minibroker --help`.
 COMMAND_MODULES: tuple[str, ...] = (
+    "minibroker.client.cli.topics",
+    "minibroker.client.cli.produce",
+    "minibroker.client.cli.consume",
+    "minibroker.client.cli.leader_election",
     "minibroker.client.cli.dump_log",
     "minibroker.deploy.bench",
     "minibroker.deploy.cluster_cli",

@@ -1,0 +1,240 @@
+"""`minibroker bench produce|consume`: Kafka's producer and consumer perf-test tools.
+
+Does network I/O (AsyncProducer / AsyncConsumer on uvloop) and prints measured figures; it never
+asserts. Output lines follow kafka-producer-perf-test.sh (a progress line every 5 s and a final
+summary with latency percentiles) and kafka-consumer-perf-test.sh (a CSV header and one line);
+MB is 1024 * 1024 bytes, as in Kafka's tools. Latency is measured per record from `send` to the
+acknowledgement callback. The consumer test has no consumer group, so rebalance.time.ms is 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import sys
+import time
+from typing import Any, TextIO
+
+from minibroker.client.cli.common import (
+    add_bootstrap_argument,
+    bootstrap_of,
+    guarded,
+    parse_config_pairs,
+    run_async,
+)
+from minibroker.client.types import TopicPartition
+
+MB = 1024 * 1024
+REPORT_INTERVAL_S = 5.0
+
+
+def register(sub: Any) -> None:
+    produce = sub.add_parser(
+        "produce",
+        help="producer throughput and latency (kafka-producer-perf-test.sh)",
+        description="Send records as fast as allowed and report throughput and latency.",
+    )
+    produce.add_argument("--topic", required=True)
+    produce.add_argument("--num-records", type=int, required=True)
+    produce.add_argument("--record-size", type=int, required=True, help="value bytes")
+    produce.add_argument("--acks", default="all", choices=["all", "-1", "1", "0"])
+    produce.add_argument(
+        "--throughput", type=float, default=-1, help="records/s cap (-1: unlimited)"
+    )
+    produce.add_argument(
+        "--producer-props",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="AsyncProducer keyword arguments, e.g. linger_ms=5 batch_size=262144",
+    )
+    add_bootstrap_argument(produce)
+    produce.set_defaults(func=guarded(_bench_produce))
+
+    consume = sub.add_parser(
+        "consume",
+        help="consumer throughput (kafka-consumer-perf-test.sh)",
+        description="Read records from the start of a topic and report throughput.",
+    )
+    consume.add_argument("--topic", required=True)
+    consume.add_argument("--messages", type=int, required=True)
+    consume.add_argument(
+        "--timeout", type=int, default=10_000, help="max ms between records before giving up"
+    )
+    add_bootstrap_argument(consume)
+    consume.set_defaults(func=guarded(_bench_consume))
+
+
+class LatencyStats:
+    """Kafka's ProducerPerformance.Stats: window lines and the final percentile line."""
+
+    def __init__(self, num_records: int, out: TextIO, clock: Any = time.monotonic) -> None:
+        self.clock = clock
+        self.out = out
+        self.start = clock()
+        self.latencies: list[float] = []
+        self.count = 0
+        self.bytes = 0
+        self.max_latency = 0.0
+        self.total_latency = 0.0
+        self.window_start = self.start
+        self.window_count = 0
+        self.window_bytes = 0
+        self.window_max = 0.0
+        self.window_total = 0.0
+        self.expected = num_records
+
+    def record(self, latency_ms: float, size: int) -> None:
+        self.count += 1
+        self.bytes += size
+        self.total_latency += latency_ms
+        self.max_latency = max(self.max_latency, latency_ms)
+        self.latencies.append(latency_ms)
+        self.window_count += 1
+        self.window_bytes += size
+        self.window_total += latency_ms
+        self.window_max = max(self.window_max, latency_ms)
+        now = self.clock()
+        if now - self.window_start >= REPORT_INTERVAL_S:
+            self.print_window(now)
+
+    def print_window(self, now: float) -> None:
+        elapsed = max(now - self.window_start, 1e-9)
+        n = max(self.window_count, 1)
+        self.out.write(
+            f"{self.window_count} records sent, {self.window_count / elapsed:.1f} records/sec "
+            f"({self.window_bytes / MB / elapsed:.2f} MB/sec), {self.window_total / n:.1f} ms "
+            f"avg latency, {self.window_max:.1f} ms max latency.\n"
+        )
+        self.out.flush()
+        self.window_start = now
+        self.window_count = self.window_bytes = 0
+        self.window_total = self.window_max = 0.0
+
+    def summary(self, end: float | None = None) -> str:
+        elapsed = max((end if end is not None else self.clock()) - self.start, 1e-9)
+        ordered = sorted(self.latencies)
+
+        def pct(p: float) -> int:
+            if not ordered:
+                return 0
+            return int(ordered[min(len(ordered) - 1, int(p * len(ordered)))])
+
+        n = max(self.count, 1)
+        return (
+            f"{self.count} records sent, {self.count / elapsed:.1f} records/sec "
+            f"({self.bytes / MB / elapsed:.2f} MB/sec), {self.total_latency / n:.2f} ms avg "
+            f"latency, {self.max_latency:.2f} ms max latency, {pct(0.5)} ms 50th, "
+            f"{pct(0.95)} ms 95th, {pct(0.99)} ms 99th, {pct(0.999)} ms 99.9th."
+        )
+
+
+def _typed_props(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, raw in parse_config_pairs(pairs).items():
+        name = key.replace(".", "_")
+        value: Any = raw
+        if raw.lstrip("-").isdigit():
+            value = int(raw)
+        elif raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        out[name] = value
+    return out
+
+
+async def bench_produce(args: argparse.Namespace, out: TextIO) -> str:
+    from minibroker.client.producer import AsyncProducer
+
+    payload = os.urandom(args.record_size)
+    stats = LatencyStats(args.num_records, out)
+    props = {"acks": args.acks, **_typed_props(args.producer_props)}
+    failures: list[BaseException] = []
+    async with AsyncProducer(bootstrap_of(args), **props) as producer:
+        await producer.partitions_for(args.topic)  # fail fast on an unknown topic
+        size = len(payload)
+        start = time.monotonic()
+        stats.start = stats.window_start = start
+
+        def done(sent_at: float, future: asyncio.Future[Any]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                failures.append(future.exception() or asyncio.CancelledError())
+                return
+            stats.record((time.monotonic() - sent_at) * 1000, size)
+
+        for i in range(args.num_records):
+            if args.throughput > 0:
+                # Throttle like Kafka's ThroughputThrottler: sleep when ahead of schedule.
+                ahead = i / args.throughput - (time.monotonic() - start)
+                if ahead > 0.001:
+                    await asyncio.sleep(ahead)
+            sent_at = time.monotonic()
+            future = await producer.send(args.topic, payload)
+            future.add_done_callback(lambda f, t=sent_at: done(t, f))
+        await producer.flush()
+        end = time.monotonic()
+    line = stats.summary(end)
+    if failures:
+        line += f" ({len(failures)} failed: {type(failures[0]).__name__}: {failures[0]})"
+    return line
+
+
+def _bench_produce(args: argparse.Namespace) -> int:
+    print(run_async(bench_produce(args, sys.stdout)))
+    return 0
+
+
+def _fmt_time(ts: float) -> str:
+    dt = datetime.datetime.fromtimestamp(ts)
+    return dt.strftime("%Y-%m-%d %H:%M:%S:") + f"{dt.microsecond // 1000:03d}"
+
+
+CONSUMER_HEADER = (
+    "start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec, "
+    "rebalance.time.ms, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec"
+)
+
+
+def consumer_line(start: float, end: float, total_bytes: int, messages: int) -> str:
+    elapsed = max(end - start, 1e-9)
+    mb = total_bytes / MB
+    fetch_ms = int(elapsed * 1000)
+    return (
+        f"{_fmt_time(start)}, {_fmt_time(end)}, {mb:.4f}, {mb / elapsed:.4f}, {messages}, "
+        f"{messages / elapsed:.4f}, 0, {fetch_ms}, {mb / elapsed:.4f}, {messages / elapsed:.4f}"
+    )
+
+
+async def bench_consume(args: argparse.Namespace) -> tuple[str, str | None]:
+    from minibroker.client.consumer import AsyncConsumer
+
+    async with AsyncConsumer(bootstrap_of(args), auto_offset_reset="earliest") as consumer:
+        info = await consumer.cluster.wait_for_topic(args.topic, consumer.max_block_ms)
+        consumer.assign([TopicPartition(args.topic, p) for p in sorted(info.partitions)])
+        start = time.time()
+        count = 0
+        total = 0
+        warning = None
+        while count < args.messages:
+            records = await consumer.poll(args.timeout, max_records=args.messages - count)
+            if not records:
+                warning = (
+                    "WARNING: Exiting before consuming the expected number of messages: "
+                    f"timeout ({args.timeout} ms) exceeded."
+                )
+                break
+            count += len(records)
+            for r in records:
+                total += (len(r.value) if r.value else 0) + (len(r.key) if r.key else 0)
+        end = time.time()
+    return consumer_line(start, end, total, count), warning
+
+
+def _bench_consume(args: argparse.Namespace) -> int:
+    line, warning = run_async(bench_consume(args))
+    if warning:
+        print(warning, file=sys.stderr)
+    print(CONSUMER_HEADER)
+    print(line)
+    return 0

@@ -1,0 +1,178 @@
+"""`minibroker topics create|list|delete|describe`: Kafka's kafka-topics.sh.
+
+Does network I/O through AsyncAdmin; writes to stdout. `describe` prints Kafka's layout (a topic
+line, then one tab-separated line per partition) plus what minibroker can show live: the leader
+epoch, offline replicas, the leader's high watermark and each replica's log end offset
+(`?` when its broker did not answer). `--json` prints one JSON list of partitions:
+`{topic, partition, leader, leader_epoch, partition_epoch, replicas, isr, offline_replicas,
+high_watermark, log_end_offsets: {"<broker id>": leo or null}}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from minibroker.client.cli.common import (
+    add_bootstrap_argument,
+    bootstrap_of,
+    guarded,
+    parse_config_pairs,
+    run_async,
+)
+from minibroker.client.errors import TopicAlreadyExistsError
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "topics",
+        help="create, list, delete and describe topics",
+        description="Create, list, delete and describe topics (kafka-topics.sh).",
+    )
+    add_bootstrap_argument(parser)
+    topics_sub = parser.add_subparsers(dest="topics_command", metavar="ACTION")
+
+    create = topics_sub.add_parser("create", help="create a topic")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=int, default=-1, help="number of partitions")
+    create.add_argument("--replication-factor", type=int, default=-1, help="replicas per partition")
+    create.add_argument(
+        "--config", action="append", metavar="KEY=VALUE", help="a topic config (repeatable)"
+    )
+    create.add_argument(
+        "--if-not-exists", action="store_true", help="succeed if the topic already exists"
+    )
+    add_bootstrap_argument(create)
+    create.set_defaults(func=guarded(_create))
+
+    listing = topics_sub.add_parser("list", help="list topic names")
+    add_bootstrap_argument(listing)
+    listing.set_defaults(func=guarded(_list))
+
+    delete = topics_sub.add_parser("delete", help="delete a topic")
+    delete.add_argument("name")
+    add_bootstrap_argument(delete)
+    delete.set_defaults(func=guarded(_delete))
+
+    describe = topics_sub.add_parser(
+        "describe", help="leader, epochs, replicas, ISR, HW and LEOs per partition"
+    )
+    describe.add_argument("name", nargs="?", help="one topic (default: every topic)")
+    describe.add_argument("--json", action="store_true", help="print a JSON list of partitions")
+    add_bootstrap_argument(describe)
+    describe.set_defaults(func=guarded(_describe))
+
+    def _no_action(args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(func=_no_action)
+
+
+def _admin(args: argparse.Namespace) -> Any:
+    from minibroker.client.admin import AsyncAdmin
+
+    return AsyncAdmin(bootstrap_of(args), default_api_timeout_ms=15_000)
+
+
+def _create(args: argparse.Namespace) -> int:
+    configs = parse_config_pairs(args.config)
+
+    async def main() -> int:
+        async with _admin(args) as admin:
+            try:
+                await admin.create_topic(
+                    args.name, args.partitions, args.replication_factor, configs
+                )
+            except TopicAlreadyExistsError:
+                if args.if_not_exists:
+                    return 0
+                raise
+        print(f"Created topic {args.name}.")
+        return 0
+
+    return run_async(main())
+
+
+def _list(args: argparse.Namespace) -> int:
+    async def main() -> list[str]:
+        async with _admin(args) as admin:
+            return await admin.list_topics()
+
+    for name in run_async(main()):
+        print(name)
+    return 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    async def main() -> None:
+        async with _admin(args) as admin:
+            await admin.delete_topics([args.name])
+
+    run_async(main())
+    print(f"Deleted topic {args.name}.")
+    return 0
+
+
+def _ids(nodes: Any) -> str:
+    return ",".join(str(n) for n in nodes)
+
+
+def format_describe(topics: list[Any]) -> list[str]:
+    """Kafka's describe layout, tab-separated, with minibroker's live columns added."""
+    lines: list[str] = []
+    for t in topics:
+        configs = ",".join(f"{k}={v}" for k, v in sorted(t.configs.items()))
+        lines.append(
+            f"Topic: {t.name}\tTopicId: {t.topic_id}\tPartitionCount: {len(t.partitions)}\t"
+            f"ReplicationFactor: {t.replication_factor}\tConfigs: {configs}"
+        )
+        for p in t.partitions:
+            leader = "none" if p.leader < 0 else str(p.leader)
+            hw = "?" if p.high_watermark < 0 else str(p.high_watermark)
+            leos = ",".join(
+                f"{node}={'?' if leo is None else leo}" for node, leo in p.log_end_offsets.items()
+            )
+            lines.append(
+                f"\tTopic: {p.topic}\tPartition: {p.partition}\tLeader: {leader}\t"
+                f"LeaderEpoch: {p.leader_epoch}\tReplicas: {_ids(p.replicas)}\t"
+                f"Isr: {_ids(p.isr)}\tOfflineReplicas: {_ids(p.offline_replicas)}\t"
+                f"HighWatermark: {hw}\tLogEndOffsets: {leos}"
+            )
+    return lines
+
+
+def describe_json(topics: list[Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "topic": p.topic,
+            "partition": p.partition,
+            "leader": p.leader,
+            "leader_epoch": p.leader_epoch,
+            "partition_epoch": p.partition_epoch,
+            "replicas": list(p.replicas),
+            "isr": list(p.isr),
+            "offline_replicas": list(p.offline_replicas),
+            "high_watermark": p.high_watermark,
+            "log_end_offsets": {str(node): leo for node, leo in p.log_end_offsets.items()},
+        }
+        for t in topics
+        for p in t.partitions
+    ]
+
+
+def _describe(args: argparse.Namespace) -> int:
+    async def main() -> list[Any]:
+        async with _admin(args) as admin:
+            return await admin.describe_topics(None if args.name is None else [args.name])
+
+    topics = run_async(main())
+    if args.json:
+        json.dump(describe_json(topics), sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        for line in format_describe(topics):
+            print(line)
+    return 0
