@@ -20,6 +20,8 @@ PURE = [
     "client/records.py",
     "client/compression.py",
     "client/partitioner.py",
+    "client/accumulator.py",
+    "client/metadata_cache.py",
     "client/metadata/records.py",
     "client/metadata/image.py",
     "controller/core",
