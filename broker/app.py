@@ -24,6 +24,7 @@ from minibroker.broker.controller_link import ControllerLink, FatalRegistrationE
 from minibroker.broker.metrics import BrokerMetrics
 from minibroker.broker.replica_manager import ReplicaManager
 from minibroker.broker.service import BrokerServicer
+from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir
 from minibroker.broker.storage.errors import DataDirError
 from minibroker.broker.storage.log_manager import LogManager
@@ -62,14 +63,16 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         return 1
     started = time.monotonic()
     try:
-        log_manager = LogManager.open(data_dir, config.topic_defaults)
+        log_manager = LogManager.open(
+            data_dir, LogConfig.from_configs(defaults=config.topic_defaults)
+        )
     except (DataDirError, MiniBrokerError) as err:
         log.error("log_recovery_failed", error=str(err))
         data_dir.close()
         return 1
     log.info(
         "logs_loaded",
-        partitions=len(log_manager.logs()),
+        partitions=len(log_manager.logs),
         clean_shutdown=data_dir.had_clean_shutdown,
         seconds=round(time.monotonic() - started, 3),
     )
@@ -157,11 +160,9 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         await rm.stop()
         await server.stop(grace=1.0)
         await link.close()
-        log_manager.flush_all()
-        log_manager.checkpoint_all()
+        log_manager.close()  # flush every log, write the checkpoints
         if status == 0 and link.broker_epoch >= 0:
             data_dir.mark_clean_shutdown(link.broker_epoch)
-        log_manager.close()
         data_dir.close()
         log.info("broker_stopped", status=status)
     return status

@@ -51,6 +51,7 @@ from minibroker.broker.replication.events import (
 from minibroker.broker.replication.invariants import invariant
 from minibroker.broker.replication.partition import BrokerRegistrations, PartitionReplica
 from minibroker.broker.storage.config import LogConfig
+from minibroker.broker.storage.errors import InconsistentTopicIdError
 from minibroker.broker.storage.log import PartitionLog
 from minibroker.broker.storage.log_manager import LogManager
 from minibroker.client import batch as batchlib
@@ -156,8 +157,8 @@ class ReplicaManager:
 
     def load_existing_logs(self) -> None:
         """Open every partition found on disk; roles come later, from metadata."""
-        for tp, partition_log in self.log_manager.logs().items():
-            self._host(tp, partition_log.topic_id or "", partition_log, {})
+        for tp, partition_log in self.log_manager.logs.items():
+            self._host(tp, self.log_manager.topic_id(tp) or "", partition_log, {})
 
     def _host(
         self,
@@ -207,9 +208,7 @@ class ReplicaManager:
                 self._remove_partition(tp, delete=True, reason="topic re-created")
                 hosted = None
             if hosted is None:
-                partition_log = self.log_manager.get_or_create(
-                    tp, topic.topic_id, self._log_config(topic.configs)
-                )
+                partition_log = self._open_log(tp, topic.topic_id, topic.configs)
                 hosted = self._host(tp, topic.topic_id, partition_log, topic.configs)
             elif not hosted.topic_id:
                 hosted.topic_id = topic.topic_id
@@ -247,6 +246,15 @@ class ReplicaManager:
                 in_controlled_shutdown=reg.in_controlled_shutdown,
             )
 
+    def _open_log(self, tp: TopicPartition, topic_id: str, raw: dict[str, str]) -> PartitionLog:
+        config = self._log_config(raw)
+        try:
+            return self.log_manager.get_or_create_log(tp, topic_id, config)
+        except InconsistentTopicIdError:
+            # The dir is from an earlier topic of the same name, deleted while we were away.
+            self.log_manager.delete_log(tp)
+            return self.log_manager.get_or_create_log(tp, topic_id, config)
+
     def _log_config(self, raw: dict[str, str]) -> LogConfig:
         return LogConfig.from_configs(raw, self.config.topic_defaults)
 
@@ -262,7 +270,7 @@ class ReplicaManager:
                 )
         self.fetch_signals.notify(tp)
         if delete:
-            self.log_manager.delete(tp)
+            self.log_manager.delete_log(tp)
         log.info("replica_removed", topic=tp.topic, partition=tp.partition, reason=reason)
 
     # -- effects ------------------------------------------------------------------------------
@@ -866,10 +874,13 @@ class ReplicaManager:
                         self._apply(hosted, hosted.core.maybe_shrink_isr(now))
             if mono - last["hw"] >= hw_every:
                 last["hw"] = mono
-                await asyncio.to_thread(self.log_manager.checkpoint_high_watermarks)
+                # On the loop thread: the checkpoint reads every log's HW (a few ms of fsync).
+                self.log_manager.checkpoint_high_watermarks()
             if mono - last["rp"] >= rp_every:
                 last["rp"] = mono
-                await asyncio.to_thread(self.log_manager.flush_and_checkpoint_recovery_points)
+                self.log_manager.maybe_flush(now)
+                self.log_manager.checkpoint_recovery_points()
+                self.log_manager.checkpoint_log_start_offsets()
             if mono - last["retention"] >= retention_every:
                 last["retention"] = mono
                 self._run_retention(now)

@@ -220,7 +220,12 @@ def plan_cluster(
 def split_settings(settings: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """Route each --set key to the processes that know it; a key nobody knows is an error."""
     from minibroker.broker.config import is_known_key as broker_knows
-    from minibroker.controller.config import is_known_key as controller_knows
+    from minibroker.controller.config import ALL_KEYS
+
+    controller_keys = {k.name for k in ALL_KEYS}
+
+    def controller_knows(key: str) -> bool:
+        return key in controller_keys
 
     controller: dict[str, str] = {}
     broker: dict[str, str] = {}
