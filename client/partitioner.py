@@ -1,7 +1,7 @@
 """Kafka's default partitioning: murmur2 for keyed records, sticky partitions for null keys.
 
-Pure: no I/O, no clock; randomness comes in as a `random.Random`. Keyed records land where a Java
-Kafka producer would put them: `toPositive(Utils.murmur2(key)) % numPartitions` with Kafka's seed
+Pure: no I/O, no clock; randomness comes in as a `random.Random` (any `RandomSource`). Keyed
+records land where a Java Kafka producer would put them: `toPositive(Utils.murmur2(key)) % numPartitions` with Kafka's seed
 0x9747b28c (clients/.../common/utils/Utils.java), so a topic written by both agrees on placement.
 
 Null keys use sticky partitioning (KIP-480): the producer keeps sending to one partition until the
@@ -12,8 +12,8 @@ would fill them, which matters here because each RPC costs far more than the byt
 
 from __future__ import annotations
 
-import random
 import struct
+from typing import Protocol
 
 _SEED = 0x9747B28C
 _M = 0x5BD1E995
@@ -59,6 +59,12 @@ def partition_for_key(key: bytes, num_partitions: int) -> int:
     return to_positive(murmur2(key)) % num_partitions
 
 
+class RandomSource(Protocol):
+    """What the partitioner needs from a `random.Random` (passed in; pure code never seeds)."""
+
+    def randrange(self, stop: int, /) -> int: ...
+
+
 class StickyPartitioner:
     """Per-topic sticky choice for null-key records (KIP-480).
 
@@ -67,7 +73,7 @@ class StickyPartitioner:
     and moves the stickiness to a different partition (uniformly among the others).
     """
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: RandomSource) -> None:
         self._rng = rng
         self._sticky: dict[str, int] = {}
 
