@@ -1,8 +1,9 @@
 """Kafka's default partitioning: murmur2 for keyed records, sticky partitions for null keys.
 
 Pure: no I/O, no clock; randomness comes in as a `random.Random` (any `RandomSource`). Keyed
-records land where a Java Kafka producer would put them: `toPositive(Utils.murmur2(key)) % numPartitions` with Kafka's seed
-0x9747b28c (clients/.../common/utils/Utils.java), so a topic written by both agrees on placement.
+records land where a Java Kafka producer would put them: `toPositive(Utils.murmur2(key)) %
+numPartitions` with Kafka's seed 0x9747b28c (clients/.../common/utils/Utils.java), so a topic
+written by both agrees on placement.
 
 Null keys use sticky partitioning (KIP-480): the producer keeps sending to one partition until the
 batch there is closed, then picks another one at random. Batches fill up faster than round robin
