@@ -32,6 +32,7 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from minibroker.broker.replication.epoch_cache import EpochCache, EpochEntry
 from minibroker.broker.storage.checkpoint import (
@@ -61,22 +62,56 @@ _INT64 = struct.Struct(">q")
 _UINT32 = struct.Struct(">I")
 
 
-@dataclass(frozen=True, slots=True)
-class AppendInfo:
-    """What an append wrote. `first_offset` is -1 when nothing was appended."""
+class AppendInfo(NamedTuple):
+    """What an append wrote. `first_offset` is -1 when nothing was appended.
+
+    A NamedTuple, not a dataclass: it is built once per produce on the hot path, where a
+    frozen dataclass costs several microseconds more.
+    """
 
     first_offset: int
     last_offset: int
     max_timestamp: int
     log_append_time_ms: int  # -1 unless message.timestamp.type is LogAppendTime
     log_start_offset: int
-    batches: tuple[BatchHeader, ...]  # as stored: leader appends carry the assigned offsets
     valid_bytes: int
     records_count: int
+    # The batch headers as they arrived. A leader append restamped baseOffset and
+    # partitionLeaderEpoch on disk (`stamped_epoch` >= 0); `batches` gives the stored view.
+    received: tuple[BatchHeader, ...]
+    stamped_epoch: int
 
     @property
     def appended(self) -> bool:
         return self.first_offset >= 0
+
+    @property
+    def batches(self) -> tuple[BatchHeader, ...]:
+        """The headers as stored (assigned offsets, leader epoch), built on demand."""
+        if self.stamped_epoch < 0:
+            return self.received
+        stored = []
+        base = self.first_offset
+        for h in self.received:
+            stored.append(
+                BatchHeader(
+                    base,
+                    h.batch_length,
+                    self.stamped_epoch,
+                    h.magic,
+                    h.crc,
+                    h.attributes,
+                    h.last_offset_delta,
+                    h.base_timestamp,
+                    h.max_timestamp,
+                    h.producer_id,
+                    h.producer_epoch,
+                    h.base_sequence,
+                    h.records_count,
+                )
+            )
+            base += h.last_offset_delta + 1
+        return tuple(stored)
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,34 +397,35 @@ class PartitionLog:
         assign_offsets(buf, batches, first_offset, leader_epoch)
         append_time = now_ms if self.config.log_append_time else -1
         entries: list[AppendEntry] = []
-        stored: list[BatchHeader] = []
+        received: list[BatchHeader] = []
         base = first_offset
         max_timestamp = -1
         records_count = 0
         for position, header in batches:
             if append_time >= 0:
                 header = _stamp_log_append_time(buf, position, header, append_time)
-            header = dataclasses.replace(
-                header, base_offset=base, partition_leader_epoch=leader_epoch
-            )
-            stored.append(header)
+            received.append(header)
             last = base + header.last_offset_delta
-            entries.append((position, header.size, last, header.max_timestamp))
-            max_timestamp = max(max_timestamp, header.max_timestamp)
+            entries.append((position, header.batch_length + 12, last, header.max_timestamp))
+            if header.max_timestamp > max_timestamp:
+                max_timestamp = header.max_timestamp
             records_count += header.records_count
             base = last + 1
         # The cache entry goes to disk before the first batch of the epoch (KIP-279 order).
-        self.maybe_assign_epoch_start_offset(leader_epoch, first_offset)
-        self._write(buf, entries, now_ms)
+        latest = self._epoch_cache.latest_entry
+        if latest is None or latest.epoch != leader_epoch:
+            self.maybe_assign_epoch_start_offset(leader_epoch, first_offset)
+        self._write(buf, entries, max_timestamp, now_ms)
         return AppendInfo(
             first_offset,
             base - 1,
             max_timestamp,
             append_time,
             self._log_start_offset,
-            tuple(stored),
             len(buf),
             records_count,
+            tuple(received),
+            leader_epoch,
         )
 
     def append_as_follower(
@@ -403,10 +439,12 @@ class PartitionLog:
         """
         now = _wall_clock_ms() if now_ms is None else now_ms
         if len(records) == 0:
-            return AppendInfo(-1, -1, -1, -1, self._log_start_offset, (), 0, 0)
+            return AppendInfo(-1, -1, -1, -1, self._log_start_offset, 0, 0, (), -1)
         expected = self.leo
         entries: list[AppendEntry] = []
         headers: list[BatchHeader] = []
+        new_epochs: list[tuple[int, int]] = []
+        last_epoch = self._epoch_cache.latest_epoch
         max_timestamp = -1
         records_count = 0
         for position, header in iter_batches(records):
@@ -419,67 +457,93 @@ class PartitionLog:
                     expected_offset=expected,
                 )
             headers.append(header)
-            entries.append((position, header.size, header.last_offset, header.max_timestamp))
-            max_timestamp = max(max_timestamp, header.max_timestamp)
+            expected = header.base_offset + header.last_offset_delta + 1
+            entries.append((position, header.batch_length + 12, expected - 1, header.max_timestamp))
+            if header.max_timestamp > max_timestamp:
+                max_timestamp = header.max_timestamp
             records_count += header.records_count
-            expected = header.next_offset
+            epoch = header.partition_leader_epoch
+            if epoch >= 0 and epoch != last_epoch:
+                new_epochs.append((epoch, header.base_offset))
+                last_epoch = epoch
         cache_changed = False
-        for header in headers:
-            if header.partition_leader_epoch >= 0:
-                cache_changed = (
-                    self._epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
-                    or cache_changed
-                )
+        for epoch, start_offset in new_epochs:
+            cache_changed = self._epoch_cache.assign(epoch, start_offset) or cache_changed
         if cache_changed:
             self._persist_epoch_cache()
-        self._write(records, entries, now)
+        self._write(records, entries, max_timestamp, now)
         return AppendInfo(
             headers[0].base_offset,
             expected - 1,
             max_timestamp,
             -1,
             self._log_start_offset,
-            tuple(headers),
             len(records),
             records_count,
+            tuple(headers),
+            -1,
         )
 
     def _write(
         self,
         data: bytes | bytearray | memoryview,
         entries: Sequence[AppendEntry],
+        max_timestamp: int,
         now_ms: int,
     ) -> None:
         """Write validated batches, rolling first when Kafka's roll rules say so."""
         try:
+            active = self._segments[-1]
+            total = len(data)
+            if active.size == 0:
+                fits = total <= self.config.segment_bytes
+            else:
+                fits = not self._should_roll(active, total, max_timestamp, entries, now_ms)
+            if fits:
+                # The common case: everything goes to the active segment in one write.
+                active.append(data, entries)
+                return
             self._write_runs(memoryview(data), entries, now_ms)
         except BaseException:
             # The segment removed any partial batch; keep the cache in step with the log.
             if self._epoch_cache.truncate_from_end(self.leo):
                 self._persist_epoch_cache()
             raise
-        if self.leo - self._recovery_point >= self.config.flush_messages:
-            self.flush(now_ms)
+        finally:
+            if self.leo - self._recovery_point >= self.config.flush_messages:
+                self.flush(now_ms)
+
+    def _should_roll(
+        self,
+        active: LogSegment,
+        size: int,
+        max_timestamp: int,
+        entries: Sequence[AppendEntry],
+        now_ms: int,
+    ) -> bool:
+        """Kafka's LogSegment.shouldRoll for a non-empty active segment (research §2.14)."""
+        return (
+            active.size > self.config.segment_bytes - size
+            or active.time_waited_for_roll(now_ms, max_timestamp) > self.config.segment_ms
+            or not active.can_hold_offset(entries[-1][2])
+        )
 
     def _write_runs(self, view: memoryview, entries: Sequence[AppendEntry], now_ms: int) -> None:
+        """The general case: roll first, and split an append bigger than a segment."""
         segment_bytes = self.config.segment_bytes
         end = entries[-1][0] + entries[-1][1]
         i = 0
         while i < len(entries):
             active = self._segments[-1]
             start = entries[i][0]
-            remaining = end - start
-            if active.size > 0:
-                max_timestamp = max(e[3] for e in entries[i:])
-                if (
-                    active.size > segment_bytes - remaining
-                    or active.time_waited_for_roll(now_ms, max_timestamp) > self.config.segment_ms
-                    or not active.can_hold_offset(entries[-1][2])
-                ):
-                    self._roll(_base_offset(view, start), now_ms)
-                    active = self._segments[-1]
+            rest = entries[i:]
+            if active.size > 0 and self._should_roll(
+                active, end - start, max(e[3] for e in rest), rest, now_ms
+            ):
+                self._roll(_base_offset(view, start), now_ms)
+                active = self._segments[-1]
             j = len(entries)
-            if active.size + remaining > segment_bytes:
+            if active.size + end - start > segment_bytes:
                 # More than a whole segment in one append (a follower's big fetch): fill this
                 # segment, then roll for the rest. A single oversized batch goes alone.
                 j = i + 1

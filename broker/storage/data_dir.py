@@ -1,0 +1,253 @@
+"""The broker's data dir: identity, exclusive lock, clean-shutdown marker, partition dirs.
+
+Does file I/O in the data dir (DESIGN.md §4, research/kafka-replication.md §2.13):
+
+    meta.properties        version, node.id, cluster.id (Java properties text; Kafka's KRaft
+                           format is version 1, the one that names `node.id`)
+    .lock                  held with fcntl.flock for the life of the process, holds its pid
+    .kafka_cleanshutdown   JSON {"version":0,"brokerEpoch":N}: written at clean shutdown, read
+                           and deleted at start-up (no marker: recover the logs)
+    <topic>-<partition>/   one dir per partition replica (the LogManager's)
+
+Concurrency contract: one DataDir per process per directory; the lock makes a second process
+fail at once with DataDirInUseError instead of corrupting the logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pathlib
+import re
+import shutil
+
+from minibroker.broker.storage.checkpoint import fsync_dir, write_atomic
+from minibroker.broker.storage.errors import DataDirError, DataDirInUseError, MetaPropertiesError
+from minibroker.client.common.log import get_logger
+from minibroker.client.types import TopicPartition
+
+META_PROPERTIES = "meta.properties"
+LOCK_FILE = ".lock"
+CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
+META_VERSION = 1
+NO_BROKER_EPOCH = -1
+DELETE_DIR_SUFFIX = "-delete"
+# Kafka's legal topic names; the partition dir is `<topic>-<partition>`.
+_PARTITION_DIR = re.compile(r"^([a-zA-Z0-9._-]+)-(\d+)$")
+
+_log = get_logger("minibroker.broker.storage")
+
+
+def parse_partition_dir(name: str) -> TopicPartition | None:
+    """`orders-3` -> TopicPartition("orders", 3); None for anything else."""
+    if name.endswith(DELETE_DIR_SUFFIX):
+        return None
+    match = _PARTITION_DIR.match(name)
+    if match is None:
+        return None
+    return TopicPartition(match.group(1), int(match.group(2)))
+
+
+def partition_dir_name(tp: TopicPartition) -> str:
+    return f"{tp.topic}-{tp.partition}"
+
+
+def read_properties(path: pathlib.Path) -> dict[str, str]:
+    """Java properties text: `key=value` lines, `#` and `!` comments."""
+    values: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if not stripped or stripped[0] in "#!":
+            continue
+        key, sep, value = stripped.partition("=")
+        if not sep:
+            raise MetaPropertiesError(f"{path}: expected key=value, got {stripped!r}")
+        values[key.strip()] = value.strip()
+    return values
+
+
+class DataDir:
+    """An opened, locked data dir. Use `DataDir.open(...)`; `close()` releases the lock."""
+
+    def __init__(
+        self,
+        path: pathlib.Path,
+        lock_fd: int,
+        node_id: int,
+        cluster_id: str | None,
+        had_clean_shutdown: bool,
+        previous_broker_epoch: int,
+    ) -> None:
+        self.path = path
+        self.node_id = node_id
+        self._cluster_id = cluster_id
+        self._lock_fd = lock_fd
+        self.had_clean_shutdown = had_clean_shutdown
+        self.previous_broker_epoch = previous_broker_epoch
+
+    @classmethod
+    def open(
+        cls, path: str | os.PathLike[str], node_id: int, cluster_id: str | None = None
+    ) -> DataDir:
+        """Lock the dir (creating it), check or write meta.properties, consume the marker.
+
+        Raises DataDirInUseError when another process holds the lock and MetaPropertiesError
+        when meta.properties names another node or cluster.
+        """
+        root = pathlib.Path(path)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise DataDirError(f"cannot create data dir {root}: {err.strerror}") from None
+        lock_fd = _lock(root)
+        try:
+            stored_cluster_id = _check_meta(root, node_id, cluster_id)
+            had_clean, epoch = _consume_clean_shutdown_marker(root)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        data_dir = cls(root, lock_fd, node_id, stored_cluster_id, had_clean, epoch)
+        data_dir._remove_deleted_partition_dirs()
+        return data_dir
+
+    @property
+    def cluster_id(self) -> str | None:
+        return self._cluster_id
+
+    def adopt_cluster_id(self, cluster_id: str) -> None:
+        """Record the cluster id once it is known (a fresh dir learns it from the controller).
+
+        Raises MetaPropertiesError when the dir already belongs to another cluster.
+        """
+        if self._cluster_id == cluster_id:
+            return
+        if self._cluster_id is not None:
+            raise MetaPropertiesError(
+                f"data dir {self.path} belongs to cluster {self._cluster_id}, not {cluster_id}"
+            )
+        _write_meta(self.path, self.node_id, cluster_id)
+        self._cluster_id = cluster_id
+
+    def partition_dirs(self) -> dict[TopicPartition, pathlib.Path]:
+        """Every `<topic>-<partition>/` dir in the data dir."""
+        found: dict[TopicPartition, pathlib.Path] = {}
+        for entry in sorted(self.path.iterdir()):
+            tp = parse_partition_dir(entry.name)
+            if tp is not None and entry.is_dir():
+                found[tp] = entry
+        return found
+
+    def partition_path(self, tp: TopicPartition) -> pathlib.Path:
+        return self.path / partition_dir_name(tp)
+
+    def mark_clean_shutdown(self, broker_epoch: int) -> None:
+        """Write `.kafka_cleanshutdown` (after every log is flushed and checkpointed)."""
+        body = json.dumps({"version": 0, "brokerEpoch": broker_epoch}, separators=(",", ":"))
+        write_atomic(self.path / CLEAN_SHUTDOWN_FILE, body.encode())
+
+    def close(self) -> None:
+        """Release the lock (the `.lock` file stays, as in Kafka)."""
+        if self._lock_fd < 0:
+            return
+        with contextlib.suppress(OSError):
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        os.close(self._lock_fd)
+        self._lock_fd = -1
+
+    def __enter__(self) -> DataDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _remove_deleted_partition_dirs(self) -> None:
+        """Finish deletions a crash interrupted (`<topic>-<p>.<uuid>-delete` dirs)."""
+        for entry in self.path.iterdir():
+            if entry.is_dir() and entry.name.endswith(DELETE_DIR_SUFFIX):
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def _lock(root: pathlib.Path) -> int:
+    lock_path = root / LOCK_FILE
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise DataDirInUseError(
+            f"data dir {root} is in use by another process (pid {holder})"
+        ) from None
+    except OSError as err:
+        os.close(fd)
+        raise DataDirError(f"cannot lock data dir {root}: {err.strerror}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _write_meta(root: pathlib.Path, node_id: int, cluster_id: str | None) -> None:
+    lines = [
+        "#",
+        "# minibroker data dir identity (Kafka's KRaft meta.properties format)",
+        f"version={META_VERSION}",
+        f"node.id={node_id}",
+    ]
+    if cluster_id is not None:
+        lines.append(f"cluster.id={cluster_id}")
+    write_atomic(root / META_PROPERTIES, ("\n".join(lines) + "\n").encode())
+
+
+def _check_meta(root: pathlib.Path, node_id: int, cluster_id: str | None) -> str | None:
+    """Validate meta.properties against this broker (writing it for a new dir)."""
+    path = root / META_PROPERTIES
+    if not path.exists():
+        _write_meta(root, node_id, cluster_id)
+        return cluster_id
+    props = read_properties(path)
+    if props.get("version") != str(META_VERSION):
+        raise MetaPropertiesError(
+            f"{path}: unsupported version {props.get('version')!r}, expected {META_VERSION}"
+        )
+    try:
+        stored_node = int(props["node.id"])
+    except (KeyError, ValueError):
+        raise MetaPropertiesError(f"{path}: missing or invalid node.id") from None
+    if stored_node != node_id:
+        raise MetaPropertiesError(
+            f"data dir {root} belongs to node {stored_node} (meta.properties), but this broker "
+            f"is node {node_id}: use another data dir or node.id={stored_node}"
+        )
+    stored_cluster = props.get("cluster.id")
+    if cluster_id is not None and stored_cluster is not None and stored_cluster != cluster_id:
+        raise MetaPropertiesError(
+            f"data dir {root} belongs to cluster {stored_cluster} (meta.properties), but this "
+            f"broker is configured for cluster {cluster_id}"
+        )
+    if stored_cluster is None and cluster_id is not None:
+        _write_meta(root, node_id, cluster_id)
+        return cluster_id
+    return stored_cluster
+
+
+def _consume_clean_shutdown_marker(root: pathlib.Path) -> tuple[bool, int]:
+    """(had clean shutdown, previous broker epoch); the marker is deleted either way."""
+    path = root / CLEAN_SHUTDOWN_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return False, NO_BROKER_EPOCH
+    clean, epoch = False, NO_BROKER_EPOCH
+    try:
+        body = json.loads(text)
+        if isinstance(body, dict) and body.get("version") == 0:
+            epoch = int(body.get("brokerEpoch", NO_BROKER_EPOCH))
+            clean = True
+    except (ValueError, TypeError):
+        _log.warning("clean_shutdown_marker_unreadable", path=str(path))
+    # A marker that survives this start would claim a clean shutdown after a later crash.
+    os.unlink(path)
+    fsync_dir(root)
+    return clean, epoch
