@@ -1,0 +1,197 @@
+"""The producer's record accumulator (pure): batching, readiness, draining, retries, sequences.
+
+Built on the real BatchBuilder so the bytes that come out are checked as a broker would check
+them (batch.read_header: length, magic, CRC32C).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from minibroker.client.accumulator import RecordAccumulator
+from minibroker.client.batch import read_header
+from minibroker.client.errors import MessageTooLargeError
+from minibroker.client.records import BatchBuilder, iter_records
+from minibroker.client.types import TopicPartition
+
+A0 = TopicPartition("a", 0)
+A1 = TopicPartition("a", 1)
+B0 = TopicPartition("b", 0)
+
+
+def make(batch_size: int = 1024, linger_ms: int = 5, idempotent: bool = True) -> RecordAccumulator:
+    acc = RecordAccumulator(
+        batch_size=batch_size,
+        linger_ms=linger_ms,
+        new_builder=lambda tp: BatchBuilder(batch_size),
+        idempotent=idempotent,
+    )
+    if idempotent:
+        acc.set_producer_id(42, 0)
+    return acc
+
+
+def add(acc: RecordAccumulator, tp: TopicPartition, value: bytes, now: int = 0) -> object:
+    handle = object()
+    acc.append(tp, now, None, value, (), handle, now)
+    return handle
+
+
+def test_a_batch_is_ready_after_linger_ms_not_before() -> None:
+    acc = make(linger_ms=5)
+    add(acc, A0, b"x", now=100)
+    ready, wait = acc.ready(102)
+    assert ready == [] and wait == 3
+    ready, _ = acc.ready(105)
+    assert ready == [A0]
+
+
+def test_a_full_batch_is_ready_at_once_and_records_keep_their_order() -> None:
+    acc = make(batch_size=200, linger_ms=10_000)
+    handles = [add(acc, A0, bytes([i]) * 40) for i in range(6)]
+    ready, _ = acc.ready(0)
+    assert ready == [A0], "a second batch exists, so the first is full"
+    drained = acc.drain({1: [A0]}, 1 << 20, 0)[1]
+    assert len(drained) == 1
+    first = drained[0]
+    assert first.handles == handles[: first.record_count]
+    values = [r.value for r in iter_records(first.buffer)]
+    assert values == [bytes([i]) * 40 for i in range(first.record_count)]
+
+
+def test_flush_and_close_make_everything_ready() -> None:
+    acc = make(linger_ms=10_000)
+    add(acc, A0, b"x")
+    assert acc.ready(0)[0] == []
+    acc.flushing += 1
+    assert acc.ready(0)[0] == [A0]
+    acc.flushing -= 1
+    acc.closing = True
+    assert acc.ready(0)[0] == [A0]
+
+
+def test_drain_groups_partitions_per_node_and_respects_max_request_size() -> None:
+    acc = make(linger_ms=0)
+    for tp in (A0, A1, B0):
+        add(acc, tp, b"v" * 300)
+    out = acc.drain({1: [A0, A1], 2: [B0]}, 1 << 20, 0)
+    assert sorted(b.tp for b in out[1]) == [A0, A1]
+    assert [b.tp for b in out[2]] == [B0]
+
+    acc = make(linger_ms=0)
+    for tp in (A0, A1):
+        add(acc, tp, b"v" * 300)
+    out = acc.drain({1: [A0, A1]}, 400, 0)
+    assert len(out[1]) == 1, "the second batch would pass max_request_size"
+    out2 = acc.drain({1: [A0, A1]}, 400, 0)
+    assert len(out2[1]) == 1 and out2[1][0].tp != out[1][0].tp
+
+
+def test_one_batch_in_flight_per_partition() -> None:
+    acc = make(batch_size=100, linger_ms=0)
+    for i in range(5):
+        add(acc, A0, bytes([i]) * 60)
+    first = acc.drain({1: [A0]}, 1 << 20, 0)[1]
+    assert len(first) == 1
+    assert acc.ready(0)[0] == [], "the partition is muted while its batch is in flight"
+    assert acc.drain({1: [A0]}, 1 << 20, 0) == {}
+    acc.complete(first[0])
+    assert acc.ready(0)[0] == [A0]
+
+
+def test_sequences_are_assigned_at_drain_and_kept_on_retry() -> None:
+    acc = make(batch_size=220, linger_ms=0)
+    for i in range(4):
+        add(acc, A0, bytes([i]) * 60)  # two records (~69 bytes each) per batch
+    b1 = acc.drain({1: [A0]}, 1 << 20, 0)[1][0]
+    h1 = read_header(b1.buffer)
+    assert (h1.producer_id, h1.producer_epoch, h1.base_sequence) == (42, 0, 0)
+    assert b1.base_sequence == 0 and b1.record_count == 2
+    # A retriable failure: the same bytes go again, before the later batch of the partition.
+    acc.retry(b1, now_ms=10, backoff_ms=100)
+    assert acc.ready(50)[0] == [], "still backing off"
+    again = acc.drain({1: [A0]}, 1 << 20, 110)[1][0]
+    assert again is b1 and again.attempts == 2
+    assert again.buffer == b1.buffer
+    acc.complete(again)
+    b2 = acc.drain({1: [A0]}, 1 << 20, 110)[1][0]
+    assert read_header(b2.buffer).base_sequence == 2
+
+
+def test_sequences_are_per_partition_and_restart_with_a_new_producer_id() -> None:
+    acc = make(linger_ms=0)
+    add(acc, A0, b"a")
+    add(acc, B0, b"b")
+    out = acc.drain({1: [A0, B0]}, 1 << 20, 0)[1]
+    assert {b.tp: b.base_sequence for b in out} == {A0: 0, B0: 0}
+    for b in out:
+        acc.complete(b)
+    add(acc, A0, b"c")
+    acc.set_producer_id(43, 0)
+    nxt = acc.drain({1: [A0]}, 1 << 20, 0)[1][0]
+    header = read_header(nxt.buffer)
+    assert (header.producer_id, header.base_sequence) == (43, 0)
+
+
+def test_without_idempotence_batches_carry_no_producer_id() -> None:
+    acc = make(idempotent=False, linger_ms=0)
+    add(acc, A0, b"x")
+    batch = acc.drain({1: [A0]}, 1 << 20, 0)[1][0]
+    header = read_header(batch.buffer)
+    assert header.producer_id == -1 and header.base_sequence == -1
+
+
+def test_expire_removes_old_queued_batches_only() -> None:
+    acc = make(linger_ms=0)
+    add(acc, A0, b"old", now=0)
+    add(acc, A1, b"in flight", now=0)
+    inflight = acc.drain({1: [A1]}, 1 << 20, 0)[1][0]
+    expired = acc.expire(now_ms=1000, delivery_timeout_ms=1000)
+    assert [b.tp for b in expired] == [A0]
+    assert list(acc.in_flight()) == [inflight]
+    for b in expired:
+        acc.fail(b)
+    acc.complete(inflight)
+    assert acc.buffered_bytes == 0
+    assert not acc.has_incomplete()
+
+
+def test_abort_on_new_batch_appends_nothing() -> None:
+    acc = make()
+    result = acc.append(A0, 0, None, b"x", (), object(), 0, abort_on_new_batch=True)
+    assert not result.appended and result.new_batch
+    assert not acc.has_unsent()
+    acc.append(A0, 0, None, b"x", (), object(), 0)
+    joined = acc.append(A0, 0, None, b"y", (), object(), 0, abort_on_new_batch=True)
+    assert joined.appended and not joined.new_batch
+
+
+def test_buffered_bytes_track_incomplete_batches() -> None:
+    acc = make(linger_ms=0)
+    add(acc, A0, b"x" * 100)
+    assert acc.buffered_bytes > 100
+    batch = acc.drain({1: [A0]}, 1 << 20, 0)[1][0]
+    assert acc.buffered_bytes == len(batch.buffer)
+    acc.complete(batch)
+    assert acc.buffered_bytes == 0
+
+
+def test_a_record_larger_than_batch_size_gets_its_own_batch() -> None:
+    acc = make(batch_size=100, linger_ms=10_000)
+    add(acc, A0, b"x" * 500)
+    assert acc.ready(0)[0] == [], "alone, it still waits for linger"
+    add(acc, A0, b"y")
+    batch = acc.drain({1: [A0]}, 1 << 20, 0)[1][0]
+    assert batch.record_count == 1
+
+
+def test_a_builder_that_refuses_the_first_record_is_an_error() -> None:
+    class Refusing:
+        def append(self, *args: object) -> bool:
+            return False
+
+    acc = RecordAccumulator(
+        batch_size=10, linger_ms=0, new_builder=lambda tp: Refusing(), idempotent=False
+    )  # type: ignore[arg-type]
+    with pytest.raises(MessageTooLargeError):
+        acc.append(A0, 0, None, b"x", (), object(), 0)
