@@ -1,0 +1,38 @@
+"""Seeded whole-cluster simulation of the replication cores (DESIGN.md §2, §8; STYLE.md tier 2).
+
+Each seed runs a safety phase (drops, delays, reordering, crashes that lose unflushed tails,
+leader moves, paused followers, acks=all producers, consumers) with the §8 invariants checked
+after every event, then a liveness phase with every fault healed that must converge to identical
+logs holding every acknowledged batch. `MINIBROKER_SIM_SEEDS` bounds the seed count (default
+30; `make sim SEEDS=N`); `MINIBROKER_SIM_SEED` runs one seed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from replsim import Simulation
+
+SEEDS = int(os.environ.get("MINIBROKER_SIM_SEEDS", "30"))
+ONE_SEED = os.environ.get("MINIBROKER_SIM_SEED")
+SEED_LIST = [int(ONE_SEED)] if ONE_SEED else list(range(SEEDS))
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("seed", SEED_LIST)
+def test_replication_invariants_hold(seed: int) -> None:
+    sim = Simulation(seed)
+    try:
+        sim.run()
+    except AssertionError as err:
+        trace = "\n".join(sim.trace[-40:])
+        pytest.fail(
+            f"seed {seed} failed at {sim.now_ms} ms: {err}\n"
+            f"reproduce: MINIBROKER_SIM_SEED={seed} .venv/bin/python -m pytest "
+            f"tests/sim/test_replication_sim.py -q\nlast events:\n{trace}",
+            pytrace=False,
+        )
+    # The run must have exercised the protocol, not idled: writes were acknowledged and the
+    # liveness phase converged (checked inside run()).
+    assert len(sim.acked) > 100
