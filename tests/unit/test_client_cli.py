@@ -1,0 +1,226 @@
+"""The client CLI's pure parts: bootstrap lookup, parsing, and Kafka-shaped output lines."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from minibroker.client.admin import PartitionDescription, TopicDescription
+from minibroker.client.cli import bench, consume, leader_election, produce, topics
+from minibroker.client.cli.common import (
+    FALLBACK_BOOTSTRAP,
+    default_bootstrap,
+    guarded,
+    parse_config_pairs,
+)
+from minibroker.client.common.config import ConfigError
+from minibroker.client.errors import (
+    ElectionNotNeededError,
+    PreferredLeaderNotAvailableError,
+    UnknownTopicOrPartitionError,
+)
+from minibroker.client.types import Record, TopicPartition
+from minibroker.deploy.cli import build_parser
+
+
+def test_bootstrap_comes_from_env_then_cluster_file_then_fallback(tmp_path: pathlib.Path) -> None:
+    assert default_bootstrap(tmp_path, {}) == FALLBACK_BOOTSTRAP
+    state = tmp_path / ".minibroker"
+    state.mkdir()
+    (state / "cluster.json").write_text(json.dumps({"bootstrap_servers": "127.0.0.1:9192"}))
+    assert default_bootstrap(tmp_path, {}) == "127.0.0.1:9192"
+    env = {"MINIBROKER_BOOTSTRAP_SERVER": "h:1,h:2"}
+    assert default_bootstrap(tmp_path, env) == "h:1,h:2"
+    (state / "cluster.json").write_text("{not json")
+    assert default_bootstrap(tmp_path, {}) == FALLBACK_BOOTSTRAP
+
+
+def test_every_command_parses_with_the_bootstrap_flag_before_or_after() -> None:
+    parser = build_parser()
+    args = parser.parse_args(
+        [
+            "topics",
+            "--bootstrap-server",
+            "a:1",
+            "create",
+            "t",
+            "--partitions",
+            "3",
+            "--replication-factor",
+            "2",
+            "--config",
+            "min.insync.replicas=2",
+        ]
+    )
+    assert (args.bootstrap_server, args.name, args.partitions) == ("a:1", "t", 3)
+    args = parser.parse_args(["topics", "describe", "--json", "--bootstrap-server", "b:2"])
+    assert args.bootstrap_server == "b:2" and args.json
+    args = parser.parse_args(["produce", "t", "--key-separator", ":", "--json"])
+    assert args.key_separator == ":" and not hasattr(args, "bootstrap_server")
+    args = parser.parse_args(["consume", "t", "--from-beginning", "--max-messages", "5"])
+    assert args.from_beginning and args.max_messages == 5
+    with pytest.raises(SystemExit):
+        parser.parse_args(["consume", "t", "--from-beginning", "--offset", "3"])
+    args = parser.parse_args(
+        ["leader-election", "--election-type", "PREFERRED", "--all-topic-partitions"]
+    )
+    assert args.election_type == "preferred"
+    args = parser.parse_args(
+        [
+            "bench",
+            "produce",
+            "--topic",
+            "t",
+            "--num-records",
+            "10",
+            "--record-size",
+            "100",
+            "--throughput",
+            "-1",
+        ]
+    )
+    assert args.num_records == 10 and args.throughput == -1
+    args = parser.parse_args(["bench", "consume", "--topic", "t", "--messages", "10"])
+    assert args.messages == 10
+
+
+def test_guarded_turns_expected_errors_into_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    def boom(_args: object) -> int:
+        raise UnknownTopicOrPartitionError("topic 'x' does not exist")
+
+    assert guarded(boom)(object()) == 1  # type: ignore[arg-type]
+    err = capsys.readouterr().err
+    assert err == "error: UnknownTopicOrPartitionError: topic 'x' does not exist\n"
+
+
+def test_config_pairs() -> None:
+    assert parse_config_pairs(["a=1", " b = x=y "]) == {"a": "1", "b": "x=y"}
+    with pytest.raises(ConfigError):
+        parse_config_pairs(["novalue"])
+
+
+def test_produce_line_splitting() -> None:
+    assert produce.split_line(b"hello\n", None, 1) == (None, b"hello")
+    assert produce.split_line(b"k:v:w\r\n", b":", 1) == (b"k", b"v:w")
+    assert produce.split_line(b"last", None, 3) == (None, b"last")
+    with pytest.raises(ValueError, match="line 4 has no key separator"):
+        produce.split_line(b"nokey\n", b":", 4)
+
+
+def test_consume_json_is_text_or_base64() -> None:
+    text = Record("t", 1, 7, 123, b"k", b"v", (("h", b"x"),))
+    assert consume.record_json(text) == {
+        "topic": "t",
+        "partition": 1,
+        "offset": 7,
+        "timestamp": 123,
+        "key": "k",
+        "value": "v",
+        "headers": {"h": "x"},
+    }
+    binary = Record("t", 0, 1, 5, None, b"\xff\x00", (("h", None),))
+    out = consume.record_json(binary)
+    assert out["encoding"] == "base64"
+    assert out["key"] is None and base64.b64decode(out["value"]) == b"\xff\x00"
+    assert out["headers"] == {"h": None}
+    buf = io.BytesIO()
+    consume.write_record(Record("t", 0, 0, 0, None, None), buf, as_json=False)
+    consume.write_record(Record("t", 0, 1, 0, None, b"v"), buf, as_json=False)
+    assert buf.getvalue() == b"null\nv\n"
+
+
+def _topic() -> TopicDescription:
+    parts = (
+        PartitionDescription(
+            "foo", 0, 1, 3, 4, (1, 2, 3), (1, 2), (3,), 10, {1: 10, 2: 10, 3: None}
+        ),
+        PartitionDescription("foo", 1, -1, 2, 5, (2, 3, 1), (2,), (2, 3, 1), -1, {2: None}),
+    )
+    return TopicDescription("foo", "tid", parts, {"min.insync.replicas": "2"})
+
+
+def test_topics_describe_lines_follow_kafkas_layout() -> None:
+    lines = topics.format_describe([_topic()])
+    assert lines[0] == (
+        "Topic: foo\tTopicId: tid\tPartitionCount: 2\tReplicationFactor: 3\t"
+        "Configs: min.insync.replicas=2"
+    )
+    assert lines[1] == (
+        "\tTopic: foo\tPartition: 0\tLeader: 1\tLeaderEpoch: 3\tReplicas: 1,2,3\tIsr: 1,2\t"
+        "OfflineReplicas: 3\tHighWatermark: 10\tLogEndOffsets: 1=10,2=10,3=?"
+    )
+    assert "\tLeader: none\t" in lines[2] and "HighWatermark: ?" in lines[2]
+
+
+def test_topics_describe_json_shape() -> None:
+    rows = topics.describe_json([_topic()])
+    assert rows[0] == {
+        "topic": "foo",
+        "partition": 0,
+        "leader": 1,
+        "leader_epoch": 3,
+        "partition_epoch": 4,
+        "replicas": [1, 2, 3],
+        "isr": [1, 2],
+        "offline_replicas": [3],
+        "high_watermark": 10,
+        "log_end_offsets": {"1": 10, "2": 10, "3": None},
+    }
+    assert json.loads(json.dumps(rows)) == rows
+
+
+def test_leader_election_output_uses_kafkas_wording() -> None:
+    results = {
+        TopicPartition("foo", 1): None,
+        TopicPartition("foo", 0): None,
+        TopicPartition("foo", 2): ElectionNotNeededError("already"),
+        TopicPartition("foo", 3): PreferredLeaderNotAvailableError("not in ISR"),
+    }
+    out, err = leader_election.format_results("preferred", results)
+    assert out == [
+        "Successfully completed leader election (PREFERRED) for partitions foo-0, foo-1",
+        "Valid replica already elected for partitions foo-2",
+    ]
+    assert err[0].startswith("Error completing leader election (PREFERRED) for partition: foo-3: ")
+    assert err[-1] == "1 replica(s) could not be elected"
+
+
+def test_producer_perf_summary_line_format() -> None:
+    clock = iter([0.0] + [0.1 * i for i in range(1, 200)])
+    stats = bench.LatencyStats(100, io.StringIO(), clock=lambda: next(clock))
+    for i in range(100):
+        stats.record(float(i + 1), 1000)
+    line = stats.summary(end=2.0)
+    pattern = (
+        r"^100 records sent, 50\.0 records/sec \(0\.05 MB/sec\), 50\.50 ms avg latency, "
+        r"100\.00 ms max latency, 51 ms 50th, 96 ms 95th, 100 ms 99th, 100 ms 99\.9th\.$"
+    )
+    assert re.match(pattern, line), line
+    assert "records sent" in stats.out.getvalue(), "a window line every 5 s"
+
+
+def test_consumer_perf_line_format() -> None:
+    line = bench.consumer_line(1000.0, 1002.0, 4 * 1024 * 1024, 400)
+    fields = line.split(", ")
+    assert len(fields) == len(bench.CONSUMER_HEADER.split(", ")) == 10
+    assert re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d:\d{3}$", fields[0])
+    assert fields[2:] == ["4.0000", "2.0000", "400", "200.0000", "0", "2000", "2.0000", "200.0000"]
+
+
+def test_importing_the_client_package_stays_light() -> None:
+    code = (
+        "import sys, minibroker.client, minibroker.client.errors;"
+        "print(sorted(m for m in ('grpc', 'pyspark', 'rich') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    code = "from minibroker.client import Producer, AsyncAdmin, NotLeaderOrFollowerError; print(1)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
