@@ -24,6 +24,8 @@ PURE = [
     "client/metadata_cache.py",
     "client/metadata/records.py",
     "client/metadata/image.py",
+    "client/watch/model.py",
+    "client/watch/render.py",
     "controller/core",
 ]
 FORBIDDEN_IN_PURE = {

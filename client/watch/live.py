@@ -1,0 +1,507 @@
+"""The I/O loop of `minibroker watch`: polls the cluster, follows the metadata log, redraws.
+
+Does network I/O (grpc.aio), reads files (the local launcher's `cluster.json`, `/proc/<pid>/stat`
+and `cmdline`, the brokers' JSON log files) and writes to the terminal (rich). Event-loop thread
+only; the `WatchModel` it feeds is owned by this loop.
+
+Three activities share the model:
+- `follow_metadata`: a `WatchMetadata` stream from the model's next offset; when it breaks (the
+  controller died or restarted) it reconnects from where it stopped, and a snapshot replaces the
+  image when the controller's log no longer has that offset.
+- `poll`: every `poll_interval_s`, with `rpc_timeout_s` deadlines, `DescribeCluster` on the
+  controller and `DescribeReplicas` on every known broker at once; a failed call marks that
+  process unreachable in the model instead of stopping anything. For a local cluster it also reads
+  process states and new truncation lines from the brokers' logs.
+- the render loop redraws a few times a second.
+
+Nothing here raises on an unreachable process: what cannot be reached is shown as such.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import pathlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from rich.console import Console
+from rich.live import Live
+
+from minibroker.client.metadata.wire import batch_from_pb
+from minibroker.client.transport import CHANNEL_OPTIONS, parse_bootstrap
+from minibroker.client.watch.model import (
+    CONTROLLER,
+    BrokerAddress,
+    ClusterInfo,
+    FollowerReport,
+    ProcessInfo,
+    ReplicaReport,
+    WatchModel,
+    parse_truncation,
+)
+from minibroker.client.watch.render import render
+from minibroker.proto import minibroker_pb2 as pb
+from minibroker.proto import minibroker_pb2_grpc as pb_grpc
+
+CLUSTER_FILE = "cluster.json"
+# A broker log read at start-up is read from its last LOG_TAIL_START_BYTES (older truncations
+# are history the timeline would drop anyway); later reads take what was appended, in bounded
+# chunks so one poll never reads an unbounded amount.
+LOG_TAIL_START_BYTES = 4 * 1024 * 1024
+LOG_READ_MAX_BYTES = 4 * 1024 * 1024
+RECONNECT_DELAY_S = 0.25
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class WatchOptions:
+    bootstrap: tuple[str, ...]
+    topic: str | None = None
+    cluster_dir: str | None = None  # the local launcher's directory holding cluster.json
+    poll_interval_s: float = 0.25
+    rpc_timeout_s: float = 1.0
+    refresh_per_second: float = 4.0
+
+
+# -- wire: protobuf answers -> model types ------------------------------------------------------
+
+
+def replica_reports_from_pb(msg: pb.DescribeReplicasResponse) -> list[ReplicaReport]:
+    return [
+        ReplicaReport(
+            topic=r.topic,
+            partition=r.partition,
+            is_leader=r.is_leader,
+            leader_id=r.leader_id,
+            leader_epoch=r.leader_epoch,
+            partition_epoch=r.partition_epoch,
+            log_start_offset=r.log_start_offset,
+            leo=r.log_end_offset,
+            high_watermark=r.high_watermark,
+            isr=tuple(r.isr),
+            maximal_isr=tuple(r.maximal_isr),
+            followers=tuple(
+                FollowerReport(f.replica_id, f.log_end_offset, f.last_caught_up_time_ms)
+                for f in r.followers
+            ),
+            size_bytes=r.size_bytes,
+        )
+        for r in msg.replicas
+    ]
+
+
+def cluster_info_from_pb(msg: pb.DescribeClusterResponse) -> ClusterInfo:
+    return ClusterInfo(
+        cluster_id=msg.cluster_id,
+        controller_id=msg.controller_id,
+        metadata_offset=msg.metadata_offset,
+        heartbeat_ms_ago={b.broker_id: b.last_heartbeat_ms_ago for b in msg.brokers},
+    )
+
+
+def rpc_error_text(err: BaseException) -> str:
+    if isinstance(err, grpc.aio.AioRpcError):
+        return err.code().name
+    if isinstance(err, TimeoutError):
+        return "DEADLINE_EXCEEDED"
+    return type(err).__name__
+
+
+# -- the local launcher's files -----------------------------------------------------------------
+
+
+def read_cluster_file(cluster_dir: str) -> dict[str, Any] | None:
+    """The launcher's cluster.json (plain JSON, see deploy/cluster.py), or None."""
+    try:
+        data = json.loads((pathlib.Path(cluster_dir) / CLUSTER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def local_process_state(pid: int, data_dir: str) -> str:
+    """running / paused / stopped, the way the launcher judges it: a PID counts only while its
+    command line still names the process's data dir (the kernel may have reused the PID)."""
+    if pid <= 0:
+        return "stopped"
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+        cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "stopped"
+    if data_dir and data_dir.encode() not in cmdline:
+        return "stopped"
+    # Field 3 of /proc/PID/stat, after the parenthesised command name.
+    fields = stat.rsplit(")", 1)[-1].split()
+    code = fields[0] if fields else "?"
+    if code in ("T", "t"):
+        return "paused"
+    if code in ("Z", "X"):
+        return "stopped"
+    return "running"
+
+
+class LogTail:
+    """Complete lines appended to a file since the last read."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._position: int | None = None
+        self._partial = b""
+        self._skip_first = False  # the first line read is cut: it started before our start
+
+    def read_lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as f:
+                size = f.seek(0, 2)
+                if self._position is None or size < self._position:
+                    # First read, or the file was replaced: start near its end.
+                    self._position = max(0, size - LOG_TAIL_START_BYTES)
+                    self._partial = b""
+                    if self._position > 0:
+                        f.seek(self._position - 1)
+                        self._skip_first = f.read(1) != b"\n"
+                f.seek(self._position)
+                chunk = f.read(LOG_READ_MAX_BYTES)
+        except OSError:
+            return []
+        self._position += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()  # no newline yet: the writer is mid-line
+        if self._skip_first and lines:
+            lines, self._skip_first = lines[1:], False
+        return [line.decode("utf-8", "replace") for line in lines]
+
+
+# -- the watcher --------------------------------------------------------------------------------
+
+
+class Watcher:
+    """Feeds a `WatchModel` from a live cluster. Use as an async context manager (channels)."""
+
+    def __init__(
+        self,
+        options: WatchOptions,
+        model: WatchModel | None = None,
+        clock: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self.options = options
+        self.model = model or WatchModel()
+        self._clock = clock
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._log_tails: dict[int, LogTail] = {}
+        self._local = options.cluster_dir is not None
+        self._controller_address_fixed = False
+
+    async def __aenter__(self) -> Watcher:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            await channel.close()
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            self._channels[address] = channel
+        return channel
+
+    # -- discovery ------------------------------------------------------------------------------
+
+    def _read_local(self) -> None:
+        """cluster.json: broker addresses, the controller address and process states."""
+        if self.options.cluster_dir is None:
+            return
+        data = read_cluster_file(self.options.cluster_dir)
+        if data is None:
+            return
+        controller_address = data.get("controller_address")
+        if isinstance(controller_address, str) and controller_address:
+            self.model.controller_address = controller_address
+            self._controller_address_fixed = True
+        processes: dict[str, ProcessInfo] = {}
+        addresses: dict[int, BrokerAddress] = {}
+        controller = data.get("controller")
+        if isinstance(controller, dict):
+            pid = int(controller.get("pid") or 0)
+            state = local_process_state(pid, str(controller.get("data_dir") or ""))
+            processes[CONTROLLER] = ProcessInfo(state, pid)
+        for broker in data.get("brokers") or []:
+            if not isinstance(broker, dict) or "node_id" not in broker:
+                continue
+            node_id = int(broker["node_id"])
+            pid = int(broker.get("pid") or 0)
+            state = local_process_state(pid, str(broker.get("data_dir") or ""))
+            processes[str(node_id)] = ProcessInfo(state, pid)
+            addresses[node_id] = BrokerAddress(
+                str(broker.get("host", "")), int(broker.get("port", 0)), str(broker.get("rack", ""))
+            )
+            log_file = broker.get("log_file")
+            if isinstance(log_file, str) and node_id not in self._log_tails:
+                self._log_tails[node_id] = LogTail(log_file)
+        self.model.note_broker_addresses(addresses)
+        self.model.observe_processes(processes, self._clock())
+
+    def _read_truncations(self) -> None:
+        for node_id, tail in self._log_tails.items():
+            for line in tail.read_lines():
+                event = parse_truncation(line, node_id)
+                if event is not None:
+                    self.model.add_event(event)
+
+    async def _discover_from_brokers(self) -> None:
+        """Ask the bootstrap brokers (then any known broker) for the brokers and the controller's
+        address; the first answer wins."""
+        timeout = self.options.rpc_timeout_s
+        addresses = list(self.options.bootstrap)
+        for broker_id in self.model.broker_ids():
+            known = self.model.broker_address(broker_id)
+            if known is not None:
+                addresses.append(f"{known.host}:{known.port}")
+        failures = []
+        for address in dict.fromkeys(addresses):
+            stub = pb_grpc.BrokerServiceStub(self._channel(address))
+            try:
+                reply = await stub.Metadata(pb.MetadataRequest(all_topics=False), timeout=timeout)
+            except (grpc.aio.AioRpcError, TimeoutError) as err:
+                failures.append(f"{address} {rpc_error_text(err)}")
+                continue
+            self.model.discovery_error = ""
+            self.model.note_broker_addresses(
+                {b.node_id: BrokerAddress(b.host, b.port, b.rack) for b in reply.brokers}
+            )
+            if reply.controller_host and reply.controller_port > 0:
+                self.model.controller_address = f"{reply.controller_host}:{reply.controller_port}"
+            return
+        self.model.discovery_error = "no broker answered Metadata: " + ", ".join(failures)
+
+    # -- polling --------------------------------------------------------------------------------
+
+    async def _poll_controller(self) -> None:
+        address = self.model.controller_address
+        if not address:
+            return
+        stub = pb_grpc.ControllerServiceStub(self._channel(address))
+        try:
+            reply = await stub.DescribeCluster(
+                pb.DescribeClusterRequest(), timeout=self.options.rpc_timeout_s
+            )
+        except (grpc.aio.AioRpcError, TimeoutError) as err:
+            self.model.observe_controller(self._clock(), error=rpc_error_text(err))
+            return
+        self.model.observe_controller(self._clock(), cluster=cluster_info_from_pb(reply))
+        self.model.note_broker_addresses(
+            {
+                b.broker_id: BrokerAddress(b.host, b.port, b.rack)
+                for b in reply.brokers
+                if b.broker_id not in self.model.addresses
+            }
+        )
+
+    async def _poll_broker(self, broker_id: int) -> None:
+        address = self.model.broker_address(broker_id)
+        if address is None:
+            return
+        stub = pb_grpc.BrokerServiceStub(self._channel(f"{address.host}:{address.port}"))
+        topics = [self.options.topic] if self.options.topic else []
+        try:
+            reply = await stub.DescribeReplicas(
+                pb.DescribeReplicasRequest(topics=topics), timeout=self.options.rpc_timeout_s
+            )
+        except (grpc.aio.AioRpcError, TimeoutError) as err:
+            self.model.observe_broker_failure(broker_id, rpc_error_text(err), self._clock())
+            return
+        if reply.broker_id != broker_id:
+            # Another broker now listens at this address: its replicas are not this broker's.
+            self.model.observe_broker_failure(
+                broker_id, f"broker {reply.broker_id} answers at its address", self._clock()
+            )
+            return
+        self.model.observe_broker_replicas(broker_id, replica_reports_from_pb(reply), self._clock())
+
+    async def poll_once(self) -> None:
+        """One round: local files, discovery when needed, the controller and every broker."""
+        self._read_local()
+        controller_lost = not self.model.controller_address or (
+            not self._controller_address_fixed and self.model.controller.reachable is False
+        )
+        if controller_lost or not self.model.broker_ids():
+            # A broker's Metadata answer names the controller, which may have moved.
+            await self._discover_from_brokers()
+        await asyncio.gather(
+            self._poll_controller(), *(self._poll_broker(b) for b in self.model.broker_ids())
+        )
+        self._read_truncations()
+
+    async def poll(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.poll_once()
+            await _wait(stop, self.options.poll_interval_s)
+
+    # -- metadata -------------------------------------------------------------------------------
+
+    def _apply(self, msg: pb.MetadataBatch) -> None:
+        decoded = batch_from_pb(msg)
+        if decoded.is_snapshot:
+            self.model.apply_snapshot(decoded.records, decoded.snapshot_offset, self._clock())
+        else:
+            self.model.apply_entries(decoded.entries, decoded.high_offset)
+
+    async def follow_metadata(self, stop: asyncio.Event) -> None:
+        """Follow the controller's metadata log until `stop`, reconnecting after failures."""
+        while not stop.is_set():
+            address = self.model.controller_address
+            if not address:
+                await _wait(stop, RECONNECT_DELAY_S)
+                continue
+            stub = pb_grpc.ControllerServiceStub(self._channel(address))
+            call = stub.WatchMetadata(
+                pb.WatchMetadataRequest(from_offset=self.model.image.next_offset, broker_id=-1)
+            )
+            try:
+                async for msg in call:
+                    self._apply(msg)
+                    if stop.is_set():
+                        break
+            except grpc.aio.AioRpcError as err:
+                # DescribeCluster polling reports reachability; here only reconnect.
+                if err.code() == grpc.StatusCode.CANCELLED and stop.is_set():
+                    return
+            finally:
+                call.cancel()
+            await _wait(stop, RECONNECT_DELAY_S)
+
+    async def catch_up_metadata(self, timeout_s: float) -> bool:
+        """Read the metadata log up to the controller's current offset (as DescribeCluster last
+        said); False when the controller did not get us there within `timeout_s`."""
+        target = self.model.cluster.metadata_offset if self.model.cluster else -1
+        address = self.model.controller_address
+        if target < 0 or not address:
+            return False
+        if self.model.image.next_offset >= target:
+            return True
+        stub = pb_grpc.ControllerServiceStub(self._channel(address))
+        call = stub.WatchMetadata(
+            pb.WatchMetadataRequest(from_offset=self.model.image.next_offset, broker_id=-1),
+            timeout=timeout_s,
+        )
+        try:
+            async for msg in call:
+                self._apply(msg)
+                if self.model.image.next_offset >= target:
+                    return True
+        except grpc.aio.AioRpcError:
+            return False
+        finally:
+            call.cancel()
+        return self.model.image.next_offset >= target
+
+    # -- the two ways to run --------------------------------------------------------------------
+
+    def frame(self, event_rows: int = 15, max_partition_rows: int | None = None) -> Any:
+        return render(
+            self.model,
+            self._clock(),
+            topic=self.options.topic,
+            event_rows=event_rows,
+            max_partition_rows=max_partition_rows,
+        )
+
+    async def run_once(self, console: Console, timeout_s: float = 5.0) -> bool:
+        """Gather one consistent picture and print one frame; True if anything answered."""
+        await self.poll_once()
+        if await self.catch_up_metadata(timeout_s):
+            # Partitions the image just brought in name leaders whose reports we want too.
+            await self.poll_once()
+        console.print(self.frame(event_rows=30))
+        reached = self.model.controller.reachable or any(
+            p.reach.reachable for p in self.model.brokers.values()
+        )
+        return bool(reached)
+
+    async def run_live(self, console: Console, stop: asyncio.Event) -> None:
+        """Redraw until `stop`; the polling and metadata tasks live exactly as long."""
+        tasks = [
+            asyncio.create_task(self.poll(stop), name="watch-poll"),
+            asyncio.create_task(self.follow_metadata(stop), name="watch-metadata"),
+        ]
+        try:
+            with Live(
+                console=console,
+                auto_refresh=False,
+                transient=False,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            ) as live:
+                while not stop.is_set():
+                    for task in tasks:
+                        if task.done() and task.exception() is not None:
+                            raise task.exception()  # type: ignore[misc]
+                    live.update(self._sized_frame(console), refresh=True)
+                    await _wait(stop, 1.0 / self.options.refresh_per_second)
+        finally:
+            stop.set()
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                    await task
+
+    def _sized_frame(self, console: Console) -> Any:
+        """A frame that fits the terminal: the timeline and healthy partitions give way first."""
+        height = console.size.height
+        event_rows = max(5, min(15, height // 4))
+        broker_lines = len(self.model.broker_ids()) + 4
+        fixed = 3 + broker_lines + event_rows + 2 + 5
+        return self.frame(event_rows=event_rows, max_partition_rows=max(3, height - fixed))
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def watch(
+    options: WatchOptions,
+    console: Console,
+    once: bool,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """The `minibroker watch` command body; returns the exit status."""
+    async with Watcher(options) as watcher:
+        if once:
+            return 0 if await watcher.run_once(console) else 1
+        await watcher.run_live(console, stop or asyncio.Event())
+        return 0
+
+
+def options_for(bootstrap: str, topic: str | None, cluster_dir: str | None) -> WatchOptions:
+    return WatchOptions(
+        bootstrap=tuple(parse_bootstrap(bootstrap)), topic=topic, cluster_dir=cluster_dir
+    )
+
+
+__all__ = [
+    "LogTail",
+    "WatchOptions",
+    "Watcher",
+    "cluster_info_from_pb",
+    "local_process_state",
+    "options_for",
+    "read_cluster_file",
+    "replica_reports_from_pb",
+    "watch",
+]
