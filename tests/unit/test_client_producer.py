@@ -1,0 +1,172 @@
+"""AsyncProducer's decisions without a network: validation, retry vs fail, completion.
+
+No event loop runs here: records carry concurrent.futures.Future handles (what the blocking
+facade uses), and the accumulator and response handling are driven directly.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+
+from minibroker.client.batch import read_header
+from minibroker.client.common.config import ConfigError
+from minibroker.client.errors import (
+    MessageTooLargeError,
+    NotEnoughReplicasError,
+    NotLeaderOrFollowerError,
+    OutOfOrderSequenceError,
+    UnknownTopicOrPartitionError,
+)
+from minibroker.client.metadata_cache import BrokerInfo, ClusterSnapshot, PartitionInfo, TopicInfo
+from minibroker.client.partitioner import partition_for_key
+from minibroker.client.producer import AsyncProducer, parse_acks
+from minibroker.client.types import RecordMetadata, TopicPartition
+
+TOPIC = TopicInfo(
+    "t",
+    "id",
+    {p: PartitionInfo(p, 1, 3, (1, 2), (1, 2)) for p in range(3)},
+    {"max.message.bytes": "2000"},
+)
+
+
+class _Running:
+    """Stands in for the sender task: retries only happen while the sender runs."""
+
+    def done(self) -> bool:
+        return False
+
+
+def producer(**config: object) -> AsyncProducer:
+    p = AsyncProducer("127.0.0.1:1", **config)  # type: ignore[arg-type]
+    p.cluster.metadata.update(
+        ClusterSnapshot("c", 0, {1: BrokerInfo(1, "h", 1), 2: BrokerInfo(2, "h", 2)}, {"t": TOPIC}),
+        now_ms=0,
+    )
+    p._sender = _Running()  # type: ignore[assignment]
+    p.accumulator.set_producer_id(7, 0)
+    return p
+
+
+def send(p: AsyncProducer, value: bytes, partition: int = 0) -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    p._enqueue(p._prepare("t", value, None, partition, None, 1234, TOPIC), future)
+    return future
+
+
+def drain_one(p: AsyncProducer, now: int = 0):  # type: ignore[no-untyped-def]
+    p.accumulator.flushing += 1
+    (batch,) = p.accumulator.drain({1: [TopicPartition("t", 0)]}, 1 << 20, now)[1]
+    p.accumulator.flushing -= 1
+    return batch
+
+
+def test_acks_values() -> None:
+    assert [parse_acks(v) for v in ("all", -1, "-1", 1, "1", 0, "0")] == [-1, -1, -1, 1, 1, 0, 0]
+    with pytest.raises(ConfigError, match="use all, 1 or 0"):
+        parse_acks("2")
+
+
+def test_configuration_checks() -> None:
+    assert AsyncProducer("h:1").idempotent, "idempotence is on by default with acks=all"
+    assert not AsyncProducer("h:1", acks=1).idempotent, "and quietly off with acks=1 (Kafka 3+)"
+    with pytest.raises(ConfigError, match="needs acks='all'"):
+        AsyncProducer("h:1", acks=1, enable_idempotence=True)
+    with pytest.raises(ConfigError, match="compression"):
+        AsyncProducer("h:1", compression_type="brotli")
+    with pytest.raises(ConfigError, match="delivery_timeout_ms"):
+        AsyncProducer("h:1", delivery_timeout_ms=1000, request_timeout_ms=30_000)
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        AsyncProducer("nohostport")
+
+
+def test_bad_input_raises_typed_errors_that_say_what_to_fix() -> None:
+    p = producer()
+    with pytest.raises(UnknownTopicOrPartitionError, match=r"has 3 partitions \(0..2\)"):
+        p._prepare("t", b"v", None, 3, None, None, TOPIC)
+    with pytest.raises(MessageTooLargeError, match=r"max.message.bytes of topic 't' \(2000\)"):
+        p._prepare("t", b"v" * 5000, None, None, None, None, TOPIC)
+    with pytest.raises(TypeError, match="serialize it first"):
+        p._prepare("t", 42, None, None, None, None, TOPIC)
+    with pytest.raises(TypeError, match="header names must be str"):
+        p._prepare("t", b"v", None, None, [(1, b"x")], None, TOPIC)  # type: ignore[list-item]
+
+
+def test_prepare_encodes_text_and_places_keys_like_kafka() -> None:
+    p = producer()
+    rec = p._prepare("t", "värde", "key-9", None, {"h": "x"}, 55, TOPIC)
+    assert rec.value == "värde".encode() and rec.key == b"key-9"
+    assert rec.headers == (("h", b"x"),)
+    assert rec.partition == partition_for_key(b"key-9", 3)
+    assert rec.timestamp_ms == 55
+    assert p._prepare("t", b"v", None, None, None, None, TOPIC).partition == -1, "sticky"
+
+
+def test_a_retriable_error_requeues_the_same_bytes_and_forgets_the_leader() -> None:
+    p = producer()
+    futures = [send(p, b"a"), send(p, b"b")]
+    batch = drain_one(p)
+    sent_bytes = batch.buffer
+    p._on_batch_error(batch, NotLeaderOrFollowerError("moved"))
+    assert not any(f.done() for f in futures)
+    assert p.cluster.metadata.leader_for(TopicPartition("t", 0)) is None
+    assert p.accumulator.ready(batch.retry_at_ms - 1)[0] == [], "retry_backoff_ms first"
+    again = drain_one(p, now=batch.retry_at_ms)
+    assert again is batch and again.buffer == sent_bytes, "same sequence, broker dedups"
+    p._finish_ok(again, 100, -1)
+    assert [f.result() for f in futures] == [
+        RecordMetadata("t", 0, 100, 1234),
+        RecordMetadata("t", 0, 101, 1234),
+    ]
+    assert p.accumulator.buffered_bytes == 0
+
+
+def test_log_append_time_replaces_create_time() -> None:
+    p = producer()
+    future = send(p, b"a")
+    p._finish_ok(drain_one(p), 5, 999)
+    assert future.result() == RecordMetadata("t", 0, 5, 999)
+
+
+def test_a_sequence_error_fails_the_batch_and_asks_for_a_new_producer_id() -> None:
+    p = producer()
+    future = send(p, b"a")
+    batch = drain_one(p)
+    assert read_header(batch.buffer).base_sequence == 0
+    p._need_producer_id = False
+    p._on_batch_error(batch, OutOfOrderSequenceError("gap"))
+    with pytest.raises(OutOfOrderSequenceError):
+        future.result()
+    assert p._need_producer_id, "a failed sequenced batch leaves a gap: take a new id"
+
+
+def test_retriable_errors_stop_at_the_delivery_timeout() -> None:
+    p = producer(delivery_timeout_ms=30_005)
+    future = send(p, b"a")
+    batch = drain_one(p)
+    batch.created_ms -= 31_000
+    p._on_batch_error(batch, NotEnoughReplicasError("isr too small"))
+    with pytest.raises(NotEnoughReplicasError, match="gave up"):
+        future.result()
+
+
+def test_a_broker_size_refusal_says_which_setting_to_change() -> None:
+    from minibroker.client.errors import error_for
+
+    p = producer()
+    future = send(p, b"a")
+    p._on_batch_error(drain_one(p), error_for(10, "too big"))
+    with pytest.raises(MessageTooLargeError, match="lower batch_size"):
+        future.result()
+
+
+def test_send_after_close_fails_the_future() -> None:
+    from minibroker.client.transport import ClientClosedError
+
+    p = producer()
+    p._closed = True
+    future = send(p, b"a")
+    with pytest.raises(ClientClosedError, match="closed"):
+        future.result()
