@@ -411,9 +411,11 @@ def test_restart_after_kill9_keeps_everything(controller, brokers):
 
 def test_sigterm_stops_cleanly_and_a_second_controller_cannot_share_the_dir(controller):
     intruder = ControllerProcess(controller.data_dir)
-    with pytest.raises(AssertionError, match="in use"):
-        intruder.start(timeout_s=15)
-    intruder.kill()
+    try:
+        with pytest.raises(AssertionError, match="in use"):
+            intruder.start(timeout_s=15)
+    finally:
+        intruder.kill()
     assert controller.terminate() == 0
     assert controller.events("controller_stopped")
 
