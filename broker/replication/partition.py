@@ -91,6 +91,7 @@ from minibroker.broker.replication.producer_state import (
 from minibroker.client.batch import CorruptRecordError, parse_header
 from minibroker.client.errors import ErrorCode
 
+NEVER_MS = -(1 << 62)
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 
@@ -174,30 +175,32 @@ class RemoteReplica:
     """The leader's view of one follower (Kafka's Replica.scala state).
 
     leo == -1 means unknown: nothing heard in this leadership yet, which holds the HW back.
+    NEVER_MS as a time means "never" (Kafka uses 0 against a wall clock; virtual clocks in the
+    tests and the simulation start at 0, so "never" needs its own value).
     """
 
     replica_id: int
     leo: int = UNKNOWN_OFFSET
     log_start_offset: int = UNKNOWN_OFFSET
-    last_caught_up_time_ms: int = 0
+    last_caught_up_time_ms: int = NEVER_MS
     last_fetch_leader_leo: int = UNKNOWN_OFFSET
-    last_fetch_time_ms: int = 0
+    last_fetch_time_ms: int = NEVER_MS
     broker_epoch: int = UNKNOWN_BROKER_EPOCH
 
     def reset(self, now_ms: int, leader_leo: int, is_new_leader: bool, in_isr: bool) -> None:
         """research §2.9 step 3 (`Replica.resetReplicaState`)."""
         # An ISR member gets a fresh lag allowance; a non-member gets none, so it cannot hold
         # the HW back through the "caught up" clause before it has fetched.
-        self.last_caught_up_time_ms = now_ms if in_isr else 0
+        self.last_caught_up_time_ms = now_ms if in_isr else NEVER_MS
         if is_new_leader:
             self.leo = UNKNOWN_OFFSET
             self.log_start_offset = UNKNOWN_OFFSET
             self.last_fetch_leader_leo = UNKNOWN_OFFSET
-            self.last_fetch_time_ms = 0
+            self.last_fetch_time_ms = NEVER_MS
             self.broker_epoch = UNKNOWN_BROKER_EPOCH
         else:
             self.last_fetch_leader_leo = leader_leo
-            self.last_fetch_time_ms = now_ms if in_isr else 0
+            self.last_fetch_time_ms = now_ms if in_isr else NEVER_MS
 
     def update_fetch_state(
         self,

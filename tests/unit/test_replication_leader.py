@@ -1,0 +1,468 @@
+"""Leader-side rules of PartitionReplica (broker/replication/partition.py), one scenario each.
+
+Reference: DESIGN.md §5, research/kafka-replication.md §2.1-2.6, §2.9, §2.11, §4.2 (KIP-320
+fencing, stale broker epoch, strict min ISR, pending shrink gating the HW). Pure: no sockets,
+no event loop; time is an explicit `now_ms`.
+"""
+
+from __future__ import annotations
+
+from minibroker.broker.replication.epoch_cache import EpochCache
+from minibroker.broker.replication.events import (
+    AlterPartitionResult,
+    AppendPlan,
+    AssignEpoch,
+    CompleteProduce,
+    Effect,
+    FollowerFetch,
+    HighWatermarkChanged,
+    IsrChangeKind,
+    IsrUpdated,
+    PartitionState,
+    ProduceRejected,
+    ProposeIsr,
+    ReplicaConfig,
+    Role,
+    StartFetching,
+)
+from minibroker.broker.replication.partition import BrokerRegistrations, PartitionReplica
+from minibroker.client.batch import iter_batches
+from minibroker.client.errors import ErrorCode
+from minibroker.client.records import encode_batch
+
+LEADER = 1
+EPOCH = 5
+BROKER_EPOCHS = {1: 101, 2: 102, 3: 103}
+
+
+def brokers() -> BrokerRegistrations:
+    view = BrokerRegistrations()
+    for broker_id, epoch in BROKER_EPOCHS.items():
+        view.update(broker_id, epoch)
+    return view
+
+
+def make_leader(
+    *,
+    isr: tuple[int, ...] = (1, 2, 3),
+    replicas: tuple[int, ...] = (1, 2, 3),
+    min_isr: int = 2,
+    leo: int = 0,
+    hw: int = 0,
+    lag_ms: int = 1_000,
+    view: BrokerRegistrations | None = None,
+) -> tuple[PartitionReplica, EpochCache, list[Effect]]:
+    cache = EpochCache([(EPOCH - 1, 0)] if leo else [])
+    replica = PartitionReplica(
+        LEADER,
+        cache,
+        view or brokers(),
+        ReplicaConfig(min_insync_replicas=min_isr, replica_lag_time_max_ms=lag_ms),
+        leo=leo,
+        high_watermark=hw,
+    )
+    effects = replica.apply_partition_state(
+        PartitionState(replicas, frozenset(isr), LEADER, EPOCH, 10), now_ms=0
+    )
+    apply_to_cache(cache, effects)
+    return replica, cache, effects
+
+
+def apply_to_cache(cache: EpochCache, effects: list[Effect] | tuple[Effect, ...]) -> None:
+    for effect in effects:
+        if isinstance(effect, AssignEpoch):
+            cache.assign(effect.leader_epoch, effect.start_offset)
+
+
+def produce(
+    replica: PartitionReplica,
+    *,
+    acks: int = -1,
+    records: int = 1,
+    producer: tuple[int, int, int] | None = None,
+    now_ms: int = 0,
+    token: object = "t",
+) -> tuple[AppendPlan | ProduceRejected, list[Effect]]:
+    pid, pepoch, seq = producer or (-1, -1, -1)
+    raw = encode_batch(
+        [(0, None, b"v", ())] * records, producer_id=pid, producer_epoch=pepoch, base_sequence=seq
+    )
+    headers = [h for _, h in iter_batches(raw)]
+    plan = replica.plan_append(acks, headers)
+    if isinstance(plan, ProduceRejected):
+        return plan, []
+    return plan, replica.on_leader_appended(plan, now_ms, token=token, deadline_ms=now_ms + 500)
+
+
+def fetch(
+    replica: PartitionReplica,
+    replica_id: int,
+    offset: int,
+    now_ms: int = 0,
+    *,
+    epoch: int = EPOCH,
+    last_fetched_epoch: int = -1,
+    broker_epoch: int | None = None,
+):  # type: ignore[no-untyped-def]
+    return replica.handle_follower_fetch(
+        FollowerFetch(
+            replica_id=replica_id,
+            broker_epoch=BROKER_EPOCHS[replica_id] if broker_epoch is None else broker_epoch,
+            current_leader_epoch=epoch,
+            fetch_offset=offset,
+            last_fetched_epoch=last_fetched_epoch,
+            log_start_offset=0,
+        ),
+        now_ms,
+    )
+
+
+def of_type(effects, kind):  # type: ignore[no-untyped-def]
+    return [e for e in effects if isinstance(e, kind)]
+
+
+# -- becoming leader ------------------------------------------------------------------------
+
+
+def test_new_leader_records_its_epoch_start_at_once_kip_279() -> None:
+    replica, cache, effects = make_leader(leo=10, hw=7)
+    assert effects[0] == AssignEpoch(EPOCH, 10)
+    assert cache.latest_epoch == EPOCH
+    assert replica.leader_epoch_start_offset == 10
+    assert replica.role is Role.LEADER
+
+
+def test_new_leader_hw_is_frozen_until_every_isr_member_fetched_in_the_epoch() -> None:
+    """research §2.9 step 5: the new leader keeps its lagging HW; followers' LEOs are unknown."""
+    replica, _, effects = make_leader(leo=10, hw=7)
+    assert not of_type(effects, HighWatermarkChanged)
+    assert fetch(replica, 2, 10).error == ErrorCode.NONE
+    assert replica.high_watermark == 7  # broker 3 has not fetched yet
+    answer = fetch(replica, 3, 10)
+    assert replica.high_watermark == 10
+    assert HighWatermarkChanged(10) in answer.effects
+
+
+def test_stale_or_repeated_partition_records_are_ignored() -> None:
+    replica, _, _ = make_leader()
+    older = PartitionState((1, 2, 3), frozenset({1, 2}), 2, EPOCH - 1, 9)
+    assert replica.apply_partition_state(older, 0) == []
+    assert replica.role is Role.LEADER and replica.leader_epoch == EPOCH
+    same = PartitionState((1, 2, 3), frozenset({1, 2, 3}), LEADER, EPOCH, 10)
+    assert replica.apply_partition_state(same, 0) == []
+
+
+def test_isr_only_update_keeps_the_epoch_and_follower_state() -> None:
+    replica, _, _ = make_leader()
+    fetch(replica, 2, 0)
+    effects = replica.apply_partition_state(
+        PartitionState((1, 2, 3), frozenset({1, 2}), LEADER, EPOCH, 11), 0
+    )
+    assert not of_type(effects, AssignEpoch)
+    assert replica.isr == {1, 2} and replica.partition_epoch == 11
+    assert replica.remotes[2].leo == 0
+
+
+# -- high watermark --------------------------------------------------------------------------
+
+
+def test_hw_is_the_smallest_leo_in_the_isr_and_never_moves_back() -> None:
+    replica, _, _ = make_leader()
+    produce(replica, acks=1, records=3)
+    fetch(replica, 2, 3)
+    fetch(replica, 3, 1)
+    assert replica.high_watermark == 1
+    fetch(replica, 3, 3)
+    assert replica.high_watermark == 3
+    fetch(replica, 3, 2)  # the follower truncated: the HW stays
+    assert replica.high_watermark == 3
+
+
+def test_strict_min_isr_blocks_the_hw_at_every_acks_level() -> None:
+    """KIP-966 part 1: no HW advance while |ISR| < min(min.insync.replicas, RF)."""
+    replica, _, _ = make_leader(isr=(1,), min_isr=2)
+    plan, effects = produce(replica, acks=1)
+    assert isinstance(plan, AppendPlan)
+    assert replica.leo == 1 and replica.high_watermark == 0
+    assert not of_type(effects, HighWatermarkChanged)
+    rejected, _ = produce(replica, acks=-1)
+    assert rejected == ProduceRejected(
+        ErrorCode.NOT_ENOUGH_REPLICAS,
+        message=rejected.message,  # type: ignore[union-attr]
+    )
+
+
+def test_effective_min_isr_is_capped_by_the_replication_factor() -> None:
+    replica, _, _ = make_leader(isr=(1,), replicas=(1,), min_isr=3)
+    plan, effects = produce(replica, acks=-1)
+    assert isinstance(plan, AppendPlan)
+    assert replica.high_watermark == 1
+    assert CompleteProduce("t", ErrorCode.NONE, 0, 0) in effects
+
+
+def test_caught_up_follower_outside_the_isr_holds_the_hw() -> None:
+    """research §2.2: otherwise a rejoining follower could chase a moving HW forever."""
+    replica, _, _ = make_leader(isr=(1, 2), lag_ms=1_000)
+    produce(replica, acks=1, records=2)
+    fetch(replica, 3, 2, now_ms=10)  # caught up, expansion proposed
+    replica.on_alter_partition_result(
+        AlterPartitionResult(1, ErrorCode.INELIGIBLE_REPLICA), now_ms=10
+    )
+    assert replica.isr == {1, 2}
+    produce(replica, acks=1, records=2, now_ms=20)  # LEO 4
+    fetch(replica, 2, 4, now_ms=20)
+    assert replica.high_watermark == 2  # broker 3 (LEO 2) is caught up within the lag time
+    replica.maybe_shrink_isr(now_ms=2_000)  # long past its last caught-up time
+    fetch(replica, 2, 4, now_ms=2_000)
+    assert replica.high_watermark == 4
+
+
+def test_pending_shrink_keeps_the_old_isr_gating_the_hw() -> None:
+    """research §2.4, §9: the HW stays safe until the controller confirms the shrink."""
+    replica, _, _ = make_leader(lag_ms=100)
+    produce(replica, acks=1, records=2)
+    fetch(replica, 2, 2, now_ms=50)
+    effects = replica.maybe_shrink_isr(now_ms=500)
+    proposal = of_type(effects, ProposeIsr)[0]
+    assert proposal.kind is IsrChangeKind.SHRINK and proposal.new_isr == {1, 2}
+    assert proposal.new_isr_with_epochs == ((1, 101), (2, 102))
+    fetch(replica, 2, 2, now_ms=500)
+    assert replica.high_watermark == 0  # broker 3 still gates it
+    assert replica.maybe_shrink_isr(now_ms=600) == []  # never with one in flight
+    effects = replica.on_alter_partition_result(
+        AlterPartitionResult(proposal.proposal_id, ErrorCode.NONE, EPOCH, 11, frozenset({1, 2})),
+        now_ms=600,
+    )
+    assert IsrUpdated(IsrChangeKind.SHRINK, frozenset({1, 2, 3}), frozenset({1, 2}), 11) in effects
+    assert replica.high_watermark == 2 and replica.partition_epoch == 11
+
+
+# -- acks -------------------------------------------------------------------------------------
+
+
+def test_acks_all_completes_once_the_hw_passes_the_batch() -> None:
+    replica, _, _ = make_leader()
+    plan, effects = produce(replica, acks=-1, records=3, token="p1")
+    assert isinstance(plan, AppendPlan) and plan.base_offset == 0 and plan.next_offset == 3
+    assert not of_type(effects, CompleteProduce)
+    fetch(replica, 2, 3)
+    answer = fetch(replica, 3, 3)
+    assert CompleteProduce("p1", ErrorCode.NONE, 0, 0) in answer.effects
+
+
+def test_parked_produce_times_out_or_fails_on_leadership_loss() -> None:
+    replica, _, _ = make_leader()
+    produce(replica, acks=-1, token="a", now_ms=0)
+    produce(replica, acks=-1, token="b", now_ms=400)
+    expired = replica.expire_produces(now_ms=600)
+    assert [(e.token, e.error) for e in expired] == [("a", ErrorCode.REQUEST_TIMED_OUT)]
+    effects = replica.apply_partition_state(
+        PartitionState((1, 2, 3), frozenset({2, 3}), 2, EPOCH + 1, 11), now_ms=700
+    )
+    done = of_type(effects, CompleteProduce)
+    assert [(e.token, e.error) for e in done] == [("b", ErrorCode.NOT_LEADER_OR_FOLLOWER)]
+    assert StartFetching(2, EPOCH + 1) in effects
+
+
+def test_produce_is_refused_by_a_follower_and_for_bad_acks() -> None:
+    replica, _, _ = make_leader()
+    assert produce(replica, acks=2)[0].error == ErrorCode.INVALID_REQUIRED_ACKS  # type: ignore[union-attr]
+    replica.apply_partition_state(
+        PartitionState((1, 2, 3), frozenset({2, 3}), 2, EPOCH + 1, 11), now_ms=0
+    )
+    rejected, _ = produce(replica, acks=1)
+    assert isinstance(rejected, ProduceRejected)
+    assert rejected.error == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+def test_idempotent_retry_gets_the_original_offsets_and_is_not_appended() -> None:
+    replica, _, _ = make_leader(isr=(1,), replicas=(1,), min_isr=1)
+    produce(replica, acks=1, records=2, producer=(7, 0, 0))
+    produce(replica, acks=1, records=1, producer=(8, 0, 0))
+    retry, _ = produce(replica, acks=1, records=2, producer=(7, 0, 0))
+    assert isinstance(retry, ProduceRejected) and retry.is_duplicate
+    assert (retry.base_offset, retry.last_offset) == (0, 1)
+    assert replica.leo == 3
+    gap, _ = produce(replica, acks=1, records=1, producer=(7, 0, 5))
+    assert gap.error == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER  # type: ignore[union-attr]
+
+
+# -- follower fetches ------------------------------------------------------------------------
+
+
+def test_fetch_epoch_fencing_kip_320() -> None:
+    replica, _, _ = make_leader()
+    assert fetch(replica, 2, 0, epoch=EPOCH - 1).error == ErrorCode.FENCED_LEADER_EPOCH
+    assert fetch(replica, 2, 0, epoch=EPOCH + 1).error == ErrorCode.UNKNOWN_LEADER_EPOCH
+    assert fetch(replica, 2, 0, epoch=-1).error == ErrorCode.NONE  # -1: not checked
+
+
+def test_fetch_from_a_replica_outside_the_assignment() -> None:
+    replica, _, _ = make_leader(replicas=(1, 2), isr=(1, 2))
+    BROKER_EPOCHS.setdefault(3, 103)
+    assert fetch(replica, 3, 0).error == ErrorCode.UNKNOWN_LEADER_EPOCH
+    assert fetch(replica, 3, 0, epoch=-1).error == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+def test_fetch_to_a_follower_is_refused() -> None:
+    replica, _, _ = make_leader()
+    replica.apply_partition_state(
+        PartitionState((1, 2, 3), frozenset({2, 3}), 2, EPOCH + 1, 11), now_ms=0
+    )
+    assert fetch(replica, 3, 0, epoch=EPOCH + 1).error == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+def test_diverging_epoch_answer_leaves_follower_state_alone() -> None:
+    """research §2.10 step 3: (e', end') = endOffsetFor(lastFetchedEpoch)."""
+    replica, _, _ = make_leader(leo=10, hw=10)
+    # Leader cache: 4@0, 5@10. A follower that last fetched epoch 3 up to offset 12:
+    answer = fetch(replica, 2, 12, last_fetched_epoch=3)
+    assert answer.error == ErrorCode.NONE
+    assert answer.diverging_epoch == (3, 0)
+    assert replica.remotes[2].leo == -1
+    # Epoch 4 ended at 10 here; the follower is past that.
+    assert fetch(replica, 2, 12, last_fetched_epoch=4).diverging_epoch == (4, 10)
+    # Within epoch 4's range: no divergence, records from offset 8.
+    ok = fetch(replica, 2, 8, last_fetched_epoch=4)
+    assert ok.diverging_epoch is None and ok.read_until_offset == 10
+    assert replica.remotes[2].leo == 8
+
+
+def test_fetch_offset_out_of_range() -> None:
+    replica, _, _ = make_leader(leo=10, hw=10)
+    assert fetch(replica, 2, 11).error == ErrorCode.OFFSET_OUT_OF_RANGE
+    answer = fetch(replica, 2, 11, last_fetched_epoch=EPOCH + 3)
+    assert answer.error == ErrorCode.OFFSET_OUT_OF_RANGE
+    assert (answer.log_start_offset, answer.log_end_offset) == (0, 10)
+
+
+def test_stale_broker_epoch_fetch_changes_nothing_kip_903() -> None:
+    """research §4.2 scenario 12: an old incarnation's queued fetch must not count."""
+    replica, _, _ = make_leader(isr=(1, 2))
+    produce(replica, acks=1, records=2)
+    fetch(replica, 2, 2)
+    assert replica.high_watermark == 2
+    fetch(replica, 3, 0)  # the old incarnation of broker 3 fetched once, below the HW
+    view = replica.brokers
+    assert isinstance(view, BrokerRegistrations)
+    view.update(3, 203)  # broker 3 restarted with a new broker epoch
+    answer = fetch(replica, 3, 2, broker_epoch=103)
+    assert answer.error == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert replica.remotes[3].leo == 0
+    assert not of_type(answer.effects, ProposeIsr)
+    expand = fetch(replica, 3, 2, broker_epoch=203)
+    proposal = of_type(expand.effects, ProposeIsr)[0]
+    assert (3, 203) in proposal.new_isr_with_epochs
+
+
+# -- ISR expansion and AlterPartition answers ----------------------------------------------
+
+
+def test_expansion_needs_the_hw_and_the_epoch_start() -> None:
+    """research §2.5 / KIP-320 rule 4 (`HasHighWatermarkReachedCurrentEpoch`)."""
+    replica, _, _ = make_leader(isr=(1, 2), leo=10, hw=4)
+    fetch(replica, 2, 10)
+    assert replica.high_watermark == 10
+    replica2, _, _ = make_leader(isr=(1, 2), leo=10, hw=4)
+    # Broker 3 reached the HW (4) but not the epoch start (10): not in sync yet.
+    assert not of_type(fetch(replica2, 3, 6).effects, ProposeIsr)
+    effects = fetch(replica2, 3, 10).effects
+    proposal = of_type(effects, ProposeIsr)[0]
+    assert proposal.kind is IsrChangeKind.EXPAND and proposal.new_isr == {1, 2, 3}
+    assert replica2.maximal_isr == {1, 2, 3} and replica2.isr == {1, 2}
+
+
+def test_fenced_or_shutting_down_broker_is_not_added() -> None:
+    view = brokers()
+    view.update(3, 103, fenced=True)
+    replica, _, _ = make_leader(isr=(1, 2), view=view)
+    assert not of_type(fetch(replica, 3, 0).effects, ProposeIsr)
+    view.update(3, 103, in_controlled_shutdown=True)
+    assert not of_type(fetch(replica, 3, 0).effects, ProposeIsr)
+    view.update(3, 103)
+    assert of_type(fetch(replica, 3, 0).effects, ProposeIsr)
+
+
+def test_alter_partition_answers() -> None:
+    """research §2.6: revert on INELIGIBLE_REPLICA, wait on FENCED, retry on transport errors."""
+    replica, _, _ = make_leader(isr=(1, 2))
+    first = of_type(fetch(replica, 3, 0).effects, ProposeIsr)[0]
+    retry = replica.on_alter_partition_result(
+        AlterPartitionResult(first.proposal_id, ErrorCode.REQUEST_TIMED_OUT), 0
+    )
+    assert len(retry) == 1 and isinstance(retry[0], ProposeIsr)
+    assert retry[0].proposal_id == first.proposal_id and retry[0].delay_ms > 0
+    assert (
+        replica.on_alter_partition_result(
+            AlterPartitionResult(first.proposal_id, ErrorCode.FENCED_LEADER_EPOCH), 0
+        )
+        == []
+    )
+    assert replica.alter_partition_in_flight
+    assert (
+        replica.on_alter_partition_result(
+            AlterPartitionResult(first.proposal_id + 7, ErrorCode.NONE, EPOCH, 11, frozenset({1})),
+            0,
+        )
+        == []
+    )  # an answer to some other proposal
+    replica.on_alter_partition_result(
+        AlterPartitionResult(first.proposal_id, ErrorCode.INELIGIBLE_REPLICA), 0
+    )
+    assert not replica.alter_partition_in_flight and replica.maximal_isr == {1, 2}
+
+
+def test_success_for_another_leader_epoch_is_ignored() -> None:
+    replica, _, _ = make_leader(isr=(1, 2))
+    proposal = of_type(fetch(replica, 3, 0).effects, ProposeIsr)[0]
+    stale = AlterPartitionResult(
+        proposal.proposal_id, ErrorCode.NONE, EPOCH - 1, 11, frozenset({1, 2, 3})
+    )
+    assert replica.on_alter_partition_result(stale, 0) == []
+    assert replica.isr == {1, 2} and replica.alter_partition_in_flight
+
+
+def test_metadata_with_a_newer_partition_epoch_settles_a_pending_change() -> None:
+    replica, _, _ = make_leader(isr=(1, 2))
+    proposal = of_type(fetch(replica, 3, 0).effects, ProposeIsr)[0]
+    replica.apply_partition_state(
+        PartitionState((1, 2, 3), frozenset({1, 2, 3}), LEADER, EPOCH, 11), 0
+    )
+    assert not replica.alter_partition_in_flight and replica.isr == {1, 2, 3}
+    late = AlterPartitionResult(
+        proposal.proposal_id, ErrorCode.NONE, EPOCH, 11, frozenset({1, 2, 3})
+    )
+    assert replica.on_alter_partition_result(late, 0) == []
+
+
+# -- consumers and ListOffsets after an election -------------------------------------------
+
+
+def test_offset_not_available_while_the_new_leaders_hw_lags_kip_207() -> None:
+    replica, _, _ = make_leader(leo=10, hw=7)
+    assert replica.list_offsets(-1, -1).error == ErrorCode.OFFSET_NOT_AVAILABLE
+    assert replica.list_offsets(-1, -2).offset == 0
+    lookup = replica.list_offsets(-1, 1_000)
+    assert lookup.needs_timestamp_lookup
+    assert lookup.resolve(5) == (ErrorCode.NONE, 5)
+    assert lookup.resolve(8)[0] == ErrorCode.OFFSET_NOT_AVAILABLE
+    assert replica.check_consumer_fetch(-1, 9).error == ErrorCode.OFFSET_NOT_AVAILABLE
+    below = replica.check_consumer_fetch(-1, 5)
+    assert below.error == ErrorCode.NONE and below.read_until_offset == 7
+    fetch(replica, 2, 10)
+    fetch(replica, 3, 10)
+    latest = replica.list_offsets(-1, -1)
+    assert (latest.error, latest.offset) == (ErrorCode.NONE, 10)
+    assert replica.list_offsets(-1, 1_000).resolve(None) == (ErrorCode.NONE, -1)
+
+
+def test_consumer_reads_stop_at_the_hw_and_respect_epochs() -> None:
+    replica, _, _ = make_leader()
+    produce(replica, acks=1, records=4)
+    fetch(replica, 2, 2)
+    fetch(replica, 3, 4)
+    answer = replica.check_consumer_fetch(EPOCH, 0)
+    assert answer.read_until_offset == 2 == answer.high_watermark
+    assert replica.check_consumer_fetch(EPOCH, 5).error == ErrorCode.OFFSET_OUT_OF_RANGE
+    assert replica.check_consumer_fetch(EPOCH - 1, 0).error == ErrorCode.FENCED_LEADER_EPOCH
+    assert replica.list_offsets(EPOCH + 1, -1).error == ErrorCode.UNKNOWN_LEADER_EPOCH
