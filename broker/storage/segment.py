@@ -168,7 +168,10 @@ class LogSegment:
         self._max_timestamp, self._offset_of_max_timestamp = max_timestamp, offset_of_max
         self._bytes_since_last_index_entry = self._size - start
         if self._size:
-            first = self._walk_one(0)
+            try:
+                first = self._walk_one(0)
+            except CorruptRecordError:
+                return False
             self._rolling_based_timestamp = first.max_timestamp if first else None
         return True
 
