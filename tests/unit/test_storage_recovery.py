@@ -147,7 +147,7 @@ def test_torn_tail_after_a_clean_shutdown_is_still_cut(tmp_path: pathlib.Path) -
 
 
 def test_deleted_index_files_are_rebuilt(tmp_path: pathlib.Path) -> None:
-    log, written = build_log(tmp_path, seed=11)
+    _, written = build_log(tmp_path, seed=11)
     original = reopen(tmp_path, clean=True)
     offsets = [s.index.entries() for s in original.segments]
     times = [s.time_index.entries() for s in original.segments]
@@ -184,7 +184,7 @@ def test_inconsistent_index_is_rebuilt(tmp_path: pathlib.Path) -> None:
 
 
 def test_missing_epoch_checkpoint_is_rebuilt_from_the_batches(tmp_path: pathlib.Path) -> None:
-    log, written = build_log(tmp_path, seed=5)
+    log, _ = build_log(tmp_path, seed=5)
     expected = log.epoch_cache.entries
     (tmp_path / "events-3" / "leader-epoch-checkpoint").unlink()
     again = reopen(tmp_path, clean=True)
