@@ -1,0 +1,309 @@
+"""Replication end to end: real brokers and a controller on 127.0.0.1, broken on purpose.
+
+Each test checks DESIGN.md §8's invariants on what it sees:
+  1. acks=all writes are never lost while at most RF - min.insync replicas fail at once, and are
+     read back at the offsets they were acknowledged with;
+  2. replicas hold identical bytes up to the HW once truncation settles;
+  3. consumers see contiguous, ascending, unrepeated offsets;
+  5. with the idempotent producer a retried batch is stored once.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from cluster_harness import LocalCluster, local_cluster, wait_until
+
+from minibroker.client import (
+    Admin,
+    Consumer,
+    NotEnoughReplicasError,
+    Producer,
+    TopicPartition,
+)
+from minibroker.client.batch import iter_batches
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def cluster(tmp_path: pathlib.Path) -> Iterator[LocalCluster]:
+    settings = {
+        "replica.lag.time.max.ms": "1500",
+        "broker.session.timeout.ms": "2500",
+        "leader.imbalance.check.interval.seconds": "3600",
+    }
+    with local_cluster(str(tmp_path / "cluster"), brokers=3, settings=settings) as c:
+        yield c
+
+
+def describe(admin: Admin, topic: str, partition: int = 0):  # type: ignore[no-untyped-def]
+    (desc,) = admin.describe_topics([topic])
+    return next(p for p in desc.partitions if p.partition == partition)
+
+
+def read_all(bootstrap: str, tp: TopicPartition, timeout_s: float = 30.0) -> list:  # type: ignore[type-arg]
+    """Every record of `tp` from the log start up to the HW."""
+    with Consumer(bootstrap) as consumer:
+        consumer.assign([tp])
+        end = consumer.end_offsets([tp])[tp]
+        consumer.seek_to_beginning(tp)
+        records = []
+        deadline = time.monotonic() + timeout_s
+        while (not records or records[-1].offset < end - 1) and end > 0:
+            assert time.monotonic() < deadline, f"read {len(records)} records, HW is {end}"
+            records.extend(consumer.poll(timeout_ms=500))
+        return records
+
+
+def log_bytes(data_dir: str, tp: TopicPartition, high_watermark: int) -> bytes:
+    """The bytes of every batch below `high_watermark` in a replica's segment files."""
+    out = bytearray()
+    part = pathlib.Path(data_dir) / f"{tp.topic}-{tp.partition}"
+    for segment in sorted(part.glob("*.log")):
+        data = segment.read_bytes()
+        for pos, header in iter_batches(data):
+            if header.last_offset < high_watermark:
+                out += data[pos : pos + header.size]
+    return bytes(out)
+
+
+class BackgroundProducer:
+    """Sends numbered values with acks=all until stopped; keeps what was acknowledged where."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.acked: dict[bytes, int] = {}
+        self.failed = 0
+        self._stop = threading.Event()
+        self._producer = Producer(
+            bootstrap, acks="all", linger_ms=2, request_timeout_ms=5000, delivery_timeout_ms=60_000
+        )
+        self._topic = topic
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._lock = threading.Lock()
+
+    def _run(self) -> None:
+        i = 0
+        in_flight = []
+        while not self._stop.is_set():
+            value = f"v{i:07d}".encode()
+            in_flight.append((value, self._producer.send(self._topic, value, partition=0)))
+            i += 1
+            if len(in_flight) >= 50:
+                self._settle(in_flight)
+                in_flight = []
+        self._settle(in_flight)
+
+    def _settle(self, in_flight: list) -> None:  # type: ignore[type-arg]
+        for value, future in in_flight:
+            try:
+                metadata = future.result(timeout=90)
+            except Exception:
+                with self._lock:
+                    self.failed += 1
+                continue
+            with self._lock:
+                self.acked[value] = metadata.offset
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.acked)
+
+    def __enter__(self) -> BackgroundProducer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=120)
+        self._producer.close()
+
+
+def wait_for_progress(producer: BackgroundProducer, more: int, timeout_s: float = 30.0) -> None:
+    target = producer.count() + more
+    wait_until(lambda: producer.count() >= target, timeout_s, f"{more} more acks")
+
+
+def test_acks_all_survives_leader_kill_follower_pause_and_a_second_kill(
+    cluster: LocalCluster,
+) -> None:
+    """DESIGN §8 invariants 1-3 through SIGKILL of the leader, its restart, a SIGSTOP of a
+    follower past replica.lag.time.max.ms, SIGCONT, and a SIGKILL of a second broker."""
+    tp = TopicPartition("chaos", 0)
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic("chaos", 1, 3, {"min.insync.replicas": "2"})
+        wait_until(lambda: len(describe(admin, "chaos").isr) == 3, 20, "a full ISR")
+        with BackgroundProducer(cluster.bootstrap, "chaos") as producer:
+            wait_for_progress(producer, 200)
+
+            leader = describe(admin, "chaos").leader
+            cluster.kill(leader)
+            wait_until(
+                lambda: describe(admin, "chaos").leader not in (leader, -1), 20, "a new leader"
+            )
+            wait_for_progress(producer, 200)
+            cluster.start(leader)
+            wait_until(
+                lambda: leader in describe(admin, "chaos").isr,
+                30,
+                f"broker {leader} back in the ISR",
+            )
+
+            current = describe(admin, "chaos")
+            follower = next(r for r in current.replicas if r != current.leader)
+            cluster.pause(follower)
+            try:
+                wait_until(
+                    lambda: follower not in describe(admin, "chaos").isr,
+                    30,
+                    f"broker {follower} dropped from the ISR",
+                )
+                wait_for_progress(producer, 200)
+            finally:
+                cluster.resume(follower)
+            wait_until(
+                lambda: follower in describe(admin, "chaos").isr,
+                30,
+                f"broker {follower} back in the ISR",
+            )
+            wait_for_progress(producer, 200)
+
+            current = describe(admin, "chaos")
+            second = next(r for r in current.replicas if r != current.leader)
+            cluster.kill(second)
+            wait_for_progress(producer, 200)
+
+        assert producer.count() > 1000
+        cluster.start(second)
+        wait_until(lambda: len(describe(admin, "chaos").isr) == 3, 30, "a full ISR again")
+        final = describe(admin, "chaos")
+        wait_until(
+            lambda: (
+                set(describe(admin, "chaos").log_end_offsets.values())
+                == {describe(admin, "chaos").high_watermark}
+            ),
+            30,
+            "every replica caught up to the HW",
+        )
+        final = describe(admin, "chaos")
+
+    records = read_all(cluster.bootstrap, tp)
+    offsets = [r.offset for r in records]
+    assert offsets == list(range(offsets[0], offsets[0] + len(offsets))), "offsets not contiguous"
+    by_value: dict[bytes, int] = {}
+    for record in records:
+        assert record.value not in by_value, f"{record.value!r} stored twice"
+        by_value[record.value] = record.offset
+    lost = {v: o for v, o in producer.acked.items() if by_value.get(v) != o}
+    assert not lost, f"{len(lost)} acknowledged records missing or moved, e.g. {list(lost)[:3]}"
+
+    images = {
+        broker: log_bytes(cluster.spec(broker).data_dir, tp, final.high_watermark)
+        for broker in final.replicas
+    }
+    assert len(set(images.values())) == 1, "replica logs differ below the HW"
+
+
+def test_min_insync_violation_rejects_acks_all_and_stores_nothing(cluster: LocalCluster) -> None:
+    """With the ISR below min.insync.replicas an acks=all produce gets NOT_ENOUGH_REPLICAS
+    before anything is appended (research §2.1 step 2): the leader's LEO does not move."""
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic("strict", 1, 3, {"min.insync.replicas": "2"})
+        wait_until(lambda: len(describe(admin, "strict").isr) == 3, 20, "a full ISR")
+        with Producer(cluster.bootstrap, acks="all") as producer:
+            producer.send("strict", b"before", partition=0).result(timeout=20)
+        current = describe(admin, "strict")
+        others = [r for r in current.replicas if r != current.leader]
+        for broker in others:
+            cluster.kill(broker)
+        wait_until(
+            lambda: set(describe(admin, "strict").isr) == {current.leader},
+            20,
+            "the ISR shrunk to the leader",
+        )
+        leo_before = describe(admin, "strict").log_end_offsets[current.leader]
+        with (
+            Producer(
+                cluster.bootstrap,
+                acks="all",
+                retries=0,
+                request_timeout_ms=3000,
+                delivery_timeout_ms=5000,
+                linger_ms=0,
+            ) as producer,
+            pytest.raises(NotEnoughReplicasError),
+        ):
+            producer.send("strict", b"rejected", partition=0).result(timeout=20)
+        after = describe(admin, "strict")
+        assert after.log_end_offsets[current.leader] == leo_before == 1
+        assert after.high_watermark == 1
+
+
+def test_diverged_follower_truncates_and_rejoins(cluster: LocalCluster) -> None:
+    """KIP-101/279 divergence with real processes: a leader takes acks=1 writes its followers never
+    fetch, dies, a follower leads a new epoch and writes over those offsets; the old leader comes
+    back, gets a diverging epoch, truncates, catches up and rejoins the ISR. The acks=1 writes the
+    new leader never got are lost (the documented acks=1 window); no acks=all write is."""
+    tp = TopicPartition("diverge", 0)
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic("diverge", 1, 3, {"min.insync.replicas": "1"})
+        wait_until(lambda: len(describe(admin, "diverge").isr) == 3, 20, "a full ISR")
+        with Producer(cluster.bootstrap, acks="all") as producer:
+            for i in range(10):
+                producer.send("diverge", f"committed-{i}".encode(), partition=0)
+            producer.flush()
+        old = describe(admin, "diverge")
+        old_leader = old.leader
+        followers = [r for r in old.replicas if r != old_leader]
+        # The producer learns the metadata first: while the followers are paused it must only
+        # talk to the leader, and quickly, before their sessions expire and they are fenced.
+        with Producer(cluster.bootstrap, acks=1, linger_ms=0) as producer:
+            producer.partitions_for("diverge")
+            for broker in followers:
+                cluster.pause(broker)
+            try:
+                lost_window = [
+                    producer.send("diverge", f"acks1-{i}".encode(), partition=0).result(10)
+                    for i in range(5)
+                ]
+                cluster.kill(old_leader)
+            finally:
+                for broker in followers:
+                    cluster.resume(broker)
+        assert [m.offset for m in lost_window] == list(range(10, 15))
+        wait_until(lambda: describe(admin, "diverge").leader in followers, 20, "a new leader")
+        with Producer(cluster.bootstrap, acks="all") as producer:
+            new_epoch = [
+                producer.send("diverge", f"new-{i}".encode(), partition=0).result(20)
+                for i in range(8)
+            ]
+        # The new epoch starts at the new leader's LEO: the old HW (10), or a little above when
+        # a long-poll answer the old leader sent just before the pause reached it after SIGCONT.
+        start = new_epoch[0].offset
+        assert 10 <= start < 15, f"new epoch starts at {start}"
+
+        cluster.start(old_leader)
+        wait_until(
+            lambda: old_leader in describe(admin, "diverge").isr,
+            30,
+            "the old leader back in the ISR",
+        )
+        truncations = [
+            json.loads(line)
+            for line in pathlib.Path(cluster.spec(old_leader).log_file).read_text().splitlines()
+            if '"truncated"' in line and "diverging epoch" in line
+        ]
+        assert truncations, "the returning broker never truncated on a diverging epoch"
+        assert truncations[-1]["to_offset"] == start
+
+    values = [r.value for r in read_all(cluster.bootstrap, tp)]
+    assert values == (
+        [f"committed-{i}".encode() for i in range(10)]
+        + [f"acks1-{i}".encode() for i in range(start - 10)]
+        + [f"new-{i}".encode() for i in range(8)]
+    )
