@@ -1,0 +1,610 @@
+"""`minibroker watch`'s model and rendering, without a cluster.
+
+Events come from diffing consecutive full PartitionRecords and broker records (DESIGN.md §6: every
+leader change bumps the leader epoch, a leader of -1 is an offline partition, fencing removes a
+broker from ISRs), truncations from the brokers' JSON log lines (DESIGN.md §7), lag is the
+leader's LEO minus the replica's. The rendered frame names problems in words and colours them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rich.console import Console
+
+from minibroker.client.metadata.records import (
+    LEADER_RECOVERING,
+    NO_LEADER,
+    BrokerRegistrationChangeRecord,
+    LogEntry,
+    MetadataRecord,
+    NoOpRecord,
+    PartitionRecord,
+    RegisterBrokerRecord,
+    RemoveTopicRecord,
+    TopicRecord,
+)
+from minibroker.client.watch.live import LogTail, replica_reports_from_pb
+from minibroker.client.watch.model import (
+    ClusterEvent,
+    ClusterInfo,
+    EventKind,
+    FollowerReport,
+    ProcessInfo,
+    ReplicaReport,
+    WatchModel,
+    parse_truncation,
+)
+from minibroker.client.watch.render import format_time, render
+from minibroker.proto import minibroker_pb2 as pb
+
+T0 = 1_763_000_000_000
+TOPIC_ID = "tid-orders"
+
+
+class Log:
+    """Builds metadata log entries at consecutive offsets, one millisecond apart."""
+
+    def __init__(self) -> None:
+        self.entries: list[LogEntry] = []
+
+    def add(self, record: MetadataRecord, at_ms: int | None = None) -> LogEntry:
+        offset = len(self.entries)
+        entry = LogEntry(offset, T0 + offset if at_ms is None else at_ms, record)
+        self.entries.append(entry)
+        return entry
+
+
+def part(
+    partition: int,
+    isr: tuple[int, ...],
+    leader: int,
+    leader_epoch: int,
+    partition_epoch: int,
+    reason: str = "",
+    replicas: tuple[int, ...] = (1, 2, 3),
+    recovery: int = 0,
+) -> PartitionRecord:
+    return PartitionRecord(
+        TOPIC_ID, partition, replicas, isr, leader, leader_epoch, partition_epoch, recovery, reason
+    )
+
+
+def three_brokers_one_topic() -> tuple[WatchModel, Log]:
+    """Brokers 1-3 registered and unfenced, topic `orders` with partitions 0 (led by 1) and
+    1 (led by 2), all replicas in sync."""
+    log = Log()
+    for b in (1, 2, 3):
+        log.add(RegisterBrokerRecord(b, f"inc-{b}", b - 1, "127.0.0.1", 9091 + b, f"rack-{b}"))
+    for b in (1, 2, 3):
+        log.add(BrokerRegistrationChangeRecord(b, b - 1, fenced=False))
+    log.add(TopicRecord("orders", TOPIC_ID, {}))
+    log.add(part(0, (1, 2, 3), 1, 0, 0, "topic created"))
+    log.add(part(1, (2, 3, 1), 2, 0, 0, "topic created", replicas=(2, 3, 1)))
+    model = WatchModel()
+    model.apply_entries(log.entries)
+    return model, log
+
+
+def last_of(model: WatchModel, kind: EventKind) -> ClusterEvent:
+    matching = [e for e in model.events if e.kind is kind]
+    assert matching, f"no {kind} event in {model.events}"
+    return matching[-1]
+
+
+def kinds(model: WatchModel) -> list[EventKind]:
+    return [e.kind for e in model.events]
+
+
+def frame_text(model: WatchModel, now_ms: int, **kw: object) -> str:
+    console = Console(record=True, width=200, color_system=None)
+    console.print(render(model, now_ms, **kw))  # type: ignore[arg-type]
+    return console.export_text()
+
+
+def frame_ansi(model: WatchModel, now_ms: int) -> str:
+    console = Console(record=True, width=200, force_terminal=True, color_system="standard")
+    console.print(render(model, now_ms))
+    return console.export_text(styles=True)
+
+
+def line_with(text: str, needle: str) -> str:
+    lines = [line for line in text.splitlines() if needle in line]
+    assert lines, f"no line with {needle!r} in:\n{text}"
+    return lines[0]
+
+
+# -- events from metadata records ---------------------------------------------------------------
+
+
+def test_creation_gives_registration_unfence_and_topic_events_not_per_partition_noise() -> None:
+    model, _ = three_brokers_one_topic()
+    assert kinds(model) == [EventKind.REGISTERED] * 3 + [EventKind.UNFENCED] * 3 + [
+        EventKind.TOPIC_CREATED
+    ]
+    assert (
+        model.events[0].text == "broker 1 registered at 127.0.0.1:9092, broker epoch 0, rack rack-1"
+    )
+    assert model.events[0].timestamp_ms == T0
+
+
+def test_leader_change_is_an_election_with_epochs_reason_and_the_record_time() -> None:
+    model, log = three_brokers_one_topic()
+    at = T0 + 60_000
+    model.apply_entries([log.add(part(0, (2, 3), 2, 1, 1, "broker 1 fenced: stream closed"), at)])
+    election = [e for e in model.events if e.kind is EventKind.ELECTION]
+    assert len(election) == 1
+    assert election[0].timestamp_ms == at
+    assert (election[0].topic, election[0].partition) == ("orders", 0)
+    assert (
+        election[0].text == "orders-0 leader 1 -> 2, epoch 0 -> 1 (broker 1 fenced: stream closed)"
+    )
+    # The same record also shrank the ISR: both facts are on the timeline.
+    shrink = [e for e in model.events if e.kind is EventKind.ISR_SHRINK]
+    assert [e.text for e in shrink] == [
+        "orders-0 ISR [1,2,3] -> [2,3], out [1] (broker 1 fenced: stream closed)"
+    ]
+
+
+def test_unclean_election_is_marked() -> None:
+    model, log = three_brokers_one_topic()
+    model.apply_entries([log.add(part(0, (1,), NO_LEADER, 1, 1))])
+    model.apply_entries([log.add(part(0, (3,), 3, 2, 2, "unclean leader election", recovery=1))])
+    assert "UNCLEAN leader none -> 3" in last_of(model, EventKind.ELECTION).text
+    row = model.partition_rows()[0]
+    assert row.unclean and "unclean" in row.problems
+    assert LEADER_RECOVERING == 1
+
+
+def test_leader_minus_one_is_offline_and_coming_back_is_an_election() -> None:
+    model, log = three_brokers_one_topic()
+    model.apply_entries([log.add(part(0, (1,), NO_LEADER, 3, 5, "broker 1 fenced"))])
+    offline = last_of(model, EventKind.OFFLINE)
+    assert offline.text == "orders-0 offline: leader 1 -> none, epoch 0 -> 3 (broker 1 fenced)"
+    assert model.partition_rows()[0].offline
+    model.apply_entries([log.add(part(0, (1,), 1, 4, 6, "broker 1 unfenced"))])
+    assert model.events[-1].kind is EventKind.ELECTION
+    assert "leader none -> 1, epoch 3 -> 4" in model.events[-1].text
+    assert model.events[-1].text.endswith("(broker 1 unfenced)")
+    assert not model.partition_rows()[0].offline
+
+
+def test_isr_shrink_and_expand() -> None:
+    model, log = three_brokers_one_topic()
+    model.apply_entries([log.add(part(0, (1, 2), 1, 0, 1, "AlterPartition from leader 1"))])
+    model.apply_entries([log.add(part(0, (1, 2, 3), 1, 0, 2, "AlterPartition from leader 1"))])
+    assert kinds(model)[-2:] == [EventKind.ISR_SHRINK, EventKind.ISR_EXPAND]
+    assert model.events[-1].text == (
+        "orders-0 ISR [1,2] -> [1,2,3], in [3] (AlterPartition from leader 1)"
+    )
+    # An ISR change alone is not an election.
+    assert EventKind.ELECTION not in kinds(model)
+
+
+def test_reassignment_and_topic_deletion() -> None:
+    model, log = three_brokers_one_topic()
+    model.apply_entries([log.add(part(0, (1, 2, 3), 1, 0, 1, replicas=(1, 3, 2)))])
+    assert model.events[-1].kind is EventKind.REASSIGNMENT
+    model.apply_entries([log.add(RemoveTopicRecord(TOPIC_ID))])
+    assert model.events[-1].kind is EventKind.TOPIC_DELETED
+    assert model.events[-1].text == "topic orders deleted"
+    assert model.partition_rows() == []
+
+
+def test_fencing_unfencing_controlled_shutdown_and_restart() -> None:
+    model, log = three_brokers_one_topic()
+    model.apply_entries([log.add(BrokerRegistrationChangeRecord(2, 1, fenced=True))])
+    assert model.events[-1].kind is EventKind.FENCED
+    assert model.events[-1].broker_id == 2
+    assert model.broker_rows()[1].status == "fenced"
+    model.apply_entries([log.add(BrokerRegistrationChangeRecord(2, 1, fenced=False))])
+    assert model.events[-1].kind is EventKind.UNFENCED
+    model.apply_entries(
+        [log.add(BrokerRegistrationChangeRecord(3, 2, in_controlled_shutdown=True))]
+    )
+    assert model.events[-1].kind is EventKind.CONTROLLED_SHUTDOWN
+    assert model.broker_rows()[2].status == "shutting-down"
+    # A new incarnation: re-registered, and a late change for the old epoch is ignored.
+    restart = log.add(RegisterBrokerRecord(3, "inc-3b", 99, "127.0.0.1", 9094))
+    model.apply_entries([restart])
+    assert model.events[-1].kind is EventKind.REGISTERED
+    assert "broker 3 re-registered" in model.events[-1].text
+    count = len(model.events)
+    model.apply_entries([log.add(BrokerRegistrationChangeRecord(3, 2, fenced=False))])
+    assert len(model.events) == count
+
+
+def test_resent_prefix_after_reconnect_adds_no_duplicate_events() -> None:
+    model, log = three_brokers_one_topic()
+    shrink = log.add(part(0, (1, 2), 1, 0, 1))
+    model.apply_entries([shrink])
+    before = list(model.events)
+    model.apply_entries(log.entries)  # the stream resent everything
+    assert model.events == before
+    assert model.image.next_offset == len(log.entries)
+
+
+def test_snapshot_after_reconnect_turns_the_difference_into_events_at_now() -> None:
+    model, log = three_brokers_one_topic()
+    # The controller's log moved on without us: build the image it would send.
+    later = WatchModel()
+    later.apply_entries(log.entries)
+    later.apply_entries([log.add(BrokerRegistrationChangeRecord(1, 0, fenced=True))])
+    later.apply_entries([log.add(part(0, (2, 3), 2, 1, 1))])
+    snapshot = later.image.to_records()
+    now = T0 + 99_000
+    model.apply_snapshot(snapshot, later.image.next_offset, now)
+    new = [e for e in model.events if e.timestamp_ms == now]
+    assert {e.kind for e in new} == {EventKind.FENCED, EventKind.ELECTION, EventKind.ISR_SHRINK}
+    assert model.image.next_offset == later.image.next_offset
+    assert model.partition_rows()[0].leader == 2
+
+
+def test_first_snapshot_is_state_not_history() -> None:
+    model, _ = three_brokers_one_topic()
+    fresh = WatchModel()
+    fresh.apply_snapshot(model.image.to_records(), model.image.next_offset, T0)
+    assert fresh.events == []
+    assert len(fresh.partition_rows()) == 2
+
+
+def test_noop_records_change_nothing() -> None:
+    model, log = three_brokers_one_topic()
+    count = len(model.events)
+    model.apply_entries([log.add(NoOpRecord())], high_offset=len(log.entries))
+    assert len(model.events) == count
+    assert model.high_offset == len(log.entries)
+
+
+# -- lag, HW and replica state ------------------------------------------------------------------
+
+
+def leader_report(leo: int, hw: int, followers: dict[int, int]) -> ReplicaReport:
+    return ReplicaReport(
+        "orders",
+        0,
+        True,
+        1,
+        0,
+        0,
+        0,
+        leo,
+        hw,
+        (1, 2, 3),
+        (1, 2, 3),
+        tuple(FollowerReport(r, f_leo, T0) for r, f_leo in followers.items()),
+    )
+
+
+def follower_report(leo: int, hw: int) -> ReplicaReport:
+    return ReplicaReport("orders", 0, False, 1, 0, 0, 0, leo, hw)
+
+
+def test_lag_is_leader_leo_minus_replica_leo_from_the_freshest_source() -> None:
+    model, _ = three_brokers_one_topic()
+    model.observe_broker_replicas(1, [leader_report(100, 90, {2: 80, 3: -1})], T0)
+    model.observe_broker_replicas(2, [follower_report(95, 90)], T0)
+    model.observe_broker_failure(3, "UNAVAILABLE", T0)
+    row = model.partition_rows()[0]
+    cells = {c.broker_id: c for c in row.cells}
+    assert row.high_watermark == 90
+    assert (cells[1].leo, cells[1].lag, cells[1].is_leader) == (100, 0, True)
+    # Broker 2 answered itself: its own LEO (95) beats the leader's older view (80).
+    assert (cells[2].leo, cells[2].lag) == (95, 5)
+    # Broker 3 is unreachable and the leader has not seen it fetch in this epoch: unknown.
+    assert (cells[3].leo, cells[3].lag, cells[3].problem) == (None, None, "unreachable")
+
+
+def test_lag_falls_back_to_the_leaders_view_and_is_never_negative() -> None:
+    model, _ = three_brokers_one_topic()
+    model.observe_broker_replicas(1, [leader_report(100, 90, {2: 70, 3: 60})], T0)
+    model.observe_broker_failure(2, "DEADLINE_EXCEEDED", T0)
+    model.observe_broker_replicas(3, [follower_report(104, 90)], T0)  # polled a moment later
+    cells = {c.broker_id: c for c in model.partition_rows()[0].cells}
+    assert (cells[2].leo, cells[2].lag) == (70, 30)
+    assert (cells[3].leo, cells[3].lag) == (104, 0)
+
+
+def test_unreachable_leader_means_no_hw_and_no_lag() -> None:
+    model, _ = three_brokers_one_topic()
+    model.observe_broker_replicas(1, [leader_report(100, 90, {2: 100, 3: 100})], T0)
+    model.observe_broker_failure(1, "UNAVAILABLE", T0 + 1000)
+    model.observe_broker_replicas(2, [follower_report(100, 90)], T0 + 1000)
+    row = model.partition_rows()[0]
+    assert row.high_watermark is None
+    assert [c.lag for c in row.cells] == [None, None, None]
+    assert row.leader_unreachable and "leader-unreachable" in row.problems
+
+
+def test_under_replicated_and_under_min_isr() -> None:
+    model, log = three_brokers_one_topic()
+    model.apply_entries([log.add(part(1, (2,), 2, 0, 1, replicas=(2, 3, 1)))])
+    row = model.partition_rows()[1]
+    assert row.under_replicated and not row.under_min_isr  # min.insync.replicas not on topic
+    from minibroker.client.metadata.records import ConfigRecord
+
+    model.apply_entries([log.add(ConfigRecord(TOPIC_ID, "min.insync.replicas", "2"))])
+    row = model.partition_rows()[1]
+    assert row.problems == ("under-min-isr", "under-replicated")
+
+
+def test_process_states_beat_rpc_state_and_transitions_are_events() -> None:
+    model, _ = three_brokers_one_topic()
+    running = {"controller": ProcessInfo("running", 10), "1": ProcessInfo("running", 11)}
+    model.observe_processes(running, T0)
+    assert model.events[-1].kind is EventKind.TOPIC_CREATED  # the first look is no event
+    model.observe_processes({**running, "1": ProcessInfo("paused", 11)}, T0 + 1)
+    model.observe_processes({**running, "1": ProcessInfo("running", 11)}, T0 + 2)
+    model.observe_processes({**running, "1": ProcessInfo("stopped", 0)}, T0 + 3)
+    model.observe_processes({**running, "1": ProcessInfo("running", 12)}, T0 + 4)
+    texts = [e.text for e in model.events if e.kind is EventKind.PROCESS]
+    assert texts == [
+        "broker 1 process paused (SIGSTOP)",
+        "broker 1 process resumed (SIGCONT)",
+        "broker 1 process exited (pid 11)",
+        "broker 1 process started (pid 12)",
+    ]
+    model.observe_processes({**running, "1": ProcessInfo("paused", 12)}, T0 + 5)
+    model.observe_broker_failure(1, "DEADLINE_EXCEEDED", T0 + 5)
+    assert model.broker_rows()[0].status == "paused"
+    assert model.partition_rows()[0].cells[0].problem == "paused"
+
+
+def test_reachability_changes_are_events_once() -> None:
+    model = WatchModel()
+    model.observe_controller(T0, cluster=ClusterInfo("c1", 1000, 5))
+    model.observe_controller(T0 + 100, error="UNAVAILABLE")
+    model.observe_controller(T0 + 200, error="UNAVAILABLE")
+    model.observe_controller(T0 + 2600, cluster=ClusterInfo("c1", 1000, 7))
+    assert [e.text for e in model.events] == [
+        "controller unreachable: UNAVAILABLE",
+        "controller reachable again after 2.5s",
+    ]
+    assert model.high_offset == 7
+
+
+def test_partitions_known_only_from_brokers_when_the_controller_was_never_reached() -> None:
+    model = WatchModel()
+    model.observe_broker_replicas(1, [leader_report(10, 10, {2: 10, 3: 9})], T0)
+    model.observe_broker_replicas(2, [follower_report(10, 10)], T0)
+    rows = model.partition_rows()
+    assert len(rows) == 1
+    assert (rows[0].leader, rows[0].replicas, rows[0].from_controller) == (1, (1, 2, 3), False)
+    assert "(from brokers)" in line_with(frame_text(model, T0), "orders")
+
+
+# -- truncations from broker logs ---------------------------------------------------------------
+
+
+def log_line(**fields: object) -> str:
+    base = {"timestamp": "2026-11-22T00:10:00.250000Z", "level": "info", "component": "broker"}
+    return json.dumps({**base, **fields})
+
+
+def test_truncation_from_the_replica_managers_line() -> None:
+    line = log_line(
+        event="truncated",
+        topic="orders",
+        partition=0,
+        from_offset=120,
+        to_offset=100,
+        reason="diverging epoch 3 ends at 100",
+        leader_epoch=4,
+    )
+    event = parse_truncation(line, broker_id=1)
+    assert event is not None
+    assert event.kind is EventKind.TRUNCATION
+    assert (event.topic, event.partition, event.broker_id) == ("orders", 0, 1)
+    assert event.text == (
+        "orders-0 on broker 1 truncated 120 -> 100, 20 offsets removed "
+        "(diverging epoch 3 ends at 100)"
+    )
+    assert format_time(event.timestamp_ms) == "00:10:00.250"
+
+
+def test_truncation_lines_that_do_not_count() -> None:
+    # The storage layer's duplicate line (no from_offset), a no-op, other events, non-JSON.
+    storage = log_line(event="truncated", topic="t", partition=0, offset=5, leo=5, previous_leo=9)
+    noop = log_line(event="truncated", topic="t", partition=0, from_offset=5, to_offset=5)
+    other = log_line(event="leader_elected", topic="t", partition=0, from_offset=1)
+    for line in (storage, noop, other, "not json truncated", ""):
+        assert parse_truncation(line, 1) is None
+    fully = log_line(
+        event="truncated_fully",
+        topic="t",
+        partition=2,
+        from_offset=50,
+        start_offset=70,
+        reason="fetch offset below log start",
+    )
+    event = parse_truncation(fully, 2)
+    assert event is not None and "truncated fully at LEO 50, restarts at 70" in event.text
+
+
+def test_log_tail_returns_complete_lines_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "process.log"
+    path.write_bytes(b"one\ntw")
+    tail = LogTail(str(path))
+    assert tail.read_lines() == ["one"]
+    with open(path, "ab") as f:
+        f.write(b"o\nthree\n")
+    assert tail.read_lines() == ["two", "three"]
+    assert tail.read_lines() == []
+    path.write_bytes(b"new\n")  # replaced by a shorter file: start over
+    assert tail.read_lines() == ["new"]
+
+
+# -- timeline -----------------------------------------------------------------------------------
+
+
+def test_timeline_is_time_ordered_even_when_log_lines_arrive_late() -> None:
+    model, log = three_brokers_one_topic()
+    model.apply_entries([log.add(part(0, (2, 3), 2, 1, 1), T0 + 5000)])
+    late = ClusterEvent(T0 + 4000, EventKind.TRUNCATION, "late truncation")
+    model.add_event(late)
+    stamps = [e.timestamp_ms for e in model.events]
+    assert stamps == sorted(stamps)
+    assert model.events.index(late) < [e.kind for e in model.events].index(EventKind.ELECTION)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 10_000), max_size=80), st.integers(1, 30))
+def test_timeline_stays_sorted_and_bounded(stamps: list[int], bound: int) -> None:
+    model = WatchModel(max_events=bound)
+    for i, ts in enumerate(stamps):
+        model.add_event(ClusterEvent(ts, EventKind.PROCESS, str(i)))
+    got = [e.timestamp_ms for e in model.events]
+    assert got == sorted(got)
+    assert len(got) == min(bound, len(stamps))
+    # The newest events are the ones kept.
+    assert got == sorted(stamps)[len(stamps) - len(got) :]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32))
+def test_isr_events_replay_to_the_final_isr(seed: int) -> None:
+    """Applying each ISR shrink/expand event's delta to the first ISR gives the last one."""
+    rng = random.Random(seed)
+    model, log = three_brokers_one_topic()
+    isr = {1, 2, 3}
+    for epoch in range(1, rng.randint(2, 13)):
+        new = set(rng.sample([1, 2, 3], rng.randint(1, 3)))
+        leader = min(new)
+        model.apply_entries([log.add(part(0, tuple(sorted(new)), leader, epoch, epoch))])
+        isr = new
+    replayed = {1, 2, 3}
+    for e in model.events:
+        if e.partition == 0 and e.kind in (EventKind.ISR_SHRINK, EventKind.ISR_EXPAND):
+            ids = e.text.split(", out " if e.kind is EventKind.ISR_SHRINK else ", in ")[1]
+            members = {int(x) for x in ids.split("]")[0].strip("[").split(",")}
+            replayed = replayed - members if e.kind is EventKind.ISR_SHRINK else replayed | members
+    assert replayed == isr
+
+
+# -- the rendered frame -------------------------------------------------------------------------
+
+
+def degraded_model() -> WatchModel:
+    """Broker 1 killed: partition 0 offline (ISR kept its last member), partition 1 under-
+    replicated, broker 3 healthy."""
+    model, log = three_brokers_one_topic()
+    model.apply_entries([log.add(part(0, (1,), 1, 0, 1))])
+    model.apply_entries([log.add(BrokerRegistrationChangeRecord(1, 0, fenced=True))])
+    model.apply_entries([log.add(part(0, (1,), NO_LEADER, 1, 2, "broker 1 fenced"))])
+    model.apply_entries([log.add(part(1, (2, 3), 2, 0, 1, "broker 1 fenced", (2, 3, 1)))])
+    model.controller_address = "127.0.0.1:9192"
+    model.observe_controller(T0, cluster=ClusterInfo("c-1", 1000, len(log.entries), {2: 40}))
+    model.observe_processes(
+        {
+            "controller": ProcessInfo("running", 5),
+            "1": ProcessInfo("stopped"),
+            "2": ProcessInfo("running", 7),
+            "3": ProcessInfo("running", 8),
+        },
+        T0,
+    )
+    model.observe_broker_failure(1, "UNAVAILABLE", T0)
+    two = ReplicaReport(
+        "orders",
+        1,
+        True,
+        2,
+        0,
+        1,
+        0,
+        40,
+        37,
+        (2, 3),
+        (2, 3),
+        (FollowerReport(3, 37, T0), FollowerReport(1, 30, T0)),
+    )
+    model.observe_broker_replicas(2, [two], T0)
+    model.observe_broker_replicas(3, [follower_report(37, 37)], T0)
+    return model
+
+
+def test_frame_shows_brokers_partitions_and_timeline_in_words() -> None:
+    text = frame_text(degraded_model(), T0 + 3000)
+    assert "cluster c-1" in text
+    assert "controller 127.0.0.1:9192 ok" in text
+    assert "2 partitions: 1 offline, 1 under-replicated" in text
+    broker1 = line_with(text, "127.0.0.1:9092")
+    assert "stopped" in broker1 and "yes" in broker1 and "UNREACHABLE 3.0s: UNAVAILABLE" in broker1
+    assert "rack-1" in broker1
+    broker2 = line_with(text, "127.0.0.1:9093")
+    assert "alive" in broker2 and "0.0s" in broker2
+    p0 = line_with(text, "offline ")
+    assert "none" in p0 and "[1]" in p0 and "1:? stopped" in p0
+    p1 = line_with(text, "2*:40")
+    assert "under-replicated" in p1
+    assert "2*:40" in p1 and "3:37 lag 3" in p1 and "1:30 lag 10 !isr stopped" in p1
+    assert " 37 " in p1  # the HW, from the leader
+    events = text.split("events (UTC)")[1]
+    assert "orders-0 offline: leader 1 -> none, epoch 0 -> 1 (broker 1 fenced)" in events
+    assert "broker 1 fenced" in events
+    assert "broker 1 unreachable: UNAVAILABLE" in events
+
+
+def test_offline_and_under_replicated_rows_are_highlighted() -> None:
+    ansi = frame_ansi(degraded_model(), T0)
+    offline_row = line_with(ansi, "offline\x1b")
+    assert "\x1b[1;31m" in offline_row  # bold red
+    under_row = line_with(ansi, "under-replicated\x1b")
+    assert "\x1b[33m" in under_row  # yellow
+    healthy, _ = three_brokers_one_topic()
+    for line in frame_ansi(healthy, T0).splitlines():
+        if "orders" in line:
+            assert "\x1b[1;31m" not in line and "\x1b[33m" not in line
+
+
+def test_topic_filter_keeps_its_partitions_and_broker_wide_events() -> None:
+    model = degraded_model()
+    model.add_event(ClusterEvent(T0, EventKind.TOPIC_CREATED, "topic other created", "other"))
+    text = frame_text(model, T0, topic="orders")
+    assert "topic other created" not in text
+    assert "broker 1 fenced" in text
+    assert frame_text(model, T0, topic="missing").count("orders-") == 0
+
+
+def test_limited_frame_keeps_problem_rows_and_says_what_it_left_out() -> None:
+    model, log = three_brokers_one_topic()
+    for p in range(2, 12):
+        model.apply_entries([log.add(part(p, (1, 2, 3), 1, 0, 0))])
+    model.apply_entries([log.add(part(11, (1,), NO_LEADER, 1, 1))])
+    text = frame_text(model, T0, max_partition_rows=4)
+    assert "offline" in line_with(text, " 11 ")
+    assert "8 healthy partitions not shown" in text
+
+
+def test_replica_reports_from_pb() -> None:
+    msg = pb.DescribeReplicasResponse(
+        broker_id=1,
+        replicas=[
+            pb.ReplicaDescription(
+                topic="orders",
+                partition=3,
+                is_leader=True,
+                leader_id=1,
+                leader_epoch=2,
+                partition_epoch=5,
+                log_start_offset=0,
+                log_end_offset=12,
+                high_watermark=10,
+                isr=[1, 2],
+                maximal_isr=[1, 2, 3],
+                followers=[pb.FollowerDescription(replica_id=2, log_end_offset=10)],
+            )
+        ],
+    )
+    (report,) = replica_reports_from_pb(msg)
+    assert (report.topic, report.partition, report.leo, report.high_watermark) == (
+        "orders",
+        3,
+        12,
+        10,
+    )
+    assert report.maximal_isr == (1, 2, 3)
+    assert report.followers == (FollowerReport(2, 10, 0),)
