@@ -1,0 +1,222 @@
+"""The data dir and LogManager (DESIGN.md §4, research/kafka-replication.md §2.13).
+
+The lock test runs the second open in a subprocess, so the fcntl lock is contended by a real
+second process, which must fail at once with a message naming the dir and the holder's pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from minibroker.broker.storage.checkpoint import OffsetCheckpointFile
+from minibroker.broker.storage.config import LogConfig
+from minibroker.broker.storage.data_dir import DataDir, parse_partition_dir
+from minibroker.broker.storage.errors import (
+    DataDirInUseError,
+    InconsistentTopicIdError,
+    MetaPropertiesError,
+)
+from minibroker.broker.storage.log_manager import LogManager, read_partition_metadata
+from minibroker.client.records import encode_batch
+from minibroker.client.types import TopicPartition
+
+A0 = TopicPartition("alpha", 0)
+A1 = TopicPartition("alpha", 1)
+B0 = TopicPartition("beta-topic", 0)
+
+
+def batch(count: int = 2) -> bytes:
+    return encode_batch([(1_000 + i, None, b"v", ()) for i in range(count)])
+
+
+_SECOND_OPEN = """
+import sys
+from minibroker.broker.storage.data_dir import DataDir
+from minibroker.broker.storage.errors import DataDirInUseError
+try:
+    DataDir.open(sys.argv[1], node_id=1)
+except DataDirInUseError as err:
+    print(err)
+    sys.exit(3)
+print("opened")
+"""
+
+
+def test_second_process_on_the_same_dir_fails_with_a_clear_message(
+    tmp_path: pathlib.Path,
+) -> None:
+    with DataDir.open(tmp_path / "data", node_id=1):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _SECOND_OPEN, str(tmp_path / "data")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 3, err
+        expected = f"data dir {tmp_path / 'data'} is in use by another process (pid {os.getpid()})"
+        assert expected in out
+    # Released on close: the next open works.
+    DataDir.open(tmp_path / "data", node_id=1).close()
+
+
+def test_second_open_in_the_same_process_fails_too(tmp_path: pathlib.Path) -> None:
+    with DataDir.open(tmp_path, node_id=1), pytest.raises(DataDirInUseError):
+        DataDir.open(tmp_path, node_id=1)
+
+
+def test_meta_properties_identity_checks(tmp_path: pathlib.Path) -> None:
+    with DataDir.open(tmp_path, node_id=4, cluster_id="c-1") as data_dir:
+        assert data_dir.cluster_id == "c-1"
+    text = (tmp_path / "meta.properties").read_text()
+    assert "node.id=4" in text and "cluster.id=c-1" in text and "version=1" in text
+    with pytest.raises(MetaPropertiesError, match="belongs to node 4"):
+        DataDir.open(tmp_path, node_id=5)
+    with pytest.raises(MetaPropertiesError, match="belongs to cluster c-1"):
+        DataDir.open(tmp_path, node_id=4, cluster_id="c-2")
+    with DataDir.open(tmp_path, node_id=4) as data_dir:
+        assert data_dir.cluster_id == "c-1"
+        with pytest.raises(MetaPropertiesError):
+            data_dir.adopt_cluster_id("c-9")
+
+
+def test_fresh_dir_adopts_the_cluster_id_later(tmp_path: pathlib.Path) -> None:
+    with DataDir.open(tmp_path, node_id=2) as data_dir:
+        assert data_dir.cluster_id is None
+        data_dir.adopt_cluster_id("abc")
+    with DataDir.open(tmp_path, node_id=2) as data_dir:
+        assert data_dir.cluster_id == "abc"
+
+
+def test_clean_shutdown_marker_is_read_once(tmp_path: pathlib.Path) -> None:
+    with DataDir.open(tmp_path, node_id=1) as data_dir:
+        assert not data_dir.had_clean_shutdown
+        data_dir.mark_clean_shutdown(broker_epoch=42)
+    assert json.loads((tmp_path / ".kafka_cleanshutdown").read_text()) == {
+        "version": 0,
+        "brokerEpoch": 42,
+    }
+    with DataDir.open(tmp_path, node_id=1) as data_dir:
+        assert data_dir.had_clean_shutdown and data_dir.previous_broker_epoch == 42
+    assert not (tmp_path / ".kafka_cleanshutdown").exists()
+    with DataDir.open(tmp_path, node_id=1) as data_dir:
+        assert not data_dir.had_clean_shutdown and data_dir.previous_broker_epoch == -1
+
+
+def test_partition_dir_names() -> None:
+    assert parse_partition_dir("orders-3") == TopicPartition("orders", 3)
+    assert parse_partition_dir("my-topic-12") == TopicPartition("my-topic", 12)
+    assert parse_partition_dir("orders-3.abc-delete") is None
+    assert parse_partition_dir("meta.properties") is None
+    assert parse_partition_dir("orders") is None
+
+
+def test_log_manager_creates_reopens_and_checkpoints(tmp_path: pathlib.Path) -> None:
+    data_dir = DataDir.open(tmp_path, node_id=1, cluster_id="c")
+    logs = LogManager.open(data_dir, LogConfig(segment_bytes=1 << 20))
+    a0 = logs.get_or_create_log(A0, topic_id="tid-a")
+    b0 = logs.get_or_create_log(B0, topic_id="tid-b", config=LogConfig(segment_bytes=300))
+    for _ in range(5):
+        a0.append_as_leader(batch(), leader_epoch=1, now_ms=0)
+        b0.append_as_leader(batch(), leader_epoch=2, now_ms=0)
+    a0.update_high_watermark(6)
+    b0.update_high_watermark(10)
+    assert read_partition_metadata(tmp_path / "alpha-0") == "tid-a"
+    assert (tmp_path / "beta-topic-0" / "partition.metadata").read_text() == (
+        "version: 0\ntopic_id: tid-b\n"
+    )
+    logs.close()
+    assert OffsetCheckpointFile(tmp_path / "replication-offset-checkpoint").read() == {
+        A0: 6,
+        B0: 10,
+    }
+    assert OffsetCheckpointFile(tmp_path / "recovery-point-offset-checkpoint").read() == {
+        A0: 10,
+        B0: 10,
+    }
+    assert (tmp_path / "log-start-offset-checkpoint").read_text().splitlines()[:2] == ["0", "2"]
+    data_dir.mark_clean_shutdown(7)
+    data_dir.close()
+
+    data_dir = DataDir.open(tmp_path, node_id=1, cluster_id="c")
+    logs = LogManager.open(data_dir, topic_configs={"beta-topic": LogConfig(segment_bytes=300)})
+    assert sorted(logs.logs) == [A0, B0]
+    assert logs.topic_id(A0) == "tid-a"
+    assert (logs.logs[A0].leo, logs.logs[A0].high_watermark) == (10, 6)
+    assert logs.logs[B0].high_watermark == 10
+    assert logs.logs[B0].config.segment_bytes == 300
+    assert logs.logs[A0].recovery_point == 10
+    with pytest.raises(InconsistentTopicIdError):
+        logs.get_or_create_log(A0, topic_id="tid-other")
+    assert logs.get_or_create_log(A0, topic_id="tid-a") is logs.logs[A0]
+    logs.close()
+    data_dir.close()
+
+
+def test_log_manager_delete_log_removes_the_dir(tmp_path: pathlib.Path) -> None:
+    with DataDir.open(tmp_path, node_id=1) as data_dir:
+        logs = LogManager.open(data_dir)
+        log = logs.get_or_create_log(A1, topic_id="t")
+        log.append_as_leader(batch(), leader_epoch=0, now_ms=0)
+        assert logs.delete_log(A1)
+        assert not logs.delete_log(A1)
+        assert logs.get_log(A1) is None
+        assert not any(p.name.startswith("alpha-1") for p in tmp_path.iterdir())
+        # A re-created partition starts empty.
+        assert logs.get_or_create_log(A1, topic_id="t2").leo == 0
+        logs.close()
+
+
+def test_log_manager_retention_and_flush_policies(tmp_path: pathlib.Path) -> None:
+    with DataDir.open(tmp_path, node_id=1) as data_dir:
+        logs = LogManager.open(data_dir, LogConfig(segment_bytes=200, retention_ms=10))
+        log = logs.get_or_create_log(
+            A0, config=LogConfig(segment_bytes=200, flush_ms=100), now_ms=0
+        )
+        for _ in range(6):
+            log.append_as_leader(batch(), leader_epoch=0, now_ms=0)
+        log.update_high_watermark(log.leo)
+        assert logs.maybe_flush(now_ms=50) == []
+        assert logs.maybe_flush(now_ms=10_000) == [A0]
+        deleted = logs.delete_retention(now_ms=10_000)
+        assert A0 not in deleted  # this topic's retention.ms is the 7-day default
+        logs.update_topic_config("alpha", LogConfig(segment_bytes=200, retention_ms=10))
+        deleted = logs.delete_retention(now_ms=10_000)
+        assert deleted[A0] and log.log_start_offset == log.segments[0].base_offset > 0
+        checkpoint = OffsetCheckpointFile(tmp_path / "log-start-offset-checkpoint").read()
+        assert checkpoint[A0] == log.log_start_offset
+        logs.close()
+
+
+def test_unclean_restart_recovers_from_the_checkpointed_recovery_point(
+    tmp_path: pathlib.Path,
+) -> None:
+    with DataDir.open(tmp_path, node_id=1) as data_dir:
+        logs = LogManager.open(data_dir, LogConfig(segment_bytes=200))
+        log = logs.get_or_create_log(A0)
+        for _ in range(8):
+            log.append_as_leader(batch(), leader_epoch=0, now_ms=0)
+        leo = log.leo
+        logs.flush_all()  # recovery point = LEO in the checkpoint
+        log.append_as_leader(batch(), leader_epoch=0, now_ms=0)
+        active = log.active_segment
+        # Crash: no close, no marker. Tear the last batch of the active segment.
+        os.truncate(log.directory / f"{active.base_offset:020d}.log", active.size - 1)
+    with DataDir.open(tmp_path, node_id=1) as data_dir:
+        assert not data_dir.had_clean_shutdown
+        logs = LogManager.open(data_dir, LogConfig(segment_bytes=200))
+        again = logs.get_log(A0)
+        assert again is not None and again.leo == leo
+        assert again.recovery_point == leo
+        logs.close()
