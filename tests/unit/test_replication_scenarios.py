@@ -1,0 +1,333 @@
+"""Multi-replica scenarios from research/kafka-replication.md §4.2, driven step by step.
+
+Each test scripts one known failure (KIP-101 #1 and #2, KIP-279, KIP-320 fencing and zombie
+leaders, strict min ISR with acks=all) against real PartitionReplica cores, in-memory logs with
+real v2 batches and the real EpochCache (the simulation's MemLog), and checks the outcome the
+KIP promises. No sockets, no event loop: every "network" hop is a direct call.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+from collections.abc import Sequence
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "sim"))
+
+from replsim import MemLog
+
+from minibroker.broker.replication.events import (
+    AppendAsFollower,
+    AssignEpoch,
+    CompleteProduce,
+    Effect,
+    FetchResponse,
+    FollowerFetch,
+    PartitionState,
+    ReplicaConfig,
+    TruncateFullyAndStartAt,
+    TruncateTo,
+)
+from minibroker.broker.replication.partition import (
+    BrokerRegistrations,
+    PartitionReplica,
+)
+from minibroker.client.batch import iter_batches
+from minibroker.client.errors import ErrorCode
+from minibroker.client.records import encode_batch
+
+A, B, C = 1, 2, 3
+
+
+class Node:
+    """One broker's replica of the partition and its log; `restart` keeps only the disk."""
+
+    def __init__(self, broker_id: int, cluster: Cluster) -> None:
+        self.broker_id = broker_id
+        self.cluster = cluster
+        self.log = MemLog()
+        self.core = self._new_core()
+        self.completed: list[CompleteProduce] = []
+
+    def _new_core(self) -> PartitionReplica:
+        return PartitionReplica(
+            self.broker_id,
+            self.log.epoch_cache,
+            self.cluster.view,
+            self.cluster.config,
+            leo=self.log.leo,
+            log_start_offset=self.log.log_start_offset,
+            high_watermark=self.log.hw_checkpoint,
+            name=f"broker {self.broker_id}",
+        )
+
+    def restart(self, *, lose_unflushed: bool) -> None:
+        if lose_unflushed:
+            # Power loss that keeps exactly the flushed prefix.
+            del self.log.batches[self.log.flushed :]
+            del self.log.headers[self.log.flushed :]
+            del self.log.bases[self.log.flushed :]
+            self.log.epoch_cache.truncate_from_end(self.log.leo)
+        self.log.hw_checkpoint = min(self.log.hw_checkpoint, self.log.leo)
+        self.core = self._new_core()
+        self.core.producer_state.rebuild(self.log.headers)
+
+    def apply(self, effects: Sequence[Effect], *, skip_assign: bool = False) -> None:
+        for effect in effects:
+            if isinstance(effect, AssignEpoch):
+                if not skip_assign:
+                    self.log.epoch_cache.assign(effect.leader_epoch, effect.start_offset)
+            elif isinstance(effect, TruncateTo):
+                self.log.truncate_to(effect.offset)
+                self.apply(self.core.on_log_truncated(self.log.leo, self.log.log_start_offset))
+            elif isinstance(effect, TruncateFullyAndStartAt):
+                self.log.truncate_fully_and_start_at(effect.offset)
+                self.apply(self.core.on_log_truncated(self.log.leo, self.log.log_start_offset))
+            elif isinstance(effect, AppendAsFollower):
+                headers = self.log.append(effect.records)
+                self.apply(self.core.on_follower_appended(self.log.leo, headers))
+            elif isinstance(effect, CompleteProduce):
+                self.completed.append(effect)
+
+    def values(self) -> list[tuple[int, int, bytes]]:
+        """(base offset, epoch, batch bytes) along the log."""
+        return [
+            (h.base_offset, h.partition_leader_epoch, b)
+            for h, b in zip(self.log.headers, self.log.batches)
+        ]
+
+
+class Cluster:
+    def __init__(self, replicas: tuple[int, ...] = (A, B, C), min_isr: int = 1) -> None:
+        self.replicas = replicas
+        self.view = BrokerRegistrations()
+        for broker_id in replicas:
+            self.view.update(broker_id, 100 + broker_id)
+        self.config = ReplicaConfig(min_insync_replicas=min_isr, replica_lag_time_max_ms=1_000)
+        self.nodes = {b: Node(b, self) for b in replicas}
+        self.partition_epoch = 0
+        self.now_ms = 0
+
+    def elect(
+        self,
+        leader: int,
+        leader_epoch: int,
+        isr: tuple[int, ...],
+        to: tuple[int, ...] | None = None,
+        *,
+        skip_assign: bool = False,
+    ) -> PartitionState:
+        """The controller writes a record; `to` lists the brokers that receive it now."""
+        self.partition_epoch += 1
+        state = PartitionState(
+            self.replicas, frozenset(isr), leader, leader_epoch, self.partition_epoch
+        )
+        for broker_id in to if to is not None else self.replicas:
+            self.deliver(broker_id, state, skip_assign=skip_assign)
+        return state
+
+    def deliver(self, broker_id: int, state: PartitionState, *, skip_assign: bool = False) -> None:
+        node = self.nodes[broker_id]
+        node.apply(node.core.apply_partition_state(state, self.now_ms), skip_assign=skip_assign)
+
+    def produce(self, leader: int, value: bytes, *, acks: int = 1, token: object = None) -> int:
+        node = self.nodes[leader]
+        raw = encode_batch([(0, None, value, ())])
+        plan = node.core.plan_append(acks, [h for _, h in iter_batches(raw)])
+        assert not hasattr(plan, "error"), plan
+        node.log.leader_append(raw, plan)  # type: ignore[arg-type]
+        node.apply(
+            node.core.on_leader_appended(
+                plan,  # type: ignore[arg-type]
+                self.now_ms,
+                token=token if token is not None else value,
+                deadline_ms=self.now_ms + 10_000,
+            )
+        )
+        return plan.base_offset  # type: ignore[union-attr]
+
+    def fetch(self, follower: int, leader: int | None = None) -> FetchResponse | None:
+        """One fetch round trip from `follower` to `leader` (default: whom it follows)."""
+        node = self.nodes[follower]
+        position = node.core.next_fetch(self.now_ms)
+        if position is None:
+            return None
+        target = self.nodes[leader if leader is not None else position.leader_id]
+        answer = target.core.handle_follower_fetch(
+            FollowerFetch(
+                follower,
+                100 + follower,
+                position.current_leader_epoch,
+                position.fetch_offset,
+                position.last_fetched_epoch,
+                position.log_start_offset,
+            ),
+            self.now_ms,
+        )
+        target.apply(answer.effects)
+        records = b""
+        if answer.error == ErrorCode.NONE and answer.diverging_epoch is None:
+            records = target.log.read(answer.fetch_offset, answer.read_until_offset)
+        response = FetchResponse(
+            answer.error,
+            answer.high_watermark,
+            answer.log_start_offset,
+            answer.log_end_offset,
+            answer.diverging_epoch,
+            records,
+        )
+        node.apply(node.core.on_fetch_response(position, response, self.now_ms))
+        return response
+
+    def settle(self, followers: tuple[int, ...], rounds: int = 6) -> None:
+        for _ in range(rounds):
+            for follower in followers:
+                self.fetch(follower)
+
+
+# -- KIP-101 -------------------------------------------------------------------------------
+
+
+def test_kip_101_1_no_hw_truncation_on_restart_keeps_an_acked_write() -> None:
+    """§4.2 scenario 1: the follower's HW excludes m2 when it restarts; m2 must survive."""
+    cluster = Cluster(replicas=(B, A), min_isr=1)
+    cluster.elect(B, 1, (B, A))
+    cluster.produce(B, b"m1")
+    cluster.settle((A,), rounds=2)
+    cluster.produce(B, b"m2", acks=-1, token="m2")
+    cluster.fetch(A)  # A gets m2, but the answer carried the HW from before the read
+    cluster.fetch(A)  # B's HW moves to 2 on this fetch: m2 is acknowledged
+    node_a, node_b = cluster.nodes[A], cluster.nodes[B]
+    assert CompleteProduce("m2", ErrorCode.NONE, 1, 0) in node_b.completed
+    assert node_a.core.high_watermark == 1 and node_a.log.leo == 2
+    node_a.log.flush(node_a.core.high_watermark)  # HW checkpoint = 1, data flushed
+    node_a.restart(lose_unflushed=False)
+    assert node_a.log.leo == 2  # no truncation to the HW on restart (KIP-101)
+    cluster.elect(A, 2, (A,), to=(A,))  # B died; A is elected
+    assert [v for _, _, v in node_a.values()] == [node_b.log.batches[0], node_b.log.batches[1]]
+
+
+def test_kip_101_2_divergence_after_both_replicas_crash_is_repaired() -> None:
+    """§4.2 scenario 2: B loses its unflushed m2, leads with m3 at offset 1; A must truncate."""
+    cluster = Cluster(replicas=(A, B), min_isr=1)
+    cluster.elect(A, 1, (A, B))
+    cluster.produce(A, b"m1")
+    cluster.settle((B,), rounds=2)
+    node_a, node_b = cluster.nodes[A], cluster.nodes[B]
+    node_b.log.flush(node_b.core.high_watermark)  # B flushed m1 only
+    cluster.produce(A, b"m2")
+    cluster.settle((B,), rounds=3)
+    assert node_a.core.high_watermark == 2 and node_b.log.leo == 2
+    node_a.log.flush(2)
+    node_a.restart(lose_unflushed=True)
+    node_b.restart(lose_unflushed=True)
+    assert node_b.log.leo == 1 and node_a.log.leo == 2
+    cluster.elect(B, 2, (B,), to=(B,))
+    cluster.produce(B, b"m3")
+    cluster.elect(B, 2, (B,), to=(A,))
+    cluster.settle((A,))
+    assert node_a.values() == node_b.values()
+    assert [epoch for _, epoch, _ in node_a.values()] == [1, 2]
+
+
+# -- KIP-279 -------------------------------------------------------------------------------
+
+
+def _kip_279(skip_assign: bool) -> Cluster:
+    """A leads epoch 1 with [0, 1]; B has only 0; B leads epoch 2 and writes 1:e2 alone;
+    then A leads epoch 3 with its old log and B returns as a follower (§4.2 scenario 3)."""
+    cluster = Cluster(replicas=(A, B), min_isr=1)
+    cluster.elect(A, 1, (A, B))
+    cluster.produce(A, b"a0")
+    cluster.settle((B,), rounds=2)
+    cluster.produce(A, b"a1")  # never replicated
+    cluster.elect(B, 2, (B,), to=(B,))  # A died
+    cluster.produce(B, b"b1")  # never replicated
+    cluster.elect(A, 3, (A,), to=(A,), skip_assign=skip_assign)  # B died, A is back
+    cluster.elect(A, 3, (A,), to=(B,))  # B is back as a follower
+    cluster.settle((B,))
+    return cluster
+
+
+def test_kip_279_fast_successive_elections_converge() -> None:
+    cluster = _kip_279(skip_assign=False)
+    node_a, node_b = cluster.nodes[A], cluster.nodes[B]
+    assert node_a.values() == node_b.values()
+    assert [epoch for _, epoch, _ in node_b.values()] == [1, 1]
+    assert node_b.log.epoch_cache.entries == node_a.log.epoch_cache.entries[:1]
+
+
+def test_kip_279_without_the_election_entry_the_logs_diverge() -> None:
+    """The negative control: skip the AssignEpoch the new leader asked for and B keeps b1."""
+    cluster = _kip_279(skip_assign=True)
+    assert cluster.nodes[A].values() != cluster.nodes[B].values()
+
+
+# -- KIP-320 -------------------------------------------------------------------------------
+
+
+def test_kip_320_fencing_with_stale_and_early_metadata() -> None:
+    """§4.2 scenario 4: C holds back the new epoch; then C knows it before the new leader."""
+    cluster = Cluster(min_isr=1)
+    cluster.elect(A, 1, (A, B, C))
+    cluster.produce(A, b"x")
+    cluster.settle((B, C), rounds=2)
+    new = cluster.elect(B, 2, (A, B, C), to=(A, B))  # C does not hear of epoch 2 yet
+    # C, still in epoch 1, asks its old leader A, which has learned epoch 2: fenced.
+    assert cluster.fetch(C).error == ErrorCode.FENCED_LEADER_EPOCH  # type: ignore[union-attr]
+    # C's epoch-1 fetch reaching the new leader B is fenced too.
+    assert cluster.fetch(C, leader=B) is None  # C stopped fetching until new metadata
+    cluster.deliver(C, new)
+    newer = cluster.elect(C, 3, (A, B, C), to=(A,))  # only A hears of epoch 3 for now
+    cluster.deliver(A, newer)
+    # A follows C in epoch 3 but C does not know it leads: UNKNOWN_LEADER_EPOCH, back off.
+    response = cluster.fetch(A, leader=C)
+    assert response is not None and response.error == ErrorCode.UNKNOWN_LEADER_EPOCH
+
+
+def test_kip_320_zombie_leader_cannot_commit_or_truncate_others() -> None:
+    """§4.2 scenarios 4 and 8: a leader that missed its demotion keeps writing; its HW cannot
+    move past what the real ISR holds and a stale answer never truncates a follower."""
+    cluster = Cluster(min_isr=2)
+    cluster.elect(A, 1, (A, B, C))
+    cluster.produce(A, b"x")
+    cluster.settle((B, C), rounds=2)
+    cluster.elect(B, 2, (B, C), to=(B,))  # A (zombie) and C miss the change for now
+    zombie = cluster.nodes[A]
+    cluster.produce(A, b"zombie", acks=-1, token="z")
+    cluster.settle((C,), rounds=3)  # C still follows A in epoch 1 and copies the write
+    assert zombie.core.high_watermark == 1  # B never fetches from A: the HW is stuck
+    assert not [c for c in zombie.completed if c.token == "z"]
+    node_c = cluster.nodes[C]
+    position = node_c.core.next_fetch(0)
+    assert position is not None and position.current_leader_epoch == 1
+    cluster.elect(B, 2, (B, C), to=(A, C))
+    # The answer to C's epoch-1 fetch arrives after C moved to epoch 2: dropped, no truncation.
+    late = FetchResponse(diverging_epoch=(0, 0))
+    assert node_c.core.on_fetch_response(position, late, 0) == []
+    assert [c.error for c in zombie.completed if c.token == "z"] == [
+        ErrorCode.NOT_LEADER_OR_FOLLOWER
+    ]
+    cluster.settle((A, C))
+    # The zombie's unacknowledged write is gone everywhere; logs agree with the leader.
+    assert cluster.nodes[A].values() == cluster.nodes[B].values() == node_c.values()
+    assert len(node_c.values()) == 1
+
+
+def test_min_isr_acks_all_and_isr_shrink() -> None:
+    """§4.2 scenario 5 with m=2: once the ISR shrinks to the leader, acks=all is refused and
+    the HW stops, so nothing acknowledged depends on one replica."""
+    cluster = Cluster(min_isr=2)
+    cluster.elect(A, 1, (A, B, C))
+    cluster.produce(A, b"x", acks=-1, token="x")
+    cluster.settle((B, C), rounds=2)
+    leader = cluster.nodes[A]
+    assert [c.error for c in leader.completed] == [ErrorCode.NONE]
+    cluster.elect(A, 1, (A,), to=(A, B, C))  # both followers were dropped (partitioned away)
+    cluster.produce(A, b"y", acks=1)
+    cluster.settle((B, C), rounds=2)
+    assert leader.core.high_watermark == 1  # strict min ISR: y is not committed
+    plan = leader.core.plan_append(
+        -1, [h for _, h in iter_batches(encode_batch([(0, None, b"z", ())]))]
+    )
+    assert getattr(plan, "error", None) == ErrorCode.NOT_ENOUGH_REPLICAS
