@@ -77,7 +77,7 @@ class ControllerApp:
         self.port_file = port_file
         self.data_dir = DataDir(config["metadata.log.dir"])
         self.journal = MetadataJournal(self.data_dir.path)
-        self.core: ControllerCore | None = None
+        self._core: ControllerCore | None = None
         self.cluster_id = ""
         self.port = -1
         self.metrics_port = -1
@@ -99,6 +99,12 @@ class ControllerApp:
         self._health = health.aio.HealthServicer()
         self._fatal_event = asyncio.Event()
 
+    @property
+    def core(self) -> ControllerCore:
+        if self._core is None:
+            raise ControllerStopped("the controller has not loaded its metadata yet")
+        return self._core
+
     # -- start and stop -----------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -113,7 +119,7 @@ class ControllerApp:
             image.next_offset = loaded.snapshot_offset
         for entry in loaded.entries:
             image.apply(entry)
-        self.core = ControllerCore(
+        self._core = ControllerCore(
             self.config.settings(),
             self.cluster_id,
             random.Random(int.from_bytes(os.urandom(16), "big")),
@@ -212,7 +218,6 @@ class ControllerApp:
             log.error("command_queue_full", bound=COMMAND_QUEUE_BOUND)
 
     async def _command_loop(self) -> None:
-        assert self.core is not None
         core = self.core
         while True:
             command, future = await self._queue.get()
@@ -262,7 +267,6 @@ class ControllerApp:
             self._committed.notify_all()
 
     async def _snapshot(self) -> None:
-        assert self.core is not None
         image = self.core.image
         records = image.to_records()
         offset = image.next_offset
@@ -297,14 +301,10 @@ class ControllerApp:
 
     async def _committed_image_batch(self) -> pb.MetadataBatch:
         """A snapshot batch of the committed image (waits out an in-flight fsync)."""
-        assert self.core is not None
+        image = self.core.image
         async with self._committed:
-            await self._committed.wait_for(
-                lambda: (
-                    self.core is not None and self.core.image.next_offset == self.committed_offset
-                )
-            )
-            return snapshot_to_pb(self.core.image.to_records(), self.committed_offset)
+            await self._committed.wait_for(lambda: image.next_offset == self.committed_offset)
+            return snapshot_to_pb(image.to_records(), self.committed_offset)
 
     async def watch(self, from_offset: int) -> AsyncIterator[pb.MetadataBatch]:
         """Committed metadata from `from_offset` on, forever: a snapshot first when the log no

@@ -69,6 +69,13 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"minibroker controller: {err}", file=sys.stderr)
         return 2
+    _host, sep, port = str(config["listeners"]).rpartition(":")
+    if not sep or not port.isdigit():
+        print(
+            f"minibroker controller: --listen expects HOST:PORT, got {config['listeners']!r}",
+            file=sys.stderr,
+        )
+        return 2
     if not config["metadata.log.dir"]:
         print("minibroker controller: --data-dir is required", file=sys.stderr)
         return 2

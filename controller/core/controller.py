@@ -130,6 +130,11 @@ class ControllerCore:
         self._events = []
         return outcome
 
+    def take_pending(self) -> Outcome[None]:
+        """The entries and events of a command that raised midway. They are already applied to
+        the image, so the caller must still make them durable to keep log and image equal."""
+        return self._done(None)
+
     def _acceptable(self, exclude: int | None = None) -> Callable[[int], bool]:
         def acceptable(broker_id: int) -> bool:
             return broker_id != exclude and self.image.is_active(broker_id)
@@ -496,14 +501,13 @@ class ControllerCore:
             rejection = validate_alter_partition(
                 req.broker_id, proposal, current, topic is not None, self.image.brokers
             )
-            if rejection is not None:
+            if rejection is not None or topic is None or current is None:
+                code = rejection.code if rejection else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                message = rejection.message if rejection else "unknown partition"
                 out.append(
-                    AlterPartitionResult(
-                        proposal.topic_id, proposal.partition, rejection.code, rejection.message
-                    )
+                    AlterPartitionResult(proposal.topic_id, proposal.partition, code, message)
                 )
                 continue
-            assert topic is not None and current is not None
             new_isr = tuple(m.broker_id for m in proposal.new_isr)
             if (
                 set(new_isr) == set(current.isr)
