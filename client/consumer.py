@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -511,8 +512,8 @@ class AsyncConsumer:
         finally:
             self._wake()
 
-    def _spawn(self, loop: asyncio.AbstractEventLoop, coro: object) -> None:
-        task = loop.create_task(coro)  # type: ignore[arg-type]
+    def _spawn(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]) -> None:
+        task = loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -18,7 +18,7 @@ import asyncio
 import concurrent.futures
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from minibroker.client.admin import (
@@ -54,12 +54,12 @@ class _LoopThread:
         self.thread.start()
         ready.wait()
 
-    def run(self, coro: Awaitable[T], timeout_s: float | None = None) -> T:
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         if threading.current_thread() is self.thread:
             raise RuntimeError("blocking minibroker call from its own event-loop thread")
         if self.loop.is_closed():
             raise ClientClosedError("the client is closed")
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(timeout_s)
         except concurrent.futures.TimeoutError:
