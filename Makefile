@@ -51,7 +51,7 @@ bench: install
 	$(BIN)/minibroker bench log
 
 demo: install
-	$(BIN)/minibroker demo
+	$(BIN)/minibroker demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .proto-gen build *.egg-info

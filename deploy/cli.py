@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "minibroker.client.cli.dump_log",
     "minibroker.deploy.bench",
     "minibroker.deploy.cluster_cli",
+    "minibroker.deploy.demo",
     "minibroker.broker.cli",
     "minibroker.controller.cli",
 )

@@ -1,0 +1,356 @@
+"""`minibroker demo` (what `make demo` runs): a local cluster, a pipeline, a crash, a recovery.
+
+I/O shell: starts the local cluster (the launcher), creates a topic, keeps an acks=all producer
+writing, runs the example PySpark pipeline when the `spark` extra is installed, kills the leader
+of a partition, shows the election and the ISR change as the controller logged them, restarts the
+broker, waits for it to rejoin the ISR, and ends by checking that every acknowledged record was
+read back exactly once at the offset it was acknowledged with. Each step says what it is doing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from minibroker.deploy import cluster as launcher
+
+TOPIC = "demo-events"
+RESULTS_TOPIC = "demo-results"
+PARTITIONS = 3
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "demo",
+        help="start a local cluster, run a pipeline, kill a leader, watch it recover",
+        description="The guided demo: a local 3-broker cluster, an acks=all producer, the "
+        "example PySpark pipeline (with the spark extra), a SIGKILLed leader, the election, "
+        "the broker's return to the ISR, and a final check that nothing acknowledged was lost.",
+    )
+    parser.add_argument("--dir", default=launcher.DEFAULT_DIR, help="cluster dir (.minibroker)")
+    parser.add_argument(
+        "--base-port", type=int, default=9092, help="first broker port (0: any free ports)"
+    )
+    parser.add_argument("--rate", type=int, default=2000, help="records per second to produce")
+    parser.add_argument("--no-spark", action="store_true", help="skip the PySpark pipeline")
+    parser.add_argument("--down", action="store_true", help="stop the cluster at the end")
+    parser.set_defaults(func=main)
+
+
+def say(text: str) -> None:
+    print(f"\n==> {text}", flush=True)
+
+
+def detail(text: str) -> None:
+    print(f"    {text}", flush=True)
+
+
+class Feeder:
+    """An acks=all, idempotent producer writing keyed events in the background."""
+
+    def __init__(self, bootstrap: str, rate: int) -> None:
+        from minibroker.client import Producer
+
+        self.acked: dict[bytes, tuple[int, int]] = {}
+        self.errors: list[str] = []
+        self._rate = rate
+        self._stop = threading.Event()
+        self._producer = Producer(bootstrap, acks="all", linger_ms=5)
+        self._thread = threading.Thread(target=self._run, name="demo-feeder", daemon=True)
+        self._lock = threading.Lock()
+
+    def _run(self) -> None:
+        i = 0
+        started = time.monotonic()
+        pending: list[tuple[bytes, Any]] = []
+        while not self._stop.is_set():
+            due = int((time.monotonic() - started) * self._rate)
+            while i < due and not self._stop.is_set():
+                user = f"user-{i % 17}"
+                value = json.dumps({"seq": i, "user": user, "amount": (i * 7) % 100}).encode()
+                pending.append((value, self._producer.send(TOPIC, value, key=user.encode())))
+                i += 1
+            if len(pending) >= 200 or self._stop.is_set():
+                self._settle(pending)
+                pending = []
+            time.sleep(0.005)
+        self._settle(pending)
+
+    def _settle(self, pending: list[tuple[bytes, Any]]) -> None:
+        for value, future in pending:
+            try:
+                meta = future.result(timeout=120)
+            except Exception as err:  # reported at the end; an unacked record is not a loss
+                with self._lock:
+                    self.errors.append(repr(err))
+                continue
+            with self._lock:
+                self.acked[value] = (meta.partition, meta.offset)
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.acked)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=180)
+        self._producer.close()
+
+
+def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except Exception:  # the cluster is mid-failover; ask again
+            value = None
+        if value:
+            return value
+        time.sleep(0.05)
+    raise launcher.LauncherError(f"gave up after {timeout_s:.0f}s waiting for {what}")
+
+
+def controller_events(state: launcher.ClusterState, since: float, names: set[str]) -> list[dict]:
+    """The controller's structured log events of the given names since a wall-clock time."""
+    events = []
+    path = pathlib.Path(state.controller.log_file)
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("event") not in names:
+            continue
+        stamp = event.get("timestamp", "")
+        try:
+            from datetime import datetime
+
+            when = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            continue
+        if when >= since:
+            events.append(event)
+    return events
+
+
+def describe_event(event: dict) -> str:
+    name = event.get("event")
+    stamp = event.get("timestamp", "")[11:23]
+    where = f"{event.get('topic', '?')}-{event.get('partition', '?')}"
+    if name == "broker_fenced":
+        return f"{stamp}  broker {event.get('broker_id')} fenced ({event.get('reason', '')})"
+    if name in ("leader_elected", "unclean_leader_elected"):
+        return (
+            f"{stamp}  {where}: leader {event.get('old_leader')} -> {event.get('new_leader')}"
+            f", leader epoch {event.get('leader_epoch')} ({event.get('reason', '')})"
+        )
+    if name in ("isr_shrink", "isr_expand"):
+        return (
+            f"{stamp}  {where}: ISR {event.get('old_isr')} -> {event.get('new_isr')} "
+            f"({name.replace('_', ' ')})"
+        )
+    if name == "broker_unfenced":
+        return f"{stamp}  broker {event.get('broker_id')} unfenced (caught up with metadata)"
+    return f"{stamp}  {name}"
+
+
+def run_pipeline(bootstrap: str, directory: str) -> subprocess.Popen[bytes] | None:
+    example = pathlib.Path(__file__).resolve().parents[1] / "examples" / "pipeline.py"
+    if not example.exists() or importlib.util.find_spec("pyspark") is None:
+        return None
+    log_path = pathlib.Path(directory) / "pipeline.log"
+    log = open(log_path, "ab")  # noqa: SIM115 - handed to the child process
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(example),
+            "--bootstrap-servers",
+            bootstrap,
+            "--input",
+            TOPIC,
+            "--output",
+            RESULTS_TOPIC,
+            "--checkpoint",
+            str(pathlib.Path(directory) / "pipeline-ckpt"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        return _demo(args)
+    except launcher.LauncherError as err:
+        print(f"minibroker demo: {err}", file=sys.stderr)
+        return 1
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from minibroker.client import Admin, Consumer, TopicPartition
+
+    say("Starting a local cluster: one controller and three brokers, each its own process")
+    state = launcher.up(args.dir, brokers=3, base_port=args.base_port)
+    detail(f"controller at {state.controller.address}; brokers at {state.bootstrap_servers}")
+    detail(f"data dirs and logs under {args.dir}/ (minibroker cluster status shows them)")
+    bootstrap = state.bootstrap_servers
+
+    admin = Admin(bootstrap)
+    try:
+        say(
+            f"Creating topic {TOPIC}: {PARTITIONS} partitions, 3 replicas each, "
+            "min.insync.replicas=2"
+        )
+        if TOPIC not in admin.list_topics():
+            admin.create_topic(TOPIC, PARTITIONS, 3, {"min.insync.replicas": "2"})
+        if RESULTS_TOPIC not in admin.list_topics():
+            admin.create_topic(RESULTS_TOPIC, 1, 3, {"min.insync.replicas": "2"})
+        wait_for(
+            lambda: all(len(p.isr) == 3 for p in admin.describe_topics([TOPIC])[0].partitions),
+            30,
+            "every replica in sync",
+        )
+        for p in admin.describe_topics([TOPIC])[0].partitions:
+            detail(
+                f"partition {p.partition}: leader broker {p.leader}, replicas "
+                f"{list(p.replicas)}, in-sync {list(p.isr)}"
+            )
+
+        say(
+            f"Producing events with acks=all ({args.rate}/s): a write is acknowledged only once "
+            "the in-sync replicas have it"
+        )
+        feeder = Feeder(bootstrap, args.rate)
+        feeder.start()
+        wait_for(lambda: feeder.count() >= args.rate, 60, "the first acknowledgements")
+        detail(f"{feeder.count()} records acknowledged so far")
+
+        pipeline = None
+        if not args.no_spark:
+            pipeline = run_pipeline(bootstrap, args.dir)
+            if pipeline is not None:
+                say(
+                    f"Running the example PySpark pipeline: {TOPIC} -> per-user totals -> "
+                    f"{RESULTS_TOPIC} (log: {args.dir}/pipeline.log)"
+                )
+            else:
+                detail("(PySpark pipeline skipped: install the spark extra to run it)")
+
+        tp = TopicPartition(TOPIC, 0)
+        before = admin.describe_topics([TOPIC])[0].partitions[0]
+        victim = before.leader
+        say(f"Killing broker {victim}, the leader of {tp} (SIGKILL: no goodbye, like a crash)")
+        killed_at = time.time()
+        launcher.act(args.dir, "kill", str(victim))
+        after = wait_for(
+            lambda: next(
+                p
+                for p in admin.describe_topics([TOPIC])[0].partitions
+                if p.partition == 0 and p.leader not in (victim, -1)
+            ),
+            30,
+            "a new leader",
+        )
+        elapsed_ms = (time.time() - killed_at) * 1000
+        detail(
+            f"the controller elected broker {after.leader} in {elapsed_ms:.0f} ms: leader epoch "
+            f"{before.leader_epoch} -> {after.leader_epoch}, ISR now {list(after.isr)}"
+        )
+        acked_before = feeder.count()
+        wait_for(lambda: feeder.count() >= acked_before + args.rate // 2, 60, "writes to continue")
+        detail(f"producing goes on: {feeder.count()} records acknowledged")
+        say("What the controller logged (its event timeline):")
+        for event in controller_events(
+            state,
+            killed_at - 0.5,
+            {
+                "broker_fenced",
+                "leader_elected",
+                "unclean_leader_elected",
+                "isr_shrink",
+            },
+        )[:12]:
+            detail(describe_event(event))
+
+        say(
+            f"Restarting broker {victim}: it truncates anything it had that the new leader "
+            "does not, fetches what it missed, and rejoins the ISR"
+        )
+        restarted_at = time.time()
+        launcher.act(args.dir, "start", str(victim))
+        wait_for(
+            lambda: all(victim in p.isr for p in admin.describe_topics([TOPIC])[0].partitions),
+            60,
+            f"broker {victim} back in every ISR",
+        )
+        detail(f"broker {victim} is in sync again after {time.time() - restarted_at:.1f} s")
+        for event in controller_events(
+            state,
+            restarted_at - 0.5,
+            {
+                "broker_unfenced",
+                "isr_expand",
+            },
+        )[:8]:
+            detail(describe_event(event))
+
+        say("Stopping the producer and reading every partition back from the beginning")
+        feeder.stop()
+        if pipeline is not None:
+            pipeline.terminate()
+            pipeline.wait(timeout=60)
+        seen: dict[bytes, tuple[int, int]] = {}
+        duplicates = 0
+        with Consumer(bootstrap) as consumer:
+            tps = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
+            consumer.assign(tps)
+            ends = consumer.end_offsets(tps)
+            consumer.seek_to_beginning(*tps)
+            remaining = {tp for tp in tps if ends[tp] > 0}
+            deadline = time.monotonic() + 120
+            while remaining and time.monotonic() < deadline:
+                for record in consumer.poll(timeout_ms=500):
+                    if record.value in seen:
+                        duplicates += 1
+                    seen[record.value] = (record.partition, record.offset)
+                    tp_r = TopicPartition(record.topic, record.partition)
+                    if record.offset >= ends[tp_r] - 1:
+                        remaining.discard(tp_r)
+        lost = [v for v, where in feeder.acked.items() if seen.get(v) != where]
+        detail(
+            f"acknowledged: {len(feeder.acked)}, read back: {len(seen)}, "
+            f"lost: {len(lost)}, duplicated: {duplicates}, "
+            f"send errors (never acknowledged): {len(feeder.errors)}"
+        )
+        ok = not lost and duplicates == 0
+        if ok:
+            say(
+                "Every acknowledged record was read back exactly once, at the offset it was "
+                "acknowledged with."
+            )
+        else:
+            say("FAILED: acknowledged records are missing or duplicated")
+    finally:
+        admin.close()
+
+    if args.down:
+        launcher.down(args.dir)
+        detail("cluster stopped")
+    else:
+        print("\nThe cluster is still running. Try:")
+        print("  minibroker watch                      # live view: leaders, ISR, HW, events")
+        print("  minibroker cluster kill 2             # then watch the election")
+        print(f"  minibroker topics describe {TOPIC}")
+        print("  minibroker cluster down               # stop it (data kept)")
+    return 0 if ok else 1
