@@ -160,16 +160,19 @@ class RecordAccumulator:
         now_ms: int,
         *,
         abort_on_new_batch: bool = False,
+        size: int | None = None,
     ) -> AppendResult:
         """Append one record to `tp`'s open batch, opening a new one when needed.
 
         With `abort_on_new_batch` (sticky partitioning, KIP-480) nothing is appended when the
         record would need a new batch; the caller picks another partition and appends again.
+        `size` is the caller's `record_size_estimate`, when it already has one.
         """
         queue = self._batches.get(tp)
         if queue is None:
             queue = self._batches[tp] = deque()
-        size = record_size_estimate(key, value, headers)
+        if size is None:
+            size = record_size_estimate(key, value, headers)
         if queue:
             last = queue[-1]
             if not last.closed and not last.full:

@@ -158,13 +158,15 @@ class AsyncAdmin:
                     self.cluster.metadata.update(await self.cluster.fetch_metadata(), now_ms())
                 except MiniBrokerError as err:
                     last = err
-                    await asyncio.sleep(self.cluster.retry_backoff_ms / 1000)
-                    continue
                 address = self.cluster.metadata.controller_address()
                 if address is None:
-                    raise NetworkExceptionError(
-                        "the brokers do not know the controller's address yet; retry shortly"
+                    # No broker answered, or none knows the controller yet (it may be
+                    # restarting): try again until the deadline.
+                    last = last or NetworkExceptionError(
+                        "the brokers do not know the controller's address yet"
                     )
+                    await asyncio.sleep(self.cluster.retry_backoff_ms / 1000)
+                    continue
             stub = self.cluster.controller_stub(address)
             try:
                 return await getattr(stub, method)(request, timeout=self.request_timeout_ms / 1000)

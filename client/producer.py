@@ -357,7 +357,9 @@ class AsyncProducer:
         acc = self.accumulator
         if rec.partition >= 0:
             tp = TopicPartition(rec.topic, rec.partition)
-            result = acc.append(tp, rec.timestamp_ms, rec.key, rec.value, rec.headers, handle, now)
+            result = acc.append(
+                tp, rec.timestamp_ms, rec.key, rec.value, rec.headers, handle, now, size=rec.size
+            )
         else:
             count = rec.num_partitions
             part = self._sticky.partition(rec.topic, count)
@@ -371,12 +373,20 @@ class AsyncProducer:
                 handle,
                 now,
                 abort_on_new_batch=True,
+                size=rec.size,
             )
             if not result.appended:
                 part = self._sticky.on_new_batch(rec.topic, count, part)
                 tp = TopicPartition(rec.topic, part)
                 result = acc.append(
-                    tp, rec.timestamp_ms, rec.key, rec.value, rec.headers, handle, now
+                    tp,
+                    rec.timestamp_ms,
+                    rec.key,
+                    rec.value,
+                    rec.headers,
+                    handle,
+                    now,
+                    size=rec.size,
                 )
         if result.new_batch:
             self._wake()
