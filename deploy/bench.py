@@ -11,6 +11,7 @@ import importlib
 from typing import Any
 
 BENCH_MODULES: tuple[str, ...] = (
+    "minibroker.deploy.bench_failover",
     "minibroker.broker.storage.bench",
     "minibroker.client.cli.bench",
 )
