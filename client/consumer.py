@@ -34,6 +34,7 @@ from minibroker.client.errors import (
     MiniBrokerError,
     OffsetOutOfRangeError,
     RequestTimedOutError,
+    UnknownServerError,
     UnknownTopicOrPartitionError,
     error_for,
 )
@@ -439,6 +440,18 @@ class AsyncConsumer:
     # -- the fetch manager ---------------------------------------------------------------------
 
     async def _run(self) -> None:
+        try:
+            await self._fetch_loop()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            # A bug must not leave poll() waiting forever: every partition reports it.
+            for state in self._states.values():
+                state.error = UnknownServerError(f"the consumer's fetch task failed: {err!r}")
+            self._signal_data()
+            raise
+
+    async def _fetch_loop(self) -> None:
         assert self._wakeup is not None
         loop = asyncio.get_running_loop()
         md = self.cluster.metadata

@@ -41,6 +41,7 @@ from minibroker.client.errors import (
     MiniBrokerError,
     NetworkExceptionError,
     RequestTimedOutError,
+    UnknownServerError,
     UnknownTopicOrPartitionError,
     error_for,
 )
@@ -499,6 +500,19 @@ class AsyncProducer:
             self._wakeup.set()
 
     async def _run_sender(self) -> None:
+        try:
+            await self._sender_loop()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            # A bug must not leave callers waiting forever: fail everything, refuse new sends.
+            self._fatal = UnknownServerError(f"the producer's sender task failed: {err!r}")
+            for batch in self.accumulator.abort_all() + list(self.accumulator.in_flight()):
+                self.accumulator.fail(batch)
+                self._fail_handles(batch, self._fatal)
+            raise
+
+    async def _sender_loop(self) -> None:
         assert self._wakeup is not None and self._loop is not None
         acc = self.accumulator
         md = self.cluster.metadata
@@ -581,8 +595,10 @@ class AsyncProducer:
         addresses += self.cluster.bootstrap
         for addr in dict.fromkeys(addresses):
             try:
+                # A short deadline: this runs inside the sender loop, which must get back to
+                # expiring batches even when a broker is black-holed.
                 resp = await self.cluster.broker_stub(addr).InitProducerId(
-                    request, timeout=self.request_timeout_ms / 1000
+                    request, timeout=min(self.request_timeout_ms, 5_000) / 1000
                 )
             except grpc.aio.AioRpcError:
                 continue
