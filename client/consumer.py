@@ -20,6 +20,7 @@ Concurrency: every method runs on the event loop that started the consumer.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,9 @@ from minibroker.client.types import (
     TopicPartition,
 )
 from minibroker.proto import minibroker_pb2 as pb
+
+# Silent unless the application configures logging; fetch retries are DEBUG.
+log = logging.getLogger("minibroker.client.consumer")
 
 # Partition errors after which the client should look for the leader again and retry.
 _REFRESH_AND_RETRY = frozenset(
@@ -670,6 +674,13 @@ class AsyncConsumer:
             else:
                 self._restart(state, None, policy)
             return
+        log.debug(
+            "fetch_error tp=%s node=%d fetch_offset=%d error_code=%d",
+            tp,
+            node,
+            state.fetch_offset,
+            code,
+        )
         if code in _REFRESH_AND_RETRY:
             if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH):
                 md.mark_leader_unknown(tp)

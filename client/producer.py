@@ -19,6 +19,7 @@ except `_prepare`, which only reads and is also called from the sync facade's th
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -57,6 +58,10 @@ from minibroker.client.transport import (
 )
 from minibroker.client.types import RecordMetadata, TopicPartition
 from minibroker.proto import minibroker_pb2 as pb
+
+# A library logs through the standard library and stays silent unless the application configures
+# logging; retries and producer-id changes are DEBUG, give-ups WARNING.
+log = logging.getLogger("minibroker.client.producer")
 
 DEFAULT_BATCH_SIZE = 256 * 1024
 DEFAULT_MAX_REQUEST_SIZE = 8 * 1024 * 1024
@@ -611,6 +616,12 @@ class AsyncProducer:
                     self._need_producer_id = False
                     return False
                 continue
+            log.debug(
+                "producer_id_assigned producer_id=%d epoch=%d by=%s",
+                resp.producer_id,
+                resp.producer_epoch,
+                addr,
+            )
             self.accumulator.set_producer_id(resp.producer_id, resp.producer_epoch)
             self._need_producer_id = False
             return True
@@ -672,6 +683,14 @@ class AsyncProducer:
         ):
             if err.code in _LEADERSHIP_ERRORS:
                 self.cluster.metadata.mark_leader_unknown(batch.tp)
+            log.debug(
+                "produce_retry tp=%s attempt=%d base_sequence=%d error=%s: %s",
+                batch.tp,
+                batch.attempts,
+                batch.base_sequence,
+                type(err).__name__,
+                err,
+            )
             self.accumulator.retry(batch, now, self.retry_backoff_ms)
             return
         if err.code == ErrorCode.MESSAGE_TOO_LARGE:
@@ -699,6 +718,14 @@ class AsyncProducer:
             _settle(handle.future, RecordMetadata(topic, partition, offset, ts))
 
     def _finish_failed(self, batch: ProducerBatch, err: MiniBrokerError) -> None:
+        log.warning(
+            "produce_failed tp=%s records=%d attempts=%d error=%s: %s",
+            batch.tp,
+            batch.record_count,
+            batch.attempts,
+            type(err).__name__,
+            err,
+        )
         self.accumulator.fail(batch)
         self._signal_space()
         if batch.base_sequence != NO_SEQUENCE and self.idempotent:
