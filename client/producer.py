@@ -60,7 +60,7 @@ from minibroker.client.types import RecordMetadata, TopicPartition
 from minibroker.proto import minibroker_pb2 as pb
 
 # A library logs through the standard library and stays silent unless the application configures
-# logging; retries and producer-id changes are DEBUG, give-ups WARNING.
+# logging. Everything is DEBUG: a failed record's error reaches the caller through its future.
 log = logging.getLogger("minibroker.client.producer")
 
 DEFAULT_BATCH_SIZE = 256 * 1024
@@ -718,7 +718,7 @@ class AsyncProducer:
             _settle(handle.future, RecordMetadata(topic, partition, offset, ts))
 
     def _finish_failed(self, batch: ProducerBatch, err: MiniBrokerError) -> None:
-        log.warning(
+        log.debug(
             "produce_failed tp=%s records=%d attempts=%d error=%s: %s",
             batch.tp,
             batch.record_count,
