@@ -306,6 +306,9 @@ class ControllerApp:
             await self._committed.wait_for(lambda: image.next_offset == self.committed_offset)
             return snapshot_to_pb(image.to_records(), self.committed_offset)
 
+    def _advanced_past(self, offset: int) -> Callable[[], bool]:
+        return lambda: self.committed_offset > offset
+
     async def watch(self, from_offset: int) -> AsyncIterator[pb.MetadataBatch]:
         """Committed metadata from `from_offset` on, forever: a snapshot first when the log no
         longer holds that offset, then every new batch, and an empty keep-alive batch with the
@@ -327,7 +330,7 @@ class ControllerApp:
             async with self._committed:
                 try:
                     await asyncio.wait_for(
-                        self._committed.wait_for(lambda p=position: self.committed_offset > p),
+                        self._committed.wait_for(self._advanced_past(position)),
                         idle_s,
                     )
                 except TimeoutError:
