@@ -289,6 +289,8 @@ class AsyncProducer:
                     await self._sender
                 except (asyncio.CancelledError, Exception):  # shutting down either way
                     pass
+            except Exception:  # the sender crashed: its batches already carry the error
+                pass
         for task in list(self._requests):
             task.cancel()
         if self._requests:
