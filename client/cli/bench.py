@@ -131,10 +131,18 @@ class LatencyStats:
         )
 
 
+# Kafka property names whose AsyncProducer keyword is not simply the dotted name with "_".
+_PRODUCER_ALIASES = {
+    "max.in.flight.requests.per.connection": "max_in_flight",
+    "bootstrap.servers": "bootstrap_servers",
+}
+
+
 def _typed_props(pairs: list[str]) -> dict[str, Any]:
+    """`--producer-props` (Kafka names or keyword names) -> AsyncProducer keyword arguments."""
     out: dict[str, Any] = {}
     for key, raw in parse_config_pairs(pairs).items():
-        name = key.replace(".", "_")
+        name = _PRODUCER_ALIASES.get(key, key.replace(".", "_"))
         value: Any = raw
         if raw.lstrip("-").isdigit():
             value = int(raw)
@@ -150,8 +158,9 @@ async def bench_produce(args: argparse.Namespace, out: TextIO) -> str:
     payload = os.urandom(args.record_size)
     stats = LatencyStats(args.num_records, out)
     props = {"acks": args.acks, **_typed_props(args.producer_props)}
+    bootstrap = props.pop("bootstrap_servers", None) or bootstrap_of(args)
     failures: list[BaseException] = []
-    async with AsyncProducer(bootstrap_of(args), **props) as producer:
+    async with AsyncProducer(bootstrap, **props) as producer:
         await producer.partitions_for(args.topic)  # fail fast on an unknown topic
         size = len(payload)
         start = time.monotonic()

@@ -206,6 +206,25 @@ def test_producer_perf_summary_line_format() -> None:
     assert "records sent" in stats.out.getvalue(), "a window line every 5 s"
 
 
+def test_producer_props_accept_kafka_names() -> None:
+    props = bench._typed_props(
+        [
+            "linger.ms=5",
+            "max.in.flight.requests.per.connection=1",
+            "enable.idempotence=false",
+            "compression.type=lz4",
+            "acks=all",
+        ]
+    )
+    assert props == {
+        "linger_ms": 5,
+        "max_in_flight": 1,
+        "enable_idempotence": False,
+        "compression_type": "lz4",
+        "acks": "all",
+    }
+
+
 def test_consumer_perf_line_format() -> None:
     line = bench.consumer_line(1000.0, 1002.0, 4 * 1024 * 1024, 400)
     fields = line.split(", ")
