@@ -20,6 +20,7 @@ MB/s (10^6 bytes) and the ratio log/raw, median of `--runs` runs. The goal for t
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import pathlib
 import shutil
@@ -28,6 +29,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
+
+import structlog
 
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.log import PartitionLog
@@ -173,9 +176,8 @@ def _one_run(root: pathlib.Path, args: argparse.Namespace, pool: list[bytes]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from minibroker.client.common.log import configure
-
-    configure("bench", level="WARNING")
+    # Quiet the storage's info events (segment_rolled, ...) without touching where logs go.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     pool = _build_batches(args.record_bytes, args.batch_bytes, 64)
     base = pathlib.Path(args.dir) if args.dir else None
     runs: list[dict[str, float]] = []

@@ -166,12 +166,18 @@ def test_bench_log_runs_and_prints_the_three_ratios(
 ) -> None:
     import argparse
 
+    import structlog
+
     from minibroker.broker.storage import bench
 
     parser = argparse.ArgumentParser()
     bench.register(parser.add_subparsers())
     args = parser.parse_args(["log", "--total-mb", "1", "--runs", "1", "--dir", str(tmp_path)])
-    status = args.func(args)
+    saved = structlog.get_config()
+    try:
+        status = args.func(args)
+    finally:
+        structlog.configure(**saved)
     out = capsys.readouterr().out
     assert status == 0
     for label in ("append (leader, 1/call)", "append (follower)", "read (sequential)"):
