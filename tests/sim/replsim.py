@@ -359,12 +359,12 @@ class SimOptions:
     partitions: int = 2
     replication_factor: int = 3
     min_insync_replicas: int = 2
-    safety_ms: int = 6_000
+    safety_ms: int = 5_000
     liveness_ms: int = 20_000
     drop_rate: float = 0.05
     delay_ms_max: int = 30
     crash_rate: float = 0.0015  # per scheduler tick
-    move_leader_rate: float = 0.001
+    move_leader_rate: float = 0.003
     pause_rate: float = 0.001
     produce_interval_ms: int = 7
     tick_ms: int = 5
@@ -699,6 +699,11 @@ class Simulation:
 
         self.at(self._delay(), unfence)
 
+    def _move_leader(self, pid: int) -> None:
+        if self.faults:
+            self.controller.move_leader(pid, self.rng)
+            self._publish_metadata()
+
     def _maybe_fault(self) -> None:
         if not self.faults:
             return
@@ -710,8 +715,11 @@ class Simulation:
                 self.crash(broker)
         if rng.random() < self.opt.move_leader_rate:
             pid = rng.randrange(self.opt.partitions)
-            self.controller.move_leader(pid, rng)
-            self._publish_metadata()
+            self._move_leader(pid)
+            # Successive elections inside one fetch interval (research §4.2 scenario 3): the
+            # next leader may never have seen the last one's writes.
+            for _ in range(rng.randint(0, 2)):
+                self.at(rng.randint(2, 20), lambda p=pid: self._move_leader(p))
         if rng.random() < self.opt.pause_rate:
             broker = rng.choice(list(self.brokers.values()))
             broker.paused_until_ms = self.now_ms + rng.randint(50, 800)
