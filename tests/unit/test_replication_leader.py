@@ -466,3 +466,49 @@ def test_consumer_reads_stop_at_the_hw_and_respect_epochs() -> None:
     assert replica.check_consumer_fetch(EPOCH, 5).error == ErrorCode.OFFSET_OUT_OF_RANGE
     assert replica.check_consumer_fetch(EPOCH - 1, 0).error == ErrorCode.FENCED_LEADER_EPOCH
     assert replica.list_offsets(EPOCH + 1, -1).error == ErrorCode.UNKNOWN_LEADER_EPOCH
+
+
+# -- lag tracking (research §2.3, §2.4; §4.2 scenario 8) -----------------------------------
+
+
+def test_a_paused_follower_is_kept_within_the_lag_time_and_dropped_after() -> None:
+    replica, _, _ = make_leader(lag_ms=1_000)
+    produce(replica, acks=1, records=1, now_ms=0)
+    fetch(replica, 2, 1, now_ms=100)
+    fetch(replica, 3, 1, now_ms=100)
+    produce(replica, acks=1, records=1, now_ms=200)
+    fetch(replica, 2, 2, now_ms=300)
+    assert replica.maybe_shrink_isr(now_ms=1_000) == []  # broker 3 caught up at 100
+    effects = replica.maybe_shrink_isr(now_ms=1_101)
+    assert of_type(effects, ProposeIsr)[0].new_isr == {1, 2}
+
+
+def test_a_slow_follower_counts_as_caught_up_as_of_its_previous_fetch() -> None:
+    """lastCaughtUpTime: reaching the leader LEO seen at the previous fetch counts from then."""
+    replica, _, _ = make_leader(lag_ms=1_000)
+    fetch(replica, 2, 0, now_ms=0)
+    fetch(replica, 3, 0, now_ms=0)
+    for step in range(1, 6):
+        # The leader appends between every two fetches, so broker 3 is never at the LEO ...
+        produce(replica, acks=1, records=1, now_ms=step * 500)
+        fetch(replica, 2, step, now_ms=step * 500)
+        fetch(replica, 3, step - 1, now_ms=step * 500 + 1)
+    # ... but each fetch reached the LEO of the fetch before it: still in sync.
+    assert replica.remotes[3].last_caught_up_time_ms == 2_001
+    assert replica.maybe_shrink_isr(now_ms=3_000) == []
+    # A follower that falls further behind every time is dropped after the lag time.
+    for step in range(6, 12):
+        produce(replica, acks=1, records=3, now_ms=step * 500)
+        fetch(replica, 2, replica.leo, now_ms=step * 500)
+        fetch(replica, 3, replica.remotes[3].leo + 1, now_ms=step * 500 + 1)
+    assert of_type(replica.maybe_shrink_isr(now_ms=6_000), ProposeIsr)
+
+
+def test_broker_registrations_view() -> None:
+    view = BrokerRegistrations()
+    view.update(4, 40)
+    assert view.broker_epoch(4) == 40 and view.broker_epoch(5) == -1
+    assert view.is_isr_eligible(4, 40) and view.is_isr_eligible(4, -1)
+    assert not view.is_isr_eligible(4, 39)
+    view.remove(4)
+    assert not view.is_isr_eligible(4, 40)
