@@ -354,12 +354,79 @@ class AsyncConsumer:
         self, timestamps: Mapping[TopicPartition, int]
     ) -> dict[TopicPartition, tuple[int, int] | None]:
         """For each partition, (offset, timestamp) of the first record with timestamp >= the
-        given one, or None when there is none (Kafka's OffsetAndTimestamp)."""
+        given one, or None when there is none (Kafka's OffsetAndTimestamp).
+
+        The broker answers with batch granularity (it never decodes records: the first batch
+        whose maxTimestamp is >= the target); the client then reads that batch and picks the
+        record, as Kafka's broker does. If that read fails, the batch's first offset is returned,
+        which is never past the exact answer.
+        """
         for tp, ts in timestamps.items():
             if ts < 0:
                 raise ValueError(f"timestamp for {tp} must be >= 0, got {ts}")
         result = await self._list_offsets(dict(timestamps))
-        return {tp: (None if off < 0 else (off, ts)) for tp, (off, ts) in result.items()}
+        found = {tp: value for tp, value in result.items() if value[0] >= 0}
+        refined = await asyncio.gather(
+            *(self._first_at_or_after(tp, timestamps[tp], answer) for tp, answer in found.items())
+        )
+        exact = dict(zip(found, refined))
+        return {tp: exact.get(tp) for tp in result}
+
+    async def _first_at_or_after(
+        self, tp: TopicPartition, target_ms: int, fallback: tuple[int, int]
+    ) -> tuple[int, int]:
+        """The first record at or after the broker's answer `fallback` = (offset, timestamp)
+        with timestamp >= `target_ms`, read from the leader; `fallback` if it cannot be read."""
+        md = self.cluster.metadata
+        leader = md.leader_for(tp)
+        offset = fallback[0]
+        if leader is None:
+            return fallback
+        request = pb.FetchRequest(
+            replica_id=-1,
+            replica_epoch=-1,
+            max_wait_ms=0,
+            min_bytes=0,
+            max_bytes=self.max_partition_fetch_bytes,
+            isolation_level=0,
+            topics=[
+                pb.FetchTopic(
+                    topic=tp.topic,
+                    partitions=[
+                        pb.FetchPartition(
+                            partition=tp.partition,
+                            current_leader_epoch=md.leader_epoch(tp),
+                            fetch_offset=offset,
+                            last_fetched_epoch=-1,
+                            log_start_offset=-1,
+                            partition_max_bytes=self.max_partition_fetch_bytes,
+                        )
+                    ],
+                )
+            ],
+            rack_id=self.client_rack,
+        )
+        address = md.address(leader) or ""
+        try:
+            resp = await self.cluster.broker_stub(address).Fetch(
+                request, timeout=self.request_timeout_ms / 1000
+            )
+        except grpc.aio.AioRpcError:
+            return fallback
+        for t in resp.topics:
+            for p in t.partitions:
+                if p.error_code != ErrorCode.NONE or not p.records:
+                    return fallback
+                try:
+                    for batch in iter_decoded_batches(p.records, allow_partial_tail=True):
+                        log_append = batch.header.attributes & 0x08
+                        for r in batch.records:
+                            ts = batch.header.max_timestamp if log_append else r.timestamp
+                            if r.offset >= offset and ts >= target_ms:
+                                return (r.offset, ts)
+                except CorruptRecordError:
+                    return fallback
+        return fallback
 
     async def _list_offsets(
         self, targets: Mapping[TopicPartition, int]
