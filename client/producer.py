@@ -589,7 +589,9 @@ class AsyncProducer:
         try:
             await self.cluster.refresh_metadata()
         except MiniBrokerError:
-            return
+            # No broker answered: back off before the loop may ask again, or an unreachable
+            # cluster would be polled in a tight loop.
+            await asyncio.sleep(self.retry_backoff_ms / 1000)
         finally:
             self._wake()
 
