@@ -43,6 +43,7 @@ Command = Callable[[ControllerCore, int], Outcome[Any]]
 COMMAND_QUEUE_BOUND = 10_000
 TICK_INTERVAL_S = 0.1
 MAX_ENTRIES_PER_BATCH = 1000
+GROUP_COMMIT_MAX = 256  # commands per fsync
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -218,35 +219,51 @@ class ControllerApp:
             log.error("command_queue_full", bound=COMMAND_QUEUE_BOUND)
 
     async def _command_loop(self) -> None:
+        """Run queued commands in order. Group commit: every command already waiting is run
+        too, and their records share one write and one fsync; no reply leaves before it. A
+        later command of a group may see an earlier one's records before they are durable;
+        that is safe because all of them become durable (or the process stops) before anyone
+        is answered or any watcher sees them."""
         core = self.core
         while True:
-            command, future = await self._queue.get()
-            if future is not None and future.done():
-                continue  # the caller went away before it ran; nothing happened yet
-            error: BaseException | None = None
-            try:
-                outcome = command(core, _now_ms())
-            except Exception as err:
-                # A bug in the core. Whatever it had already applied must still reach the log,
-                # so that the log and the image never disagree.
-                log.exception("controller_command_failed")
-                error = err
-                outcome = core.take_pending()
-            if outcome.entries:
+            group = [await self._queue.get()]
+            while len(group) < GROUP_COMMIT_MAX and not self._queue.empty():
+                group.append(self._queue.get_nowait())
+            ran: list[tuple[asyncio.Future[Any] | None, Outcome[Any], BaseException | None]] = []
+            for command, future in group:
+                if future is not None and future.done():
+                    continue  # the caller went away before it ran; nothing happened yet
+                error: BaseException | None = None
                 try:
-                    await asyncio.to_thread(self.journal.append, outcome.entries)
+                    outcome = command(core, _now_ms())
+                except Exception as err:
+                    # A bug in the core. Whatever it had already applied must still reach
+                    # the log, so that the log and the image never disagree.
+                    log.exception("controller_command_failed")
+                    error = err
+                    outcome = core.take_pending()
+                ran.append((future, outcome, error))
+            frames = [outcome.entries for _, outcome, _ in ran if outcome.entries]
+            if frames:
+                try:
+                    await asyncio.to_thread(self.journal.append_frames, frames)
                 except BaseException as err:
                     self._die(err)
-                    if future is not None and not future.done():
-                        future.set_exception(ControllerStopped("metadata journal failed"))
+                    for future, _, _ in ran:
+                        if future is not None and not future.done():
+                            future.set_exception(ControllerStopped("metadata journal failed"))
                     return
-                await self._publish(outcome.entries)
-            for event in outcome.events:
+                for entries in frames:
+                    await self._publish(entries)
+            events = [event for _, outcome, _ in ran for event in outcome.events]
+            for event in events:
                 log.info(event.name, **event.fields)
-            if outcome.entries or outcome.events:
-                self.metrics.count(outcome.events)
+            if frames or events:
+                self.metrics.count(events)
                 self.metrics.refresh(core.image, self.committed_offset)
-            if future is not None and not future.done():
+            for future, outcome, error in ran:
+                if future is None or future.done():
+                    continue
                 if error is not None:
                     future.set_exception(error)
                 else:

@@ -215,15 +215,22 @@ class MetadataJournal:
 
     def append(self, entries: Sequence[LogEntry]) -> None:
         """Write one command's entries as one frame and fsync it."""
-        if not entries or self._fd is None:
-            if self._fd is None:
-                raise JournalError("journal is not open")
-            return
-        payload = batch_to_pb(entries, entries[-1].offset + 1).SerializeToString()
-        data = _frame(payload)
+        self.append_frames([entries])
+
+    def append_frames(self, frames: Sequence[Sequence[LogEntry]]) -> None:
+        """Write several commands' entries, one frame each, with one write and one fsync
+        (group commit). Returns only once everything is on disk."""
+        if self._fd is None:
+            raise JournalError("journal is not open")
+        data = b"".join(
+            _frame(batch_to_pb(entries, entries[-1].offset + 1).SerializeToString())
+            for entries in frames
+            if entries
+        )
+        view = memoryview(data)
         written = 0
         while written < len(data):
-            written += os.write(self._fd, data[written:])
+            written += os.write(self._fd, view[written:])
         os.fsync(self._fd)
 
     # -- snapshots ----------------------------------------------------------------------------
