@@ -96,6 +96,11 @@ Headers = Sequence[tuple[str, bytes | None]]
 HeadersIn = Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | None
 
 
+def _max_message_bytes(topic: TopicInfo) -> int:
+    text = topic.configs.get("max.message.bytes")
+    return int(text) if text else DEFAULT_MAX_MESSAGE_BYTES
+
+
 def parse_acks(acks: int | str) -> int:
     """Kafka's `acks`: "all" / -1, 1, 0."""
     text = str(acks).strip().lower()
@@ -227,6 +232,8 @@ class AsyncProducer:
         self.max_request_size = max_request_size
         self.buffer_memory = buffer_memory
         self.max_block_ms = max_block_ms
+        # Records up to this size need no per-topic size check (the smallest sane limit).
+        self._small_record_bytes = min(1024, max_request_size)
         self.client_id = client_id
         self.cluster = ClusterClient(
             bootstrap_servers,
@@ -335,9 +342,12 @@ class AsyncProducer:
         else:
             chosen = -1
         size = record_size_estimate(key_b, value_b, header_t)
-        limit_text = topic_info.configs.get("max.message.bytes")
-        topic_limit = int(limit_text) if limit_text else DEFAULT_MAX_MESSAGE_BYTES
-        limit = min(topic_limit, self.max_request_size)
+        if size + 61 > self._small_record_bytes:
+            topic_limit = _max_message_bytes(topic_info)
+            limit = min(topic_limit, self.max_request_size)
+        else:
+            # Every topic accepts this size (max.message.bytes >= 1 KiB here); skip the lookup.
+            topic_limit = limit = self._small_record_bytes
         if size + 61 > limit:
             which = (
                 f"max.message.bytes of topic {topic!r} ({topic_limit})"
@@ -441,9 +451,12 @@ class AsyncProducer:
             raise ClientClosedError("send() after close(): the producer is closed")
         if self._sender is None:
             await self.start()
-        info = await self._topic(topic)
+        info = self.cluster.metadata.topics.get(topic) if type(topic) is str else None
+        if info is None:
+            info = await self._topic(topic)
         rec = self._prepare(topic, value, key, partition, headers, timestamp_ms, info)
-        await self._wait_for_space()
+        if self.accumulator.buffered_bytes >= self.buffer_memory:
+            await self._wait_for_space()
         assert self._loop is not None
         future: asyncio.Future[RecordMetadata] = self._loop.create_future()
         if self._enqueue(rec, future):
@@ -496,8 +509,8 @@ class AsyncProducer:
     # -- sender --------------------------------------------------------------------------------
 
     def _new_builder(self, tp: TopicPartition) -> BatchBuilder:
-        limit_text = self.cluster.metadata.topic_config(tp.topic, "max.message.bytes")
-        topic_limit = int(limit_text) if limit_text else DEFAULT_MAX_MESSAGE_BYTES
+        info = self.cluster.metadata.topics.get(tp.topic)
+        topic_limit = _max_message_bytes(info) if info is not None else DEFAULT_MAX_MESSAGE_BYTES
         # A batch must fit the topic's max.message.bytes and one produce request.
         size = min(self.batch_size, topic_limit, self.max_request_size)
         return BatchBuilder(size, compression=self.compression)
