@@ -502,16 +502,15 @@ class PartitionLog:
             if fits:
                 # The common case: everything goes to the active segment in one write.
                 active.append(data, entries)
-                return
-            self._write_runs(memoryview(data), entries, now_ms)
+            else:
+                self._write_runs(memoryview(data), entries, now_ms)
         except BaseException:
             # The segment removed any partial batch; keep the cache in step with the log.
             if self._epoch_cache.truncate_from_end(self.leo):
                 self._persist_epoch_cache()
             raise
-        finally:
-            if self.leo - self._recovery_point >= self.config.flush_messages:
-                self.flush(now_ms)
+        if self.leo - self._recovery_point >= self.config.flush_messages:
+            self.flush(now_ms)
 
     def _should_roll(
         self,
@@ -870,7 +869,12 @@ class _RecoveryCheck:
             return f"partitionLeaderEpoch {epoch} after {self._previous_epoch}"
         if self._cache is not None and self._cache:
             cached = self._cache.epoch_for_offset(header.base_offset)
-            if cached is not None and cached != epoch:
+            # The last offset too: a log start raised into this batch restarts its epoch's
+            # entry inside it (truncate_from_start).
+            if cached is not None and epoch not in (
+                cached,
+                self._cache.epoch_for_offset(header.last_offset),
+            ):
                 return f"partitionLeaderEpoch {epoch}, the epoch cache says {cached}"
         self._previous_epoch = epoch
         return None

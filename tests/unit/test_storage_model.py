@@ -203,5 +203,5 @@ class LogModel(RuleBasedStateMachine):
         assert all(e.start_offset < self.leo for e in cache.entries)
 
 
-LogModel.TestCase.settings = settings(max_examples=30, stateful_step_count=25, deadline=None)
+LogModel.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
 test_partition_log_matches_model = LogModel.TestCase
