@@ -101,6 +101,17 @@ def partition_state(controller: ControllerProcess, topic: str, index: int):
     return t.partitions[index]
 
 
+def scrape_metrics(controller: ControllerProcess) -> dict[str, float]:
+    port = controller.events("controller_started")[-1]["metrics_port"]
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for line in body.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
 def test_registration_heartbeats_health_and_metrics(controller, brokers):
     health = health_pb2_grpc.HealthStub(controller.channel)
     status = health.Check(health_pb2.HealthCheckRequest(service="minibroker.ControllerService"))
@@ -120,15 +131,9 @@ def test_registration_heartbeats_health_and_metrics(controller, brokers):
     assert [e["broker_id"] for e in controller.events("broker_registered")] == [1]
     assert [e["broker_id"] for e in controller.events("broker_unfenced")] == [1]
 
-    started = controller.events("controller_started")[0]
-    body = (
-        urllib.request.urlopen(f"http://127.0.0.1:{started['metrics_port']}/metrics", timeout=5)
-        .read()
-        .decode()
-    )
-    assert "ActiveControllerCount 1.0" in body
-    assert "ActiveBrokerCount 1.0" in body
-    assert "FencedBrokerCount 0.0" in body
+    metrics = scrape_metrics(controller)
+    assert metrics["ActiveControllerCount"] == 1
+    assert metrics["ActiveBrokerCount"] == 1 and metrics["FencedBrokerCount"] == 0
 
 
 def test_registration_errors(controller, brokers):
@@ -290,6 +295,12 @@ def test_elections_and_alter_partition(controller, brokers):
     elected = [e for e in controller.events("leader_elected") if e["topic"] == "e"]
     assert elected[-1]["old_leader"] == p.leader and elected[-1]["new_leader"] == others[0]
     assert elected[-1]["leader_epoch"] == moved.leader_epoch
+    metrics = scrape_metrics(controller)
+    assert metrics["LeaderElectionRate_total"] >= 1
+    assert metrics["PreferredReplicaImbalanceCount"] == 1
+    assert metrics["GlobalTopicCount"] == 1 and metrics["GlobalPartitionCount"] == 1
+    assert metrics["OfflinePartitionsCount"] == 0
+    assert metrics["FencedBrokerCount"] == 1 and metrics["ActiveBrokerCount"] == 2
 
 
 def test_bad_requests(controller, brokers):
