@@ -61,8 +61,13 @@ class ControllerStopped(Exception):
     """The controller is stopping (or hit a fatal journal error); the command did not run."""
 
 
+# Wall-clock time at start, advanced by the monotonic clock: record timestamps read like wall
+# time, while session timeouts never jump when the system clock is stepped.
+_CLOCK_BASE_S = time.time() - time.monotonic()
+
+
 def _now_ms() -> int:
-    return int(time.time() * 1000)
+    return int((time.monotonic() + _CLOCK_BASE_S) * 1000)
 
 
 def _split_listen(listen: str) -> tuple[str, int]:
