@@ -209,7 +209,32 @@ class AsyncAdmin:
                     r.name, r.topic_id, r.num_partitions, r.replication_factor
                 )
         _raise_first(failures, "create topic")
+        if created and not validate_only:
+            await self._wait_for_leaders(created)
         return created
+
+    async def _wait_for_leaders(self, created: Mapping[str, CreatedTopic]) -> None:
+        """Best effort: wait (up to 10 s) until the brokers' metadata shows every new partition
+        with a leader, so that a describe or produce right after creation finds the topic.
+        The controller has committed the topic either way; a slow broker only delays this."""
+        deadline = now_ms() + min(self.default_api_timeout_ms, 10_000)
+        names = sorted(created)
+        while now_ms() < deadline:
+            try:
+                snapshot = await self.cluster.fetch_metadata(names)
+            except MiniBrokerError:
+                snapshot = None
+            if snapshot is not None and all(
+                (info := snapshot.topics.get(name)) is not None
+                and info.error_code == ErrorCode.NONE
+                and info.topic_id == created[name].topic_id
+                and len(info.partitions) == created[name].num_partitions
+                and all(p.leader >= 0 for p in info.partitions.values())
+                for name in names
+            ):
+                self.cluster.metadata.update(snapshot, now_ms())
+                return
+            await asyncio.sleep(self.cluster.retry_backoff_ms / 1000)
 
     async def create_topic(
         self,
