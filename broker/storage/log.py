@@ -386,11 +386,12 @@ class PartitionLog:
             raise ValueError(f"a leader append needs a leader epoch, got {leader_epoch}")
         limit = self.config.max_message_bytes if max_message_bytes is None else max_message_bytes
         batches = validate_producer_batches(records, limit)
+        segment_bytes = self.config.segment_bytes
         for position, header in batches:
-            if header.size > self.config.segment_bytes:
+            if header.batch_length + 12 > segment_bytes:
                 raise RecordListTooLargeError(
                     f"batch at position {position} is {header.size} bytes, larger than "
-                    f"segment.bytes ({self.config.segment_bytes})"
+                    f"segment.bytes ({segment_bytes})"
                 )
         buf = bytearray(records)
         first_offset = self.leo

@@ -218,9 +218,11 @@ class LogSegment:
             return
         position0 = self._size
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self._fd, view) :]
+            written = os.write(self._fd, data)
+            if written < len(data):
+                view = memoryview(data)[written:]
+                while view:
+                    view = view[os.write(self._fd, view) :]
         except OSError as err:
             # Leave no partial batch behind: the log must stay a sequence of whole batches.
             try:
