@@ -370,6 +370,17 @@ class SimOptions:
     tick_ms: int = 5
 
 
+@dataclass
+class IdempotentProducer:
+    """One idempotent producer per partition, one batch in flight, retried until acked."""
+
+    producer_id: int
+    sequence: int = 0
+    in_flight: bytes | None = None
+    attempt: int = 0
+    acked_values: list[bytes] = field(default_factory=list)
+
+
 @dataclass(order=True)
 class _Event:
     at_ms: int
@@ -406,6 +417,9 @@ class Simulation:
         self.acked: dict[tuple[int, int], bytes] = {}  # (pid, offset) -> stamped batch bytes
         self.produced = 0
         self.pending_values: dict[object, tuple[int, int, int]] = {}
+        self.producers = {
+            pid: IdempotentProducer(1_000 + pid) for pid in range(self.opt.partitions)
+        }
         self.trace: list[str] = []
         self._publish_metadata()
 
@@ -639,7 +653,96 @@ class Simulation:
 
         self.send(arrive)
 
+    # An idempotent producer (DESIGN §5, §8.5): retries the same batch (same producer id,
+    # epoch and sequence) after errors and lost answers, to whichever broker leads now.
+
+    def _produce_idempotent(self, pid: int) -> None:
+        producer = self.producers[pid]
+        if producer.in_flight is None:
+            value = f"p{pid}-seq{producer.sequence}".encode()
+            producer.in_flight = encode_batch(
+                [(self.now_ms, None, value, ())],
+                producer_id=producer.producer_id,
+                producer_epoch=0,
+                base_sequence=producer.sequence,
+            )
+        self._send_idempotent(pid, producer.sequence)
+
+    def _send_idempotent(self, pid: int, sequence: int) -> None:
+        producer = self.producers[pid]
+        if producer.in_flight is None or producer.sequence != sequence or not self.faults:
+            return
+        producer.attempt += 1
+        attempt = producer.attempt
+        raw = producer.in_flight
+        token = ("idem", pid, sequence, attempt)
+        leader_id = self.controller.partitions[pid].state.leader
+
+        def retry_later(delay_ms: int) -> None:
+            self.at(delay_ms, lambda: self._retry_if_current(pid, sequence, attempt))
+
+        retry_later(2_500)  # the request timeout: a lost request or answer is retried
+        if leader_id == NO_LEADER:
+            return
+        broker = self.brokers[leader_id]
+
+        def arrive() -> None:
+            if not broker.alive or pid not in broker.replicas:
+                return
+            rep = broker.replicas[pid]
+            headers = [h for _, h in iter_batches(raw)]
+            plan = rep.core.plan_append(-1, headers)
+            deadline_ms = self.now_ms + 2_000
+            if isinstance(plan, ProduceRejected):
+                if plan.is_duplicate:
+                    self.pending_values[token] = (broker.broker_id, pid, plan.base_offset)
+                    effects = rep.core.park_produce(
+                        token, plan.base_offset, plan.last_offset, deadline_ms
+                    )
+                    self.apply(broker, pid, effects)
+                else:
+                    self.checker.on_producer_error(pid, plan.error)
+                    self.send(lambda: self._retry_if_current(pid, sequence, attempt))
+                return
+            rep.log.leader_append(raw, plan)
+            self.checker.on_leader_append(broker, pid, plan)
+            self.pending_values[token] = (broker.broker_id, pid, plan.base_offset)
+            effects = rep.core.on_leader_appended(
+                plan, self.now_ms, token=token, deadline_ms=deadline_ms
+            )
+            self.apply(broker, pid, effects)
+
+        self.send(arrive)
+
+    def _retry_if_current(self, pid: int, sequence: int, attempt: int) -> None:
+        producer = self.producers[pid]
+        if producer.sequence == sequence and producer.attempt == attempt:
+            self.at(self.rng.randint(5, 50), lambda: self._send_idempotent(pid, sequence))
+
+    def _on_idempotent_answer(self, token: tuple[object, ...], error: ErrorCode) -> None:
+        _, pid, sequence, attempt = token
+        producer = self.producers[pid]  # type: ignore[index]
+        if producer.sequence != sequence or producer.in_flight is None:
+            return  # an answer to an attempt of a batch already acknowledged
+        if error != ErrorCode.NONE:
+            self._retry_if_current(pid, sequence, attempt)  # type: ignore[arg-type]
+            return
+        producer.acked_values.append(producer.in_flight)
+        producer.in_flight = None
+        producer.sequence += 1
+
     def _on_produce_complete(self, effect: CompleteProduce) -> None:
+        token = effect.token
+        if isinstance(token, tuple) and token[0] == "idem":
+            info = self.pending_values.get(token)
+            if info is not None and effect.error == ErrorCode.NONE:
+                broker_id, pid, base_offset = info
+                data = self.brokers[broker_id].replicas[pid].log.batch_at(base_offset)
+                invariant(data is not None, f"acked batch at {base_offset} is not in the log")
+                self.send(lambda: self.acked.__setitem__((pid, base_offset), data))  # type: ignore[arg-type]
+            self.pending_values.pop(token, None)
+            self.send(lambda: self._on_idempotent_answer(token, effect.error))
+            return
         info = self.pending_values.pop(effect.token, None)
         if info is None or effect.error != ErrorCode.NONE:
             return
@@ -741,6 +844,10 @@ class Simulation:
                     rep.log.flush(rep.core.high_watermark)
         if self.faults and self.rng.random() < self.opt.tick_ms / self.opt.produce_interval_ms:
             self._produce()
+        if self.faults and self.rng.random() < 0.3:
+            pid = self.rng.randrange(self.opt.partitions)
+            if self.producers[pid].in_flight is None:
+                self._produce_idempotent(pid)
         if self.now_ms % 20 == 0:
             self._consume()
         self._publish_metadata()
@@ -786,6 +893,14 @@ class Checker:
         key = (broker.broker_id, pid)
         leo = broker.replicas[pid].log.leo
         self.verified[key] = min(self.verified.get(key, 0), leo)
+
+    def on_producer_error(self, pid: int, error: ErrorCode) -> None:
+        """The idempotent producer must never be told its retry is out of order or fenced:
+        that would mean the dedupe state lost a committed batch (DESIGN §8.5)."""
+        invariant(
+            error not in (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, ErrorCode.INVALID_PRODUCER_EPOCH),
+            f"p{pid}: idempotent producer got {error.name}",
+        )
 
     def on_leader_append(self, broker: SimBroker, pid: int, plan: AppendPlan) -> None:
         key = (pid, plan.leader_epoch)
@@ -923,6 +1038,19 @@ class Checker:
                 check_epoch_cache_matches_batches(
                     log.epoch_cache.entries, log.triples(), f"b{broker_id} p{pid}: "
                 )
+            # DESIGN §8.5: every idempotent batch is stored once, acked or not.
+            producer_id = sim.producers[pid].producer_id
+            sequences = [
+                h.base_sequence for h in leader_log.headers if h.producer_id == producer_id
+            ]
+            invariant(
+                len(sequences) == len(set(sequences)),
+                f"p{pid}: an idempotent batch was stored twice: {sorted(sequences)}",
+            )
+            invariant(
+                set(range(len(sim.producers[pid].acked_values))) <= set(sequences),
+                f"p{pid}: an acknowledged idempotent batch is missing",
+            )
             for (apid, offset), data in sim.acked.items():
                 if apid != pid:
                     continue
