@@ -409,7 +409,9 @@ class PartitionReplica:
     def _become_leader(self, state: PartitionState, now_ms: int) -> list[Effect]:
         effects: list[Effect] = []
         is_new_leader = self.role is not Role.LEADER
-        is_new_leader_epoch = state.leader_epoch > self.leader_epoch or is_new_leader
+        # A leader that was not leading before starts an epoch even if (defensively) the record
+        # repeats the epoch number; a re-elected leader starts one when the epoch grew.
+        starts_epoch = state.leader_epoch > self.leader_epoch or is_new_leader
         if self.role is Role.FOLLOWER and self.follower is not None:
             effects.append(StopFetching("became leader"))
         self.follower = None
@@ -426,7 +428,7 @@ class PartitionReplica:
         self.role = Role.LEADER
         self.leader_id = self.broker_id
 
-        if is_new_leader_epoch:
+        if starts_epoch:
             start = self.leo
             # KIP-279: record where this epoch starts before any write in it, so a follower
             # holding a later (unseen here) epoch still gets a correct truncation point.
