@@ -22,6 +22,7 @@ Concurrency contract: single-threaded; owned by one LogSegment.
 
 from __future__ import annotations
 
+import array
 import bisect
 import os
 import pathlib
@@ -123,8 +124,10 @@ class OffsetIndex(_IndexFile):
 
     def __init__(self, path: pathlib.Path, base_offset: int) -> None:
         super().__init__(path, base_offset)
-        self._offsets: list[int] = []
-        self._positions: list[int] = []
+        # array('q'): 8 bytes an entry instead of a list of int objects (a 64 MiB segment of
+        # 16 KiB batches holds ~4000 entries); bisect works on it directly.
+        self._offsets = array.array("q")
+        self._positions = array.array("q")
 
     @classmethod
     def create(cls, path: pathlib.Path, base_offset: int) -> OffsetIndex:
@@ -216,8 +219,8 @@ class OffsetIndex(_IndexFile):
         self._rewrite(keep)
 
     def reset(self) -> None:
-        self._offsets.clear()
-        self._positions.clear()
+        del self._offsets[:]
+        del self._positions[:]
         self._pending.clear()
         self._pending_count = 0
         self._create()
@@ -233,8 +236,8 @@ class TimeIndex(_IndexFile):
 
     def __init__(self, path: pathlib.Path, base_offset: int) -> None:
         super().__init__(path, base_offset)
-        self._timestamps: list[int] = []
-        self._offsets: list[int] = []
+        self._timestamps = array.array("q")
+        self._offsets = array.array("q")
 
     @classmethod
     def create(cls, path: pathlib.Path, base_offset: int) -> TimeIndex:
@@ -303,8 +306,8 @@ class TimeIndex(_IndexFile):
         self._rewrite(keep)
 
     def reset(self) -> None:
-        self._timestamps.clear()
-        self._offsets.clear()
+        del self._timestamps[:]
+        del self._offsets[:]
         self._pending.clear()
         self._pending_count = 0
         self._create()
