@@ -40,6 +40,7 @@ from minibroker.controller.core.election import (
     Election,
     PartitionChange,
     build_partition_change,
+    check_partition_change,
     remove_from_isr,
 )
 from minibroker.controller.core.isr import isr_delta, validate_alter_partition
@@ -151,6 +152,7 @@ class ControllerCore:
     def _apply_change(self, topic: TopicImage, change: PartitionChange, now_ms: int) -> None:
         old = topic.partitions[change.record.partition]
         new = change.record
+        check_partition_change(old, new)
         self._append(new, now_ms)
         common = {
             "topic": topic.name,
@@ -701,19 +703,18 @@ class ControllerCore:
         if not validate_only:
             self._append(TopicRecord(t.name, topic_id, dict(t.configs)), now_ms)
             for index, replicas in enumerate(assignment):
-                self._append(
-                    PartitionRecord(
-                        topic_id=topic_id,
-                        partition=index,
-                        replicas=replicas,
-                        isr=replicas,
-                        leader=replicas[0],
-                        leader_epoch=0,
-                        partition_epoch=0,
-                        reason="topic created",
-                    ),
-                    now_ms,
+                record = PartitionRecord(
+                    topic_id=topic_id,
+                    partition=index,
+                    replicas=replicas,
+                    isr=replicas,
+                    leader=replicas[0],
+                    leader_epoch=0,
+                    partition_epoch=0,
+                    reason="topic created",
                 )
+                check_partition_change(None, record)
+                self._append(record, now_ms)
             self._event(
                 "topic_created",
                 topic=t.name,

@@ -108,6 +108,31 @@ def build_partition_change(
     return PartitionChange(record, leader_changed, unclean)
 
 
+class InvariantViolation(RuntimeError):
+    """A partition change would break an invariant of research §4.1 (a controller bug)."""
+
+
+def check_partition_change(old: PartitionRecord | None, new: PartitionRecord) -> None:
+    """Always-on checks of I7 and I11 for a record about to be written (not `assert`, which
+    vanishes under -O): the ISR is a non-empty subset of the replicas, the leader is NO_LEADER
+    or an ISR member, epochs never go back, and a leader epoch change comes with a partition
+    epoch change."""
+    problems = []
+    if not new.isr or not set(new.isr) <= set(new.replicas) or len(set(new.isr)) != len(new.isr):
+        problems.append(f"ISR {list(new.isr)} is not a non-empty subset of {list(new.replicas)}")
+    if new.leader != NO_LEADER and new.leader not in new.isr:
+        problems.append(f"leader {new.leader} is not in the ISR {list(new.isr)}")
+    if old is not None:
+        if new.partition_epoch != old.partition_epoch + 1:
+            problems.append(f"partition epoch {old.partition_epoch} -> {new.partition_epoch}")
+        if new.leader_epoch < old.leader_epoch:
+            problems.append(f"leader epoch went back {old.leader_epoch} -> {new.leader_epoch}")
+        if (new.leader_epoch != old.leader_epoch) != (new.leader != old.leader):
+            problems.append("leader epoch and leader changed independently")
+    if problems:
+        raise InvariantViolation(f"{new.topic_id}-{new.partition}: " + "; ".join(problems))
+
+
 def remove_from_isr(isr: Sequence[int], broker_id: int) -> tuple[int, ...]:
     """`isr` without `broker_id`; empty when it was the last member (the builder keeps it)."""
     return tuple(b for b in isr if b != broker_id)
@@ -116,8 +141,10 @@ def remove_from_isr(isr: Sequence[int], broker_id: int) -> tuple[int, ...]:
 __all__ = [
     "LEADER_RECOVERED",
     "Election",
+    "InvariantViolation",
     "PartitionChange",
     "build_partition_change",
+    "check_partition_change",
     "elect_leader",
     "remove_from_isr",
 ]

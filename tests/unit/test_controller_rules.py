@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 from minibroker.client.errors import ErrorCode
 from minibroker.client.metadata.image import BrokerRegistration
 from minibroker.client.metadata.records import LEADER_RECOVERING, NO_LEADER, PartitionRecord
-from minibroker.controller.core.election import Election, build_partition_change, elect_leader
+from minibroker.controller.core.election import (
+    Election,
+    InvariantViolation,
+    build_partition_change,
+    check_partition_change,
+    elect_leader,
+)
 from minibroker.controller.core.isr import (
     AlterPartitionProposal,
     IsrMember,
@@ -277,3 +283,20 @@ def test_rebalance_uses_per_broker_percentage():
 )
 def test_topic_names(name, ok):
     assert (invalid_topic_name(name) is None) == ok
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (None, part([1, 2], [], NO_LEADER)),
+        (None, part([1, 2], [3], NO_LEADER)),
+        (None, part([1, 2], [1], 2)),
+        (part([1, 2], [1, 2], 1, 5, 9), part([1, 2], [1], 1, 5, 9)),  # PE not bumped
+        (part([1, 2], [1, 2], 1, 5, 9), part([1, 2], [2], 2, 5, 10)),  # leader without LE
+        (part([1, 2], [1, 2], 1, 5, 9), part([1, 2], [1], 1, 6, 10)),  # LE without leader
+        (part([1, 2], [1, 2], 1, 5, 9), part([1, 2], [2], 2, 4, 10)),  # LE goes back
+    ],
+)
+def test_partition_invariants_are_enforced_always(old, new):
+    with pytest.raises(InvariantViolation):
+        check_partition_change(old, new)
