@@ -49,6 +49,12 @@ def spark() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
+def cluster_settings() -> dict[str, str]:
+    """Settings for tests that start a cluster of their own (to break it)."""
+    return dict(CLUSTER_SETTINGS)
+
+
+@pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     directory = tmp_path_factory.mktemp("spark-cluster") / "cluster"
     with local_cluster(str(directory), brokers=3, settings=CLUSTER_SETTINGS) as c:
