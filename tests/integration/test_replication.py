@@ -307,3 +307,77 @@ def test_diverged_follower_truncates_and_rejoins(cluster: LocalCluster) -> None:
         + [f"acks1-{i}".encode() for i in range(start - 10)]
         + [f"new-{i}".encode() for i in range(8)]
     )
+
+
+def test_rolling_restart_with_controlled_shutdown_fails_no_write(cluster: LocalCluster) -> None:
+    """DESIGN §6: SIGTERM moves a broker's leaderships away before it stops, so a rolling
+    restart of every broker under acks=all load loses nothing and fails no write."""
+    tp = TopicPartition("rolling", 0)
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic("rolling", 1, 3, {"min.insync.replicas": "2"})
+        wait_until(lambda: len(describe(admin, "rolling").isr) == 3, 20, "a full ISR")
+        with BackgroundProducer(cluster.bootstrap, "rolling") as producer:
+            wait_for_progress(producer, 100)
+            for broker in (1, 2, 3):
+                cluster.stop(broker)
+                assert broker not in describe(admin, "rolling").isr
+                wait_for_progress(producer, 100)
+                cluster.start(broker)
+                wait_until(
+                    lambda b=broker: b in describe(admin, "rolling").isr,
+                    30,
+                    f"broker {broker} back in the ISR",
+                )
+            wait_for_progress(producer, 100)
+        assert producer.failed == 0, f"{producer.failed} writes failed during the rolling restart"
+        for broker in (1, 2, 3):
+            log_text = pathlib.Path(cluster.spec(broker).log_file).read_text()
+            assert "controlled_shutdown_granted" in log_text
+    records = read_all(cluster.bootstrap, tp)
+    stored = {r.value: r.offset for r in records}
+    assert len(stored) == len(records), "a value was stored twice"
+    assert all(stored.get(v) == o for v, o in producer.acked.items())
+
+
+def test_consumer_fetches_from_a_follower_in_its_rack(tmp_path: pathlib.Path) -> None:
+    """KIP-392: a consumer with client_rack reads from the in-sync replica in its rack, up to
+    that replica's HW; the leader answers its first fetch with a preferred read replica."""
+    import urllib.request
+
+    def bytes_out(port: int) -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        for line in text.splitlines():
+            if line.startswith("kafka_server_BrokerTopicMetrics_BytesOutPerSec_total "):
+                return float(line.split()[1])
+        raise AssertionError("BytesOutPerSec not exported")
+
+    with local_cluster(str(tmp_path / "racks"), brokers=3, racks=3) as cluster:
+        tp = TopicPartition("racked", 0)
+        with Admin(cluster.bootstrap) as admin:
+            admin.create_topic("racked", 1, 3, {"min.insync.replicas": "2"})
+            wait_until(lambda: len(describe(admin, "racked").isr) == 3, 20, "a full ISR")
+            leader = describe(admin, "racked").leader
+        follower = next(b for b in (1, 2, 3) if b != leader)
+        rack = cluster.spec(follower).rack
+        with Producer(cluster.bootstrap, acks="all") as producer:
+            for i in range(50):
+                producer.send("racked", f"r{i}".encode(), partition=0)
+            producer.flush()
+        before = {b: bytes_out(cluster.spec(b).metrics_port) for b in (1, 2, 3)}
+        with Consumer(cluster.bootstrap, client_rack=rack) as consumer:
+            consumer.assign([tp])
+            consumer.seek_to_beginning(tp)
+            values: list[bytes] = []
+            wait_until(
+                lambda: (
+                    values.extend(r.value for r in consumer.poll(timeout_ms=200))
+                    or len(values) >= 50
+                ),
+                30,
+                "50 records",
+            )
+        assert values == [f"r{i}".encode() for i in range(50)]
+        after = {b: bytes_out(cluster.spec(b).metrics_port) for b in (1, 2, 3)}
+        assert after[follower] > before[follower], "the rack-local follower served nothing"
+        assert after[leader] == before[leader], "the leader served records to the consumer"
