@@ -1,7 +1,7 @@
 """Blocking Producer, Consumer and Admin for scripts and Spark tasks.
 
-Does I/O by delegation: each object owns a private event loop (uvloop where available) running in
-a daemon thread, and its async counterpart lives on that loop. Methods block the calling thread
+Does I/O by delegation: every object's async counterpart lives on one event loop per process
+(uvloop where available) running in a daemon thread. Methods block the calling thread
 until the loop has answered, except `Producer.send`, which validates in the caller's thread (so
 bad input raises at once, with the same typed errors as the async API), hands the record to the
 loop without waiting, and returns a `concurrent.futures.Future` of its RecordMetadata.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
@@ -36,6 +37,13 @@ from minibroker.client.transport import DEFAULT_BOOTSTRAP, ClientClosedError
 from minibroker.client.types import Record, RecordMetadata, TopicPartition
 
 T = TypeVar("T")
+
+_SHARED: tuple[int, _LoopThread] | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_or_none() -> _LoopThread | None:
+    return _SHARED[1] if _SHARED is not None else None
 
 
 class _LoopThread:
@@ -74,9 +82,24 @@ class _LoopThread:
 
         return self.run(wrapper())
 
+    @classmethod
+    def shared(cls) -> _LoopThread:
+        """The process's one client loop, started on first use.
+
+        Every blocking client shares it: grpc.aio keeps process-wide state tied to the loops it
+        has seen, and a second loop that is later closed leaves callbacks aimed at a dead loop
+        ("Event loop is closed" after a client closes). A forked child (a Spark worker) gets a
+        fresh loop, since threads do not survive fork.
+        """
+        global _SHARED
+        with _SHARED_LOCK:
+            if _SHARED is None or _SHARED[0] != os.getpid() or not _SHARED[1].thread.is_alive():
+                _SHARED = (os.getpid(), cls("minibroker-client-loop"))
+            return _SHARED[1]
+
     def stop(self) -> None:
-        if self.loop.is_closed():
-            return
+        if self.loop.is_closed() or self is _shared_or_none():
+            return  # the shared loop lives as long as the process
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
         if not self.thread.is_alive():
@@ -95,7 +118,7 @@ class Producer:
         self, bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP, **config: Any
     ) -> None:
         self._async = AsyncProducer(bootstrap_servers, **config)
-        self._lt = _LoopThread("minibroker-producer")
+        self._lt = _LoopThread.shared()
         self._lt.run(self._async.start())
         self._lock = threading.Lock()
         self._pending: deque[tuple[PreparedRecord, concurrent.futures.Future[Any]]] = deque()
@@ -201,7 +224,7 @@ class Consumer:
         self, bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP, **config: Any
     ) -> None:
         self._async = AsyncConsumer(bootstrap_servers, **config)
-        self._lt = _LoopThread("minibroker-consumer")
+        self._lt = _LoopThread.shared()
         self._lt.run(self._async.start())
         self._closed = False
 
@@ -274,7 +297,7 @@ class Admin:
         self, bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP, **config: Any
     ) -> None:
         self._async = AsyncAdmin(bootstrap_servers, **config)
-        self._lt = _LoopThread("minibroker-admin")
+        self._lt = _LoopThread.shared()
         self._closed = False
 
     def __enter__(self) -> Admin:
