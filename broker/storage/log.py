@@ -220,15 +220,52 @@ class PartitionLog:
             _log.warning("epoch_checkpoint_unreadable", path=str(epoch_file.path), error=str(err))
             stored = None
         cache = EpochCache(stored or ())
+        segments: list[LogSegment] = []
+        try:
+            for base in bases:
+                segments.append(LogSegment.open(path, base, config.index_interval_bytes, now_ms))
+            recover_from = len(segments)
+            if not had_clean_shutdown:
+                recover_from = max(bisect.bisect_right(bases, recovery_point) - 1, 0)
+            return cls._recover(
+                path,
+                topic_partition,
+                config,
+                now_ms,
+                segments,
+                recover_from,
+                cache,
+                stored,
+                recovery_point=recovery_point,
+                log_start_offset=log_start_offset,
+                high_watermark=high_watermark,
+                had_clean_shutdown=had_clean_shutdown,
+            )
+        except BaseException:
+            # Do not leak the file descriptors of a log that failed to load.
+            for segment in segments:
+                segment.release()
+            raise
+
+    @classmethod
+    def _recover(
+        cls,
+        path: pathlib.Path,
+        topic_partition: TopicPartition,
+        config: LogConfig,
+        now_ms: int,
+        segments: list[LogSegment],
+        recover_from: int,
+        cache: EpochCache,
+        stored: list[EpochEntry] | None,
+        *,
+        recovery_point: int,
+        log_start_offset: int,
+        high_watermark: int,
+        had_clean_shutdown: bool,
+    ) -> PartitionLog:
+        """`open`'s second half: recover what needs it, then build the log and trim the cache."""
         trusted_cache = stored is not None
-
-        segments = [
-            LogSegment.open(path, base, config.index_interval_bytes, now_ms) for base in bases
-        ]
-        recover_from = len(segments)
-        if not had_clean_shutdown:
-            recover_from = max(bisect.bisect_right(bases, recovery_point) - 1, 0)
-
         check = _RecoveryCheck(cache if trusted_cache else None)
         kept: list[LogSegment] = []
         truncated_bytes = 0

@@ -478,6 +478,12 @@ class LogSegment:
         os.close(self._fd)
         self._fd = -1
 
+    def release(self) -> None:
+        """Close the file descriptor without writing anything (a load that failed)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
     def delete(self) -> None:
         """Close and remove the three files."""
         if self._fd >= 0:
