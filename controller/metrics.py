@@ -16,11 +16,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from minibroker.client.metadata.image import MetadataImage
 from minibroker.controller.core.messages import Event
 
+KAFKA_CONTROLLER = "kafka_controller_KafkaController_"
+CONTROLLER_STATS = "kafka_controller_ControllerStats_"
+
 
 class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        # Kafka's JMX names in Prometheus form, as the brokers export them:
+        # kafka.controller:type=KafkaController,name=X -> kafka_controller_KafkaController_X.
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, registry=registry)
+            return Gauge(KAFKA_CONTROLLER + name, doc, registry=registry)
 
         self.active_controller_count = gauge(
             "ActiveControllerCount", "1 on the active controller (the sum over a cluster is 1)"
@@ -39,15 +44,20 @@ class ControllerMetrics:
             "LastCommittedRecordOffset", "offset of the last fsynced metadata record"
         )
         self.leader_elections = Counter(
-            "LeaderElectionRate", "elections that gave a partition a leader", registry=registry
+            CONTROLLER_STATS + "LeaderElectionRate",
+            "elections that gave a partition a leader",
+            registry=registry,
         )
         self.unclean_leader_elections = Counter(
-            "UncleanLeaderElectionsPerSec",
+            CONTROLLER_STATS + "UncleanLeaderElectionsPerSec",
             "elections of a replica from outside the ISR (may lose data)",
             registry=registry,
         )
         self.fenced_brokers = Counter(
-            "BrokerFencings", "brokers fenced, by reason", ["reason"], registry=registry
+            "minibroker_controller_BrokerFencings",
+            "brokers fenced, by reason",
+            ["reason"],
+            registry=registry,
         )
         self.active_controller_count.set(1)
 

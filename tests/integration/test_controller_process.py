@@ -108,6 +108,12 @@ def scrape_metrics(controller: ControllerProcess) -> dict[str, float]:
     for line in body.splitlines():
         if line and not line.startswith("#") and "{" not in line:
             name, value = line.rsplit(" ", 1)
+            # Kafka's names without their JMX domain prefix, e.g. ActiveBrokerCount.
+            for prefix in (
+                "kafka_controller_KafkaController_",
+                "kafka_controller_ControllerStats_",
+            ):
+                name = name.removeprefix(prefix)
             out[name] = float(value)
     return out
 

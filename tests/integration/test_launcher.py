@@ -86,16 +86,30 @@ def test_cluster_round_trip(tmp_path: pathlib.Path) -> None:
                 producer.send("kept", f"m{i}".encode(), partition=0)
             producer.flush()
 
-        # Metrics: every process serves Kafka's names.
-        controller_metrics = scrape(info["controller"]["metrics_port"])
-        assert (
-            metric_value(controller_metrics, "kafka_controller_KafkaController_ActiveBrokerCount")
-            == 3
+        # Metrics: every process serves Kafka's names (gauges refresh a few times a second).
+        wait_until(
+            lambda: (
+                metric_value(
+                    scrape(info["controller"]["metrics_port"]),
+                    "kafka_controller_KafkaController_ActiveBrokerCount",
+                )
+                == 3
+            ),
+            10,
+            "ActiveBrokerCount 3",
         )
-        broker_metrics = [scrape(b["metrics_port"]) for b in info["brokers"]]
-        assert (
-            sum(metric_value(m, "kafka_server_ReplicaManager_LeaderCount") for m in broker_metrics)
-            == 1
+        wait_until(
+            lambda: (
+                sum(
+                    metric_value(
+                        scrape(b["metrics_port"]), "kafka_server_ReplicaManager_LeaderCount"
+                    )
+                    for b in info["brokers"]
+                )
+                == 1
+            ),
+            10,
+            "one LeaderCount across the brokers",
         )
 
         cli("cluster", "--dir", directory, "kill", "2")
