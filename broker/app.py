@@ -130,8 +130,8 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
             return 0
         data_dir.adopt_cluster_id(registration.cluster_id)
         tasks = [
-            asyncio.create_task(link.watch_loop(stop), name="metadata-watch"),
-            asyncio.create_task(link.heartbeat_loop(stop), name="heartbeat"),
+            asyncio.create_task(link.watch_loop(), name="metadata-watch"),
+            asyncio.create_task(link.heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(rm.run_background(stop), name="replica-background"),
         ]
         await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)

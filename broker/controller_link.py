@@ -83,6 +83,7 @@ class ControllerLink:
         self.registered = asyncio.Event()
         self.controller_reachable = False
         self._wake_heartbeat = asyncio.Event()
+        self._closing = asyncio.Event()
 
     # -- registration -----------------------------------------------------------------------
 
@@ -140,9 +141,14 @@ class ControllerLink:
         self.want_shut_down = True
         self._wake_heartbeat.set()
 
-    async def heartbeat_loop(self, stop: asyncio.Event) -> None:
-        """Keep one heartbeat stream open; reopen it (re-registering if told to) when it breaks."""
+    async def heartbeat_loop(self) -> None:
+        """Keep one heartbeat stream open; reopen it (re-registering if told to) when it breaks.
+
+        Runs until `close()` (not until SIGTERM): a controlled shutdown needs the stream to carry
+        want_shut_down until the controller grants the exit.
+        """
         attempt = 0
+        stop = self._closing
         while not stop.is_set():
             try:
                 await self._run_heartbeat_stream(stop)
@@ -163,7 +169,7 @@ class ControllerLink:
     async def _heartbeat_requests(
         self, stop: asyncio.Event
     ) -> AsyncIterator[pb.BrokerHeartbeatRequest]:
-        while not stop.is_set() or self.want_shut_down:
+        while not stop.is_set():
             yield pb.BrokerHeartbeatRequest(
                 broker_id=self.broker_id,
                 broker_epoch=self.broker_epoch,
@@ -205,9 +211,11 @@ class ControllerLink:
 
     # -- metadata -----------------------------------------------------------------------------
 
-    async def watch_loop(self, stop: asyncio.Event) -> None:
-        """Follow the controller's metadata log from the next unapplied offset, forever."""
+    async def watch_loop(self) -> None:
+        """Follow the controller's metadata log from the next unapplied offset until `close()`
+        (through a controlled shutdown too: the leadership moves arrive this way)."""
         attempt = 0
+        stop = self._closing
         while not stop.is_set():
             call = self._stub.WatchMetadata(
                 pb.WatchMetadataRequest(
@@ -246,6 +254,7 @@ class ControllerLink:
         return response.producer_id_start, response.producer_id_len
 
     async def close(self) -> None:
+        self._closing.set()
         await self._channel.close(grace=None)
 
 
