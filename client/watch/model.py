@@ -590,7 +590,9 @@ class WatchModel:
         for _, p in self.image.partitions():
             if p.leader != NO_LEADER:
                 leaders[p.leader] = leaders.get(p.leader, 0) + 1
-        heartbeats = {} if self.cluster is None else self.cluster.heartbeat_ms_ago
+        # Heartbeat ages are the controller's; while it is unreachable they would only age.
+        fresh = self.cluster is not None and self.controller.reachable
+        heartbeats = self.cluster.heartbeat_ms_ago if fresh and self.cluster else {}
         rows = []
         for broker_id in self.broker_ids():
             reg = self.image.brokers.get(broker_id)
