@@ -45,6 +45,7 @@ from minibroker.broker.storage.segment import LOG_SUFFIX, AppendEntry, LogSegmen
 from minibroker.client.batch import (
     ATTRIBUTES_OFFSET,
     CRC_OFFSET,
+    NO_PARTITION_LEADER_EPOCH,
     TIMESTAMP_TYPE_MASK,
     BatchHeader,
     assign_offsets,
@@ -897,12 +898,12 @@ class _RecoveryCheck:
 
     def __init__(self, cache: EpochCache | None) -> None:
         self._cache = cache
-        self._previous_epoch = -1
+        self._previous_epoch = NO_PARTITION_LEADER_EPOCH
 
     def __call__(self, header: BatchHeader) -> str | None:
         epoch = header.partition_leader_epoch
-        if epoch < 0:
-            return None
+        if epoch < NO_PARTITION_LEADER_EPOCH:
+            return f"invalid partitionLeaderEpoch {epoch}"
         if epoch < self._previous_epoch:
             return f"partitionLeaderEpoch {epoch} after {self._previous_epoch}"
         if self._cache is not None and self._cache:

@@ -29,6 +29,7 @@ from minibroker.client.batch import (
     CorruptRecordError,
     scan_valid_prefix,
 )
+from minibroker.client.common.log import get_logger
 from minibroker.client.errors import KafkaStorageError
 
 LOG_SUFFIX = ".log"
@@ -40,6 +41,7 @@ TIME_INDEX_SUFFIX = ".timeindex"
 _WALK_HEADER = struct.Struct(">qiibIhiqq")
 _WALK_READ_AHEAD = 8192
 _RECOVERY_CHUNK = 8 * 1024 * 1024
+_log = get_logger("minibroker.broker.storage")
 
 # One batch as `append` needs it: (position in the appended bytes, size, last offset, max ts).
 AppendEntry = tuple[int, int, int, int]
@@ -380,8 +382,8 @@ class LogSegment:
             chunk_size = _RECOVERY_CHUNK
             valid, found, error = scan_valid_prefix(chunk)
             stopped = False
+            problem: str | None = None
             for relative, header in found:
-                problem = None
                 if header.base_offset != expected:
                     problem = f"baseOffset {header.base_offset}, expected {expected}"
                 elif not self.can_hold_offset(header.last_offset):
@@ -417,9 +419,17 @@ class LogSegment:
                     chunk_size = max(_RECOVERY_CHUNK, needed)
                     continue
             position = at
+            problem = error.reason
             break
         truncated = self._size - position
         if truncated:
+            _log.warning(
+                "segment_truncated_on_recovery",
+                path=str(segment_path(self.directory, self.base_offset, LOG_SUFFIX)),
+                position=position,
+                truncated_bytes=truncated,
+                reason=problem or "torn batch",
+            )
             os.ftruncate(self._fd, position)
             self._size = position
         self._next_offset = expected

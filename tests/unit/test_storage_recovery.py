@@ -228,3 +228,30 @@ def test_log_start_beyond_the_end_restarts_the_log_there(tmp_path: pathlib.Path)
     )
     assert (again.log_start_offset, again.leo) == (log.leo + 10, log.leo + 10)
     assert [s.base_offset for s in again.segments] == [log.leo + 10]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), chunk=st.integers(13, 400), cut=st.floats(0, 1))
+def test_recovery_reads_batches_that_straddle_its_read_chunks(
+    seed: int, chunk: int, cut: float
+) -> None:
+    # Recovery reads the .log in chunks (8 MiB in production); a batch cut in two by a chunk
+    # boundary must be re-read whole, not taken for a torn batch.
+    from minibroker.broker.storage import segment as segment_module
+
+    root = pathlib.Path(tempfile.mkdtemp(prefix="mb-chunk-", dir=SCRATCH))
+    saved = segment_module._RECOVERY_CHUNK
+    segment_module._RECOVERY_CHUNK = chunk
+    try:
+        _, written = build_log(root, seed, batches=10)
+        layout = segment_layout(root)
+        path, size = layout[-1]
+        position = int(cut * size)
+        os.truncate(path, position)
+        log = reopen(root)
+        n = expected_prefix(written, [s for _, s in layout], len(layout) - 1, position)
+        assert batches_of(log) == written[:n]
+        log.close()
+    finally:
+        segment_module._RECOVERY_CHUNK = saved
+        shutil.rmtree(root, ignore_errors=True)
