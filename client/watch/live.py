@@ -228,6 +228,13 @@ class Watcher:
         data = read_cluster_file(self.options.cluster_dir)
         if data is None:
             return
+        try:
+            self._apply_local(data)
+        except (TypeError, ValueError, AttributeError):
+            # A hand-edited or half-migrated file: keep the last good view rather than stop.
+            return
+
+    def _apply_local(self, data: dict[str, Any]) -> None:
         controller_address = data.get("controller_address")
         if isinstance(controller_address, str) and controller_address:
             self.model.controller_address = controller_address

@@ -608,3 +608,31 @@ def test_replica_reports_from_pb() -> None:
     )
     assert report.maximal_isr == (1, 2, 3)
     assert report.followers == (FollowerReport(2, 10, 0),)
+
+
+# -- the command --------------------------------------------------------------------------------
+
+
+def test_command_is_registered_and_reads_the_local_cluster_only_when_it_is_the_watched_one(
+    tmp_path,
+    monkeypatch,  # type: ignore[no-untyped-def]
+) -> None:
+    import argparse
+
+    import pytest
+
+    from minibroker.client.cli import watch as watch_cli
+    from minibroker.deploy.cli import build_parser
+
+    args = build_parser().parse_args(["watch", "--once", "--topic", "orders"])
+    assert args.once and args.topic == "orders" and callable(args.func)
+
+    local = tmp_path / ".minibroker"
+    local.mkdir()
+    (local / "cluster.json").write_text(json.dumps({"bootstrap_servers": "127.0.0.1:19092"}))
+    monkeypatch.chdir(tmp_path)
+    ns = argparse.Namespace(cluster_dir=None)
+    assert watch_cli._cluster_dir(ns, "127.0.0.1:19092") == ".minibroker"
+    assert watch_cli._cluster_dir(ns, "10.0.0.7:9092") is None  # another cluster: no local view
+    with pytest.raises(ValueError, match=r"no readable cluster\.json"):
+        watch_cli._cluster_dir(argparse.Namespace(cluster_dir=str(tmp_path / "nope")), "x:1")
