@@ -25,7 +25,6 @@ loop; every call is page-cache I/O except `flush`, which fsyncs).
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import os
 import pathlib
 import struct
@@ -928,7 +927,7 @@ def _stamp_log_append_time(
     _INT64.pack_into(buf, position + 35, now_ms)
     crc = crc_of(buf, position + ATTRIBUTES_OFFSET, position + header.size)
     _UINT32.pack_into(buf, position + CRC_OFFSET, crc)
-    return dataclasses.replace(header, attributes=attributes, max_timestamp=now_ms, crc=crc)
+    return header._replace(attributes=attributes, max_timestamp=now_ms, crc=crc)
 
 
 def _base_offset(view: memoryview, position: int) -> int:
