@@ -1,16 +1,39 @@
-"""A deterministic, seeded simulation of the broker replication cores (DESIGN.md §2, §8).
+"""A deterministic, seeded simulation of the replication cores and the controller core
+(DESIGN.md §2, §3, §6, §8; STYLE.md tier 2).
 
-All broker partition cores (`PartitionReplica`) run in one process against an in-memory log
-model (real v2 batch bytes, the real EpochCache, an "unflushed tail lost on crash" model), a
-small controller model that follows research §2.6-2.8 (fencing, clean ONLINE elections,
-AlterPartition validation with the partition epoch as CAS, broker epochs per incarnation), and a
-network that delays, drops and reorders fetches, answers and metadata. Producers write with
-acks=all; consumers read from leaders. The DESIGN §8 invariants are checked after every event
-(`Checker`), first in a safety phase with faults, then in a liveness phase with every fault
-healed, which must converge.
+In one process: every broker's partition cores (`PartitionReplica`) over an in-memory log model
+(real v2 batch bytes, the real EpochCache, an "unflushed tail lost on crash" model), and the real
+`ControllerCore` behind a simulated journal (tests/sim/sim_controller.py: group commit, crash
+that loses unflushed entries, restart by snapshot + replay). The shell around them is modelled
+on broker/replica_manager.py and broker/controller_link.py:
+
+- brokers register (a fresh incarnation per process start; DUPLICATE_BROKER_REGISTRATION is
+  retried), heartbeat on a virtual timer over a heartbeat stream, and are unfenced by the core
+  once caught up; a crash is a broken heartbeat stream (the controller fences at once) or, when
+  no reset reaches it, a session timeout (`tick`);
+- the metadata log reaches each broker through a watch stream: batches are delayed and arrive
+  out of order, the broker buffers them and applies them in offset order (a snapshot after a
+  controller restart, for watchers behind its retained log), then acts on the image exactly as
+  `ReplicaManager.apply_metadata_batch` does;
+- AlterPartition proposals go to the core (with the partition epoch as CAS), and lost requests
+  or answers surface as REQUEST_TIMED_OUT after a timeout;
+- faults: a network that delays, drops and reorders; broker crashes within the fault budget;
+  SIGSTOP-like pauses (nothing runs on a paused broker; its heartbeats stop, so a long pause is
+  a session timeout and a zombie leader); heartbeat streams that break under a live broker;
+  brokers asking to be fenced and preferred elections (bursts of leader moves, research §4.2
+  scenario 3); controller crashes and restarts; automatic rebalance ticks; offline periods
+  (every ISR member of a partition paused past the session timeout, so the partition must stay
+  offline: unclean election is disabled and an out-of-sync replica must never lead).
+
+Producers write with acks=all (plain and idempotent); consumers read from leaders. The DESIGN §8
+invariants are checked after every event (`Checker`), plus the controller's: every record the
+controller makes durable moves epochs forward, a new leader comes from the previous ISR and holds
+every acknowledged batch, no unclean election happens. First a safety phase with faults, then a
+liveness phase with every fault healed that must converge (full ISRs, preferred leaders back,
+identical logs holding every acknowledged batch).
 
 Everything random comes from one `random.Random(seed)`; virtual time is an integer `now_ms`.
-Used by tests/sim/test_replication_sim.py and by the multi-replica unit scenarios.
+Used by tests/sim/test_replication_sim.py; tests/unit/test_replication_scenarios.py uses MemLog.
 """
 
 from __future__ import annotations
@@ -18,8 +41,12 @@ from __future__ import annotations
 import bisect
 import heapq
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+from sim_controller import SimControllerNode
 
 from minibroker.broker.replication.epoch_cache import EpochCache
 from minibroker.broker.replication.events import (
@@ -37,6 +64,7 @@ from minibroker.broker.replication.events import (
     FollowerFetch,
     HighWatermarkChanged,
     IsrUpdated,
+    LeaderRecoveryState,
     PartitionState,
     ProduceRejected,
     ProposeIsr,
@@ -56,7 +84,26 @@ from minibroker.broker.replication.invariants import (
 from minibroker.broker.replication.partition import BrokerRegistrations, PartitionReplica
 from minibroker.client.batch import BatchHeader, assign_offsets, iter_batches
 from minibroker.client.errors import ErrorCode
+from minibroker.client.metadata.image import MetadataImage
+from minibroker.client.metadata.records import LogEntry, PartitionRecord
 from minibroker.client.records import encode_batch
+from minibroker.controller.core.controller import ControllerCore, ControllerSettings
+from minibroker.controller.core.election import Election
+from minibroker.controller.core.isr import AlterPartitionProposal, IsrMember
+from minibroker.controller.core.messages import (
+    AlterPartitionReply,
+    AlterPartitionRequest,
+    CreatableTopic,
+    CreateTopicResult,
+    HeartbeatReply,
+    HeartbeatRequest,
+    Outcome,
+    RegisterReply,
+    RegisterRequest,
+)
+
+TOPIC = "sim"
+CLUSTER_ID = "sim-cluster"
 
 # ------------------------------------------------------------------------------------------
 # In-memory log
@@ -163,142 +210,6 @@ class MemLog:
 
 
 # ------------------------------------------------------------------------------------------
-# Controller model (research §2.6-2.8, no ELR, unclean election off)
-
-
-@dataclass
-class ControllerPartition:
-    state: PartitionState
-    history: list[tuple[int, int]] = field(default_factory=list)  # (leader_epoch, PE)
-
-
-class SimController:
-    """Partition records, broker registrations, fencing, ONLINE elections, AlterPartition."""
-
-    def __init__(self, broker_ids: list[int]) -> None:
-        self.broker_epochs: dict[int, int] = {}
-        self.fenced: set[int] = set()
-        self.partitions: dict[int, ControllerPartition] = {}
-        self._next_broker_epoch = 100
-        self.changes: list[int] = []  # partition ids changed since the last drain
-        self.registrations_changed = False
-        for broker_id in broker_ids:
-            self.register(broker_id)
-            self.fenced.discard(broker_id)
-
-    def registrations(self) -> BrokerRegistrations:
-        view = BrokerRegistrations()
-        for broker_id, epoch in self.broker_epochs.items():
-            view.update(broker_id, epoch, fenced=broker_id in self.fenced)
-        return view
-
-    def create_partition(self, pid: int, replicas: tuple[int, ...]) -> None:
-        state = PartitionState(replicas, frozenset(replicas), replicas[0], 0, 0)
-        self.partitions[pid] = ControllerPartition(state, [(0, 0)])
-        self.changes.append(pid)
-
-    def _write(self, pid: int, isr: frozenset[int], leader: int) -> None:
-        part = self.partitions[pid]
-        old = part.state
-        if isr == old.isr and leader == old.leader:
-            return
-        leader_epoch = old.leader_epoch + 1 if leader != old.leader else old.leader_epoch
-        new = PartitionState(old.replicas, isr, leader, leader_epoch, old.partition_epoch + 1)
-        # research §4.1 I7/I11: epochs grow, LE bumps come with PE bumps, ISR never empty.
-        invariant(new.partition_epoch > old.partition_epoch, "partition epoch must grow")
-        invariant(new.leader_epoch >= old.leader_epoch, "leader epoch must not shrink")
-        invariant(bool(isr) and isr <= frozenset(old.replicas), f"bad ISR {sorted(isr)}")
-        invariant(leader == NO_LEADER or leader in isr, "leader outside the ISR")
-        part.state = new
-        part.history.append((new.leader_epoch, new.partition_epoch))
-        self.changes.append(pid)
-
-    def _acceptable(self, broker_id: int) -> bool:
-        return broker_id in self.broker_epochs and broker_id not in self.fenced
-
-    def _elect(self, state: PartitionState, isr: frozenset[int]) -> int:
-        if state.leader != NO_LEADER and state.leader in isr and self._acceptable(state.leader):
-            return state.leader
-        for broker_id in state.replicas:
-            if broker_id in isr and self._acceptable(broker_id):
-                return broker_id
-        return NO_LEADER
-
-    def fence(self, broker_id: int) -> None:
-        """Fence a broker: it leaves every ISR (never the last member) and its leaderships."""
-        self.fenced.add(broker_id)
-        self.registrations_changed = True
-        for pid, part in self.partitions.items():
-            state = part.state
-            isr = state.isr - {broker_id} if state.isr != {broker_id} else state.isr
-            self._write(pid, isr, self._elect(state, isr))
-
-    def register(self, broker_id: int) -> int:
-        """A new incarnation: a fresh broker epoch; it stays fenced until `unfence`."""
-        self._next_broker_epoch += 1
-        self.broker_epochs[broker_id] = self._next_broker_epoch
-        self.fenced.add(broker_id)
-        self.registrations_changed = True
-        return self._next_broker_epoch
-
-    def unfence(self, broker_id: int) -> None:
-        self.fenced.discard(broker_id)
-        self.registrations_changed = True
-        for pid, part in self.partitions.items():
-            if part.state.leader == NO_LEADER:
-                self._write(pid, part.state.isr, self._elect(part.state, part.state.isr))
-
-    def move_leader(self, pid: int, rng: random.Random) -> None:
-        """An administrative leader move (ElectLeaders-like) to another live ISR member."""
-        state = self.partitions[pid].state
-        others = [b for b in sorted(state.isr) if b != state.leader and self._acceptable(b)]
-        if others:
-            self._write(pid, state.isr, rng.choice(others))
-
-    def alter_partition(
-        self, pid: int, broker_id: int, broker_epoch: int, proposal: ProposeIsr
-    ) -> AlterPartitionResult:
-        """research §2.6 validation, in order, then apply."""
-        part = self.partitions[pid]
-        state = part.state
-
-        def fail(error: ErrorCode) -> AlterPartitionResult:
-            return AlterPartitionResult(proposal.proposal_id, error)
-
-        if self.broker_epochs.get(broker_id) != broker_epoch:
-            return fail(ErrorCode.STALE_BROKER_EPOCH)
-        if (
-            proposal.leader_epoch > state.leader_epoch
-            or proposal.partition_epoch > state.partition_epoch
-        ):
-            return fail(ErrorCode.NOT_CONTROLLER)
-        if proposal.leader_epoch < state.leader_epoch:
-            return fail(ErrorCode.FENCED_LEADER_EPOCH)
-        if broker_id != state.leader:
-            return fail(ErrorCode.INVALID_REQUEST)
-        if proposal.partition_epoch < state.partition_epoch:
-            return fail(ErrorCode.INVALID_UPDATE_VERSION)
-        new_isr = proposal.new_isr
-        if not new_isr <= frozenset(state.replicas) or state.leader not in new_isr:
-            return fail(ErrorCode.INVALID_REQUEST)
-        for member, member_epoch in proposal.new_isr_with_epochs:
-            if not self._acceptable(member) or member_epoch not in (
-                -1,
-                self.broker_epochs[member],
-            ):
-                return fail(ErrorCode.INELIGIBLE_REPLICA)
-        self._write(pid, new_isr, state.leader)
-        new = part.state
-        return AlterPartitionResult(
-            proposal.proposal_id,
-            ErrorCode.NONE,
-            new.leader_epoch,
-            new.partition_epoch,
-            new.isr,
-        )
-
-
-# ------------------------------------------------------------------------------------------
 # Brokers
 
 
@@ -306,28 +217,43 @@ class SimController:
 class SimReplica:
     core: PartitionReplica
     log: MemLog
-    fetch_in_flight: bool = False
+    fetch_in_flight: int = 0  # id of the fetch in flight, 0 for none
     fetching: bool = False
-    alter_in_flight: ProposeIsr | None = None
-
-
-def sync_view(view: BrokerRegistrations, source: SimController) -> None:
-    """Make `view` match the controller's registrations (what the metadata log says)."""
-    for broker_id, epoch in source.broker_epochs.items():
-        view.update(broker_id, epoch, fenced=broker_id in source.fenced)
 
 
 class SimBroker:
+    """One broker across process restarts: its logs survive (minus the unflushed tail), the
+    rest (registration, metadata image, streams, replica cores) belongs to one incarnation."""
+
     def __init__(self, broker_id: int, sim: Simulation) -> None:
         self.broker_id = broker_id
         self.sim = sim
-        self.alive = True
-        self.broker_epoch = sim.controller.broker_epochs[broker_id]
+        self.alive = False
+        self.incarnation = 0  # process starts; answers addressed to an older process are lost
+        self.incarnation_id = ""
+        self.registered = False
+        self.broker_epoch = -1  # from the controller's RegisterReply; -1 until then
+        self.image = MetadataImage()  # the metadata log as this broker has applied it
+        self.metadata_buffer: dict[int, LogEntry] = {}  # arrived out of order, not yet applied
+        self.watch: int | None = None  # token of the open WatchMetadata stream
+        self.hb_stream: tuple[int, int] | None = None  # (stream id, controller generation)
         self.view = BrokerRegistrations()
-        sync_view(self.view, sim.controller)
         self.logs: dict[int, MemLog] = {}
         self.replicas: dict[int, SimReplica] = {}
-        self.paused_until_ms = 0  # a slow follower: no fetches before this time
+        self.paused_until_ms = 0  # SIGSTOP: nothing runs on this broker before this time
+
+    def start_process(self) -> None:
+        self.alive = True
+        self.incarnation += 1
+        self.incarnation_id = f"b{self.broker_id}-i{self.incarnation}"
+        self.registered = False
+        self.broker_epoch = -1
+        self.image = MetadataImage()
+        self.metadata_buffer = {}
+        self.watch = None
+        self.hb_stream = None
+        self.view = BrokerRegistrations()
+        self.replicas = {}
 
     def replica(self, pid: int) -> SimReplica:
         rep = self.replicas.get(pid)
@@ -349,6 +275,36 @@ class SimBroker:
         return rep
 
 
+def partition_state(record: PartitionRecord) -> PartitionState:
+    """A metadata PartitionRecord as the replica core takes it (replica_manager.py does this)."""
+    return PartitionState(
+        replicas=tuple(record.replicas),
+        isr=frozenset(record.isr),
+        leader=record.leader,
+        leader_epoch=record.leader_epoch,
+        partition_epoch=record.partition_epoch,
+        leader_recovery_state=LeaderRecoveryState(record.leader_recovery_state),
+    )
+
+
+def replica_result(proposal_id: int, reply: AlterPartitionReply) -> AlterPartitionResult:
+    """The controller's AlterPartition reply as the leader core takes it (the shell's
+    `_alter_partition_result` over the wire form)."""
+    if reply.error != ErrorCode.NONE or not reply.results:
+        return AlterPartitionResult(proposal_id, reply.error or ErrorCode.UNKNOWN_SERVER_ERROR)
+    result = reply.results[0]
+    if result.record is None:
+        return AlterPartitionResult(proposal_id, result.error)
+    return AlterPartitionResult(
+        proposal_id,
+        result.error,
+        leader_epoch=result.record.leader_epoch,
+        partition_epoch=result.record.partition_epoch,
+        isr=frozenset(result.record.isr),
+        leader_recovery_state=LeaderRecoveryState(result.record.leader_recovery_state),
+    )
+
+
 # ------------------------------------------------------------------------------------------
 # Simulation
 
@@ -363,11 +319,21 @@ class SimOptions:
     liveness_ms: int = 20_000
     drop_rate: float = 0.05
     delay_ms_max: int = 30
-    crash_rate: float = 0.0015  # per scheduler tick
+    # Fault rates per scheduler tick (tick_ms).
+    crash_rate: float = 0.0015
     move_leader_rate: float = 0.003
     pause_rate: float = 0.001
+    controller_crash_rate: float = 0.0003
+    offline_rate: float = 0.0002
+    stream_break_rate: float = 0.003  # per heartbeat
     produce_interval_ms: int = 7
     tick_ms: int = 5
+    # Control plane timers (virtual ms; shorter than Kafka's so a run sees many of them).
+    heartbeat_interval_ms: int = 100
+    session_timeout_ms: int = 500
+    controller_tick_ms: int = 50
+    rebalance_interval_ms: int = 1_000
+    request_timeout_ms: int = 300
 
 
 @dataclass
@@ -403,15 +369,24 @@ class Simulation:
             alter_partition_retry_ms=20,
         )
         self._queue: list[_Event] = []
-        self._metadata_due_ms: dict[int, int] = {}  # per broker: metadata stays in order
         self._seq = 0
+        settings = ControllerSettings(
+            session_timeout_ms=self.opt.session_timeout_ms,
+            auto_leader_rebalance_enable=True,
+            leader_imbalance_check_interval_ms=self.opt.rebalance_interval_ms,
+            leader_imbalance_per_broker_percentage=10,
+        )
+        self.controller = SimControllerNode(
+            settings, CLUSTER_ID, random.Random(self.rng.getrandbits(64)), 0
+        )
+        self._flush_scheduled = False
+        self._after_flush: list[tuple[int, Callable[[], None]]] = []
+        self._next_stream_id = 0
+        self._next_watch = 0
+        self._next_fetch_id = 0
+        self.topic_id: str | None = None
         broker_ids = list(range(1, self.opt.brokers + 1))
-        self.controller = SimController(broker_ids)
         self.brokers = {b: SimBroker(b, self) for b in broker_ids}
-        for pid in range(self.opt.partitions):
-            start = pid % len(broker_ids)
-            rotated = broker_ids[start:] + broker_ids[:start]
-            self.controller.create_partition(pid, tuple(rotated[: self.opt.replication_factor]))
         self.faults = True
         self.checker = Checker(self)
         self.acked: dict[tuple[int, int], bytes] = {}  # (pid, offset) -> stamped batch bytes
@@ -421,7 +396,7 @@ class Simulation:
             pid: IdempotentProducer(1_000 + pid) for pid in range(self.opt.partitions)
         }
         self.trace: list[str] = []
-        self._publish_metadata()
+        self.stats: Counter[str] = Counter()
 
     # -- scheduling ----------------------------------------------------------------------
 
@@ -445,51 +420,347 @@ class Simulation:
         if len(self.trace) > 400:
             del self.trace[:100]
 
-    # -- metadata ------------------------------------------------------------------------
+    def _paused(self, broker: SimBroker) -> bool:
+        return self.now_ms < broker.paused_until_ms
 
-    def _publish_metadata(self) -> None:
-        """Deliver changed partition records to every broker (delayed, in order per broker)."""
-        changed = sorted(set(self.controller.changes))
-        self.controller.changes.clear()
-        if not changed and not self.controller.registrations_changed:
+    def _on_broker(
+        self, broker: SimBroker, incarnation: int | None, action: Callable[[], None]
+    ) -> None:
+        """Run `action` on `broker`'s process (`incarnation`, None: whichever runs). A paused
+        process runs it when it wakes (SIGSTOP defers, it does not drop); a dead or replaced
+        one never does."""
+        if not broker.alive or (incarnation is not None and broker.incarnation != incarnation):
             return
-        self.controller.registrations_changed = False
-        states = {pid: self.controller.partitions[pid].state for pid in changed}
-        registrations = self.controller.registrations()
-        snapshot = {
-            b: (registrations.broker_epoch(b), b in self.controller.fenced)
-            for b in self.controller.broker_epochs
-        }
+        if self._paused(broker):
+            self.at(
+                broker.paused_until_ms - self.now_ms,
+                lambda: self._on_broker(broker, incarnation, action),
+            )
+            return
+        action()
+
+    # -- the controller process -------------------------------------------------------------
+
+    def _partition(self, pid: int) -> PartitionRecord | None:
+        """The controller's current record for partition `pid` (clients' omniscient view)."""
+        if self.topic_id is None:
+            return None
+        return self.controller.image.partition(self.topic_id, pid)
+
+    def _leader(self, pid: int) -> int:
+        record = self._partition(pid)
+        return record.leader if record is not None else NO_LEADER
+
+    def _call_controller(
+        self,
+        command: Callable[[ControllerCore, int], Outcome[Any]],
+        on_reply: Callable[[Any], None] | None = None,
+    ) -> bool:
+        """A request reached the controller: run it now; `on_reply(reply)` once everything it
+        could have seen is durable (group commit). False when the controller is down."""
+        ctl = self.controller
+        if not ctl.up:
+            return False
+        reply = ctl.execute(command, self.now_ms)
+        if ctl.has_pending:
+            if on_reply is not None:
+                self._after_flush.append((ctl.generation, lambda: on_reply(reply)))
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                generation = ctl.generation
+                self.at(self.rng.randint(1, 4), lambda: self._flush(generation))
+        elif on_reply is not None:
+            on_reply(reply)
+        return True
+
+    def _flush(self, generation: int) -> None:
+        ctl = self.controller
+        if generation != ctl.generation:
+            return  # the process that scheduled this fsync died first
+        self._flush_scheduled = False
+        entries = ctl.flush()
+        self.checker.on_controller_entries(entries)
+        self._publish(entries)
+        callbacks, self._after_flush = self._after_flush, []
+        for gen, callback in callbacks:
+            if gen == ctl.generation:
+                callback()
+
+    def _controller_tick(self) -> None:
+        self.at(self.opt.controller_tick_ms, self._controller_tick)
+        self._call_controller(lambda core, now: core.tick(now))
+
+    def crash_controller(self) -> None:
+        ctl = self.controller
+        if not ctl.up:
+            return
+        if ctl.has_pending and self.rng.random() < 0.5:
+            self._flush(ctl.generation)  # the fsync finished just before the crash
+        lost = len(ctl._pending)
+        ctl.crash()
+        self._after_flush.clear()
+        self._flush_scheduled = False
+        self.stats["controller_crashes"] += 1
+        self.note(f"controller crash, {lost} unflushed entries lost")
         for broker in self.brokers.values():
-            # Metadata is a log the broker follows: never dropped, and applied in order. A
-            # random delay models a lagging broker (the KIP-320 zombie windows).
+            # Every stream to the dead process breaks; watchers reconnect with backoff.
+            broker.hb_stream = None
+            if broker.watch is not None:
+                self._break_watch(broker)
+        self.at(self.rng.randint(100, 1_500), self.restart_controller)
+
+    def restart_controller(self) -> None:
+        if self.controller.up:
+            return
+        self.controller.restart(self.now_ms)
+        self.note(f"controller restart at offset {self.controller.durable_offset}")
+
+    def _create_topic(self) -> None:
+        if self.topic_id is not None:
+            return
+        existing = self.controller.durable_image.topic(TOPIC)
+        if existing is not None:
+            self.topic_id = existing.topic_id
+            return
+        self.at(50, self._create_topic)
+        configs = {
+            "min.insync.replicas": str(self.opt.min_insync_replicas),
+            "unclean.leader.election.enable": "false",
+        }
+        topic = CreatableTopic(TOPIC, self.opt.partitions, self.opt.replication_factor, configs)
+
+        def answer(results: tuple[CreateTopicResult, ...]) -> None:
+            if results[0].error == ErrorCode.NONE:
+                self.topic_id = results[0].topic_id
+                self.note(f"topic created {self.topic_id}")
+
+        self._call_controller(lambda core, now: core.create_topics([topic], False, now), answer)
+
+    # -- metadata (WatchMetadata) -----------------------------------------------------------
+
+    def _publish(self, entries: list[LogEntry]) -> None:
+        """Send durable entries down every open watch stream: delayed, maybe reordered."""
+        if not entries:
+            return
+        batch = tuple(entries)
+        for broker in self.brokers.values():
+            token = broker.watch
+            if token is None:
+                continue
+            if self.faults and self.rng.random() < self.opt.drop_rate / 5:
+                self._break_watch(broker)  # the stream broke; the reconnect resends from there
+                continue
             delay = self._delay() * (3 if self.faults and self.rng.random() < 0.2 else 1)
-            at_ms = max(self.now_ms + delay, self._metadata_due_ms.get(broker.broker_id, 0))
-            self._metadata_due_ms[broker.broker_id] = at_ms
-            delay = at_ms - self.now_ms
-            incarnation = broker.broker_epoch
             self.at(
                 delay,
-                lambda b=broker, s=states, r=snapshot, i=incarnation: self._deliver(b, s, r, i),
+                lambda b=broker, t=token: self._on_watch_batch(b, t, False, batch, batch[0].offset),
             )
 
-    def _deliver(
+    def _break_watch(self, broker: SimBroker) -> None:
+        broker.watch = None
+        incarnation = broker.incarnation
+        self.at(self.rng.randint(20, 200), lambda: self._open_watch(broker, incarnation))
+
+    def _open_watch(self, broker: SimBroker, incarnation: int) -> None:
+        if (
+            not broker.alive
+            or broker.incarnation != incarnation
+            or not broker.registered
+            or broker.watch is not None
+        ):
+            return
+        ctl = self.controller
+        if not ctl.up:
+            self.at(self.rng.randint(50, 200), lambda: self._open_watch(broker, incarnation))
+            return
+        self._next_watch += 1
+        token = broker.watch = self._next_watch
+        is_snapshot, items, offset = ctl.read_from(broker.image.next_offset)
+        if is_snapshot or items:
+            self.at(
+                self._delay(),
+                lambda: self._on_watch_batch(broker, token, is_snapshot, items, offset),
+            )
+
+    def _on_watch_batch(
         self,
         broker: SimBroker,
-        states: dict[int, PartitionState],
-        registrations: dict[int, tuple[int, bool]],
-        incarnation: int,
+        token: int,
+        is_snapshot: bool,
+        items: tuple[Any, ...],
+        offset: int,
     ) -> None:
-        if not broker.alive:
+        if broker.watch != token or not broker.alive:
+            return  # that stream is gone; its reconnect asks again from the applied offset
+        if self._paused(broker):
+            self.at(
+                broker.paused_until_ms - self.now_ms,
+                lambda: self._on_watch_batch(broker, token, is_snapshot, items, offset),
+            )
             return
-        if incarnation != broker.broker_epoch:
-            # An older incarnation's delivery; the new one got a full image at restart.
+        image = broker.image
+        applied = False
+        if is_snapshot:
+            image.replace_with_snapshot(items, offset)
+            broker.metadata_buffer = {
+                o: e for o, e in broker.metadata_buffer.items() if o >= image.next_offset
+            }
+            applied = True
+            self.stats["metadata_snapshots"] += 1
+        else:
+            for entry in items:
+                if entry.offset >= image.next_offset:
+                    broker.metadata_buffer[entry.offset] = entry
+        # WatchMetadata applies in offset order: what arrived early waits for the gap to fill.
+        while image.next_offset in broker.metadata_buffer:
+            image.apply(broker.metadata_buffer.pop(image.next_offset))
+            applied = True
+        if applied:
+            self._act_on_metadata(broker)
+
+    def _act_on_metadata(self, broker: SimBroker) -> None:
+        """ReplicaManager.apply_metadata_batch: registrations, then every hosted partition."""
+        for broker_id, reg in broker.image.brokers.items():
+            broker.view.update(
+                broker_id,
+                reg.broker_epoch,
+                fenced=reg.fenced,
+                in_controlled_shutdown=reg.in_controlled_shutdown,
+            )
+        topic = broker.image.topics_by_id.get(self.topic_id) if self.topic_id else None
+        if topic is None:
             return
-        for broker_id, (epoch, fenced) in registrations.items():
-            broker.view.update(broker_id, epoch, fenced=fenced)
-        for pid, state in states.items():
+        for pid, record in sorted(topic.partitions.items()):
+            if broker.broker_id not in record.replicas:
+                continue
             rep = broker.replica(pid)
-            self.apply(broker, pid, rep.core.apply_partition_state(state, self.now_ms))
+            self.apply(
+                broker, pid, rep.core.apply_partition_state(partition_state(record), self.now_ms)
+            )
+
+    # -- broker lifecycle: registration and heartbeats ----------------------------------------
+
+    def start_broker(self, broker: SimBroker) -> None:
+        broker.start_process()
+        incarnation = broker.incarnation
+        self._register(broker, incarnation)
+        self.at(self.opt.heartbeat_interval_ms, lambda: self._heartbeat_tick(broker, incarnation))
+
+    def _register(self, broker: SimBroker, incarnation: int) -> None:
+        if not broker.alive or broker.incarnation != incarnation or broker.registered:
+            return
+        request = RegisterRequest(
+            broker_id=broker.broker_id,
+            cluster_id=CLUSTER_ID,
+            incarnation_id=broker.incarnation_id,
+            host="127.0.0.1",
+            port=9_000 + broker.broker_id,
+        )
+        answered = [False]
+
+        def retry() -> None:
+            if not answered[0]:
+                answered[0] = True
+                self.at(self.rng.randint(50, 150), lambda: self._register(broker, incarnation))
+
+        def on_reply(reply: RegisterReply) -> None:
+            if answered[0]:
+                return
+            answered[0] = True
+            if reply.error != ErrorCode.NONE:
+                # DUPLICATE_BROKER_REGISTRATION: the old incarnation's session is still alive.
+                self.at(self.rng.randint(50, 150), lambda: self._register(broker, incarnation))
+                return
+            broker.broker_epoch = reply.broker_epoch
+            broker.registered = True
+            self.note(f"b{broker.broker_id} registered, broker epoch {reply.broker_epoch}")
+            self._open_watch(broker, incarnation)
+
+        def arrive() -> None:
+            self._call_controller(
+                lambda core, now: core.register_broker(request, now),
+                lambda reply: self.send(
+                    lambda: self._on_broker(broker, incarnation, lambda: on_reply(reply))
+                ),
+            )
+
+        self.at(self.opt.request_timeout_ms, retry)
+        self.send(arrive)
+
+    def _heartbeat_tick(self, broker: SimBroker, incarnation: int) -> None:
+        if not broker.alive or broker.incarnation != incarnation:
+            return
+        self.at(self.opt.heartbeat_interval_ms, lambda: self._heartbeat_tick(broker, incarnation))
+        if broker.registered and not self._paused(broker):
+            self._send_heartbeat(broker)
+
+    def _send_heartbeat(self, broker: SimBroker, want_fence: bool = False) -> None:
+        ctl = self.controller
+        stream = broker.hb_stream
+        if stream is None or stream[1] != ctl.generation:
+            if not ctl.up:
+                broker.hb_stream = None
+                return
+            self._next_stream_id += 1
+            stream = broker.hb_stream = (self._next_stream_id, ctl.generation)
+        if (
+            self.faults
+            and self.rng.random() < self.opt.stream_break_rate
+            and self._fence_ok(broker.broker_id)
+        ):
+            # The connection breaks under a live broker: the controller fences it at once and
+            # the next heartbeat, on a new stream, unfences it.
+            self.stats["stream_breaks"] += 1
+            self._break_heartbeat_stream(broker, notice=True)
+            return
+        request = HeartbeatRequest(
+            broker.broker_id,
+            broker.broker_epoch,
+            broker.image.next_offset,  # what controller_link.py reports
+            want_fence=want_fence,
+        )
+        stream_id, generation = stream
+        incarnation = broker.incarnation
+
+        def arrive() -> None:
+            if self.controller.generation != generation:
+                return  # the stream died with that controller process
+            self._call_controller(
+                lambda core, now: core.heartbeat(request, stream_id, now),
+                lambda reply: self.at(
+                    self._delay(),
+                    lambda: self._on_broker(
+                        broker, incarnation, lambda: self._on_heartbeat_reply(broker, reply)
+                    ),
+                ),
+            )
+
+        # A stream is TCP: heartbeats are delayed, never dropped alone (a loss breaks it).
+        self.at(self._delay(), arrive)
+
+    def _on_heartbeat_reply(self, broker: SimBroker, reply: HeartbeatReply) -> None:
+        if reply.error in (ErrorCode.STALE_BROKER_EPOCH, ErrorCode.BROKER_ID_NOT_REGISTERED):
+            # controller_link.py: the controller no longer knows this epoch; register again.
+            broker.registered = False
+            broker.hb_stream = None
+            self._register(broker, broker.incarnation)
+
+    def _break_heartbeat_stream(self, broker: SimBroker, notice: bool) -> None:
+        stream, broker.hb_stream = broker.hb_stream, None
+        if stream is None or not notice:
+            return
+        stream_id, generation = stream
+        broker_id, broker_epoch = broker.broker_id, broker.broker_epoch
+
+        def arrive() -> None:
+            if self.controller.generation == generation:
+                self._call_controller(
+                    lambda core, now: core.heartbeat_stream_closed(
+                        broker_id, broker_epoch, stream_id, now
+                    )
+                )
+
+        self.at(self._delay(), arrive)
 
     # -- effects interpreter (the shell) ----------------------------------------------------
 
@@ -523,7 +794,9 @@ class Simulation:
             elif isinstance(effect, ProposeIsr):
                 self._send_alter_partition(broker, pid, effect)
             elif isinstance(effect, StartFetching):
+                # A new leader or epoch gets a new fetcher; the old one's request is abandoned.
                 rep.fetching = True
+                rep.fetch_in_flight = 0
             elif isinstance(effect, StopFetching):
                 rep.fetching = False
             elif isinstance(effect, (Backoff, IsrUpdated)):
@@ -532,50 +805,79 @@ class Simulation:
                 raise AssertionError(f"unknown effect {effect!r}")
 
     def _send_alter_partition(self, broker: SimBroker, pid: int, proposal: ProposeIsr) -> None:
-        incarnation = broker.broker_epoch
-
-        def arrive() -> None:
-            result = self.controller.alter_partition(pid, broker.broker_id, incarnation, proposal)
-            self._publish_metadata()
-            self.send(lambda: answer(result))
+        incarnation = broker.incarnation
+        answered = [False]
 
         def answer(result: AlterPartitionResult) -> None:
-            if broker.alive and broker.broker_epoch == incarnation and pid in broker.replicas:
-                rep = broker.replicas[pid]
-                self.apply(broker, pid, rep.core.on_alter_partition_result(result, self.now_ms))
+            if answered[0]:
+                return
+            answered[0] = True
+
+            def on_leader() -> None:
+                rep = broker.replicas.get(pid)
+                if rep is not None:
+                    effects = rep.core.on_alter_partition_result(result, self.now_ms)
+                    self.apply(broker, pid, effects)
+
+            self._on_broker(broker, incarnation, on_leader)
 
         def lost() -> None:
-            # A dropped request or answer surfaces as a transport error after a timeout.
+            # A lost request or answer, or a controller that died before its fsync, surfaces
+            # as a transport error at the request timeout; the core retries.
             answer(AlterPartitionResult(proposal.proposal_id, ErrorCode.REQUEST_TIMED_OUT))
 
         def send_now() -> None:
-            if self._dropped():
-                self.at(200, lost)
-            else:
-                self.at(self._delay(), arrive)
+            if not broker.alive or broker.incarnation != incarnation or self.topic_id is None:
+                return
+            request = AlterPartitionRequest(
+                broker.broker_id,
+                broker.broker_epoch,
+                (
+                    AlterPartitionProposal(
+                        topic_id=self.topic_id,
+                        partition=pid,
+                        leader_epoch=proposal.leader_epoch,
+                        partition_epoch=proposal.partition_epoch,
+                        new_isr=tuple(IsrMember(b, e) for b, e in proposal.new_isr_with_epochs),
+                        leader_recovery_state=int(proposal.leader_recovery_state),
+                    ),
+                ),
+            )
 
-        self.at(max(proposal.delay_ms, 0), send_now)
+            def arrive() -> None:
+                self._call_controller(
+                    lambda core, now: core.alter_partition(request, now),
+                    lambda reply: self.send(
+                        lambda: answer(replica_result(proposal.proposal_id, reply))
+                    ),
+                )
+
+            self.at(self.opt.request_timeout_ms, lost)
+            self.send(arrive)
+
+        self.at(max(proposal.delay_ms, 0), lambda: self._on_broker(broker, incarnation, send_now))
 
     # -- fetching -------------------------------------------------------------------------
 
     def _fetch_tick(self, broker: SimBroker) -> None:
-        if not broker.alive or self.now_ms < broker.paused_until_ms:
-            return
         for pid, rep in broker.replicas.items():
             if not rep.fetching or rep.fetch_in_flight:
                 continue
             position = rep.core.next_fetch(self.now_ms)
             if position is None:
                 continue
-            rep.fetch_in_flight = True
-            self._send_fetch(broker, pid, position)
+            self._send_fetch(broker, rep, pid, position)
 
-    def _send_fetch(self, follower: SimBroker, pid: int, position: FetchPosition) -> None:
-        incarnation = follower.broker_epoch
+    def _send_fetch(
+        self, follower: SimBroker, follower_rep: SimReplica, pid: int, position: FetchPosition
+    ) -> None:
+        incarnation = follower.incarnation
+        self._next_fetch_id += 1
+        fetch_id = follower_rep.fetch_in_flight = self._next_fetch_id
         leader = self.brokers[position.leader_id]
         request = FollowerFetch(
             replica_id=follower.broker_id,
-            broker_epoch=incarnation,
+            broker_epoch=follower.broker_epoch,
             current_leader_epoch=position.current_leader_epoch,
             fetch_offset=position.fetch_offset,
             last_fetched_epoch=position.last_fetched_epoch,
@@ -583,9 +885,8 @@ class Simulation:
         )
 
         def done() -> None:
-            rep = follower.replicas.get(pid)
-            if follower.alive and follower.broker_epoch == incarnation and rep is not None:
-                rep.fetch_in_flight = False
+            if follower_rep.fetch_in_flight == fetch_id:
+                follower_rep.fetch_in_flight = 0
 
         def arrive() -> None:
             if not leader.alive or pid not in leader.replicas:
@@ -608,25 +909,41 @@ class Simulation:
             if self._dropped():
                 self.at(100, done)
             else:
-                self.at(self._delay(), lambda: respond(response))
+                self.at(
+                    self._delay(),
+                    lambda: self._on_broker(follower, incarnation, lambda: respond(response)),
+                )
 
         def respond(response: FetchResponse) -> None:
             done()
             rep = follower.replicas.get(pid)
-            if not follower.alive or follower.broker_epoch != incarnation or rep is None:
+            if rep is None:
                 return
             self.apply(follower, pid, rep.core.on_fetch_response(position, response, self.now_ms))
 
+        def reach_leader() -> None:
+            if not leader.alive:
+                self.at(100, done)  # connection refused
+            else:
+                self._on_broker(leader, None, arrive)
+
+        # The request timeout: a fetch to a stopped leader is given up.
+        self.at(2 * self.opt.request_timeout_ms, done)
         if self._dropped():
             self.at(100, done)
         else:
-            self.at(self._delay(), arrive)
+            self.at(self._delay(), reach_leader)
 
     # -- producing and consuming ----------------------------------------------------------
 
+    def _record_ack(self, pid: int, base_offset: int, data: bytes) -> None:
+        """The producer got its acknowledgement: from now on the batch must never be lost."""
+        self.acked[(pid, base_offset)] = data
+        self.checker.on_acked(pid, base_offset)
+
     def _produce(self) -> None:
         pid = self.rng.randrange(self.opt.partitions)
-        leader_id = self.controller.partitions[pid].state.leader
+        leader_id = self._leader(pid)
         if leader_id == NO_LEADER:
             return
         self.produced += 1
@@ -636,7 +953,7 @@ class Simulation:
         token = (pid, self.produced)
 
         def arrive() -> None:
-            if not broker.alive or pid not in broker.replicas:
+            if pid not in broker.replicas:
                 return
             rep = broker.replicas[pid]
             headers = [h for _, h in iter_batches(raw)]
@@ -651,7 +968,7 @@ class Simulation:
             )
             self.apply(broker, pid, effects)
 
-        self.send(arrive)
+        self.send(lambda: self._on_broker(broker, None, arrive))
 
     # An idempotent producer (DESIGN §5, §8.5): retries the same batch (same producer id,
     # epoch and sequence) after errors and lost answers, to whichever broker leads now.
@@ -676,7 +993,7 @@ class Simulation:
         attempt = producer.attempt
         raw = producer.in_flight
         token = ("idem", pid, sequence, attempt)
-        leader_id = self.controller.partitions[pid].state.leader
+        leader_id = self._leader(pid)
 
         def retry_later(delay_ms: int) -> None:
             self.at(delay_ms, lambda: self._retry_if_current(pid, sequence, attempt))
@@ -687,7 +1004,7 @@ class Simulation:
         broker = self.brokers[leader_id]
 
         def arrive() -> None:
-            if not broker.alive or pid not in broker.replicas:
+            if pid not in broker.replicas:
                 return
             rep = broker.replicas[pid]
             headers = [h for _, h in iter_batches(raw)]
@@ -712,7 +1029,7 @@ class Simulation:
             )
             self.apply(broker, pid, effects)
 
-        self.send(arrive)
+        self.send(lambda: self._on_broker(broker, None, arrive))
 
     def _retry_if_current(self, pid: int, sequence: int, attempt: int) -> None:
         producer = self.producers[pid]
@@ -739,7 +1056,7 @@ class Simulation:
                 broker_id, pid, base_offset = info
                 data = self.brokers[broker_id].replicas[pid].log.batch_at(base_offset)
                 invariant(data is not None, f"acked batch at {base_offset} is not in the log")
-                self.send(lambda: self.acked.__setitem__((pid, base_offset), data))  # type: ignore[arg-type]
+                self.send(lambda: self._record_ack(pid, base_offset, data))  # type: ignore[arg-type]
             self.pending_values.pop(token, None)
             self.send(lambda: self._on_idempotent_answer(token, effect.error))
             return
@@ -750,72 +1067,122 @@ class Simulation:
         data = self.brokers[broker_id].replicas[pid].log.batch_at(base_offset)
         invariant(data is not None, f"acked batch at {base_offset} is not in the leader's log")
         # The response travels back; a lost response just means the client never learns.
-        self.send(lambda: self.acked.__setitem__((pid, base_offset), data))  # type: ignore[arg-type]
-
-    def _consume(self) -> None:
-        self.checker.consume()
+        self.send(lambda: self._record_ack(pid, base_offset, data))  # type: ignore[arg-type]
 
     # -- faults ---------------------------------------------------------------------------
 
-    def _impaired_ok(self, broker_id: int) -> bool:
-        """Fault budget (DESIGN §8.1): after this crash every partition keeps at least
-        min.insync.replicas live members in the controller's ISR."""
-        for part in self.controller.partitions.values():
-            isr = part.state.isr
-            if broker_id in isr:
-                live = [b for b in isr if b != broker_id and self.brokers[b].alive]
-                if len(live) < self.opt.min_insync_replicas:
-                    return False
-        return True
+    # The fault budget (DESIGN §8.1: at most replication.factor - min.insync.replicas
+    # replicas impaired at once). Data is lost only when a partition's ISR ends up holding
+    # nothing but replicas that lost their tail in a crash and have not registered again
+    # (registering takes a new incarnation out of every ISR). Fences of live brokers do not
+    # lose data but shrink the ISR towards such a replica (research §4.2 scenario 6, the
+    # pre-KIP-966 "last replica standing"), so both kinds of fault count.
+
+    def _healthy(self, broker_id: int) -> bool:
+        """Running, registered as this process, unfenced and not about to time out."""
+        broker = self.brokers[broker_id]
+        reg = self.controller.image.brokers.get(broker_id)
+        return (
+            broker.alive
+            and not self._paused(broker)
+            and broker.registered
+            and reg is not None
+            and reg.broker_epoch == broker.broker_epoch
+            and not reg.fenced
+        )
+
+    def _healthy_others(self, broker_id: int) -> int:
+        """The fewest healthy ISR members other than `broker_id` over the partitions whose
+        ISR holds it (a large number when none does)."""
+        fewest = 1_000
+        for pid in range(self.opt.partitions):
+            record = self._partition(pid)
+            if record is None or broker_id not in record.isr:
+                continue
+            healthy = sum(1 for b in record.isr if b != broker_id and self._healthy(b))
+            fewest = min(fewest, healthy)
+        return fewest
+
+    def _crash_ok(self, broker_id: int) -> bool:
+        """A crash may lose the unflushed tail: min.insync.replicas healthy members stay."""
+        return self._healthy_others(broker_id) >= self.opt.min_insync_replicas
+
+    def _fence_ok(self, broker_id: int) -> bool:
+        """A fence (pause past the session timeout, broken stream, asking to be fenced) loses
+        nothing but must leave a healthy member in every ISR it shrinks."""
+        return self._healthy_others(broker_id) >= 1
 
     def crash(self, broker: SimBroker) -> None:
         self.note(f"crash b{broker.broker_id}")
+        self.stats["broker_crashes"] += 1
         broker.alive = False
         for pid, log in broker.logs.items():
             log.crash(self.rng)
-            rep = broker.replicas.get(pid)
-            if rep is not None:
-                log.hw_checkpoint = min(log.hw_checkpoint, log.leo)
+            log.hw_checkpoint = min(log.hw_checkpoint, log.leo)
+            self.checker.on_log_shortened(broker.broker_id, pid, log.leo)
         broker.replicas.clear()
-        # The heartbeat stream breaks: the controller fences at once (DESIGN §3 fast path).
-        self.controller.fence(broker.broker_id)
-        self._publish_metadata()
+        broker.registered = False
+        broker.watch = None
+        # The heartbeat stream breaks. Usually the kernel resets the connection and the
+        # controller fences at once (DESIGN §3 fast path); after a power loss or a network
+        # partition nothing arrives and only the session timeout fences the broker.
+        self._break_heartbeat_stream(broker, notice=self.rng.random() < 0.7)
         self.at(self.rng.randint(100, 1_500), lambda: self.restart(broker))
 
     def restart(self, broker: SimBroker) -> None:
         if broker.alive:
             return
         self.note(f"restart b{broker.broker_id}")
-        broker.alive = True
-        broker.broker_epoch = self.controller.register(broker.broker_id)
-        sync_view(broker.view, self.controller)
-        # Catch up on metadata (a full image), then ask to be unfenced.
-        for pid, part in self.controller.partitions.items():
-            rep = broker.replica(pid)
-            self.apply(broker, pid, rep.core.apply_partition_state(part.state, self.now_ms))
-        self._publish_metadata()
-
-        def unfence() -> None:
-            if broker.alive:
-                self.controller.unfence(broker.broker_id)
-                self._publish_metadata()
-
-        self.at(self._delay(), unfence)
+        self.start_broker(broker)
 
     def _move_leader(self, pid: int) -> None:
-        if self.faults:
-            self.controller.move_leader(pid, self.rng)
-            self._publish_metadata()
+        """A leader move: the leader asks to be fenced (its next heartbeat unfences it) or an
+        administrator asks for the preferred leader (ElectLeaders)."""
+        if not self.faults:
+            return
+        record = self._partition(pid)
+        if record is None:
+            return
+        if record.leader != NO_LEADER and self.rng.random() < 0.6:
+            leader = self.brokers[record.leader]
+            if self._healthy(leader.broker_id) and self._fence_ok(leader.broker_id):
+                self.note(f"b{leader.broker_id} asks to be fenced")
+                self.stats["self_fences"] += 1
+                self._send_heartbeat(leader, want_fence=True)
+            return
+        self.stats["preferred_elections"] += 1
+        self._call_controller(
+            lambda core, now: core.elect_leaders(Election.PREFERRED, [(TOPIC, pid)], now)
+        )
+
+    def _offline_episode(self) -> None:
+        """Pause every ISR member of the partition with the smallest ISR past the session
+        timeout: the partition goes offline and must stay so (no unclean election) until an
+        ISR member returns, even though other replicas may be up."""
+        records = [r for r in (self._partition(p) for p in range(self.opt.partitions)) if r]
+        # Only over healthy ISRs: pausing them all is one fault, but not on top of a crash.
+        records = [r for r in records if all(self._healthy(b) for b in r.isr)]
+        if not records:
+            return
+        smallest = min(len(r.isr) for r in records)
+        record = self.rng.choice([r for r in records if len(r.isr) == smallest])
+        until = self.now_ms + self.opt.session_timeout_ms + self.rng.randint(200, 1_000)
+        self.note(f"offline episode p{record.partition}: pause {list(record.isr)} to {until}")
+        self.stats["offline_episodes"] += 1
+        for broker_id in record.isr:
+            broker = self.brokers[broker_id]
+            broker.paused_until_ms = max(broker.paused_until_ms, until)
 
     def _maybe_fault(self) -> None:
-        if not self.faults:
+        if not self.faults or self.topic_id is None:
             return
         rng = self.rng
         if rng.random() < self.opt.crash_rate:
             candidates = [b for b in self.brokers.values() if b.alive]
-            broker = rng.choice(candidates)
-            if self._impaired_ok(broker.broker_id):
-                self.crash(broker)
+            if candidates:
+                broker = rng.choice(candidates)
+                if self._crash_ok(broker.broker_id):
+                    self.crash(broker)
         if rng.random() < self.opt.move_leader_rate:
             pid = rng.randrange(self.opt.partitions)
             self._move_leader(pid)
@@ -825,14 +1192,20 @@ class Simulation:
                 self.at(rng.randint(2, 20), lambda p=pid: self._move_leader(p))
         if rng.random() < self.opt.pause_rate:
             broker = rng.choice(list(self.brokers.values()))
-            broker.paused_until_ms = self.now_ms + rng.randint(50, 800)
+            if self._fence_ok(broker.broker_id):
+                until = self.now_ms + rng.randint(50, 800)
+                broker.paused_until_ms = max(broker.paused_until_ms, until)
+        if rng.random() < self.opt.controller_crash_rate:
+            self.crash_controller()
+        if rng.random() < self.opt.offline_rate:
+            self._offline_episode()
 
     # -- main loop ------------------------------------------------------------------------
 
     def _tick(self) -> None:
         self._maybe_fault()
         for broker in self.brokers.values():
-            if not broker.alive:
+            if not broker.alive or self._paused(broker):
                 continue
             self._fetch_tick(broker)
             for pid, rep in list(broker.replicas.items()):
@@ -849,8 +1222,7 @@ class Simulation:
             if self.producers[pid].in_flight is None:
                 self._produce_idempotent(pid)
         if self.now_ms % 20 == 0:
-            self._consume()
-        self._publish_metadata()
+            self.checker.consume()
         self.at(self.opt.tick_ms, self._tick)
 
     def _run_until(self, end_ms: int, stop: Callable[[], bool] | None = None) -> None:
@@ -863,10 +1235,23 @@ class Simulation:
                 return
 
     def run(self) -> None:
+        for broker in self.brokers.values():
+            self.start_broker(broker)
+        self.at(0, self._controller_tick)
+        self.at(0, self._create_topic)
         self.at(0, self._tick)
-        self._run_until(self.opt.safety_ms)
+        # Every seed sees at least one controller restart and one offline period; the rates
+        # add more.
+        safety = self.opt.safety_ms
+        self.at(self.rng.randint(safety // 5, safety * 4 // 5), self.crash_controller)
+        self.at(
+            self.rng.randint(safety // 5, safety * 3 // 5),
+            lambda: self._offline_episode() if self.faults else None,
+        )
+        self._run_until(safety)
         # Liveness: heal everything, restart the dead, stop producing; the cluster must settle.
         self.faults = False
+        self.restart_controller()
         for broker in self.brokers.values():
             broker.paused_until_ms = 0
             if not broker.alive:
@@ -876,7 +1261,7 @@ class Simulation:
 
 
 # ------------------------------------------------------------------------------------------
-# Invariant checkers (DESIGN §8)
+# Invariant checkers (DESIGN §8, research §4.1)
 
 
 class Checker:
@@ -888,11 +1273,85 @@ class Checker:
         self.replica_epochs: dict[tuple[int, int], int] = {}  # (broker, pid) -> LE seen
         self.consumer_position: dict[int, int] = {}
         self.verified: dict[tuple[int, int], int] = {}  # (broker, pid) -> offset checked up to
+        # I1, incrementally: acked offsets not yet seen on a broker's log, per (broker, pid).
+        # An offset leaves the set once the broker holds the acked bytes and comes back when
+        # the broker's log is cut below it (truncation, crash).
+        self.unverified: dict[tuple[int, int], set[int]] = {}
+        self.acked_offsets: dict[int, list[int]] = {}
+        self.last_record: dict[tuple[str, int], PartitionRecord] = {}  # last durable ones
+
+    def on_acked(self, pid: int, offset: int) -> None:
+        self.acked_offsets.setdefault(pid, []).append(offset)
+        for broker_id in self.sim.brokers:
+            self.unverified.setdefault((broker_id, pid), set()).add(offset)
+
+    def on_log_shortened(self, broker_id: int, pid: int, leo: int) -> None:
+        pending = self.unverified.setdefault((broker_id, pid), set())
+        pending.update(o for o in self.acked_offsets.get(pid, ()) if o >= leo)
 
     def on_truncated(self, broker: SimBroker, pid: int) -> None:
         key = (broker.broker_id, pid)
         leo = broker.replicas[pid].log.leo
         self.verified[key] = min(self.verified.get(key, 0), leo)
+        self.on_log_shortened(broker.broker_id, pid, leo)
+
+    def on_controller_entries(self, entries: list[LogEntry]) -> None:
+        """Every record the controller made durable (research §4.1 I7, I11; DESIGN §6)."""
+        sim = self.sim
+        for entry in entries:
+            record = entry.record
+            if not isinstance(record, PartitionRecord):
+                continue
+            pid = record.partition
+            old = self.last_record.get((record.topic_id, pid))
+            self.last_record[(record.topic_id, pid)] = record
+            if old is None:
+                continue
+            where = f"p{pid} record at {entry.offset} ({record.reason}): "
+            invariant(
+                record.partition_epoch == old.partition_epoch + 1,
+                f"{where}partition epoch {old.partition_epoch} -> {record.partition_epoch}",
+            )
+            invariant(
+                record.leader_epoch >= old.leader_epoch,
+                f"{where}leader epoch went back {old.leader_epoch} -> {record.leader_epoch}",
+            )
+            if record.leader == old.leader:
+                continue
+            invariant(record.leader_epoch > old.leader_epoch, f"{where}leader moved, same epoch")
+            if record.leader == NO_LEADER:
+                sim.stats["offline_records"] += 1
+                if any(self._live_out_of_sync(b, record) for b in record.replicas):
+                    sim.stats["offline_with_live_out_of_sync_replica"] += 1
+                continue
+            # Unclean election is disabled: the new leader comes from the previous ISR ...
+            invariant(
+                record.leader in old.isr,
+                f"{where}broker {record.leader} elected from outside the ISR {list(old.isr)}",
+            )
+            # ... and, if it is the process the controller thinks it is, holds every
+            # acknowledged batch (I1 at election time).
+            leader = sim.brokers[record.leader]
+            reg = sim.controller.durable_image.brokers.get(record.leader)
+            if leader.alive and reg is not None and reg.broker_epoch == leader.broker_epoch:
+                log = leader.logs.get(pid)
+                for (apid, offset), data in sim.acked.items():
+                    if apid == pid:
+                        invariant(
+                            log is not None and log.batch_at(offset) == data,
+                            f"{where}new leader {record.leader} lacks acked batch at {offset}",
+                        )
+
+    def _live_out_of_sync(self, broker_id: int, record: PartitionRecord) -> bool:
+        broker = self.sim.brokers[broker_id]
+        reg = self.sim.controller.durable_image.brokers.get(broker_id)
+        return (
+            broker_id not in record.isr
+            and broker.alive
+            and not self.sim._paused(broker)
+            and reg is not None
+            and not reg.fenced
+        )
 
     def on_producer_error(self, pid: int, error: ErrorCode) -> None:
         """The idempotent producer must never be told its retry is out of order or fenced:
@@ -936,12 +1395,12 @@ class Checker:
         """A consumer per partition reads from the current leader, checking I3."""
         sim = self.sim
         for pid in range(sim.opt.partitions):
-            leader_id = sim.controller.partitions[pid].state.leader
+            leader_id = sim._leader(pid)
             if leader_id == NO_LEADER:
                 continue
             broker = sim.brokers[leader_id]
             rep = broker.replicas.get(pid)
-            if not broker.alive or rep is None:
+            if not broker.alive or rep is None or sim._paused(broker):
                 continue
             position = self.consumer_position.get(pid, 0)
             answer = rep.core.check_consumer_fetch(-1, position)
@@ -985,39 +1444,70 @@ class Checker:
                     f"{core.leader_epoch}",
                 )
                 self.replica_epochs[key] = core.leader_epoch
-        if not full:
-            return
-        # I1 (continuous form): every acked batch is held by every live controller-ISR member.
-        for (pid, offset), data in sim.acked.items():
-            state = sim.controller.partitions[pid].state
-            holders = 0
-            for broker_id in state.isr:
+        if full:
+            self._check_acked_on_isr()
+
+    def _check_acked_on_isr(self) -> None:
+        """I1 (continuous form): every acked batch is held by every live, unfenced member of
+        the controller's ISR, and by at least one live member. A member counts only while the
+        controller's registration is this process's (a restarted broker that has not
+        registered yet may have lost its tail; registering takes it out of every ISR)."""
+        sim = self.sim
+        registrations = sim.controller.image.brokers
+        for pid in range(sim.opt.partitions):
+            record = sim._partition(pid)
+            if record is None:
+                continue
+            members: list[set[int]] = []
+            for broker_id in record.isr:
                 broker = sim.brokers[broker_id]
-                if not broker.alive:
+                reg = registrations.get(broker_id)
+                if not broker.alive or reg is None or reg.broker_epoch != broker.broker_epoch:
                     continue
-                has = broker.logs[pid].batch_at(offset) == data
-                invariant(
-                    has or broker_id in sim.controller.fenced,
-                    f"p{pid}: acked batch at {offset} missing on ISR member {broker_id}",
-                )
-                holders += has
-            invariant(
-                holders > 0 or not any(sim.brokers[b].alive for b in state.isr),
-                f"p{pid}: acked batch at {offset} is on no live ISR member",
-            )
+                pending = self.unverified.setdefault((broker_id, pid), set())
+                log = broker.logs.get(pid)
+                for offset in list(pending):
+                    if log is not None and log.batch_at(offset) == sim.acked[(pid, offset)]:
+                        pending.discard(offset)
+                    else:
+                        invariant(
+                            reg.fenced,
+                            f"p{pid}: acked batch at {offset} missing on ISR member {broker_id}",
+                        )
+                members.append(pending)
+            if members:
+                lost = set.intersection(*members)
+                invariant(not lost, f"p{pid}: acked batches {sorted(lost)} on no live ISR member")
 
     def converged(self) -> bool:
         sim = self.sim
-        for pid, part in sim.controller.partitions.items():
-            state = part.state
-            if state.leader == NO_LEADER or set(state.isr) != set(state.replicas):
+        ctl = sim.controller
+        if not ctl.up or sim.topic_id is None or ctl.has_pending:
+            return False
+        registrations = ctl.image.brokers
+        for broker in sim.brokers.values():
+            reg = registrations.get(broker.broker_id)
+            if not broker.alive or not broker.registered or reg is None or reg.fenced:
                 return False
-            leader = sim.brokers[state.leader].replicas.get(pid)
+            if reg.broker_epoch != broker.broker_epoch:
+                return False
+            if broker.image.next_offset != ctl.durable_offset:
+                return False
+        for pid in range(sim.opt.partitions):
+            record = sim._partition(pid)
+            if record is None or record.leader == NO_LEADER:
+                return False
+            if set(record.isr) != set(record.replicas):
+                return False
+            # I16: with every replica back in the ISR the rebalance restores preferred leaders.
+            if record.leader != record.preferred_leader:
+                return False
+            leader = sim.brokers[record.leader].replicas.get(pid)
             if leader is None or leader.core.role is not Role.LEADER:
                 return False
-            for broker_id in state.replicas:
+            for broker_id in record.replicas:
                 rep = sim.brokers[broker_id].replicas.get(pid)
-                if rep is None or rep.core.leader_epoch != state.leader_epoch:
+                if rep is None or rep.core.leader_epoch != record.leader_epoch:
                     return False
                 if rep.core.high_watermark != leader.core.leo or rep.log.leo != leader.core.leo:
                     return False
@@ -1026,9 +1516,15 @@ class Checker:
     def check_final(self) -> None:
         sim = self.sim
         invariant(self.converged(), "the cluster did not converge after the faults healed")
-        for pid, part in sim.controller.partitions.items():
-            leader_log = sim.brokers[part.state.leader].replicas[pid].log
-            for broker_id in part.state.replicas:
+        unclean = [e for e in sim.controller.events if e.name == "unclean_leader_elected"]
+        invariant(
+            not unclean, f"unclean election with unclean.leader.election.enable=false: {unclean}"
+        )
+        for pid in range(sim.opt.partitions):
+            record = sim._partition(pid)
+            assert record is not None
+            leader_log = sim.brokers[record.leader].replicas[pid].log
+            for broker_id in record.replicas:
                 log = sim.brokers[broker_id].replicas[pid].log
                 invariant(
                     log.batches == leader_log.batches,
