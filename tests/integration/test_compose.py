@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -206,6 +207,12 @@ def test_dockerfile_installs_the_package_without_dev_extras() -> None:
         for line in DOCKERIGNORE.read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
+    # The wheel is built from what the build stage copies: every package folder must be there.
+    package_dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"
+    ]
+    copied = {source.rstrip("/") for source in dockerfile.copies}
+    assert {"pyproject.toml", "README.md", *package_dirs.values()} <= copied
     for source in dockerfile.copies:
         path = source.rstrip("/")
         assert (ROOT / path).exists(), f"COPY {source}: not in the repository"
