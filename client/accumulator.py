@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from minibroker.client.errors import MessageTooLargeError
 from minibroker.client.types import TopicPartition
@@ -98,9 +98,9 @@ class ProducerBatch:
         return len(self.buffer) if self.buffer is not None else self.approx_bytes
 
 
-@dataclass(frozen=True, slots=True)
-class AppendResult:
-    """`appended` False only with `abort_on_new_batch` when a new batch would be needed."""
+class AppendResult(NamedTuple):
+    """`appended` False only with `abort_on_new_batch` when a new batch would be needed.
+    A NamedTuple: one is made per record."""
 
     appended: bool
     batch: ProducerBatch | None

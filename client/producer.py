@@ -23,8 +23,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 
@@ -135,9 +134,9 @@ def _normalize_headers(headers: HeadersIn) -> tuple[tuple[str, bytes | None], ..
     return tuple(out)
 
 
-@dataclass(frozen=True, slots=True)
-class PreparedRecord:
-    """A validated record, ready for the accumulator (made by `_prepare`)."""
+class PreparedRecord(NamedTuple):
+    """A validated record, ready for the accumulator (made by `_prepare`). A NamedTuple: one is
+    made per record, and a frozen dataclass costs several times more to construct."""
 
     topic: str
     partition: int  # -1: sticky (null key, no explicit partition)
@@ -149,14 +148,9 @@ class PreparedRecord:
     num_partitions: int
 
 
-class _Handle:
-    """One record's completion: the user's future (asyncio or concurrent) and its timestamp."""
-
-    __slots__ = ("future", "timestamp_ms")
-
-    def __init__(self, future: Any, timestamp_ms: int) -> None:
-        self.future = future
-        self.timestamp_ms = timestamp_ms
+# One record's completion handle in a batch: (the user's future, asyncio or concurrent; the
+# record's timestamp). A plain tuple, the cheapest per-record object to make and to keep alive.
+_Handle = tuple[Any, int]
 
 
 def _settle(future: Any, result: Any = None, exc: BaseException | None = None) -> None:
@@ -370,7 +364,7 @@ class AsyncProducer:
         if self._fatal is not None:
             _settle(future, exc=self._fatal)
             return False
-        handle = _Handle(future, rec.timestamp_ms)
+        handle = (future, rec.timestamp_ms)
         now = now_ms()
         acc = self.accumulator
         if rec.partition >= 0:
@@ -486,10 +480,8 @@ class AsyncProducer:
         try:
             self._wake()
             waits = [
-                asyncio.wrap_future(h.future)
-                if not isinstance(h.future, asyncio.Future)
-                else h.future
-                for h in (b.handles[-1] for b in acc.incomplete() if b.handles)
+                asyncio.wrap_future(f) if not isinstance(f, asyncio.Future) else f
+                for f in (b.handles[-1][0] for b in acc.incomplete() if b.handles)
             ]
             if waits:
                 timeout = None if timeout_ms is None else timeout_ms / 1000
@@ -729,10 +721,14 @@ class AsyncProducer:
         self.accumulator.complete(batch)
         self._signal_space()
         topic, partition = batch.tp
-        for i, handle in enumerate(batch.handles):
-            ts = log_append_time_ms if log_append_time_ms >= 0 else handle.timestamp_ms
-            offset = base_offset + i if base_offset >= 0 else -1
-            _settle(handle.future, RecordMetadata(topic, partition, offset, ts))
+        append_time = log_append_time_ms >= 0
+        offset = base_offset if base_offset >= 0 else -1
+        step = 1 if base_offset >= 0 else 0
+        for future, ts in batch.handles:
+            if not future.done():
+                ts = log_append_time_ms if append_time else ts
+                _settle(future, RecordMetadata(topic, partition, offset, ts))
+            offset += step
 
     def _finish_failed(self, batch: ProducerBatch, err: MiniBrokerError) -> None:
         log.debug(
@@ -753,8 +749,8 @@ class AsyncProducer:
 
     @staticmethod
     def _fail_handles(batch: ProducerBatch, err: BaseException) -> None:
-        for handle in batch.handles:
-            _settle(handle.future, exc=err)
+        for future, _ in batch.handles:
+            _settle(future, exc=err)
 
     def _signal_space(self) -> None:
         if self._space is not None and self.accumulator.buffered_bytes < self.buffer_memory:

@@ -95,6 +95,9 @@ _SMALL_VARINTS: tuple[bytes, ...] = tuple(
     _encode_unsigned((n << 1) ^ (n >> 63)) for n in range(-_SMALL_LIMIT, _SMALL_LIMIT)
 )
 _NULL_LENGTH = _SMALL_VARINTS[_SMALL_LIMIT - 1]  # varint(-1): a null key, value or header value
+# Values up to this size are copied into one bytes object with their record's framing; larger
+# ones stay separate list entries so only the final join copies them.
+_COALESCE_BYTES = 512
 
 
 def encode_varint(value: int) -> bytes:
@@ -192,6 +195,23 @@ def _as_bytes(data: object, what: str) -> bytes:
     raise TypeError(f"record {what} must be bytes or None, not {type(data).__name__}")
 
 
+def _encode_headers(headers: HeaderList) -> bytes:
+    """headersCount and the headers of one record (the record's tail after its value)."""
+    out = [encode_varint(len(headers))]
+    for name, header_value in headers:
+        encoded_name = name.encode("utf-8")
+        out.append(encode_varint(len(encoded_name)))
+        out.append(encoded_name)
+        if header_value is None:
+            out.append(_NULL_LENGTH)
+        else:
+            if type(header_value) is not bytes:
+                header_value = _as_bytes(header_value, "header value")
+            out.append(encode_varint(len(header_value)))
+            out.append(header_value)
+    return b"".join(out)
+
+
 class BatchBuilder:
     """Accumulates records into one v2 batch for the producer (Kafka's MemoryRecordsBuilder).
 
@@ -285,37 +305,34 @@ class BatchBuilder:
         """Encode one record into the batch. False (nothing added) when it would overflow."""
         if self._built is not None:
             raise RuntimeError("the batch is already built")
-        timestamp_ms = index(timestamp_ms)
-        if key is not None and type(key) is not bytes:
-            key = _as_bytes(key, "key")
-        if value is not None and type(value) is not bytes:
-            value = _as_bytes(value, "value")
+        if type(timestamp_ms) is not int:
+            timestamp_ms = index(timestamp_ms)
         count = self._count
-        base = timestamp_ms if count == 0 else self._base_timestamp
-        parts = [b"\x00", encode_varlong(timestamp_ms - base), encode_varint(count)]
+        delta = timestamp_ms - self._base_timestamp if count else 0
+        small = _SMALL_VARINTS
+        # attributes (always 0 for a v2 record) + timestampDelta + offsetDelta, from the table
+        # when they are small (the usual case), which avoids any varint arithmetic per record.
+        head = b"\x00" + (
+            small[delta + _SMALL_LIMIT]
+            if -_SMALL_LIMIT <= delta < _SMALL_LIMIT
+            else encode_varlong(delta)
+        )
+        head += small[count + _SMALL_LIMIT] if count < _SMALL_LIMIT else encode_varint(count)
         if key is None:
-            parts.append(_NULL_LENGTH)
+            head += _NULL_LENGTH
         else:
-            parts.append(encode_varint(len(key)))
-            parts.append(key)
+            if type(key) is not bytes:
+                key = _as_bytes(key, "key")
+            head += encode_varint(len(key)) + key
         if value is None:
-            parts.append(_NULL_LENGTH)
+            head += _NULL_LENGTH
+            value = b""
         else:
-            parts.append(encode_varint(len(value)))
-            parts.append(value)
-        parts.append(encode_varint(len(headers)))
-        for name, header_value in headers:
-            encoded_name = name.encode("utf-8")
-            parts.append(encode_varint(len(encoded_name)))
-            parts.append(encoded_name)
-            if header_value is None:
-                parts.append(_NULL_LENGTH)
-            else:
-                if type(header_value) is not bytes:
-                    header_value = _as_bytes(header_value, "header value")
-                parts.append(encode_varint(len(header_value)))
-                parts.append(header_value)
-        body_size = sum(map(len, parts))
+            if type(value) is not bytes:
+                value = _as_bytes(value, "value")
+            head += encode_varint(len(value))
+        tail = _encode_headers(headers) if headers else b"\x00"
+        body_size = len(head) + len(value) + len(tail)
         prefix = encode_varint(body_size)
         record_size = len(prefix) + body_size
         if count > 0 and HEADER_SIZE + self._records_bytes + record_size > self.batch_size:
@@ -325,8 +342,14 @@ class BatchBuilder:
             self._max_timestamp = timestamp_ms
         elif timestamp_ms > self._max_timestamp:
             self._max_timestamp = timestamp_ms
-        self._parts.append(prefix)
-        self._parts.extend(parts)
+        parts = self._parts
+        if len(value) <= _COALESCE_BYTES:
+            # One small bytes object per record: the copy is cheaper than more list entries.
+            parts.append(prefix + head + value + tail)
+        else:
+            parts.append(prefix + head)
+            parts.append(value)
+            parts.append(tail)
         self._records_bytes += record_size
         self._count = count + 1
         return True
