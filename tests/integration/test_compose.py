@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-
-yaml = pytest.importorskip("yaml", reason="PyYAML comes with the dev extra (pyproject.toml)")
+import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "deploy" / "docker-compose.yml"
