@@ -94,6 +94,9 @@ def build_session(master: str) -> Any:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
+        # Python workers must connect back within this time; 15 s (the default) is too short
+        # on a busy 2-core machine, where starting a worker can take longer.
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
