@@ -527,10 +527,17 @@ class WatchModel:
             return
         for key, info in processes.items():
             before = previous.get(key)
-            if before is None or before.state == info.state:
+            if before is None:
+                continue
+            # A restart between two looks shows only as a new PID.
+            restarted = info.state != "stopped" and before.state != "stopped"
+            restarted = restarted and before.pid != info.pid
+            if before.state == info.state and not restarted:
                 continue
             who = CONTROLLER if key == CONTROLLER else f"broker {key}"
-            if info.state == "stopped":
+            if restarted:
+                verb = f"process restarted (pid {before.pid} -> {info.pid})"
+            elif info.state == "stopped":
                 verb = f"process exited (pid {before.pid})"
             elif before.state == "stopped":
                 verb = f"process started (pid {info.pid})"

@@ -82,7 +82,7 @@ def produce(cluster: LocalCluster, topic: str, count: int, acks: str, partition:
 
 def frame_text(watcher: Watcher, width: int = 220) -> str:
     console = Console(record=True, width=width, file=io.StringIO(), color_system=None)
-    console.print(watcher.frame(event_rows=60))
+    console.print(watcher.frame(event_rows=500))
     return console.export_text()
 
 
@@ -253,7 +253,8 @@ async def test_live_watch_across_controller_restart_unclean_election_and_truncat
     events = text.split("events (UTC)")[1]
     assert "controller unreachable" in events
     assert "controller reachable again" in events
-    assert "controller process exited" in events
+    # Killed and restarted between two looks at /proc, it shows as a restart.
+    assert "controller process exited" in events or "controller process restarted" in events
     assert "t-0 offline: leader" in events
     new_leader = next(
         e for e in model.events if e.kind is EventKind.ELECTION and "UNCLEAN" in e.text

@@ -340,14 +340,16 @@ def test_process_states_beat_rpc_state_and_transitions_are_events() -> None:
     model.observe_processes({**running, "1": ProcessInfo("running", 11)}, T0 + 2)
     model.observe_processes({**running, "1": ProcessInfo("stopped", 0)}, T0 + 3)
     model.observe_processes({**running, "1": ProcessInfo("running", 12)}, T0 + 4)
+    model.observe_processes({**running, "1": ProcessInfo("running", 13)}, T0 + 4)
     texts = [e.text for e in model.events if e.kind is EventKind.PROCESS]
     assert texts == [
         "broker 1 process paused (SIGSTOP)",
         "broker 1 process resumed (SIGCONT)",
         "broker 1 process exited (pid 11)",
         "broker 1 process started (pid 12)",
+        "broker 1 process restarted (pid 12 -> 13)",
     ]
-    model.observe_processes({**running, "1": ProcessInfo("paused", 12)}, T0 + 5)
+    model.observe_processes({**running, "1": ProcessInfo("paused", 13)}, T0 + 5)
     model.observe_broker_failure(1, "DEADLINE_EXCEEDED", T0 + 5)
     assert model.broker_rows()[0].status == "paused"
     assert model.partition_rows()[0].cells[0].problem == "paused"
