@@ -69,7 +69,9 @@ def record_size_estimate(key: bytes | None, value: bytes | None, headers: Header
 class ProducerBatch:
     """One batch of one partition, from first append to acknowledgement.
 
-    `handles` are opaque per-record completion objects owned by the shell, in offset order.
+    `handles` are opaque per-record completion objects owned by the shell, in offset order;
+    `timestamps` are the records' timestamps in the same order (kept here so a handle can be the
+    bare future: every long-lived object per record costs the garbage collector time).
     `buffer` is None while records are still being appended and holds the final bytes (producer
     fields stamped) from the first drain on; it never changes after that.
     """
@@ -78,6 +80,7 @@ class ProducerBatch:
     builder: BatchBuilderLike | None
     created_ms: int
     handles: list[Any] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)
     record_count: int = 0
     approx_bytes: int = 0
     full: bool = False
@@ -179,7 +182,7 @@ class RecordAccumulator:
                 if last.builder is not None and last.builder.append(
                     timestamp_ms, key, value, headers
                 ):
-                    self._add(last, handle, size)
+                    self._add(last, handle, timestamp_ms, size)
                     return AppendResult(True, last, False)
                 last.full = True
         if abort_on_new_batch:
@@ -190,12 +193,13 @@ class RecordAccumulator:
                 f"a record of about {size} bytes does not fit in an empty batch for {tp}"
             )
         batch = ProducerBatch(tp, builder, now_ms)
-        self._add(batch, handle, size)
+        self._add(batch, handle, timestamp_ms, size)
         queue.append(batch)
         return AppendResult(True, batch, True)
 
-    def _add(self, batch: ProducerBatch, handle: Any, size: int) -> None:
+    def _add(self, batch: ProducerBatch, handle: Any, timestamp_ms: int, size: int) -> None:
         batch.handles.append(handle)
+        batch.timestamps.append(timestamp_ms)
         batch.record_count += 1
         batch.approx_bytes += size
         self.buffered_bytes += size

@@ -148,11 +148,6 @@ class PreparedRecord(NamedTuple):
     num_partitions: int
 
 
-# One record's completion handle in a batch: (the user's future, asyncio or concurrent; the
-# record's timestamp). A plain tuple, the cheapest per-record object to make and to keep alive.
-_Handle = tuple[Any, int]
-
-
 def _settle(future: Any, result: Any = None, exc: BaseException | None = None) -> None:
     if future.done():
         return
@@ -364,7 +359,8 @@ class AsyncProducer:
         if self._fatal is not None:
             _settle(future, exc=self._fatal)
             return False
-        handle = (future, rec.timestamp_ms)
+        # The accumulator's per-record handle is the future itself (asyncio or concurrent).
+        handle = future
         now = now_ms()
         acc = self.accumulator
         if rec.partition >= 0:
@@ -481,7 +477,7 @@ class AsyncProducer:
             self._wake()
             waits = [
                 asyncio.wrap_future(f) if not isinstance(f, asyncio.Future) else f
-                for f in (b.handles[-1][0] for b in acc.incomplete() if b.handles)
+                for f in (b.handles[-1] for b in acc.incomplete() if b.handles)
             ]
             if waits:
                 timeout = None if timeout_ms is None else timeout_ms / 1000
@@ -724,7 +720,7 @@ class AsyncProducer:
         append_time = log_append_time_ms >= 0
         offset = base_offset if base_offset >= 0 else -1
         step = 1 if base_offset >= 0 else 0
-        for future, ts in batch.handles:
+        for future, ts in zip(batch.handles, batch.timestamps):
             if not future.done():
                 ts = log_append_time_ms if append_time else ts
                 _settle(future, RecordMetadata(topic, partition, offset, ts))
@@ -749,7 +745,7 @@ class AsyncProducer:
 
     @staticmethod
     def _fail_handles(batch: ProducerBatch, err: BaseException) -> None:
-        for future, _ in batch.handles:
+        for future in batch.handles:
             _settle(future, exc=err)
 
     def _signal_space(self) -> None:

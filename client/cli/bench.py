@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import datetime
 import os
 import sys
@@ -171,6 +172,8 @@ async def bench_produce(args: argparse.Namespace, out: TextIO) -> str:
         # tool's own per-record cost (and garbage) small next to the producer's.
         sent_at: dict[asyncio.Future[Any], float] = {}
         monotonic = time.monotonic
+        # One context for every callback: add_done_callback would copy one per record.
+        context = contextvars.copy_context()
 
         def done(future: asyncio.Future[Any]) -> None:
             now = monotonic()
@@ -189,7 +192,7 @@ async def bench_produce(args: argparse.Namespace, out: TextIO) -> str:
             started = monotonic()
             future = await producer.send(args.topic, payload)
             sent_at[future] = started
-            future.add_done_callback(done)
+            future.add_done_callback(done, context=context)
         await producer.flush()
         end = time.monotonic()
     line = stats.summary(end)
