@@ -21,9 +21,10 @@ on broker/replica_manager.py and broker/controller_link.py:
   SIGSTOP-like pauses (nothing runs on a paused broker; its heartbeats stop, so a long pause is
   a session timeout and a zombie leader); heartbeat streams that break under a live broker;
   brokers asking to be fenced and preferred elections (bursts of leader moves, research §4.2
-  scenario 3); controller crashes and restarts; automatic rebalance ticks; offline periods
-  (every ISR member of a partition paused past the session timeout, so the partition must stay
-  offline: unclean election is disabled and an out-of-sync replica must never lead).
+  scenario 3); controlled shutdowns (SIGTERM) and restarts; controller crashes and restarts;
+  automatic rebalance ticks; offline periods (every ISR member of a partition paused past the
+  session timeout, so the partition must stay offline: unclean election is disabled and an
+  out-of-sync replica must never lead).
 
 Producers write with acks=all (plain and idempotent); consumers read from leaders. The DESIGN §8
 invariants are checked after every event (`Checker`), plus the controller's: every record the
@@ -241,6 +242,7 @@ class SimBroker:
         self.logs: dict[int, MemLog] = {}
         self.replicas: dict[int, SimReplica] = {}
         self.paused_until_ms = 0  # SIGSTOP: nothing runs on this broker before this time
+        self.shutting_down = False  # SIGTERM: controlled shutdown in progress
 
     def start_process(self) -> None:
         self.alive = True
@@ -254,6 +256,7 @@ class SimBroker:
         self.hb_stream = None
         self.view = BrokerRegistrations()
         self.replicas = {}
+        self.shutting_down = False
 
     def replica(self, pid: int) -> SimReplica:
         rep = self.replicas.get(pid)
@@ -325,6 +328,7 @@ class SimOptions:
     pause_rate: float = 0.001
     controller_crash_rate: float = 0.0003
     offline_rate: float = 0.0002
+    shutdown_rate: float = 0.0004
     stream_break_rate: float = 0.003  # per heartbeat
     produce_interval_ms: int = 7
     tick_ms: int = 5
@@ -718,6 +722,7 @@ class Simulation:
             broker.broker_epoch,
             broker.image.next_offset,  # what controller_link.py reports
             want_fence=want_fence,
+            want_shut_down=broker.shutting_down,
         )
         stream_id, generation = stream
         incarnation = broker.incarnation
@@ -744,6 +749,8 @@ class Simulation:
             broker.registered = False
             broker.hb_stream = None
             self._register(broker, broker.incarnation)
+        elif reply.should_shut_down and broker.shutting_down:
+            self._stop_broker(broker, "controlled shutdown granted")
 
     def _break_heartbeat_stream(self, broker: SimBroker, notice: bool) -> None:
         stream, broker.hb_stream = broker.hb_stream, None
@@ -1089,6 +1096,7 @@ class Simulation:
             and reg is not None
             and reg.broker_epoch == broker.broker_epoch
             and not reg.fenced
+            and not reg.in_controlled_shutdown
         )
 
     def _healthy_others(self, broker_id: int) -> int:
@@ -1128,6 +1136,35 @@ class Simulation:
         # partition nothing arrives and only the session timeout fences the broker.
         self._break_heartbeat_stream(broker, notice=self.rng.random() < 0.7)
         self.at(self.rng.randint(100, 1_500), lambda: self.restart(broker))
+
+    def controlled_shutdown(self, broker: SimBroker) -> None:
+        """SIGTERM (broker/app.py): ask the controller to move leaderships away, stop when it
+        says so (or after the shutdown timeout), flushing every log; start again later."""
+        if broker.shutting_down or not self._healthy(broker.broker_id):
+            return
+        self.note(f"b{broker.broker_id} controlled shutdown")
+        self.stats["controlled_shutdowns"] += 1
+        broker.shutting_down = True
+        incarnation = broker.incarnation
+        self._send_heartbeat(broker)
+
+        def timed_out() -> None:
+            if broker.alive and broker.incarnation == incarnation:
+                self._stop_broker(broker, "controlled shutdown timed out")
+
+        self.at(2_000, timed_out)
+
+    def _stop_broker(self, broker: SimBroker, reason: str) -> None:
+        """A clean stop: every log flushed, the heartbeat stream closed in order."""
+        self.note(f"b{broker.broker_id} stops: {reason}")
+        for rep in broker.replicas.values():
+            rep.log.flush(rep.core.high_watermark)
+        broker.alive = False
+        broker.replicas.clear()
+        broker.registered = False
+        broker.watch = None
+        self._break_heartbeat_stream(broker, notice=True)
+        self.at(self.rng.randint(100, 1_000), lambda: self.restart(broker))
 
     def restart(self, broker: SimBroker) -> None:
         if broker.alive:
@@ -1195,6 +1232,10 @@ class Simulation:
             if self._fence_ok(broker.broker_id):
                 until = self.now_ms + rng.randint(50, 800)
                 broker.paused_until_ms = max(broker.paused_until_ms, until)
+        if rng.random() < self.opt.shutdown_rate:
+            broker = rng.choice(list(self.brokers.values()))
+            if self._fence_ok(broker.broker_id):
+                self.controlled_shutdown(broker)
         if rng.random() < self.opt.controller_crash_rate:
             self.crash_controller()
         if rng.random() < self.opt.offline_rate:
