@@ -129,6 +129,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         if registration is None:
             return 0
         data_dir.adopt_cluster_id(registration.cluster_id)
+        rm.prefetch_producer_ids()
         tasks = [
             asyncio.create_task(link.watch_loop(), name="metadata-watch"),
             asyncio.create_task(link.heartbeat_loop(), name="heartbeat"),

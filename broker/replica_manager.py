@@ -66,7 +66,7 @@ from minibroker.proto import minibroker_pb2 as pb
 
 log = get_logger(__name__)
 
-PRODUCER_ID_BLOCK_REFILL = 0  # ask for a new block when the current one is used up
+PRODUCER_ID_PREFETCH_LEFT = 100  # prefetch the next block when this few ids are left (90%)
 
 
 def now_ms() -> int:
@@ -107,6 +107,8 @@ class ReplicaManager:
         self._metadata_ready = asyncio.Event()
         self._produce_seq = 0
         self._producer_ids: tuple[int, int] = (0, 0)  # next id, end (exclusive)
+        self._next_producer_ids: tuple[int, int] | None = None  # (start, length), prefetched
+        self._prefetching = False
         self._producer_id_lock = asyncio.Lock()
         self.fetchers = FetcherManager(
             self,
@@ -795,23 +797,55 @@ class ReplicaManager:
         return response
 
     async def init_producer_id(self) -> pb.InitProducerIdResponse:
+        """Hand out the next producer id of this broker's block (Kafka's ProducerIdManager).
+
+        Blocks come from the controller. The next one is fetched in the background once 90% of
+        the current one is used, and the first right after registration, so new idempotent
+        producers keep starting while the controller is briefly away.
+        """
         async with self._producer_id_lock:
             next_id, end = self._producer_ids
             if next_id >= end:
-                try:
-                    start, length = await self._link.allocate_producer_ids()
-                except Exception as err:
-                    return pb.InitProducerIdResponse(
-                        error_code=ErrorCode.NOT_CONTROLLER,
-                        error_message=f"cannot allocate producer ids: {err}",
-                        producer_id=-1,
-                        producer_epoch=-1,
-                    )
+                if self._next_producer_ids is None:
+                    try:
+                        self._next_producer_ids = await self._link.allocate_producer_ids()
+                    except Exception as err:
+                        return pb.InitProducerIdResponse(
+                            error_code=ErrorCode.NOT_CONTROLLER,
+                            error_message=f"cannot allocate producer ids: {err}",
+                            producer_id=-1,
+                            producer_epoch=-1,
+                        )
+                start, length = self._next_producer_ids
+                self._next_producer_ids = None
                 next_id, end = start, start + length
             self._producer_ids = (next_id + 1, end)
+            if self._next_producer_ids is None and end - next_id <= PRODUCER_ID_PREFETCH_LEFT:
+                self.prefetch_producer_ids()
         return pb.InitProducerIdResponse(
             error_code=ErrorCode.NONE, producer_id=next_id, producer_epoch=0
         )
+
+    def prefetch_producer_ids(self) -> None:
+        """Fetch the next producer-id block in the background (retrying while the controller is
+        away), unless one is already fetched or on its way."""
+        if self._next_producer_ids is not None or self._prefetching:
+            return
+        self._prefetching = True
+
+        async def fetch() -> None:
+            try:
+                delay = 0.1
+                while self._next_producer_ids is None:
+                    try:
+                        self._next_producer_ids = await self._link.allocate_producer_ids()
+                    except Exception:
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, 2.0)
+            finally:
+                self._prefetching = False
+
+        self._spawn(fetch(), "prefetch-producer-ids")
 
     def describe_replicas(self, topics: set[str]) -> list[wire.ReplicaState]:
         states = []

@@ -381,3 +381,75 @@ def test_consumer_fetches_from_a_follower_in_its_rack(tmp_path: pathlib.Path) ->
         after = {b: bytes_out(cluster.spec(b).metrics_port) for b in (1, 2, 3)}
         assert after[follower] > before[follower], "the rack-local follower served nothing"
         assert after[leader] == before[leader], "the leader served records to the consumer"
+
+
+def test_brokers_keep_serving_while_the_controller_is_down(cluster: LocalCluster) -> None:
+    """DESIGN §3: brokers keep their last metadata while the controller is away, so produce and
+    fetch go on; a restarted controller (durable log) fences nobody and elections resume."""
+    tp = TopicPartition("steady", 0)
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic("steady", 1, 3, {"min.insync.replicas": "2"})
+        wait_until(lambda: len(describe(admin, "steady").isr) == 3, 20, "a full ISR")
+        before = describe(admin, "steady")
+    cluster.kill("controller")
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        acked = [
+            producer.send("steady", f"c{i}".encode(), partition=0).result(30) for i in range(50)
+        ]
+    assert [m.offset for m in acked] == list(range(50))
+    assert [r.value for r in read_all(cluster.bootstrap, tp)] == [
+        f"c{i}".encode() for i in range(50)
+    ]
+
+    cluster.start("controller")
+    with Admin(cluster.bootstrap) as admin:
+        wait_until(
+            lambda: all(not b.fenced for b in admin.describe_cluster().brokers),
+            20,
+            "every broker unfenced after the controller restart",
+        )
+        after = describe(admin, "steady")
+        assert (after.leader, after.leader_epoch) == (before.leader, before.leader_epoch)
+        # Elections work again: kill the leader, a new one is chosen.
+        cluster.kill(after.leader)
+        wait_until(
+            lambda: describe(admin, "steady").leader not in (after.leader, -1),
+            20,
+            "a new leader after the controller came back",
+        )
+
+
+def test_automatic_rebalance_returns_leadership_to_the_preferred_replica(
+    tmp_path: pathlib.Path,
+) -> None:
+    """DESIGN §6: after a preferred leader restarts and rejoins the ISR, the controller's periodic
+    check moves leadership back to it (leader.imbalance.check.interval.seconds)."""
+    settings = {"leader.imbalance.check.interval.seconds": "2", "replica.lag.time.max.ms": "1500"}
+    with (
+        local_cluster(str(tmp_path / "rebalance"), brokers=3, settings=settings) as cluster,
+        Admin(cluster.bootstrap) as admin,
+    ):
+        admin.create_topic("balanced", 3, 3)
+        wait_until(
+            lambda: all(
+                p.leader == p.replicas[0] and len(p.isr) == 3
+                for p in admin.describe_topics(["balanced"])[0].partitions
+            ),
+            20,
+            "preferred leaders",
+        )
+        (partition,) = [
+            p for p in admin.describe_topics(["balanced"])[0].partitions if p.partition == 0
+        ]
+        preferred = partition.replicas[0]
+        cluster.kill(preferred)
+        wait_until(lambda: describe(admin, "balanced").leader != preferred, 20, "failover")
+        cluster.start(preferred)
+        wait_until(
+            lambda: describe(admin, "balanced").leader == preferred,
+            30,
+            f"leadership back on broker {preferred}",
+        )
+        assert all(
+            p.leader == p.replicas[0] for p in admin.describe_topics(["balanced"])[0].partitions
+        )
