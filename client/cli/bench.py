@@ -1,10 +1,16 @@
-"""`minibroker bench produce|consume`: Kafka's producer and consumer perf-test tools.
+"""`minibroker bench produce|consume|e2e`: Kafka's producer and consumer perf-test tools.
 
 Does network I/O (AsyncProducer / AsyncConsumer on uvloop) and prints measured figures; it never
 asserts. Output lines follow kafka-producer-perf-test.sh (a progress line every 5 s and a final
 summary with latency percentiles) and kafka-consumer-perf-test.sh (a CSV header and one line);
 MB is 1024 * 1024 bytes, as in Kafka's tools. Latency is measured per record from `send` to the
 acknowledgement callback. The consumer test has no consumer group, so rebalance.time.ms is 0.
+
+`e2e` (Kafka's EndToEndLatency, at a fixed rate instead of one record at a time): a producer
+and a consumer in one process and one event loop; each value starts with the send time
+(wall-clock ns, big-endian int64) and latency is the consumer's receive time minus that, so
+sub-millisecond figures survive (record timestamps are whole ms). The summary line has the
+producer tool's shape, with latencies in fractional ms.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import asyncio
 import contextvars
 import datetime
 import os
+import struct
 import sys
 import time
 from typing import Any, TextIO
@@ -66,6 +73,30 @@ def register(sub: Any) -> None:
     )
     add_bootstrap_argument(consume)
     consume.set_defaults(func=guarded(_bench_consume))
+
+    e2e = sub.add_parser(
+        "e2e",
+        help="end-to-end latency at a fixed rate (produce -> consumer sees it)",
+        description="Produce at a fixed rate while a consumer reads from the end; report the "
+        "latency from send to receipt per record.",
+    )
+    e2e.add_argument("--topic", required=True)
+    e2e.add_argument("--rate", type=float, required=True, help="records/s to produce")
+    e2e.add_argument("--num-records", type=int, required=True)
+    e2e.add_argument("--record-size", type=int, default=1024, help="value bytes (>= 8)")
+    e2e.add_argument("--acks", default="all", choices=["all", "-1", "1", "0"])
+    e2e.add_argument(
+        "--producer-props",
+        nargs="*",
+        default=["linger_ms=0"],
+        metavar="KEY=VALUE",
+        help="AsyncProducer keyword arguments (default linger_ms=0, as latency tests use)",
+    )
+    e2e.add_argument(
+        "--timeout", type=int, default=10_000, help="max ms to wait for the last records"
+    )
+    add_bootstrap_argument(e2e)
+    e2e.set_defaults(func=guarded(_bench_e2e))
 
 
 class LatencyStats:
@@ -203,6 +234,114 @@ async def bench_produce(args: argparse.Namespace, out: TextIO) -> str:
 
 def _bench_produce(args: argparse.Namespace) -> int:
     print(run_async(bench_produce(args, sys.stdout)))
+    return 0
+
+
+class LatencySummary:
+    """Percentiles of many latencies in fractional ms (Kafka's tools print whole ms, which
+    hides everything that matters below a few ms)."""
+
+    def __init__(self, latencies_ms: list[float]) -> None:
+        self.ordered = sorted(latencies_ms)
+
+    def pct(self, p: float) -> float:
+        if not self.ordered:
+            return 0.0
+        return self.ordered[min(len(self.ordered) - 1, int(p * len(self.ordered)))]
+
+    def line(self, received: int, elapsed_s: float, total_bytes: int, sent: int) -> str:
+        elapsed_s = max(elapsed_s, 1e-9)
+        n = max(len(self.ordered), 1)
+        avg = sum(self.ordered) / n
+        top = self.ordered[-1] if self.ordered else 0.0
+        missing = f" ({sent - received} of {sent} never arrived)" if received < sent else ""
+        return (
+            f"{received} records received, {received / elapsed_s:.1f} records/sec "
+            f"({total_bytes / MB / elapsed_s:.2f} MB/sec), {avg:.2f} ms avg latency, "
+            f"{top:.2f} ms max latency, {self.pct(0.5):.2f} ms 50th, {self.pct(0.95):.2f} ms "
+            f"95th, {self.pct(0.99):.2f} ms 99th, {self.pct(0.999):.2f} ms 99.9th.{missing}"
+        )
+
+
+_SEND_TIME = struct.Struct(">q")
+
+
+async def bench_e2e(args: argparse.Namespace, out: TextIO) -> str:
+    from minibroker.client.consumer import AsyncConsumer
+    from minibroker.client.producer import AsyncProducer
+
+    if args.rate <= 0 or args.num_records <= 0:
+        raise ValueError("--rate and --num-records must be positive")
+    size = max(args.record_size, _SEND_TIME.size)
+    filler = os.urandom(size - _SEND_TIME.size)
+    props = {"acks": args.acks, **_typed_props(args.producer_props)}
+    bootstrap = props.pop("bootstrap_servers", None) or bootstrap_of(args)
+    latencies: list[float] = []
+    received_bytes = 0
+    failures: list[BaseException] = []
+    async with (
+        AsyncProducer(bootstrap, **props) as producer,
+        AsyncConsumer(bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=500) as consumer,
+    ):
+        partitions = await producer.partitions_for(args.topic)
+        tps = [TopicPartition(args.topic, p) for p in partitions]
+        consumer.assign(tps)
+        for tp in tps:
+            await consumer.position(tp)  # pin "latest" before the first record is sent
+        all_sent = asyncio.Event()
+
+        async def consume() -> None:
+            nonlocal received_bytes
+            while len(latencies) < args.num_records:
+                timeout = args.timeout if all_sent.is_set() else 1_000
+                records = await consumer.poll(timeout)
+                now_ns = time.time_ns()
+                if not records and all_sent.is_set():
+                    return
+                for r in records:
+                    value = r.value or b""
+                    if len(value) < _SEND_TIME.size:
+                        continue  # not ours: another writer shares the topic
+                    (sent_ns,) = _SEND_TIME.unpack_from(value)
+                    latencies.append((now_ns - sent_ns) / 1e6)
+                    received_bytes += len(value)
+
+        def done(future: asyncio.Future[Any]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                failures.append(future.exception() or asyncio.CancelledError())
+
+        reader = asyncio.create_task(consume())
+        start = time.monotonic()
+        try:
+            for i in range(args.num_records):
+                ahead = i / args.rate - (time.monotonic() - start)
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+                value = _SEND_TIME.pack(time.time_ns()) + filler
+                (await producer.send(args.topic, value)).add_done_callback(done)
+                if i and i % max(1, int(args.rate * REPORT_INTERVAL_S)) == 0:
+                    recent = LatencySummary(latencies[-1000:])
+                    out.write(
+                        f"{i} records sent, {len(latencies)} received, last 1000: "
+                        f"{recent.pct(0.5):.2f} ms 50th, {recent.pct(0.99):.2f} ms 99th.\n"
+                    )
+                    out.flush()
+            await producer.flush()
+            all_sent.set()
+            await reader
+        finally:
+            reader.cancel()
+        end = time.monotonic()
+    line = LatencySummary(latencies).line(
+        len(latencies), end - start, received_bytes, args.num_records
+    )
+    if failures:
+        line += f" ({len(failures)} failed: {type(failures[0]).__name__}: {failures[0]})"
+    return line
+
+
+def _bench_e2e(args: argparse.Namespace) -> int:
+    print(run_async(bench_e2e(args, sys.stdout)))
     return 0
 
 
