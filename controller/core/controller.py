@@ -358,6 +358,13 @@ class ControllerCore:
                     req.broker_id, now_ms, reason=f"broker {req.broker_id} controlled shutdown"
                 )
                 session.shutdown_offset = self.image.next_offset - 1
+            elif session.shutdown_offset is None:
+                # The registration says "in controlled shutdown" but this session never saw it
+                # start: the controller restarted since (sessions are not durable). Its leader
+                # moves are all in the log by now, so peers must reach the current end (Kafka
+                # sets the offset on the first such heartbeat after a failover,
+                # maybeUpdateControlledShutdownOffset). Without this it is never granted.
+                session.shutdown_offset = self.image.next_offset - 1
             if self._may_shut_down(req.broker_id):
                 if not session.shutdown_granted:
                     self._event("broker_shutdown_granted", broker_id=req.broker_id)

@@ -104,6 +104,7 @@ from minibroker.controller.core.messages import (
 )
 
 TOPIC = "sim"
+SHUTDOWN_TIMEOUT_MS = 2_000  # a broker stops after this long without the controller's grant
 CLUSTER_ID = "sim-cluster"
 
 # ------------------------------------------------------------------------------------------
@@ -383,6 +384,7 @@ class Simulation:
         self.controller = SimControllerNode(
             settings, CLUSTER_ID, random.Random(self.rng.getrandbits(64)), 0
         )
+        self.controller_up_since_ms = 0
         self._flush_scheduled = False
         self._after_flush: list[tuple[int, Callable[[], None]]] = []
         self._next_stream_id = 0
@@ -511,12 +513,14 @@ class Simulation:
             broker.hb_stream = None
             if broker.watch is not None:
                 self._break_watch(broker)
-        self.at(self.rng.randint(100, 1_500), self.restart_controller)
+        downtime_ms = self.rng.choice((self.rng.randint(50, 300), self.rng.randint(300, 1_500)))
+        self.at(downtime_ms, self.restart_controller)
 
     def restart_controller(self) -> None:
         if self.controller.up:
             return
         self.controller.restart(self.now_ms)
+        self.controller_up_since_ms = self.now_ms
         self.note(f"controller restart at offset {self.controller.durable_offset}")
 
     def _create_topic(self) -> None:
@@ -858,6 +862,9 @@ class Simulation:
                         lambda: answer(replica_result(proposal.proposal_id, reply))
                     ),
                 )
+                if self.faults and self.rng.random() < 0.02:
+                    # A crash right after the change, before or after its fsync (scenario 9).
+                    self.crash_controller()
 
             self.at(self.opt.request_timeout_ms, lost)
             self.send(arrive)
@@ -1147,12 +1154,27 @@ class Simulation:
         broker.shutting_down = True
         incarnation = broker.incarnation
         self._send_heartbeat(broker)
+        if self.rng.random() < 0.3:
+            # research §4.2 scenario 9: the controller fails over in the middle of the change.
+            self.at(self.rng.randint(1, 60), self.crash_controller)
 
         def timed_out() -> None:
-            if broker.alive and broker.incarnation == incarnation:
-                self._stop_broker(broker, "controlled shutdown timed out")
+            if not broker.alive or broker.incarnation != incarnation:
+                return
+            # Liveness (research §2.15): a controller that has run for most of the wait, with
+            # this broker running too, grants the shutdown once the broker leads nothing and
+            # its peers have seen that (a paused peer is fenced within a session timeout).
+            steady_ms = self.now_ms - 1_500
+            invariant(
+                not self.controller.up
+                or self.controller_up_since_ms > steady_ms
+                or broker.paused_until_ms > steady_ms,
+                f"b{broker.broker_id}: controlled shutdown not granted in {SHUTDOWN_TIMEOUT_MS} "
+                f"ms by a controller up since {self.controller_up_since_ms}",
+            )
+            self._stop_broker(broker, "controlled shutdown timed out")
 
-        self.at(2_000, timed_out)
+        self.at(SHUTDOWN_TIMEOUT_MS, timed_out)
 
     def _stop_broker(self, broker: SimBroker, reason: str) -> None:
         """A clean stop: every log flushed, the heartbeat stream closed in order."""
