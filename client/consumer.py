@@ -28,7 +28,7 @@ from typing import Any
 
 import grpc
 
-from minibroker.client.batch import CorruptRecordError
+from minibroker.client.batch import CorruptRecordError, read_header
 from minibroker.client.common.config import ConfigError
 from minibroker.client.errors import (
     ErrorCode,
@@ -39,7 +39,12 @@ from minibroker.client.errors import (
     UnknownTopicOrPartitionError,
     error_for,
 )
-from minibroker.client.records import LOG_APPEND_TIME, iter_decoded_batches
+from minibroker.client.records import (
+    LOG_APPEND_TIME,
+    decode_records,
+    is_partial_tail,
+    iter_decoded_batches,
+)
 from minibroker.client.transport import (
     DEFAULT_BOOTSTRAP,
     ClientClosedError,
@@ -765,34 +770,40 @@ class AsyncConsumer:
         next_offset = fetch_offset
         buffer = state.buffer
         topic, partition = tp
-        for batch in iter_decoded_batches(raw, allow_partial_tail=True):
-            header = batch.header
-            if header.last_offset < fetch_offset:
-                continue
-            if header.is_control:
-                next_offset = max(next_offset, header.last_offset + 1)
-                continue
-            log_append = header.attributes & 0x08
-            ts_type = LOG_APPEND_TIME if log_append else 0
-            epoch = header.partition_leader_epoch
-            for r in batch.records:
-                if r.offset < next_offset:
-                    continue  # Kafka skips records below the fetch offset inside a batch
-                buffer.append(
-                    Record(
-                        topic,
-                        partition,
-                        r.offset,
-                        header.max_timestamp if log_append else r.timestamp,
-                        r.key,
-                        r.value,
-                        r.headers,
-                        ts_type,
-                        epoch,
+        pos = 0
+        end = len(raw)
+        while pos < end:
+            if is_partial_tail(raw, pos):
+                break  # the response ends inside a batch; the next fetch starts at it
+            header = read_header(raw, pos)
+            if header.last_offset >= next_offset and not header.is_control:
+                ts_type = LOG_APPEND_TIME if header.log_append_time else 0
+                epoch = header.partition_leader_epoch
+
+                # Records are built straight from the decoder's fields: no intermediate
+                # object per record on the consumer's hottest path.
+                def make(
+                    offset: int,
+                    timestamp: int,
+                    key: bytes | None,
+                    value: bytes | None,
+                    headers: tuple[tuple[str, bytes | None], ...],
+                    ts_type: int = ts_type,
+                    epoch: int = epoch,
+                ) -> Record:
+                    return Record(
+                        topic, partition, offset, timestamp, key, value, headers, ts_type, epoch
                     )
-                )
-                next_offset = r.offset + 1
+
+                records = decode_records(raw, pos, header, make)
+                if header.base_offset < next_offset:
+                    # Kafka skips records below the fetch offset inside a batch.
+                    records = [r for r in records if r.offset >= next_offset]
+                if records:
+                    buffer.extend(records)
+                    next_offset = records[-1].offset + 1
             next_offset = max(next_offset, header.last_offset + 1)
+            pos += header.size
         if next_offset > state.fetch_offset:
             state.fetch_offset = next_offset
             self._signal_data()

@@ -23,10 +23,10 @@ Objects here are not thread-safe; a BatchBuilder belongs to one producer task.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import index
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from minibroker.client.batch import (
     ATTRIBUTES_OFFSET,
@@ -72,6 +72,7 @@ _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 
 HeaderList = Sequence[tuple[str, bytes | None]]
+R = TypeVar("R")
 RecordInput = tuple[int, bytes | None, bytes | None, HeaderList]
 
 
@@ -475,19 +476,28 @@ def compression_of(header: BatchHeader, position: int = 0) -> Compression:
 
 
 def decode_records(
-    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader
-) -> list[DecodedRecord]:
-    """Decode the records of the batch at `pos` whose header (already validated) is `header`."""
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    header: BatchHeader,
+    make: Callable[..., R] = DecodedRecord,  # type: ignore[assignment]
+) -> list[R]:
+    """Decode the records of the batch at `pos` whose header (already validated) is `header`.
+
+    Each record becomes `make(offset, timestamp, key, value, headers)`: DecodedRecord by default;
+    a consumer passes its own constructor so no intermediate object is built per record.
+    """
     section = memoryview(buf)[pos + HEADER_SIZE : pos + header.size]
     compression = compression_of(header, pos)
     if compression is Compression.NONE:
         data = bytes(section)
     else:
         data = decompress(compression, section, pos)
-    return _parse_records(data, header, pos)
+    return _parse_records(data, header, pos, make)
 
 
-def _parse_records(data: bytes, header: BatchHeader, position: int) -> list[DecodedRecord]:
+def _parse_records(
+    data: bytes, header: BatchHeader, position: int, make: Callable[..., R]
+) -> list[R]:
     count = header.records_count
     end = len(data)
     if count * MIN_RECORD_BYTES > end:
@@ -500,9 +510,12 @@ def _parse_records(data: bytes, header: BatchHeader, position: int) -> list[Deco
     # (DefaultRecordBatch passes it down instead of baseTimestamp + delta).
     append_time = header.max_timestamp if header.log_append_time else None
     read_varint = _read_varint
-    records: list[DecodedRecord] = []
+    records: list[R] = []
+    append = records.append
     pos = 0
     i = 0
+    # The per-record loop of every consumer: one-byte varints (offset and timestamp deltas below
+    # 64, a null key, headersCount 0) are decoded inline, longer ones by _read_varint.
     try:
         for i in range(count):
             if pos >= end:
@@ -516,19 +529,35 @@ def _parse_records(data: bytes, header: BatchHeader, position: int) -> list[Deco
                 raise CorruptRecordError(
                     f"record {i} declares {length} bytes, {end - pos} left", position
                 )
-            timestamp_delta, pos = _read_varlong(data, pos + 1)
-            offset_delta, pos = read_varint(data, pos)
-            key_length, pos = read_varint(data, pos)
-            if key_length < 0:
-                if key_length != -1:
-                    raise CorruptRecordError(f"record {i} key length {key_length}", position)
-                key = None
+            pos += 1  # attributes: unused in v2 records
+            b = data[pos]
+            if b < 0x80:
+                timestamp_delta = (b >> 1) ^ -(b & 1)
+                pos += 1
             else:
-                key_end = pos + key_length
-                if key_end > record_end:
-                    raise CorruptRecordError(f"record {i} key overruns the record", position)
-                key = data[pos:key_end]
-                pos = key_end
+                timestamp_delta, pos = _read_varlong(data, pos)
+            b = data[pos]
+            if b < 0x80:
+                offset_delta = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                offset_delta, pos = read_varint(data, pos)
+            b = data[pos]
+            if b == 1:  # zig-zag -1: a null key, the usual case
+                key = None
+                pos += 1
+            else:
+                key_length, pos = read_varint(data, pos)
+                if key_length < 0:
+                    if key_length != -1:
+                        raise CorruptRecordError(f"record {i} key length {key_length}", position)
+                    key = None
+                else:
+                    key_end = pos + key_length
+                    if key_end > record_end:
+                        raise CorruptRecordError(f"record {i} key overruns the record", position)
+                    key = data[pos:key_end]
+                    pos = key_end
             value_length, pos = read_varint(data, pos)
             if value_length < 0:
                 if value_length != -1:
@@ -540,9 +569,11 @@ def _parse_records(data: bytes, header: BatchHeader, position: int) -> list[Deco
                     raise CorruptRecordError(f"record {i} value overruns the record", position)
                 value = data[pos:value_end]
                 pos = value_end
-            header_count, pos = read_varint(data, pos)
             headers: tuple[tuple[str, bytes | None], ...] = ()
-            if header_count:
+            if data[pos] == 0:
+                pos += 1
+            else:
+                header_count, pos = read_varint(data, pos)
                 headers, pos = _parse_headers(data, pos, record_end, header_count, i, position)
             if pos != record_end:
                 raise CorruptRecordError(
@@ -550,8 +581,8 @@ def _parse_records(data: bytes, header: BatchHeader, position: int) -> list[Deco
                     f"{length + pos - record_end}",
                     position,
                 )
-            records.append(
-                DecodedRecord(
+            append(
+                make(
                     base_offset + offset_delta,
                     base_timestamp + timestamp_delta if append_time is None else append_time,
                     key,
