@@ -27,8 +27,6 @@ from minibroker.controller.core.messages import Event, Outcome
 
 R = TypeVar("R")
 
-Command = Callable[[ControllerCore, int], Outcome[Any]]
-
 
 class ControllerDown(Exception):
     """A request reached a controller that is not running (the connection was refused)."""
@@ -85,6 +83,11 @@ class SimControllerNode:
     @property
     def has_pending(self) -> bool:
         return bool(self._pending)
+
+    @property
+    def pending_count(self) -> int:
+        """Entries applied to the core but not yet durable (lost if the process dies now)."""
+        return len(self._pending)
 
     @property
     def durable_offset(self) -> int:
