@@ -20,6 +20,8 @@ CLUSTER_SETTINGS = {
     "replica.lag.time.max.ms": "1500",
     "broker.session.timeout.ms": "2500",
     "leader.imbalance.check.interval.seconds": "3600",
+    # Retention runs often, so data-loss tests see segments deleted within a second.
+    "log.retention.check.interval.ms": "200",
 }
 
 
@@ -38,6 +40,9 @@ def spark() -> Iterator[Any]:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.pyspark.python", sys.executable)
+        # A planner or streaming-source worker must connect back within this; the default 15 s
+        # is too short on two busy cores ("Timed out while waiting for the Python worker").
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
