@@ -140,14 +140,16 @@ def process_state(spec: ProcessSpec) -> str:
         cmdline = pathlib.Path(f"/proc/{spec.pid}/cmdline").read_bytes()
     except OSError:
         return "stopped"
-    if spec.data_dir.encode() not in cmdline:
-        return "stopped"  # the PID now belongs to another program
     # Field 3 of /proc/PID/stat, after the parenthesised command name.
     code = stat.rsplit(")", 1)[1].split()[0]
-    if code in ("T", "t"):
-        return "paused"
     if code in ("Z", "X"):
         return "stopped"
+    # An empty command line is a process still inside exec() right after Popen: ours. A
+    # command line without our data dir is a PID the kernel reused for another program.
+    if cmdline and spec.data_dir.encode() not in cmdline:
+        return "stopped"
+    if code in ("T", "t"):
+        return "paused"
     return "running"
 
 
