@@ -97,6 +97,7 @@ from minibroker.controller.core.messages import (
     AlterPartitionRequest,
     CreatableTopic,
     CreateTopicResult,
+    Event,
     HeartbeatReply,
     HeartbeatRequest,
     Outcome,
@@ -466,7 +467,10 @@ class Simulation:
         ctl = self.controller
         if not ctl.up:
             return False
+        seen_events = len(ctl.events)
         reply = ctl.execute(command, self.now_ms)
+        for event in ctl.events[seen_events:]:
+            self.checker.on_controller_event(event)
         if ctl.has_pending:
             if on_reply is not None:
                 self._after_flush.append((ctl.generation, lambda: on_reply(reply)))
@@ -1403,6 +1407,23 @@ class Checker:
                             f"{where}new leader {record.leader} lacks acked batch at {offset}",
                         )
 
+    def on_controller_event(self, event: Event) -> None:
+        """A session timeout fences only a broker that stopped heartbeating: dead, paused,
+        re-registering, or an older incarnation. A controller restart must not mass-fence
+        live brokers (research §2.15, KAFKA-18138; §4.2 scenario 9)."""
+        if event.name != "broker_fenced" or not event.fields["reason"].startswith("session"):
+            return
+        sim = self.sim
+        broker = sim.brokers[event.fields["broker_id"]]
+        quiet_since_ms = sim.now_ms - sim.opt.session_timeout_ms - 2 * sim.opt.heartbeat_interval_ms
+        invariant(
+            not broker.alive
+            or not broker.registered
+            or broker.broker_epoch != event.fields["broker_epoch"]
+            or broker.paused_until_ms >= quiet_since_ms,
+            f"b{broker.broker_id} fenced by the session timeout while heartbeating: {event}",
+        )
+
     def _live_out_of_sync(self, broker_id: int, record: PartitionRecord) -> bool:
         broker = self.sim.brokers[broker_id]
         reg = self.sim.controller.durable_image.brokers.get(broker_id)
@@ -1585,6 +1606,12 @@ class Checker:
     def check_final(self) -> None:
         sim = self.sim
         invariant(self.converged(), "the cluster did not converge after the faults healed")
+        # Every broker follows the metadata log to the same image the controller holds.
+        for broker in sim.brokers.values():
+            invariant(
+                broker.image == sim.controller.durable_image,
+                f"b{broker.broker_id}'s metadata image differs from the controller's",
+            )
         unclean = [e for e in sim.controller.events if e.name == "unclean_leader_elected"]
         invariant(
             not unclean, f"unclean election with unclean.leader.election.enable=false: {unclean}"
