@@ -25,7 +25,6 @@ from rich.console import Console
 
 from minibroker.client.watch.live import Watcher, WatchOptions
 from minibroker.client.watch.model import EventKind, PartitionRow, WatchModel
-from minibroker.deploy.cluster import LauncherError
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
@@ -79,19 +78,6 @@ def produce(cluster: LocalCluster, topic: str, count: int, acks: str, partition:
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-
-
-def start(cluster: LocalCluster, ident: str | int) -> None:
-    """`cluster.start`, tolerating a launcher race: right after Popen returns, the new process's
-    /proc/PID/cmdline can still be empty (it is inside exec), which deploy/cluster.py's
-    process_state reads as "stopped" and wait_ready reports as "exited during start-up" although
-    the process is fine. Starting again then says it is running, or really starts it."""
-    try:
-        cluster.start(ident)
-    except LauncherError as err:
-        if "exited during start-up" not in str(err):
-            raise
-        cluster.start(ident)
 
 
 def frame_text(watcher: Watcher, width: int = 220) -> str:
@@ -214,7 +200,7 @@ async def test_live_watch_across_controller_restart_unclean_election_and_truncat
                 # The controller dies and comes back: shown as such, and the stream resumes.
                 await asyncio.to_thread(cluster.kill, "controller")
                 await until(lambda: model.controller.reachable is False, 30, "controller down")
-                await asyncio.to_thread(start, cluster, "controller")
+                await asyncio.to_thread(cluster.start, "controller")
                 await until(lambda: model.controller.reachable, 30, "controller back")
 
                 # Followers die: the ISR shrinks to the leader, which takes 5 more alone.
@@ -244,8 +230,8 @@ async def test_live_watch_across_controller_restart_unclean_election_and_truncat
                 # A follower returns and leads uncleanly with 10 records; the old leader comes
                 # back, finds its log diverged and truncates its 5 unreplicated records.
                 for b in followers:
-                    await asyncio.to_thread(start, cluster, b)
-                await asyncio.to_thread(start, cluster, leader)
+                    await asyncio.to_thread(cluster.start, b)
+                await asyncio.to_thread(cluster.start, leader)
                 await until(
                     lambda: any(
                         e.kind is EventKind.TRUNCATION and e.broker_id == leader
