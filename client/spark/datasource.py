@@ -16,7 +16,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from minibroker.client.spark.options import parse_bool, parse_source_options
+from minibroker.client.spark import FORMAT_NAME
+from minibroker.client.spark.options import OptionError, parse_bool, parse_source_options
 from minibroker.client.spark.sink import (
     MiniBrokerBatchWriter,
     MiniBrokerStreamWriter,
@@ -27,8 +28,6 @@ from minibroker.client.spark.source import (
     MiniBrokerStreamReader,
     source_ddl,
 )
-
-FORMAT_NAME = "minibroker"
 
 
 class MiniBrokerDataSource(DataSource):
@@ -49,6 +48,12 @@ class MiniBrokerDataSource(DataSource):
         return MiniBrokerStreamReader(parse_source_options(self.options, streaming=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if overwrite:
+            # As Spark's Kafka sink: a topic cannot be emptied and rewritten by a save.
+            raise OptionError(
+                "save mode overwrite is not allowed for minibroker: records are appended to "
+                "topics; use .mode('append')"
+            )
         return MiniBrokerBatchWriter(parse_sink_options(self.options, schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:

@@ -8,6 +8,8 @@ precedence of timestamps over offsets, -2/-1 sentinels, minPartitions splitting
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -204,3 +206,13 @@ def test_offsets_json_uses_string_partition_keys() -> None:
     assert data == {"a": {"0": 5}, "b": {"1": 3}}
     assert offsets_from_json(data) == offsets
     assert offsets_from_json('{"a": {"0": 5}}') == {TP("a", 0): 5}
+
+
+def test_client_and_options_import_without_pyspark() -> None:
+    # pyspark is an optional extra: the client and the pure planning code must not need it.
+    code = (
+        "import sys, minibroker.client, minibroker.client.spark.options; "
+        "assert 'pyspark' not in sys.modules, 'pyspark was imported'"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

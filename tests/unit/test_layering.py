@@ -24,6 +24,7 @@ PURE = [
     "client/metadata_cache.py",
     "client/metadata/records.py",
     "client/metadata/image.py",
+    "client/spark/options.py",
     "client/watch/model.py",
     "client/watch/render.py",
     "controller/core",
