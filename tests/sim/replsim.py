@@ -332,6 +332,8 @@ class SimOptions:
     controller_crash_rate: float = 0.0003
     offline_rate: float = 0.0002
     shutdown_rate: float = 0.0004
+    # One controller restart and one offline period at a random time of every safety phase.
+    scheduled_faults: bool = True
     stream_break_rate: float = 0.003  # per heartbeat
     produce_interval_ms: int = 7
     tick_ms: int = 5
@@ -501,8 +503,8 @@ class Simulation:
 
     def crash_controller(self) -> None:
         ctl = self.controller
-        if not ctl.up:
-            return
+        if not ctl.up or not self.faults:
+            return  # already down, or the liveness phase has begun
         if ctl.has_pending and self.rng.random() < 0.5:
             self._flush(ctl.generation)  # the fsync finished just before the crash
         lost = ctl.pending_count
@@ -1308,11 +1310,12 @@ class Simulation:
         # Every seed sees at least one controller restart and one offline period; the rates
         # add more.
         safety = self.opt.safety_ms
-        self.at(self.rng.randint(safety // 5, safety * 4 // 5), self.crash_controller)
-        self.at(
-            self.rng.randint(safety // 5, safety * 3 // 5),
-            lambda: self._offline_episode() if self.faults else None,
-        )
+        if self.opt.scheduled_faults:
+            self.at(self.rng.randint(safety // 5, safety * 4 // 5), self.crash_controller)
+            self.at(
+                self.rng.randint(safety // 5, safety * 3 // 5),
+                lambda: self._offline_episode() if self.faults else None,
+            )
         self._run_until(safety)
         # Liveness: heal everything, restart the dead, stop producing; the cluster must settle.
         self.faults = False

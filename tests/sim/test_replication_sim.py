@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from replsim import Simulation
+from replsim import SimOptions, Simulation
 
 SEEDS = int(os.environ.get("MINIBROKER_SIM_SEEDS", "30"))
 ONE_SEED = os.environ.get("MINIBROKER_SIM_SEED")
@@ -43,3 +43,36 @@ def test_replication_invariants_hold(seed: int) -> None:
     # seed), and the liveness phase converged (checked inside run()).
     assert len(sim.acked) > 100
     assert sim.controller.restarts >= 1
+
+
+@pytest.mark.sim
+def test_offline_partition_never_elects_the_live_out_of_sync_replica() -> None:
+    """DESIGN §6 with unclean.leader.election.enable=false: broker 3 leaves every ISR (it asks
+    to be fenced) and is unfenced again at its next heartbeat; at the same moment brokers 1 and
+    2, the whole ISR, stop past the session timeout. Both partitions go offline with broker 3
+    up, unfenced and out of sync, and must stay offline until an ISR member returns; then the
+    cluster converges with nothing acknowledged lost. The checker fails the run if any record
+    elects a leader from outside the previous ISR (research §2.7, §4.2 scenario 5)."""
+    quiet = SimOptions(
+        crash_rate=0.0,
+        move_leader_rate=0.0,
+        pause_rate=0.0,
+        controller_crash_rate=0.0,
+        offline_rate=0.0,
+        shutdown_rate=0.0,
+        stream_break_rate=0.0,
+        drop_rate=0.0,
+        scheduled_faults=False,
+    )
+    sim = Simulation(7, quiet)
+    brokers = sim.brokers
+
+    def fence_broker_3_and_stop_the_isr() -> None:
+        sim._send_heartbeat(brokers[3], want_fence=True)
+        for broker_id in (1, 2):
+            brokers[broker_id].paused_until_ms = sim.now_ms + 1_500
+
+    sim.at(1_500, fence_broker_3_and_stop_the_isr)
+    sim.run()
+    assert sim.stats["offline_with_live_out_of_sync_replica"] >= 1
+    assert len(sim.acked) > 100
