@@ -84,6 +84,9 @@ class Hosted:
     proposal_task: asyncio.Task[None] | None = None
     pending_fetch: FetchPosition | None = None
     produce_futures: dict[int, asyncio.Future[CompleteProduce]] = field(default_factory=dict)
+    # The topic configs the core and log were last configured with (None: broker defaults only,
+    # for a log opened from disk before metadata arrived).
+    topic_configs: dict[str, str] | None = None
 
 
 class ReplicaManager:
@@ -160,7 +163,8 @@ class ReplicaManager:
     def load_existing_logs(self) -> None:
         """Open every partition found on disk; roles come later, from metadata."""
         for tp, partition_log in self.log_manager.logs.items():
-            self._host(tp, self.log_manager.topic_id(tp) or "", partition_log, {})
+            hosted = self._host(tp, self.log_manager.topic_id(tp) or "", partition_log, {})
+            hosted.topic_configs = None  # the topic's configs come with the metadata
 
     def _host(
         self,
@@ -182,6 +186,7 @@ class ReplicaManager:
         )
         core.producer_state.rebuild(_batch_headers(partition_log))
         hosted = Hosted(tp, topic_id, partition_log, core)
+        hosted.topic_configs = dict(raw_configs)
         self.partitions[tp] = hosted
         return hosted
 
@@ -212,8 +217,13 @@ class ReplicaManager:
             if hosted is None:
                 partition_log = self._open_log(tp, topic.topic_id, topic.configs)
                 hosted = self._host(tp, topic.topic_id, partition_log, topic.configs)
-            elif not hosted.topic_id:
-                hosted.topic_id = topic.topic_id
+            else:
+                if not hosted.topic_id:
+                    hosted.topic_id = topic.topic_id
+                if hosted.topic_configs != topic.configs:
+                    # A log opened from disk before metadata arrived ran with the broker's
+                    # defaults; the topic's own configs (min.insync.replicas, ...) apply now.
+                    self._reconfigure(hosted, topic.configs, now)
             state = PartitionState(
                 replicas=tuple(record.replicas),
                 isr=frozenset(record.isr),
@@ -238,6 +248,12 @@ class ReplicaManager:
                     high_watermark=hosted.core.high_watermark,
                 )
         self._metadata_ready.set()
+
+    def _reconfigure(self, hosted: Hosted, raw_configs: dict[str, str], now: int) -> None:
+        configs = self._topic_configs(raw_configs)
+        hosted.log.update_config(self._log_config(raw_configs))
+        self._apply(hosted, hosted.core.update_config(self._replica_config(configs), now))
+        hosted.topic_configs = dict(raw_configs)
 
     def _sync_brokers(self) -> None:
         for broker_id, reg in self.image.brokers.items():

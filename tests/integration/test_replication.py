@@ -453,3 +453,35 @@ def test_automatic_rebalance_returns_leadership_to_the_preferred_replica(
         assert all(
             p.leader == p.replicas[0] for p in admin.describe_topics(["balanced"])[0].partitions
         )
+
+
+def test_topic_configs_still_apply_after_a_broker_restart(cluster: LocalCluster) -> None:
+    """A restarted broker opens its logs before metadata arrives; the topic's own
+    min.insync.replicas must still govern acks=all once it does (not the broker default 1)."""
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic("strict3", 1, 3, {"min.insync.replicas": "3"})
+        wait_until(lambda: len(describe(admin, "strict3").isr) == 3, 20, "a full ISR")
+        for broker in (1, 2, 3):
+            cluster.stop(broker)
+            cluster.start(broker)
+            wait_until(
+                lambda b=broker: b in describe(admin, "strict3").isr,
+                30,
+                f"broker {broker} back in the ISR",
+            )
+        current = describe(admin, "strict3")
+        victim = next(r for r in current.replicas if r != current.leader)
+        cluster.kill(victim)
+        wait_until(lambda: victim not in describe(admin, "strict3").isr, 20, "ISR of 2")
+    with (
+        Producer(
+            cluster.bootstrap,
+            acks="all",
+            retries=0,
+            request_timeout_ms=3000,
+            delivery_timeout_ms=5000,
+            linger_ms=0,
+        ) as producer,
+        pytest.raises(NotEnoughReplicasError),
+    ):
+        producer.send("strict3", b"needs three", partition=0).result(timeout=20)
