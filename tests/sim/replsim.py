@@ -1321,7 +1321,7 @@ class Simulation:
         self.faults = False
         self.restart_controller()
         for broker in self.brokers.values():
-            broker.paused_until_ms = 0
+            broker.paused_until_ms = min(broker.paused_until_ms, self.now_ms)  # wake now
             if not broker.alive:
                 self.restart(broker)
         self._run_until(self.now_ms + self.opt.liveness_ms, stop=self.checker.converged)
