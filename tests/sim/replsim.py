@@ -318,7 +318,7 @@ def replica_result(proposal_id: int, reply: AlterPartitionReply) -> AlterPartiti
 @dataclass
 class SimOptions:
     brokers: int = 3
-    partitions: int = 2
+    partitions: int = 3
     replication_factor: int = 3
     min_insync_replicas: int = 2
     safety_ms: int = 5_000
