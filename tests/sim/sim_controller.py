@@ -47,7 +47,7 @@ class SimControllerNode:
         cluster_id: str,
         rng: random.Random,
         now_ms: int,
-        snapshot_every: int = 64,
+        snapshot_every: int = 16,
     ) -> None:
         self.settings = settings
         self.cluster_id = cluster_id
