@@ -514,8 +514,9 @@ def _parse_records(
     append = records.append
     pos = 0
     i = 0
-    # The per-record loop of every consumer: one-byte varints (offset and timestamp deltas below
-    # 64, a null key, headersCount 0) are decoded inline, longer ones by _read_varint.
+    # The per-record loop of every consumer: the usual varints (one byte for deltas below 64, a
+    # null key and headersCount 0; two bytes for lengths below 8 KiB) are decoded inline, longer
+    # ones by _read_varint. Reading data[pos + 1] early is safe: a record is >= 7 bytes.
     try:
         for i in range(count):
             if pos >= end:
@@ -523,7 +524,17 @@ def _parse_records(
                     f"recordsCount {count} but the records section ends after {i} records",
                     position,
                 )
-            length, pos = read_varint(data, pos)
+            b = data[pos]
+            c = data[pos + 1]
+            if b < 0x80:
+                length = (b >> 1) ^ -(b & 1)
+                pos += 1
+            elif c < 0x80:  # records of 64 B to 8 KiB: a two-byte length
+                n = (b & 0x7F) | (c << 7)
+                length = (n >> 1) ^ -(n & 1)
+                pos += 2
+            else:
+                length, pos = read_varint(data, pos)
             record_end = pos + length
             if length < MIN_RECORD_BODY_BYTES or record_end > end:
                 raise CorruptRecordError(
@@ -558,7 +569,17 @@ def _parse_records(
                         raise CorruptRecordError(f"record {i} key overruns the record", position)
                     key = data[pos:key_end]
                     pos = key_end
-            value_length, pos = read_varint(data, pos)
+            b = data[pos]
+            c = data[pos + 1]
+            if b < 0x80:
+                value_length = (b >> 1) ^ -(b & 1)
+                pos += 1
+            elif c < 0x80:
+                n = (b & 0x7F) | (c << 7)
+                value_length = (n >> 1) ^ -(n & 1)
+                pos += 2
+            else:
+                value_length, pos = read_varint(data, pos)
             if value_length < 0:
                 if value_length != -1:
                     raise CorruptRecordError(f"record {i} value length {value_length}", position)
