@@ -46,6 +46,7 @@ import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from sim_controller import SimControllerNode
@@ -470,7 +471,7 @@ class Simulation:
         if not ctl.up:
             return False
         seen_events = len(ctl.events)
-        reply = ctl.execute(command, self.now_ms)
+        reply: Any = ctl.execute(command, self.now_ms)
         for event in ctl.events[seen_events:]:
             self.checker.on_controller_event(event)
         if ctl.has_pending:
@@ -565,8 +566,7 @@ class Simulation:
                 continue
             delay = self._delay() * (3 if self.faults and self.rng.random() < 0.2 else 1)
             self.at(
-                delay,
-                lambda b=broker, t=token: self._on_watch_batch(b, t, False, batch, batch[0].offset),
+                delay, partial(self._on_watch_batch, broker, token, False, batch, batch[0].offset)
             )
 
     def _break_watch(self, broker: SimBroker) -> None:
@@ -1253,7 +1253,7 @@ class Simulation:
             # Successive elections inside one fetch interval (research §4.2 scenario 3): the
             # next leader may never have seen the last one's writes.
             for _ in range(rng.randint(0, 2)):
-                self.at(rng.randint(2, 20), lambda p=pid: self._move_leader(p))
+                self.at(rng.randint(2, 20), partial(self._move_leader, pid))
         if rng.random() < self.opt.pause_rate:
             broker = rng.choice(list(self.brokers.values()))
             if self._fence_ok(broker.broker_id):

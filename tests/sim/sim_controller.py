@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from minibroker.broker.replication.invariants import invariant
 from minibroker.client.metadata.image import MetadataImage
 from minibroker.client.metadata.records import LogEntry, MetadataRecord
 from minibroker.controller.core.controller import ControllerCore, ControllerSettings
 from minibroker.controller.core.messages import Event, Outcome
-
-R = TypeVar("R")
 
 
 class ControllerDown(Exception):
@@ -95,7 +93,7 @@ class SimControllerNode:
 
     # -- commands ---------------------------------------------------------------------------
 
-    def execute(self, command: Callable[[ControllerCore, int], Outcome[R]], now_ms: int) -> R:
+    def execute(self, command: Callable[[ControllerCore, int], Outcome[Any]], now_ms: int) -> Any:
         """Run one command; its entries wait for the next `flush`. Raises ControllerDown."""
         core = self.core
         if core is None:

@@ -49,7 +49,7 @@ def test_replication_invariants_hold(seed: int) -> None:
 def test_offline_partition_never_elects_the_live_out_of_sync_replica() -> None:
     """DESIGN §6 with unclean.leader.election.enable=false: broker 3 leaves every ISR (it asks
     to be fenced) and is unfenced again at its next heartbeat; at the same moment brokers 1 and
-    2, the whole ISR, stop past the session timeout. Both partitions go offline with broker 3
+    2, the whole ISR, stop past the session timeout. Every partition goes offline with broker 3
     up, unfenced and out of sync, and must stay offline until an ISR member returns; then the
     cluster converges with nothing acknowledged lost. The checker fails the run if any record
     elects a leader from outside the previous ISR (research §2.7, §4.2 scenario 5)."""
