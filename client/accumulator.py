@@ -17,9 +17,10 @@ Rules (Kafka's RecordAccumulator and Sender, aiokafka's shape):
   was ever sent leaves no gap), set on the builder together with the producer id and epoch before
   it is built, and kept unchanged on every retry so the broker can deduplicate.
 - The builder (made by `new_builder`, which knows the batch size limit) decides when a batch is
-  full; `batch_size` is recorded for the shell. The producer's default is 256 KiB rather than
+  full; `batch_size` is recorded for the shell. The producer's default is 1 MiB rather than
   Kafka's 16 KiB because each gRPC call costs ~0.4 ms of CPU whatever it carries
-  (research/perf-baseline.md §7).
+  (research/perf-baseline.md §7); batches only grow that large when records arrive faster than
+  the partition's previous batch is acknowledged.
 """
 
 from __future__ import annotations

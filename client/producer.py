@@ -62,7 +62,10 @@ from minibroker.proto import minibroker_pb2 as pb
 # logging. Everything is DEBUG: a failed record's error reaches the caller through its future.
 log = logging.getLogger("minibroker.client.producer")
 
-DEFAULT_BATCH_SIZE = 256 * 1024
+# 1 MiB (the default max.message.bytes caps a batch just above it): with 1 KiB records, RF=3 and
+# acks=all the brokers spent 21-23 us of CPU per record against 31-34 us with 256 KiB batches,
+# since every hop's cost is mostly per call. A batch this full only forms under load.
+DEFAULT_BATCH_SIZE = 1024 * 1024
 DEFAULT_MAX_REQUEST_SIZE = 8 * 1024 * 1024
 DEFAULT_MAX_MESSAGE_BYTES = 1048588  # the broker's and topics' max.message.bytes default
 INT32_MAX = 2**31 - 1

@@ -56,7 +56,7 @@ def register(sub: Any) -> None:
         nargs="*",
         default=[],
         metavar="KEY=VALUE",
-        help="AsyncProducer keyword arguments, e.g. linger_ms=5 batch_size=262144",
+        help="AsyncProducer keyword arguments, e.g. linger_ms=5 batch_size=1048576",
     )
     add_bootstrap_argument(produce)
     produce.set_defaults(func=guarded(_bench_produce))
