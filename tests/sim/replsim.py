@@ -247,6 +247,8 @@ class SimBroker:
         self.replicas: dict[int, SimReplica] = {}
         self.paused_until_ms = 0  # SIGSTOP: nothing runs on this broker before this time
         self.shutting_down = False  # SIGTERM: controlled shutdown in progress
+        # Crashed, so its log may lack what it acknowledged, until a new incarnation registers.
+        self.lossy = False
 
     def start_process(self) -> None:
         self.alive = True
@@ -686,6 +688,7 @@ class Simulation:
                 return
             broker.broker_epoch = reply.broker_epoch
             broker.registered = True
+            broker.lossy = False  # the registration took this incarnation out of every ISR
             self.note(f"b{broker.broker_id} registered, broker epoch {reply.broker_epoch}")
             self._open_watch(broker, incarnation)
 
@@ -716,11 +719,7 @@ class Simulation:
                 return
             self._next_stream_id += 1
             stream = broker.hb_stream = (self._next_stream_id, ctl.generation)
-        if (
-            self.faults
-            and self.rng.random() < self.opt.stream_break_rate
-            and self._fence_ok(broker.broker_id)
-        ):
+        if self.faults and self.rng.random() < self.opt.stream_break_rate and self._fence_ok():
             # The connection breaks under a live broker: the controller fences it at once and
             # the next heartbeat, on a new stream, unfences it.
             self.stats["stream_breaks"] += 1
@@ -1090,15 +1089,21 @@ class Simulation:
 
     # -- faults ---------------------------------------------------------------------------
 
-    # The fault budget (DESIGN §8.1: at most replication.factor - min.insync.replicas
-    # replicas impaired at once). Data is lost only when a partition's ISR ends up holding
-    # nothing but replicas that lost their tail in a crash and have not registered again
-    # (registering takes a new incarnation out of every ISR). Fences of live brokers do not
-    # lose data but shrink the ISR towards such a replica (research §4.2 scenario 6, the
-    # pre-KIP-966 "last replica standing"), so both kinds of fault count.
+    # The fault budget (DESIGN §8.1: an acked write survives while at most
+    # replication.factor - min.insync.replicas replicas are impaired at once). Data is lost
+    # only when a partition's ISR ends up holding nothing but "lossy" replicas: crashed ones
+    # that may have lost an acknowledged tail and have not registered again (registering takes
+    # a new incarnation out of every ISR). A lossy replica can still enter an ISR: a leader's
+    # pending expansion counted its fetches towards the HW and commits after it died. So:
+    # - a crash needs every other replica of its partitions healthy and min.insync.replicas
+    #   healthy members besides it in each ISR it is in;
+    # - faults that lose nothing (pauses past the session timeout, broken heartbeat streams,
+    #   asking to be fenced, controlled shutdowns, offline periods) only shrink ISRs, which is
+    #   safe while no replica is lossy, so they wait until none is (research §4.2 scenario 6,
+    #   the pre-KIP-966 "last replica standing", is what they would cause otherwise).
 
     def _healthy(self, broker_id: int) -> bool:
-        """Running, registered as this process, unfenced and not about to time out."""
+        """Running, registered as this process, unfenced, not shutting down or paused."""
         broker = self.brokers[broker_id]
         reg = self.controller.image.brokers.get(broker_id)
         return (
@@ -1111,31 +1116,33 @@ class Simulation:
             and not reg.in_controlled_shutdown
         )
 
-    def _healthy_others(self, broker_id: int) -> int:
-        """The fewest healthy ISR members other than `broker_id` over the partitions whose
-        ISR holds it (a large number when none does)."""
-        fewest = 1_000
+    def _crash_ok(self, broker_id: int) -> bool:
+        """A crash may lose the unflushed tail (see the budget above)."""
+        if not self._healthy(broker_id):
+            return False
+        impaired_max = self.opt.replication_factor - self.opt.min_insync_replicas - 1
         for pid in range(self.opt.partitions):
             record = self._partition(pid)
-            if record is None or broker_id not in record.isr:
+            if record is None or broker_id not in record.replicas:
                 continue
-            healthy = sum(1 for b in record.isr if b != broker_id and self._healthy(b))
-            fewest = min(fewest, healthy)
-        return fewest
+            others = [b for b in record.replicas if b != broker_id]
+            if sum(1 for b in others if not self._healthy(b)) > impaired_max:
+                return False
+            if broker_id in record.isr:
+                healthy = sum(1 for b in record.isr if b != broker_id and self._healthy(b))
+                if healthy < self.opt.min_insync_replicas:
+                    return False
+        return True
 
-    def _crash_ok(self, broker_id: int) -> bool:
-        """A crash may lose the unflushed tail: min.insync.replicas healthy members stay."""
-        return self._healthy_others(broker_id) >= self.opt.min_insync_replicas
-
-    def _fence_ok(self, broker_id: int) -> bool:
-        """A fence (pause past the session timeout, broken stream, asking to be fenced) loses
-        nothing but must leave a healthy member in every ISR it shrinks."""
-        return self._healthy_others(broker_id) >= 1
+    def _fence_ok(self) -> bool:
+        """A fault that loses nothing (see the budget above)."""
+        return not any(b.lossy for b in self.brokers.values())
 
     def crash(self, broker: SimBroker) -> None:
         self.note(f"crash b{broker.broker_id}")
         self.stats["broker_crashes"] += 1
         broker.alive = False
+        broker.lossy = True
         for pid, log in broker.logs.items():
             log.crash(self.rng)
             log.hw_checkpoint = min(log.hw_checkpoint, log.leo)
@@ -1209,7 +1216,7 @@ class Simulation:
             return
         if record.leader != NO_LEADER and self.rng.random() < 0.6:
             leader = self.brokers[record.leader]
-            if self._healthy(leader.broker_id) and self._fence_ok(leader.broker_id):
+            if self._healthy(leader.broker_id) and self._fence_ok():
                 self.note(f"b{leader.broker_id} asks to be fenced")
                 self.stats["self_fences"] += 1
                 self._send_heartbeat(leader, want_fence=True)
@@ -1224,9 +1231,7 @@ class Simulation:
         timeout: the partition goes offline and must stay so (no unclean election) until an
         ISR member returns, even though other replicas may be up."""
         records = [r for r in (self._partition(p) for p in range(self.opt.partitions)) if r]
-        # Only over healthy ISRs: pausing them all is one fault, but not on top of a crash.
-        records = [r for r in records if all(self._healthy(b) for b in r.isr)]
-        if not records:
+        if not records or not self._fence_ok():
             return
         smallest = min(len(r.isr) for r in records)
         record = self.rng.choice([r for r in records if len(r.isr) == smallest])
@@ -1256,12 +1261,12 @@ class Simulation:
                 self.at(rng.randint(2, 20), partial(self._move_leader, pid))
         if rng.random() < self.opt.pause_rate:
             broker = rng.choice(list(self.brokers.values()))
-            if self._fence_ok(broker.broker_id):
+            if self._fence_ok():
                 until = self.now_ms + rng.randint(50, 800)
                 broker.paused_until_ms = max(broker.paused_until_ms, until)
         if rng.random() < self.opt.shutdown_rate:
             broker = rng.choice(list(self.brokers.values()))
-            if self._fence_ok(broker.broker_id):
+            if self._fence_ok():
                 self.controlled_shutdown(broker)
         if rng.random() < self.opt.controller_crash_rate:
             self.crash_controller()
