@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import re
 
 from minibroker.client.cli import bench
@@ -35,3 +36,24 @@ def test_e2e_parser_defaults_to_no_linger() -> None:
     args = parser.parse_args(["e2e", "--topic", "t", "--rate", "100", "--num-records", "10"])
     assert args.record_size == 1024 and args.acks == "all"
     assert bench._typed_props(args.producer_props) == {"linger_ms": 0}
+
+
+def test_gc_threshold_option_defaults_and_zero_keeps_python_defaults() -> None:
+    parser = argparse.ArgumentParser()
+    bench.register(parser.add_subparsers())
+    for name in ("produce", "consume", "e2e"):
+        required = {
+            "produce": ["--num-records", "1", "--record-size", "1"],
+            "consume": ["--messages", "1"],
+            "e2e": ["--rate", "1", "--num-records", "1"],
+        }[name]
+        args = parser.parse_args([name, "--topic", "t", *required])
+        assert args.gc_threshold == bench.DEFAULT_GC_THRESHOLD
+    before = gc.get_threshold()
+    try:
+        bench.tune_gc(0)
+        assert gc.get_threshold() == before
+        bench.tune_gc(12_345)
+        assert gc.get_threshold()[0] == 12_345
+    finally:
+        gc.set_threshold(*before)
