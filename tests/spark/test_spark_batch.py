@@ -151,6 +151,10 @@ def test_sink_uses_the_topic_column_and_refuses_bad_input(spark: Any, cluster: L
         no_value.write.format("minibroker").option("bootstrap.servers", cluster.bootstrap).mode(
             "append"
         ).save()
+    with pytest.raises(Exception, match="overwrite"):
+        df.write.format("minibroker").option("bootstrap.servers", cluster.bootstrap).mode(
+            "overwrite"
+        ).save()
     # A record the broker refuses fails the task with the broker's error.
     missing = spark.createDataFrame([("no-such-topic", "x")], "topic string, value string")
     with pytest.raises(Exception, match=r"(?i)unknown.?topic"):
