@@ -29,9 +29,11 @@ on broker/replica_manager.py and broker/controller_link.py:
 Producers write with acks=all (plain and idempotent); consumers read from leaders. The DESIGN §8
 invariants are checked after every event (`Checker`), plus the controller's: every record the
 controller makes durable moves epochs forward, a new leader comes from the previous ISR and holds
-every acknowledged batch, no unclean election happens. First a safety phase with faults, then a
-liveness phase with every fault healed that must converge (full ISRs, preferred leaders back,
-identical logs holding every acknowledged batch).
+every acknowledged batch, no unclean election happens, a session timeout fences only a broker
+that went silent, a running controller grants a controlled shutdown, a restarted controller
+rebuilds the same image. First a safety phase with faults, then a liveness phase with every
+fault healed that must converge (full ISRs, preferred leaders back, identical logs holding every
+acknowledged batch, every broker's metadata image equal to the controller's).
 
 Everything random comes from one `random.Random(seed)`; virtual time is an integer `now_ms`.
 Used by tests/sim/test_replication_sim.py; tests/unit/test_replication_scenarios.py uses MemLog.
