@@ -173,7 +173,8 @@ class ControllerLink:
             yield pb.BrokerHeartbeatRequest(
                 broker_id=self.broker_id,
                 broker_epoch=self.broker_epoch,
-                current_metadata_offset=self._metadata_offset(),
+                # The last applied offset (Kafka: >= the registration offset means caught up).
+                current_metadata_offset=self._metadata_offset() - 1,
                 want_fence=False,
                 want_shut_down=self.want_shut_down,
             )
