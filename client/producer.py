@@ -240,6 +240,7 @@ class AsyncProducer:
             idempotent=enable_idempotence,
         )
         self._sticky = StickyPartitioner(rng or random.Random())
+        self._tps: dict[str, list[TopicPartition]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sender: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
@@ -367,14 +368,14 @@ class AsyncProducer:
         now = now_ms()
         acc = self.accumulator
         if rec.partition >= 0:
-            tp = TopicPartition(rec.topic, rec.partition)
+            tp = self._topic_partition(rec.topic, rec.partition, rec.num_partitions)
             result = acc.append(
                 tp, rec.timestamp_ms, rec.key, rec.value, rec.headers, handle, now, size=rec.size
             )
         else:
             count = rec.num_partitions
             part = self._sticky.partition(rec.topic, count)
-            tp = TopicPartition(rec.topic, part)
+            tp = self._topic_partition(rec.topic, part, count)
             result = acc.append(
                 tp,
                 rec.timestamp_ms,
@@ -388,7 +389,7 @@ class AsyncProducer:
             )
             if not result.appended:
                 part = self._sticky.on_new_batch(rec.topic, count, part)
-                tp = TopicPartition(rec.topic, part)
+                tp = self._topic_partition(rec.topic, part, count)
                 result = acc.append(
                     tp,
                     rec.timestamp_ms,
@@ -402,6 +403,16 @@ class AsyncProducer:
         if result.new_batch:
             self._wake()
         return result.new_batch
+
+    def _topic_partition(self, topic: str, partition: int, num_partitions: int) -> TopicPartition:
+        """The shared TopicPartition of `topic`/`partition`: one lookup per record instead of a
+        new NamedTuple (whose construction costs several times more)."""
+        tps = self._tps.get(topic)
+        if tps is None or len(tps) < num_partitions or partition >= len(tps):
+            tps = self._tps[topic] = [
+                TopicPartition(topic, p) for p in range(max(num_partitions, partition + 1))
+            ]
+        return tps[partition]
 
     async def _topic(self, topic: str) -> TopicInfo:
         if not isinstance(topic, str) or not topic:

@@ -129,34 +129,38 @@ def tune_gc(threshold0: int) -> None:
 
 
 class LatencyStats:
-    """Kafka's ProducerPerformance.Stats: window lines and the final percentile line."""
+    """Kafka's ProducerPerformance.Stats: window lines and the final percentile line.
+
+    `record` runs once per acknowledged record, so it only appends; counts, sums and maxima are
+    computed from `latencies` when a window line or the summary is printed.
+    """
 
     def __init__(self, num_records: int, out: TextIO, clock: Any = time.monotonic) -> None:
         self.clock = clock
         self.out = out
         self.start = clock()
         self.latencies: list[float] = []
-        self.count = 0
         self.bytes = 0
-        self.max_latency = 0.0
-        self.total_latency = 0.0
         self.window_start = self.start
-        self.window_count = 0
-        self.window_bytes = 0
-        self.window_max = 0.0
-        self.window_total = 0.0
+        self.window_first = 0  # index in `latencies` of the window's first record
+        self.window_bytes_start = 0
         self.expected = num_records
 
+    @property
+    def count(self) -> int:
+        return len(self.latencies)
+
+    @property
+    def total_latency(self) -> float:
+        return sum(self.latencies)
+
+    @property
+    def max_latency(self) -> float:
+        return max(self.latencies, default=0.0)
+
     def record(self, latency_ms: float, size: int, now: float | None = None) -> None:
-        self.count += 1
-        self.bytes += size
-        self.total_latency += latency_ms
-        self.max_latency = max(self.max_latency, latency_ms)
         self.latencies.append(latency_ms)
-        self.window_count += 1
-        self.window_bytes += size
-        self.window_total += latency_ms
-        self.window_max = max(self.window_max, latency_ms)
+        self.bytes += size
         if now is None:
             now = self.clock()
         if now - self.window_start >= REPORT_INTERVAL_S:
@@ -164,16 +168,18 @@ class LatencyStats:
 
     def print_window(self, now: float) -> None:
         elapsed = max(now - self.window_start, 1e-9)
-        n = max(self.window_count, 1)
+        window = self.latencies[self.window_first :]
+        count = len(window)
+        window_bytes = self.bytes - self.window_bytes_start
         self.out.write(
-            f"{self.window_count} records sent, {self.window_count / elapsed:.1f} records/sec "
-            f"({self.window_bytes / MB / elapsed:.2f} MB/sec), {self.window_total / n:.1f} ms "
-            f"avg latency, {self.window_max:.1f} ms max latency.\n"
+            f"{count} records sent, {count / elapsed:.1f} records/sec "
+            f"({window_bytes / MB / elapsed:.2f} MB/sec), {sum(window) / max(count, 1):.1f} ms "
+            f"avg latency, {max(window, default=0.0):.1f} ms max latency.\n"
         )
         self.out.flush()
         self.window_start = now
-        self.window_count = self.window_bytes = 0
-        self.window_total = self.window_max = 0.0
+        self.window_first = len(self.latencies)
+        self.window_bytes_start = self.bytes
 
     def summary(self, end: float | None = None) -> str:
         elapsed = max((end if end is not None else self.clock()) - self.start, 1e-9)
@@ -184,11 +190,12 @@ class LatencyStats:
                 return 0
             return int(ordered[min(len(ordered) - 1, int(p * len(ordered)))])
 
-        n = max(self.count, 1)
+        count = len(ordered)
+        top = ordered[-1] if ordered else 0.0
         return (
-            f"{self.count} records sent, {self.count / elapsed:.1f} records/sec "
-            f"({self.bytes / MB / elapsed:.2f} MB/sec), {self.total_latency / n:.2f} ms avg "
-            f"latency, {self.max_latency:.2f} ms max latency, {pct(0.5)} ms 50th, "
+            f"{count} records sent, {count / elapsed:.1f} records/sec "
+            f"({self.bytes / MB / elapsed:.2f} MB/sec), {sum(ordered) / max(count, 1):.2f} ms avg "
+            f"latency, {top:.2f} ms max latency, {pct(0.5)} ms 50th, "
             f"{pct(0.95)} ms 95th, {pct(0.99)} ms 99th, {pct(0.999)} ms 99.9th."
         )
 
