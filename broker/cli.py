@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from minibroker.broker.config import BROKER_KEYS, build_config
-from minibroker.client.common.config import ConfigError, describe, load_file, parse_overrides
+from minibroker.client.common.config import ConfigError, command_line_layers, describe
 
 EPILOG = (
     "Settings (--set key=value or the --config file; topic configs such as "
@@ -53,21 +53,16 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    flags: dict[str, Any] = {}
-    for attr, key in (
+    flag_keys = (
         ("node_id", "node.id"),
         ("data_dir", "log.dirs"),
         ("listen", "listeners"),
         ("controller", "controller.quorum.bootstrap.servers"),
         ("rack", "broker.rack"),
         ("metrics_port", "metrics.port"),
-    ):
-        value = getattr(args, attr)
-        if value is not None:
-            flags[key] = value
+    )
     try:
-        file_values = load_file(args.config) if args.config else {}
-        config = build_config(file_values, flags, parse_overrides(args.set))
+        config = build_config(*command_line_layers(args, flag_keys))
     except ConfigError as err:
         print(f"minibroker broker: {err}", file=sys.stderr)
         return 2

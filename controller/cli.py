@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from minibroker.client.common.config import ConfigError, describe, load_file, parse_overrides
+from minibroker.client.common.config import ConfigError, command_line_layers, describe
 from minibroker.controller.config import ALL_KEYS, build_config
 
 EPILOG = (
@@ -53,19 +53,14 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    flags: dict[str, Any] = {}
-    for attr, key in (
+    flag_keys = (
         ("data_dir", "metadata.log.dir"),
         ("listen", "listeners"),
         ("node_id", "node.id"),
         ("metrics_port", "metrics.port"),
-    ):
-        value = getattr(args, attr)
-        if value is not None:
-            flags[key] = value
+    )
     try:
-        file_values = load_file(args.config) if args.config else {}
-        config = build_config(file_values, flags, parse_overrides(args.set))
+        config = build_config(*command_line_layers(args, flag_keys))
     except ConfigError as err:
         print(f"minibroker controller: {err}", file=sys.stderr)
         return 2

@@ -147,3 +147,13 @@ def describe(keys: Iterable[ConfigKey]) -> str:
     return "\n".join(
         f"  {k.name} ({k.type.__name__}, default {k.default!r}): {k.doc}" for k in keys
     )
+
+
+def command_line_layers(
+    args: Any, flag_keys: Iterable[tuple[str, str]]
+) -> tuple[dict[str, str], dict[str, Any], dict[str, str]]:
+    """A process command's three config layers, lowest first: the `--config` file, the named
+    flags (`(attribute, property)` pairs; unset flags are skipped), and the `--set` overrides."""
+    file_values = load_file(args.config) if args.config else {}
+    flags = {key: getattr(args, attr) for attr, key in flag_keys if getattr(args, attr) is not None}
+    return file_values, flags, parse_overrides(args.set)

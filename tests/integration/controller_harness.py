@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
+from cluster_harness import wait_until
 
 from minibroker.client.metadata.image import MetadataImage
 from minibroker.client.metadata.wire import apply_batch
@@ -33,23 +34,6 @@ from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
 CONTROLLER_CMD = [sys.executable, "-m", "minibroker.deploy", "controller"]
 HARNESS_FILE = pathlib.Path(__file__).resolve()
-
-
-def wait_until(
-    predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.02
-) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last_error: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as err:
-            last_error = err
-        time.sleep(interval_s)
-    detail = f" (last error: {last_error!r})" if last_error else ""
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}{detail}")
 
 
 class ControllerProcess:
