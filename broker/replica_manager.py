@@ -324,31 +324,24 @@ class ReplicaManager:
                 self.metrics.replication_bytes_in.inc(len(effect.records))
                 queue[:0] = core.on_follower_appended(hosted.log.leo, info.batches)
                 hosted.log.maybe_flush(now_ms())
-            elif isinstance(effect, TruncateTo):
+            elif isinstance(effect, TruncateTo | TruncateFullyAndStartAt):
                 old_leo = hosted.log.leo
-                hosted.log.truncate_to(effect.offset)
+                fully = isinstance(effect, TruncateFullyAndStartAt)
+                if fully:
+                    hosted.log.truncate_fully_and_start_at(effect.offset)
+                else:
+                    hosted.log.truncate_to(effect.offset)
                 self.metrics.truncations.inc()
+                # `watch` reads these two events from the log (to_offset / start_offset).
+                where = {"start_offset" if fully else "to_offset": hosted.log.leo}
                 log.info(
-                    "truncated",
+                    "truncated_fully" if fully else "truncated",
                     topic=tp.topic,
                     partition=tp.partition,
                     from_offset=old_leo,
-                    to_offset=hosted.log.leo,
                     reason=effect.reason,
                     leader_epoch=core.leader_epoch,
-                )
-                queue[:0] = core.on_log_truncated(hosted.log.leo, hosted.log.log_start_offset)
-            elif isinstance(effect, TruncateFullyAndStartAt):
-                old_leo = hosted.log.leo
-                hosted.log.truncate_fully_and_start_at(effect.offset)
-                self.metrics.truncations.inc()
-                log.info(
-                    "truncated_fully",
-                    topic=tp.topic,
-                    partition=tp.partition,
-                    from_offset=old_leo,
-                    start_offset=effect.offset,
-                    reason=effect.reason,
+                    **where,
                 )
                 queue[:0] = core.on_log_truncated(hosted.log.leo, hosted.log.log_start_offset)
             elif isinstance(effect, AdvanceLogStartOffset):
