@@ -6,10 +6,20 @@ per record); the dataclasses are per partition, not per record.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 from minibroker.client.errors import ErrorCode
 from minibroker.proto import minibroker_pb2 as pb
+
+
+class _HasTopic(Protocol):
+    @property
+    def topic(self) -> str: ...
+
+
+_R = TypeVar("_R", bound=_HasTopic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,13 +202,20 @@ def decode_fetch_response(response: pb.FetchResponse) -> list[FetchPartitionResu
 # -- encode ----------------------------------------------------------------------------------
 
 
-def _grouped(results: list, make_partition, topic_cls, partitions_field: str):  # type: ignore[no-untyped-def]
-    by_topic: dict[str, list] = {}
+def _partitions_by_topic(topics: Any, results: Iterable[_R]) -> Iterator[tuple[Any, _R]]:
+    """Yield (the response's repeated `partitions` field of r's topic, r) for each result.
+
+    Responses are built in place with `.add()`: passing finished sub-messages to a constructor
+    makes upb copy each one again, records included, which measured ~2 ms per MiB of records
+    against ~0.1 ms built in place (it was most of a broker's CPU per replicated byte).
+    """
+    by_topic: dict[str, Any] = {}
     for result in results:
-        by_topic.setdefault(result.topic, []).append(make_partition(result))
-    return [
-        topic_cls(topic=topic, **{partitions_field: parts}) for topic, parts in by_topic.items()
-    ]
+        topic = result.topic
+        partitions = by_topic.get(topic)
+        if partitions is None:
+            partitions = by_topic[topic] = topics.add(topic=topic).partitions
+        yield partitions, result
 
 
 def _leader(value: tuple[int, int] | None) -> pb.LeaderIdAndEpoch | None:
@@ -208,8 +225,9 @@ def _leader(value: tuple[int, int] | None) -> pb.LeaderIdAndEpoch | None:
 
 
 def encode_produce(results: list[ProduceResult]) -> pb.ProduceResponse:
-    def make(r: ProduceResult) -> pb.PartitionProduceResponse:
-        return pb.PartitionProduceResponse(
+    response = pb.ProduceResponse()
+    for partitions, r in _partitions_by_topic(response.topics, results):
+        partitions.add(
             partition=r.partition,
             error_code=int(r.error),
             error_message=r.message,
@@ -218,13 +236,13 @@ def encode_produce(results: list[ProduceResult]) -> pb.ProduceResponse:
             log_start_offset=r.log_start_offset,
             current_leader=_leader(r.leader),
         )
-
-    return pb.ProduceResponse(topics=_grouped(results, make, pb.TopicProduceResponse, "partitions"))
+    return response
 
 
 def encode_fetch(results: list[FetchPartitionResult]) -> pb.FetchResponse:
-    def make(r: FetchPartitionResult) -> pb.FetchPartitionResponse:
-        return pb.FetchPartitionResponse(
+    response = pb.FetchResponse()
+    for partitions, r in _partitions_by_topic(response.topics, results):
+        partitions.add(
             partition=r.partition,
             error_code=int(r.error),
             error_message=r.message,
@@ -241,13 +259,13 @@ def encode_fetch(results: list[FetchPartitionResult]) -> pb.FetchResponse:
             preferred_read_replica=r.preferred_read_replica,
             records=r.records,
         )
-
-    return pb.FetchResponse(topics=_grouped(results, make, pb.FetchTopicResponse, "partitions"))
+    return response
 
 
 def encode_list_offsets(results: list[ListOffsetsResult]) -> pb.ListOffsetsResponse:
-    def make(r: ListOffsetsResult) -> pb.ListOffsetsPartitionResponse:
-        return pb.ListOffsetsPartitionResponse(
+    response = pb.ListOffsetsResponse()
+    for partitions, r in _partitions_by_topic(response.topics, results):
+        partitions.add(
             partition=r.partition,
             error_code=int(r.error),
             error_message=r.message,
@@ -255,10 +273,7 @@ def encode_list_offsets(results: list[ListOffsetsResult]) -> pb.ListOffsetsRespo
             offset=r.offset,
             leader_epoch=r.leader_epoch,
         )
-
-    return pb.ListOffsetsResponse(
-        topics=_grouped(results, make, pb.ListOffsetsTopicResponse, "partitions")
-    )
+    return response
 
 
 def encode_replicas(broker_id: int, states: list[ReplicaState]) -> pb.DescribeReplicasResponse:

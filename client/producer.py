@@ -647,16 +647,15 @@ class AsyncProducer:
         return False
 
     async def _send_request(self, node: int, batches: list[ProducerBatch]) -> None:
-        by_topic: dict[str, list[pb.PartitionProduceData]] = {}
+        # Built in place with add(): handing finished sub-messages to a constructor makes upb
+        # copy each again, batches included (~2 ms per MiB against ~0.1 ms).
+        request = pb.ProduceRequest(acks=self.acks, timeout_ms=self.request_timeout_ms)
+        by_topic: dict[str, Any] = {}
         for b in batches:
-            by_topic.setdefault(b.tp.topic, []).append(
-                pb.PartitionProduceData(partition=b.tp.partition, records=b.buffer)
-            )
-        request = pb.ProduceRequest(
-            acks=self.acks,
-            timeout_ms=self.request_timeout_ms,
-            topics=[pb.TopicProduceData(topic=t, partitions=ps) for t, ps in by_topic.items()],
-        )
+            partitions = by_topic.get(b.tp.topic)
+            if partitions is None:
+                partitions = by_topic[b.tp.topic] = request.topics.add(topic=b.tp.topic).partitions
+            partitions.add(partition=b.tp.partition, records=b.buffer)
         address = self.cluster.metadata.address(node) or f"node {node}"
         try:
             try:
