@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 
@@ -110,31 +110,31 @@ class Fetcher:
         await self._channel.close(grace=None)
 
     def _build_request(self) -> pb.FetchRequest | None:
-        topics: dict[str, list[pb.FetchPartition]] = {}
-        for tp in sorted(self._partitions):
-            state = self._host.follower_fetch_state(tp, self.leader_id)
-            if state is None:
-                continue
-            topics.setdefault(tp.topic, []).append(
-                pb.FetchPartition(
-                    partition=tp.partition,
-                    current_leader_epoch=state.current_leader_epoch,
-                    fetch_offset=state.fetch_offset,
-                    last_fetched_epoch=state.last_fetched_epoch,
-                    log_start_offset=state.log_start_offset,
-                    partition_max_bytes=self._max_bytes,
-                )
-            )
-        if not topics:
-            return None
-        return pb.FetchRequest(
+        request = pb.FetchRequest(
             replica_id=self._host.broker_id,
             replica_epoch=self._host.broker_epoch(),
             max_wait_ms=self._max_wait_ms,
             min_bytes=self._min_bytes,
             max_bytes=self._response_max_bytes,
-            topics=[pb.FetchTopic(topic=t, partitions=ps) for t, ps in topics.items()],
         )
+        # Built in place with add(): finished sub-messages handed to a constructor are copied.
+        topics: dict[str, Any] = {}
+        for tp in sorted(self._partitions):
+            state = self._host.follower_fetch_state(tp, self.leader_id)
+            if state is None:
+                continue
+            partitions = topics.get(tp.topic)
+            if partitions is None:
+                partitions = topics[tp.topic] = request.topics.add(topic=tp.topic).partitions
+            partitions.add(
+                partition=tp.partition,
+                current_leader_epoch=state.current_leader_epoch,
+                fetch_offset=state.fetch_offset,
+                last_fetched_epoch=state.last_fetched_epoch,
+                log_start_offset=state.log_start_offset,
+                partition_max_bytes=self._max_bytes,
+            )
+        return request if topics else None
 
     async def _run(self) -> None:
         while True:

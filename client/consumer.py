@@ -651,18 +651,6 @@ class AsyncConsumer:
     async def _fetch(self, node: int, tps: list[TopicPartition]) -> None:
         md = self.cluster.metadata
         sent = {tp: (self._states[tp].generation, self._states[tp].fetch_offset) for tp in tps}
-        by_topic: dict[str, list[pb.FetchPartition]] = {}
-        for tp in tps:
-            by_topic.setdefault(tp.topic, []).append(
-                pb.FetchPartition(
-                    partition=tp.partition,
-                    current_leader_epoch=md.leader_epoch(tp),
-                    fetch_offset=sent[tp][1],
-                    last_fetched_epoch=-1,
-                    log_start_offset=-1,
-                    partition_max_bytes=self.max_partition_fetch_bytes,
-                )
-            )
         request = pb.FetchRequest(
             replica_id=-1,
             replica_epoch=-1,
@@ -670,9 +658,22 @@ class AsyncConsumer:
             min_bytes=self.fetch_min_bytes,
             max_bytes=self.fetch_max_bytes,
             isolation_level=0,
-            topics=[pb.FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
             rack_id=self.client_rack,
         )
+        # Built in place with add(): finished sub-messages handed to a constructor are copied.
+        by_topic: dict[str, Any] = {}
+        for tp in tps:
+            partitions = by_topic.get(tp.topic)
+            if partitions is None:
+                partitions = by_topic[tp.topic] = request.topics.add(topic=tp.topic).partitions
+            partitions.add(
+                partition=tp.partition,
+                current_leader_epoch=md.leader_epoch(tp),
+                fetch_offset=sent[tp][1],
+                last_fetched_epoch=-1,
+                log_start_offset=-1,
+                partition_max_bytes=self.max_partition_fetch_bytes,
+            )
         address = md.address(node) or f"node {node}"
         leader_of = {tp: md.leader_for(tp) for tp in tps}
         try:
