@@ -5,7 +5,6 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 # Sentinels with Kafka's values.
@@ -28,8 +27,7 @@ class TopicPartition(NamedTuple):
         return f"{self.topic}-{self.partition}"
 
 
-@dataclass(frozen=True, slots=True)
-class RecordMetadata:
+class RecordMetadata(NamedTuple):
     """Where an acknowledged record landed."""
 
     topic: str
@@ -38,9 +36,12 @@ class RecordMetadata:
     timestamp: int
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One record as a consumer sees it. key/value are None for null."""
+class Record(NamedTuple):
+    """One record as a consumer sees it. key/value are None for null.
+
+    NamedTuples rather than frozen dataclasses: one is built per record on the consumer's and
+    producer's hottest paths, and a tuple is built about 3x faster.
+    """
 
     topic: str
     partition: int
@@ -48,6 +49,6 @@ class Record:
     timestamp: int
     key: bytes | None
     value: bytes | None
-    headers: tuple[tuple[str, bytes | None], ...] = field(default=())
+    headers: tuple[tuple[str, bytes | None], ...] = ()
     timestamp_type: int = 0  # 0 CreateTime, 1 LogAppendTime
     leader_epoch: int = UNKNOWN_EPOCH
