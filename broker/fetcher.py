@@ -165,7 +165,18 @@ class Fetcher:
             finally:
                 self._call = None
             for result in wire.decode_fetch_response(response):
-                await self._host.apply_follower_fetch(self.leader_id, result)
+                try:
+                    await self._host.apply_follower_fetch(self.leader_id, result)
+                except Exception:
+                    # A storage error on one partition must not end fetching for the others;
+                    # its core did not advance, so the next round asks for the same offset.
+                    log.exception(
+                        "follower_fetch_apply_failed",
+                        leader=self.leader_id,
+                        topic=result.topic,
+                        partition=result.partition,
+                    )
+                    await asyncio.sleep(self._backoff_s)
 
 
 class FetcherManager:

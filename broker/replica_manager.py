@@ -905,29 +905,44 @@ class ReplicaManager:
                 await asyncio.wait_for(stop.wait(), tick_s)
             except TimeoutError:
                 pass
-            mono = time.monotonic()
-            now = now_ms()
+            try:
+                self._background_tick(last, shrink_every, hw_every, rp_every, retention_every)
+            except Exception:
+                # One failing partition or checkpoint must not stop ISR checks, produce expiry
+                # and checkpoints for every other partition: log it and carry on next tick.
+                log.exception("background_tick_failed")
+
+    def _background_tick(
+        self,
+        last: dict[str, float],
+        shrink_every: float,
+        hw_every: float,
+        rp_every: float,
+        retention_every: float,
+    ) -> None:
+        mono = time.monotonic()
+        now = now_ms()
+        for hosted in list(self.partitions.values()):
+            if hosted.core.pending_produce_count:
+                self._apply(hosted, hosted.core.expire_produces(now))
+        if mono - last["shrink"] >= shrink_every:
+            last["shrink"] = mono
             for hosted in list(self.partitions.values()):
-                if hosted.core.pending_produce_count:
-                    self._apply(hosted, hosted.core.expire_produces(now))
-            if mono - last["shrink"] >= shrink_every:
-                last["shrink"] = mono
-                for hosted in list(self.partitions.values()):
-                    if hosted.core.is_leader:
-                        self._apply(hosted, hosted.core.maybe_shrink_isr(now))
-            if mono - last["hw"] >= hw_every:
-                last["hw"] = mono
-                # On the loop thread: the checkpoint reads every log's HW (a few ms of fsync).
-                self.log_manager.checkpoint_high_watermarks()
-            if mono - last["rp"] >= rp_every:
-                last["rp"] = mono
-                self.log_manager.maybe_flush(now)
-                self.log_manager.checkpoint_recovery_points()
-                self.log_manager.checkpoint_log_start_offsets()
-            if mono - last["retention"] >= retention_every:
-                last["retention"] = mono
-                self._run_retention(now)
-            self._update_gauges()
+                if hosted.core.is_leader:
+                    self._apply(hosted, hosted.core.maybe_shrink_isr(now))
+        if mono - last["hw"] >= hw_every:
+            last["hw"] = mono
+            # On the loop thread: the checkpoint reads every log's HW (a few ms of fsync).
+            self.log_manager.checkpoint_high_watermarks()
+        if mono - last["rp"] >= rp_every:
+            last["rp"] = mono
+            self.log_manager.maybe_flush(now)
+            self.log_manager.checkpoint_recovery_points()
+            self.log_manager.checkpoint_log_start_offsets()
+        if mono - last["retention"] >= retention_every:
+            last["retention"] = mono
+            self._run_retention(now)
+        self._update_gauges()
 
     def _run_retention(self, now: int) -> None:
         for hosted in list(self.partitions.values()):
