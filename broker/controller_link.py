@@ -231,6 +231,10 @@ class ControllerLink:
             except grpc.aio.AioRpcError as err:
                 if err.code() != grpc.StatusCode.CANCELLED:
                     log.debug("metadata_watch_broken", status=err.code().name)
+            except Exception:
+                # Applying a batch failed beyond the per-partition guards (a malformed record):
+                # never stop following metadata silently; watch again from the applied offset.
+                log.exception("metadata_apply_failed")
             finally:
                 call.cancel()
             await _backoff(attempt, stop)

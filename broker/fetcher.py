@@ -198,6 +198,16 @@ class FetcherManager:
     def leader_of(self, tp: TopicPartition) -> int | None:
         return self._assignment.get(tp)
 
+    def needs_follow(self, tp: TopicPartition, leader_id: int) -> bool:
+        """True when `tp` is not being fetched from `leader_id` at its current address."""
+        address = self._address_of(leader_id)
+        if address is None:
+            return False  # still unknown: nothing to connect to yet
+        fetcher = self._fetchers.get(leader_id)
+        return (
+            self._assignment.get(tp) != leader_id or fetcher is None or fetcher.address != address
+        )
+
     def follow(self, tp: TopicPartition, leader_id: int) -> None:
         """Fetch `tp` from `leader_id` (moving it off any other fetcher); restarts fetching."""
         current = self._assignment.get(tp)

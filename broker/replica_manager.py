@@ -57,8 +57,8 @@ from minibroker.broker.storage.log_manager import LogManager
 from minibroker.client import batch as batchlib
 from minibroker.client.common.log import get_logger
 from minibroker.client.errors import ErrorCode, MiniBrokerError
-from minibroker.client.metadata.image import MetadataImage
-from minibroker.client.metadata.records import NO_LEADER
+from minibroker.client.metadata.image import MetadataImage, TopicImage
+from minibroker.client.metadata.records import NO_LEADER, PartitionRecord
 from minibroker.client.metadata.wire import apply_batch
 from minibroker.client.topic_config import resolve_topic_config
 from minibroker.client.types import TopicPartition
@@ -67,6 +67,10 @@ from minibroker.proto import minibroker_pb2 as pb
 log = get_logger(__name__)
 
 PRODUCER_ID_PREFETCH_LEFT = 100  # prefetch the next block when this few ids are left (90%)
+
+
+class FollowerAppendFailedError(MiniBrokerError):
+    """The leader's batches could not be appended here (bad CRC, gap, overlap)."""
 
 
 def now_ms() -> int:
@@ -204,56 +208,78 @@ class ReplicaManager:
                 for tp in [tp for tp, h in self.partitions.items() if h.topic_id == topic_id]:
                     self._remove_partition(tp, delete=True, reason=f"topic {name} deleted")
         for topic, record in self.image.partitions():
-            tp = TopicPartition(topic.name, record.partition)
-            hosted = self.partitions.get(tp)
-            if self.broker_id not in record.replicas:
-                if hosted is not None and hosted.topic_id == topic.topic_id:
-                    self._remove_partition(tp, delete=True, reason="no longer a replica")
-                continue
-            if hosted is not None and hosted.topic_id and hosted.topic_id != topic.topic_id:
-                # A topic of the same name was deleted and re-created: the old log goes.
-                self._remove_partition(tp, delete=True, reason="topic re-created")
-                hosted = None
-            if hosted is None:
-                partition_log = self._open_log(tp, topic.topic_id, topic.configs)
-                hosted = self._host(tp, topic.topic_id, partition_log, topic.configs)
-            else:
-                if not hosted.topic_id:
-                    hosted.topic_id = topic.topic_id
-                if hosted.topic_configs != topic.configs:
-                    # A log opened from disk before metadata arrived ran with the broker's
-                    # defaults; the topic's own configs (min.insync.replicas, ...) apply now.
-                    self._reconfigure(hosted, topic.configs, now)
-            state = PartitionState(
-                replicas=tuple(record.replicas),
-                isr=frozenset(record.isr),
+            try:
+                self._apply_partition_record(topic, record, now)
+            except Exception:
+                # One partition's storage or state failure must not stop this broker from
+                # following metadata for every other partition: log it, keep going.
+                log.exception(
+                    "partition_metadata_apply_failed", topic=topic.name, partition=record.partition
+                )
+        self._resync_fetchers()
+        self._metadata_ready.set()
+
+    def _apply_partition_record(self, topic: TopicImage, record: PartitionRecord, now: int) -> None:
+        """Act on the controller's record of one partition (create, reconfigure, change role)."""
+        tp = TopicPartition(topic.name, record.partition)
+        hosted = self.partitions.get(tp)
+        if self.broker_id not in record.replicas:
+            if hosted is not None and hosted.topic_id == topic.topic_id:
+                self._remove_partition(tp, delete=True, reason="no longer a replica")
+            return
+        if hosted is not None and hosted.topic_id and hosted.topic_id != topic.topic_id:
+            # A topic of the same name was deleted and re-created: the old log goes.
+            self._remove_partition(tp, delete=True, reason="topic re-created")
+            hosted = None
+        if hosted is None:
+            partition_log = self._open_log(tp, topic.topic_id, topic.configs)
+            hosted = self._host(tp, topic.topic_id, partition_log, topic.configs)
+        else:
+            if not hosted.topic_id:
+                hosted.topic_id = topic.topic_id
+            if hosted.topic_configs != topic.configs:
+                # A log opened from disk before metadata arrived ran with the broker's
+                # defaults; the topic's own configs (min.insync.replicas, ...) apply now.
+                self._reconfigure(hosted, topic.configs, now)
+        state = PartitionState(
+            replicas=tuple(record.replicas),
+            isr=frozenset(record.isr),
+            leader=record.leader,
+            leader_epoch=record.leader_epoch,
+            partition_epoch=record.partition_epoch,
+            leader_recovery_state=LeaderRecoveryState(record.leader_recovery_state),
+        )
+        old_role = hosted.core.role
+        old_epoch = hosted.core.leader_epoch
+        self._apply(hosted, hosted.core.apply_partition_state(state, now))
+        if hosted.core.role != old_role or hosted.core.leader_epoch != old_epoch:
+            log.info(
+                "became_leader" if hosted.core.role is Role.LEADER else "became_follower",
+                topic=tp.topic,
+                partition=tp.partition,
                 leader=record.leader,
                 leader_epoch=record.leader_epoch,
                 partition_epoch=record.partition_epoch,
-                leader_recovery_state=LeaderRecoveryState(record.leader_recovery_state),
+                isr=sorted(record.isr),
+                leo=hosted.core.leo,
+                high_watermark=hosted.core.high_watermark,
             )
-            old_role = hosted.core.role
-            old_epoch = hosted.core.leader_epoch
-            self._apply(hosted, hosted.core.apply_partition_state(state, now))
-            if hosted.core.role != old_role or hosted.core.leader_epoch != old_epoch:
-                log.info(
-                    "became_leader" if hosted.core.role is Role.LEADER else "became_follower",
-                    topic=tp.topic,
-                    partition=tp.partition,
-                    leader=record.leader,
-                    leader_epoch=record.leader_epoch,
-                    partition_epoch=record.partition_epoch,
-                    isr=sorted(record.isr),
-                    leo=hosted.core.leo,
-                    high_watermark=hosted.core.high_watermark,
-                )
-        self._metadata_ready.set()
 
     def _reconfigure(self, hosted: Hosted, raw_configs: dict[str, str], now: int) -> None:
         configs = self._topic_configs(raw_configs)
         hosted.log.update_config(self._log_config(raw_configs))
         self._apply(hosted, hosted.core.update_config(self._replica_config(configs), now))
         hosted.topic_configs = dict(raw_configs)
+
+    def _resync_fetchers(self) -> None:
+        """Point fetchers at leaders whose address arrived or changed since the partition's
+        record did (a leader that re-registered on another port, or was not known yet)."""
+        for tp, hosted in self.partitions.items():
+            follower = hosted.core.follower
+            if hosted.core.role is not Role.FOLLOWER or follower is None or follower.failed:
+                continue
+            if self.fetchers.needs_follow(tp, follower.leader_id):
+                self.fetchers.follow(tp, follower.leader_id)
 
     def _sync_brokers(self) -> None:
         for broker_id, reg in self.image.brokers.items():
@@ -313,14 +339,9 @@ class ReplicaManager:
                 try:
                     info = hosted.log.append_as_follower(effect.records)
                 except MiniBrokerError as err:
-                    # The core's LEO did not move, so the next fetch asks for the same offset.
-                    log.warning(
-                        "follower_append_failed",
-                        topic=tp.topic,
-                        partition=tp.partition,
-                        error=str(err),
-                    )
-                    continue
+                    # The log is unchanged and the core's LEO did not move; the caller turns
+                    # this into a fetch error so the follower backs off before asking again.
+                    raise FollowerAppendFailedError(str(err)) from err
                 self.metrics.replication_bytes_in.inc(len(effect.records))
                 queue[:0] = core.on_follower_appended(hosted.log.leo, info.batches)
                 hosted.log.maybe_flush(now_ms())
@@ -718,7 +739,18 @@ class ReplicaManager:
             diverging_epoch=result.diverging_epoch,
             records=result.records,
         )
-        self._apply(hosted, hosted.core.on_fetch_response(request, response, now_ms()))
+        try:
+            self._apply(hosted, hosted.core.on_fetch_response(request, response, now_ms()))
+        except FollowerAppendFailedError as err:
+            log.warning(
+                "follower_append_failed",
+                topic=tp.topic,
+                partition=tp.partition,
+                leader=leader_id,
+                error=str(err),
+            )
+            failed = FetchResponse(error=ErrorCode.CORRUPT_MESSAGE)
+            self._apply(hosted, hosted.core.on_fetch_response(request, failed, now_ms()))
 
     # -- list offsets, metadata, producer ids, describe -----------------------------------------
 
@@ -922,40 +954,66 @@ class ReplicaManager:
     ) -> None:
         mono = time.monotonic()
         now = now_ms()
-        for hosted in list(self.partitions.values()):
+
+        def expire(hosted: Hosted) -> None:
             if hosted.core.pending_produce_count:
                 self._apply(hosted, hosted.core.expire_produces(now))
+
+        def shrink(hosted: Hosted) -> None:
+            if hosted.core.is_leader:
+                self._apply(hosted, hosted.core.maybe_shrink_isr(now))
+
+        self._each_partition("expire_produces", expire)
         if mono - last["shrink"] >= shrink_every:
             last["shrink"] = mono
-            for hosted in list(self.partitions.values()):
-                if hosted.core.is_leader:
-                    self._apply(hosted, hosted.core.maybe_shrink_isr(now))
+            self._each_partition("maybe_shrink_isr", shrink)
         if mono - last["hw"] >= hw_every:
             last["hw"] = mono
             # On the loop thread: the checkpoint reads every log's HW (a few ms of fsync).
-            self.log_manager.checkpoint_high_watermarks()
+            self._guarded("checkpoint_high_watermarks", self.log_manager.checkpoint_high_watermarks)
         if mono - last["rp"] >= rp_every:
             last["rp"] = mono
-            self.log_manager.maybe_flush(now)
-            self.log_manager.checkpoint_recovery_points()
-            self.log_manager.checkpoint_log_start_offsets()
+            self._guarded("maybe_flush", lambda: self.log_manager.maybe_flush(now))
+            self._guarded("checkpoint_recovery_points", self.log_manager.checkpoint_recovery_points)
+            self._guarded(
+                "checkpoint_log_start_offsets", self.log_manager.checkpoint_log_start_offsets
+            )
         if mono - last["retention"] >= retention_every:
             last["retention"] = mono
-            self._run_retention(now)
+            self._each_partition("retention", lambda hosted: self._run_retention(hosted, now))
         self._update_gauges()
 
-    def _run_retention(self, now: int) -> None:
+    def _guarded(self, step: str, fn: Any) -> None:
+        """Run one background step; a failure is logged and the other steps still run."""
+        try:
+            fn()
+        except Exception:
+            log.exception("background_step_failed", step=step)
+
+    def _each_partition(self, step: str, fn: Any) -> None:
+        """Run one background step per partition; one partition's failure spares the others."""
         for hosted in list(self.partitions.values()):
-            deleted = hosted.log.delete_retention(now)
-            if deleted:
-                hosted.core.on_log_start_offset_advanced(hosted.log.log_start_offset)
-                log.info(
-                    "segments_deleted",
+            try:
+                fn(hosted)
+            except Exception:
+                log.exception(
+                    "background_step_failed",
+                    step=step,
                     topic=hosted.tp.topic,
                     partition=hosted.tp.partition,
-                    count=len(deleted),
-                    log_start_offset=hosted.log.log_start_offset,
                 )
+
+    def _run_retention(self, hosted: Hosted, now: int) -> None:
+        deleted = hosted.log.delete_retention(now)
+        if deleted:
+            hosted.core.on_log_start_offset_advanced(hosted.log.log_start_offset)
+            log.info(
+                "segments_deleted",
+                topic=hosted.tp.topic,
+                partition=hosted.tp.partition,
+                count=len(deleted),
+                log_start_offset=hosted.log.log_start_offset,
+            )
 
     def _update_gauges(self) -> None:
         under_replicated = under_min = at_min = leaders = 0
