@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from typing import Any
 
 from minibroker.deploy import cluster as launcher
@@ -62,6 +63,9 @@ class Feeder:
         self.acked: dict[bytes, tuple[int, int]] = {}
         self.errors: list[str] = []
         self._rate = rate
+        # Values must be unique across demo runs on the same cluster: the final check reads the
+        # whole topic back and counts a repeated value as a duplicate.
+        self._run_id = uuid.uuid4().hex[:8]
         self._stop = threading.Event()
         self._producer = Producer(bootstrap, acks="all", linger_ms=5)
         self._thread = threading.Thread(target=self._run, name="demo-feeder", daemon=True)
@@ -75,7 +79,8 @@ class Feeder:
             due = int((time.monotonic() - started) * self._rate)
             while i < due and not self._stop.is_set():
                 user = f"user-{i % 17}"
-                value = json.dumps({"seq": i, "user": user, "amount": (i * 7) % 100}).encode()
+                event = {"seq": i, "user": user, "amount": (i * 7) % 100, "run": self._run_id}
+                value = json.dumps(event).encode()
                 pending.append((value, self._producer.send(TOPIC, value, key=user.encode())))
                 i += 1
             if len(pending) >= 200 or self._stop.is_set():
