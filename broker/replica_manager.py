@@ -517,8 +517,8 @@ class ReplicaManager:
             result.leader = (core.leader_id, core.leader_epoch)
             return result, None
         try:
-            # Headers only, for the core's idempotence and acks checks; the log validates again
-            # as it appends (a second CRC32C pass costs ~0.05 ms per MiB).
+            # Headers for the core's idempotence and acks checks; the log reuses this validation
+            # when it appends (one CRC32C pass per batch).
             batches = batchlib.validate_producer_batches(
                 part.records, hosted.log.config.max_message_bytes
             )
@@ -542,7 +542,9 @@ class ReplicaManager:
             return result, None
         now = now_ms()
         try:
-            info = hosted.log.append_as_leader(part.records, plan.leader_epoch, now)
+            info = hosted.log.append_as_leader(
+                part.records, plan.leader_epoch, now, validated=batches
+            )
         except MiniBrokerError as err:
             result.error, result.message = err.code, str(err)
             return result, None

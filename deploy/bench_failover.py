@@ -109,10 +109,10 @@ def main(args: argparse.Namespace) -> int:
             def partition() -> Any:
                 return admin.describe_topics(["failover"])[0].partitions[0]
 
-            _wait(lambda: len(partition().isr) == 3, 30)
+            launcher.wait_for(lambda: len(partition().isr) == 3, 30, "a full ISR")
             clock.start()
             for n in range(1, args.kills + 1):
-                _wait(lambda: len(partition().isr) == 3, 60)
+                launcher.wait_for(lambda: len(partition().isr) == 3, 60, "a full ISR")
                 time.sleep(0.3)  # steady state: acks flowing
                 leader = partition().leader
                 t0 = time.monotonic()
@@ -134,15 +134,3 @@ def main(args: argparse.Namespace) -> int:
         f"min {min(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms"
     )
     return 0
-
-
-def _wait(predicate: Any, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except Exception:
-            pass
-        time.sleep(0.05)
-    raise launcher.LauncherError(f"condition not reached within {timeout_s}s")

@@ -371,6 +371,21 @@ def wait_ready(
     raise LauncherError(f"cluster not ready after {timeout_s:.0f}s: {last_problem}")
 
 
+def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
+    """Poll `predicate` (an exception counts as "not yet": the cluster may be mid-failover)
+    until it returns something truthy, and return that; LauncherError after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except Exception:
+            value = None
+        if value:
+            return value
+        time.sleep(0.05)
+    raise LauncherError(f"gave up after {timeout_s:.0f}s waiting for {what}")
+
+
 def read_log_tail(path: str, lines: int) -> str:
     try:
         text = pathlib.Path(path).read_text(errors="replace")

@@ -113,19 +113,6 @@ class Feeder:
         self._producer.close()
 
 
-def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-        except Exception:  # the cluster is mid-failover; ask again
-            value = None
-        if value:
-            return value
-        time.sleep(0.05)
-    raise launcher.LauncherError(f"gave up after {timeout_s:.0f}s waiting for {what}")
-
-
 def show_watch(directory: str, bootstrap: str) -> None:
     """One frame of the live view (the same command a user runs), indented."""
     frame = subprocess.run(
@@ -219,7 +206,7 @@ def check_pipeline(bootstrap: str, seen: dict[bytes, tuple[int, int]]) -> bool:
         return totals if sum(t["events"] for t in totals.values()) >= len(seen) else None
 
     try:
-        totals = wait_for(caught_up, 300, "the pipeline to catch up")
+        totals = launcher.wait_for(caught_up, 300, "the pipeline to catch up")
     except launcher.LauncherError as err:
         say(f"FAILED: {err}")
         return False
@@ -271,7 +258,7 @@ def _demo(args: argparse.Namespace) -> int:
             admin.create_topic(TOPIC, PARTITIONS, 3, {"min.insync.replicas": "2"})
         if RESULTS_TOPIC not in admin.list_topics():
             admin.create_topic(RESULTS_TOPIC, 1, 3, {"min.insync.replicas": "2"})
-        wait_for(
+        launcher.wait_for(
             lambda: all(len(p.isr) == 3 for p in admin.describe_topics([TOPIC])[0].partitions),
             30,
             "every replica in sync",
@@ -288,7 +275,7 @@ def _demo(args: argparse.Namespace) -> int:
         )
         feeder = Feeder(bootstrap, args.rate)
         feeder.start()
-        wait_for(lambda: feeder.count() >= args.rate, 60, "the first acknowledgements")
+        launcher.wait_for(lambda: feeder.count() >= args.rate, 60, "the first acknowledgements")
         detail(f"{feeder.count()} records acknowledged so far")
 
         pipeline = None
@@ -299,7 +286,7 @@ def _demo(args: argparse.Namespace) -> int:
                     f"Starting the example PySpark pipeline: {TOPIC} -> per-user totals -> "
                     f"{RESULTS_TOPIC}, a streaming query (log: {args.dir}/pipeline.log)"
                 )
-                wait_for(
+                launcher.wait_for(
                     lambda: pipeline.poll() is not None or latest_totals(bootstrap),
                     300,
                     "the pipeline's first results",
@@ -318,7 +305,7 @@ def _demo(args: argparse.Namespace) -> int:
         say(f"Killing broker {victim}, the leader of {tp} (SIGKILL: no goodbye, like a crash)")
         killed_at = time.time()
         launcher.act(args.dir, "kill", str(victim))
-        after = wait_for(
+        after = launcher.wait_for(
             lambda: next(
                 p
                 for p in admin.describe_topics([TOPIC])[0].partitions
@@ -333,7 +320,9 @@ def _demo(args: argparse.Namespace) -> int:
             f"{before.leader_epoch} -> {after.leader_epoch}, ISR now {list(after.isr)}"
         )
         acked_before = feeder.count()
-        wait_for(lambda: feeder.count() >= acked_before + args.rate // 2, 60, "writes to continue")
+        launcher.wait_for(
+            lambda: feeder.count() >= acked_before + args.rate // 2, 60, "writes to continue"
+        )
         detail(f"producing goes on: {feeder.count()} records acknowledged")
         say(f"What `minibroker watch --once --topic {TOPIC}` shows now:")
         show_watch(args.dir, bootstrap)
@@ -344,7 +333,7 @@ def _demo(args: argparse.Namespace) -> int:
         )
         restarted_at = time.time()
         launcher.act(args.dir, "start", str(victim))
-        wait_for(
+        launcher.wait_for(
             lambda: all(victim in p.isr for p in admin.describe_topics([TOPIC])[0].partitions),
             60,
             f"broker {victim} back in every ISR",

@@ -413,16 +413,19 @@ class PartitionLog:
         leader_epoch: int,
         now_ms: int,
         max_message_bytes: int | None = None,
+        validated: list[tuple[int, BatchHeader]] | None = None,
     ) -> AppendInfo:
         """Validate a produce request's batches, assign offsets from the LEO, stamp the epoch.
 
         One write (two when the batches straddle a segment roll). `max_message_bytes` defaults
-        to the topic's `max.message.bytes`.
+        to the topic's `max.message.bytes`. `validated` is what `validate_producer_batches`
+        returned for these same bytes and limit, when the caller already ran it (the broker
+        does, for its idempotence check): the CRC pass is then not repeated.
         """
         if leader_epoch < 0:
             raise ValueError(f"a leader append needs a leader epoch, got {leader_epoch}")
         limit = self.config.max_message_bytes if max_message_bytes is None else max_message_bytes
-        batches = validate_producer_batches(records, limit)
+        batches = validate_producer_batches(records, limit) if validated is None else validated
         segment_bytes = self.config.segment_bytes
         for position, header in batches:
             if header.batch_length + 12 > segment_bytes:
