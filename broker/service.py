@@ -7,7 +7,9 @@ traceback and answered as a gRPC INTERNAL error.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -29,16 +31,27 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
     async def Produce(
         self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext
     ) -> pb.ProduceResponse:
+        return await self._produce_one(request)
+
+    async def Fetch(
+        self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FetchResponse:
+        return await self._fetch_one(request)
+
+    async def ProduceStream(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        await _serve_stream(context, self._produce_one, "produce")
+
+    async def FetchStream(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        await _serve_stream(context, self._fetch_one, "fetch")
+
+    async def _produce_one(self, request: pb.ProduceRequest) -> pb.ProduceResponse:
         results = await self._rm.produce(
             request.acks, request.timeout_ms, wire.decode_produce(request)
         )
         return wire.encode_produce(results)
 
-    async def Fetch(
-        self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
-    ) -> pb.FetchResponse:
-        results = await self._rm.fetch(wire.decode_fetch(request))
-        return wire.encode_fetch(results)
+    async def _fetch_one(self, request: pb.FetchRequest) -> pb.FetchResponse:
+        return wire.encode_fetch(await self._rm.fetch(wire.decode_fetch(request)))
 
     async def ListOffsets(
         self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext
@@ -61,3 +74,43 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
     ) -> pb.DescribeReplicasResponse:
         states = self._rm.describe_replicas(set(request.topics))
         return wire.encode_replicas(self._rm.broker_id, states)
+
+
+async def _serve_stream(
+    context: grpc.aio.ServicerContext, handle: Callable[[Any], Awaitable[Any]], what: str
+) -> None:
+    """Answer every request read from a Produce/FetchStream call, each in its own task (an
+    acks=all produce or a long-poll fetch must not hold up the requests behind it), echoing its
+    correlation_id. The stream ends when the client half-closes it (after the answers still
+    owed) or cancels it (the handlers are cancelled with it). A handler that raises is a bug: it
+    is logged and the stream is cancelled, which the client sees as a broken connection."""
+    write_lock = asyncio.Lock()
+    tasks: set[asyncio.Task[None]] = set()
+    reader = asyncio.current_task()
+    assert reader is not None
+
+    async def answer(request: Any) -> None:
+        try:
+            response = await handle(request)
+            response.correlation_id = request.correlation_id
+            async with write_lock:
+                await context.write(response)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("stream_request_failed", rpc=what)
+            reader.cancel()
+
+    try:
+        while True:
+            request = await context.read()
+            if request is grpc.aio.EOF:
+                break
+            task = asyncio.create_task(answer(request))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        for task in tasks:
+            task.cancel()

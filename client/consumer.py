@@ -678,9 +678,8 @@ class AsyncConsumer:
         leader_of = {tp: md.leader_for(tp) for tp in tps}
         try:
             try:
-                resp = await self.cluster.broker_stub(address).Fetch(
-                    request,
-                    timeout=(self.fetch_max_wait_ms + self.request_timeout_ms) / 1000,
+                resp = await self.cluster.fetch(
+                    address, request, (self.fetch_max_wait_ms + self.request_timeout_ms) / 1000
                 )
             except grpc.aio.AioRpcError:
                 # The broker is down or slow: find the leader again and back off these

@@ -659,10 +659,11 @@ class AsyncProducer:
         address = self.cluster.metadata.address(node) or f"node {node}"
         try:
             try:
-                stub = self.cluster.broker_stub(address)
                 # The broker answers acks=all by request_timeout_ms at the latest; the extra
                 # second covers the network so its answer wins over our deadline.
-                resp = await stub.Produce(request, timeout=self.request_timeout_ms / 1000 + 1)
+                resp = await self.cluster.produce(
+                    address, request, self.request_timeout_ms / 1000 + 1
+                )
             except grpc.aio.AioRpcError as rpc_err:
                 err = error_from_rpc(rpc_err, address)
                 self.cluster.metadata.request_update()

@@ -32,6 +32,7 @@ from minibroker.client.metadata_cache import (
     PartitionInfo,
     TopicInfo,
 )
+from minibroker.client.stream import RequestStream
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
@@ -145,6 +146,7 @@ class ClusterClient:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._broker_stubs: dict[str, pb_grpc.BrokerServiceStub] = {}
         self._controller_stubs: dict[str, pb_grpc.ControllerServiceStub] = {}
+        self._streams: dict[tuple[str, str], RequestStream] = {}
         self._refresh: asyncio.Task[None] | None = None
         self._closed = False
         self._bootstrap_turn = 0
@@ -166,6 +168,26 @@ class ClusterClient:
             stub = self._broker_stubs[address] = pb_grpc.BrokerServiceStub(self.channel(address))
         return stub
 
+    def _stream(self, address: str, method: str) -> RequestStream:
+        stream = self._streams.get((address, method))
+        if stream is None:
+            multi = getattr(self.broker_stub(address), method)
+            stream = self._streams[(address, method)] = RequestStream(multi, address)
+        return stream
+
+    async def produce(
+        self, address: str, request: pb.ProduceRequest, timeout_s: float
+    ) -> pb.ProduceResponse:
+        """Produce on the broker's pipelined ProduceStream (see client/stream.py); raises
+        grpc.aio.AioRpcError like the unary call."""
+        return await self._stream(address, "ProduceStream").request(request, timeout_s)
+
+    async def fetch(
+        self, address: str, request: pb.FetchRequest, timeout_s: float
+    ) -> pb.FetchResponse:
+        """Fetch on the broker's pipelined FetchStream; raises grpc.aio.AioRpcError."""
+        return await self._stream(address, "FetchStream").request(request, timeout_s)
+
     def controller_stub(self, address: str) -> pb_grpc.ControllerServiceStub:
         stub = self._controller_stubs.get(address)
         if stub is None:
@@ -183,6 +205,9 @@ class ClusterClient:
         self._closed = True
         if self._refresh is not None and not self._refresh.done():
             self._refresh.cancel()
+        streams = list(self._streams.values())
+        self._streams.clear()
+        await asyncio.gather(*(s.close() for s in streams), return_exceptions=True)
         channels = list(self._channels.values())
         self._channels.clear()
         self._broker_stubs.clear()

@@ -1,0 +1,153 @@
+"""Pipelined requests on one long-lived gRPC stream, answers matched by correlation id.
+
+Does network I/O (grpc.aio). A `RequestStream` is what a Kafka client's connection is: requests
+go out on one bidirectional call (ProduceStream or FetchStream) as they come, each tagged with a
+correlation id, and a reader task hands every answer to the request that carries the same id, in
+whatever order the broker finishes them. On this box a message on an open stream costs about half
+the CPU and half the round-trip time of a unary call (measured: 330 against 650 us per round
+trip, 390 against 700 us of CPU for both ends), and an acks=all record crosses four such hops.
+
+Failures look exactly like the unary calls they replace, so callers keep one error path: every
+request raises `grpc.aio.AioRpcError`: the stream's own status when it breaks (all requests
+pending on it fail with it), DEADLINE_EXCEEDED when a request outlives its timeout, and
+UNAVAILABLE when the broker ends the stream. A timed-out request closes the stream, as Kafka's
+NetworkClient closes a connection on a request timeout (the broker is presumed stuck and every
+request in flight on it is failed); the next request opens a new one. Event-loop thread only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+
+_ID_MASK = 0x7FFFFFFF  # correlation ids are int32 on the wire
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+class _OpenStream:
+    """One bidirectional call and the requests waiting for an answer on it."""
+
+    __slots__ = ("call", "pending", "reader", "write_lock")
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+        self.pending: dict[int, asyncio.Future[Any]] = {}
+        self.write_lock = asyncio.Lock()
+        self.reader: asyncio.Task[None] | None = None
+
+    def fail_all(self, err: BaseException) -> None:
+        pending, self.pending = self.pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(err)
+
+
+class RequestStream:
+    """Requests to one broker on one stream method (e.g. `stub.FetchStream`)."""
+
+    def __init__(self, method: Any, address: str) -> None:
+        self._method = method
+        self.address = address
+        self._open: _OpenStream | None = None
+        self._next_id = 0
+        self._closed = False
+
+    async def request(self, message: Any, timeout_s: float) -> Any:
+        """Send `message` (its correlation_id is set here) and return the broker's answer."""
+        stream = self._open if self._open is not None else self._start()
+        self._next_id = cid = (self._next_id + 1) & _ID_MASK
+        message.correlation_id = cid
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        stream.pending[cid] = future
+        timer = loop.call_later(timeout_s, self._expire, stream, cid)
+        try:
+            try:
+                async with stream.write_lock:
+                    await stream.call.write(message)
+            except asyncio.InvalidStateError:
+                # The call ended between our check and the write; its reader fails the rest.
+                self._discard(stream)
+                raise rpc_error(
+                    grpc.StatusCode.UNAVAILABLE, f"stream to {self.address} closed"
+                ) from None
+            except grpc.aio.AioRpcError:
+                self._discard(stream)
+                raise
+            return await future
+        finally:
+            timer.cancel()
+            stream.pending.pop(cid, None)
+
+    def reset(self) -> None:
+        """Close the current stream now (its pending requests fail with CANCELLED); the next
+        request opens a new one."""
+        stream = self._open
+        if stream is not None:
+            self._discard(stream)
+            stream.fail_all(rpc_error(grpc.StatusCode.CANCELLED, "stream reset by the client"))
+
+    async def close(self) -> None:
+        self._closed = True
+        stream = self._open
+        self.reset()
+        if stream is not None and stream.reader is not None:
+            try:
+                await stream.reader
+            except BaseException:
+                pass
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _start(self) -> _OpenStream:
+        if self._closed:
+            raise rpc_error(grpc.StatusCode.CANCELLED, "the client is closed")
+        stream = _OpenStream(self._method())
+        stream.reader = asyncio.get_running_loop().create_task(self._read(stream))
+        self._open = stream
+        return stream
+
+    def _discard(self, stream: _OpenStream) -> None:
+        if self._open is stream:
+            self._open = None
+        stream.call.cancel()
+
+    def _expire(self, stream: _OpenStream, cid: int) -> None:
+        future = stream.pending.pop(cid, None)
+        if future is None or future.done():
+            return
+        future.set_exception(
+            rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, f"request to {self.address} timed out")
+        )
+        self._discard(stream)
+        stream.fail_all(
+            rpc_error(
+                grpc.StatusCode.UNAVAILABLE,
+                f"stream to {self.address} closed after a request timed out",
+            )
+        )
+
+    async def _read(self, stream: _OpenStream) -> None:
+        err: BaseException
+        try:
+            while True:
+                answer = await stream.call.read()
+                if answer is grpc.aio.EOF:
+                    err = rpc_error(grpc.StatusCode.UNAVAILABLE, f"{self.address} ended the stream")
+                    break
+                future = stream.pending.pop(answer.correlation_id, None)
+                if future is not None and not future.done():
+                    future.set_result(answer)
+        except grpc.aio.AioRpcError as rpc_err:
+            err = rpc_err
+        except asyncio.CancelledError:
+            err = rpc_error(grpc.StatusCode.CANCELLED, f"stream to {self.address} cancelled")
+        except Exception as other:
+            err = rpc_error(grpc.StatusCode.INTERNAL, f"stream to {self.address} failed: {other}")
+        self._discard(stream)
+        stream.fail_all(err)
