@@ -46,7 +46,10 @@ class FollowerHost(Protocol):
     ) -> wire.FetchPartitionRequest | None: ...
 
     async def apply_follower_fetch(
-        self, leader_id: int, result: wire.FetchPartitionResult
+        self,
+        leader_id: int,
+        sent: wire.FetchPartitionRequest,
+        result: wire.FetchPartitionResult,
     ) -> None: ...
 
 
@@ -112,7 +115,10 @@ class Fetcher:
         await self._stream.close()
         await self._channel.close(grace=None)
 
-    def _build_request(self) -> pb.FetchRequest | None:
+    def _build_request(
+        self,
+    ) -> tuple[pb.FetchRequest, dict[tuple[str, int], wire.FetchPartitionRequest]] | None:
+        """The next long poll and what was asked per partition (answers are matched to it)."""
         request = pb.FetchRequest(
             replica_id=self._host.broker_id,
             replica_epoch=self._host.broker_epoch(),
@@ -122,10 +128,12 @@ class Fetcher:
         )
         # Built in place with add(): finished sub-messages handed to a constructor are copied.
         topics: dict[str, Any] = {}
+        sent: dict[tuple[str, int], wire.FetchPartitionRequest] = {}
         for tp in sorted(self._partitions):
             state = self._host.follower_fetch_state(tp, self.leader_id)
             if state is None:
                 continue
+            sent[tp] = state
             partitions = topics.get(tp.topic)
             if partitions is None:
                 partitions = topics[tp.topic] = request.topics.add(topic=tp.topic).partitions
@@ -137,19 +145,20 @@ class Fetcher:
                 log_start_offset=state.log_start_offset,
                 partition_max_bytes=self._max_bytes,
             )
-        return request if topics else None
+        return (request, sent) if topics else None
 
     async def _run(self) -> None:
         while True:
             self._wake.clear()
-            request = self._build_request()
-            if request is None:
+            planned = self._build_request()
+            if planned is None:
                 # Nothing fetchable now (all partitions backing off or removed): wait for a change.
                 try:
                     await asyncio.wait_for(self._wake.wait(), self._backoff_s)
                 except TimeoutError:
                     pass
                 continue
+            request, sent = planned
             timeout_s = self._max_wait_ms / 1000.0 + 10.0
             self._polling = True
             try:
@@ -163,8 +172,11 @@ class Fetcher:
             finally:
                 self._polling = False
             for result in wire.decode_fetch_response(response):
+                asked = sent.get((result.topic, result.partition))
+                if asked is None:
+                    continue  # the leader answered for a partition we did not ask about
                 try:
-                    await self._host.apply_follower_fetch(self.leader_id, result)
+                    await self._host.apply_follower_fetch(self.leader_id, asked, result)
                 except Exception:
                     # A storage error on one partition must not end fetching for the others;
                     # its core did not advance, so the next round asks for the same offset.

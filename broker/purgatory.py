@@ -88,7 +88,7 @@ class KeySignals:
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
-        self._waiting: dict[Hashable, set[asyncio.Future[None]]] = {}
+        self._waiting: dict[Hashable, set[asyncio.Future[bool]]] = {}
         self._count = 0
 
     def __len__(self) -> int:
@@ -97,25 +97,29 @@ class KeySignals:
     def notify(self, key: Hashable) -> None:
         for future in self._waiting.pop(key, ()):
             if not future.done():
-                future.set_result(None)
+                future.set_result(True)
 
     async def wait_any(self, keys: Iterable[Hashable], timeout_s: float) -> bool:
-        """Wait until one of `keys` is notified or the timeout passes; True if notified."""
+        """Wait until one of `keys` is notified or the timeout passes; True if notified.
+
+        One future and one timer per wait (no wait_for task): this runs for every long poll,
+        and each wake-up is on the replication latency path.
+        """
         if timeout_s <= 0:
             return False
         if self._count >= self._capacity:
             raise PurgatoryFullError(f"{self._count} fetch requests are already waiting")
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
         key_list = list(keys)
         for key in key_list:
             self._waiting.setdefault(key, set()).add(future)
         self._count += 1
+        timer = loop.call_later(timeout_s, _time_out, future)
         try:
-            await asyncio.wait_for(asyncio.shield(future), timeout_s)
-            return True
-        except TimeoutError:
-            return False
+            return await future
         finally:
+            timer.cancel()
             self._count -= 1
             for key in key_list:
                 waiting = self._waiting.get(key)
@@ -123,3 +127,8 @@ class KeySignals:
                     waiting.discard(future)
                     if not waiting:
                         del self._waiting[key]
+
+
+def _time_out(future: asyncio.Future[bool]) -> None:
+    if not future.done():
+        future.set_result(False)

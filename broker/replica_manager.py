@@ -73,6 +73,9 @@ class FollowerAppendFailedError(MiniBrokerError):
     """The leader's batches could not be appended here (bad CRC, gap, overlap)."""
 
 
+FULL_PURGATORY_RECHECK_S = 0.05
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -87,6 +90,10 @@ class Hosted:
     core: PartitionReplica
     proposal_task: asyncio.Task[None] | None = None
     pending_fetch: FetchPosition | None = None
+    # The request handed to the fetcher for `pending_fetch`: an answer is applied only when the
+    # fetcher hands back this very object, so a late answer to an older request (a stopping
+    # fetcher's, or one from before the position was re-planned) is dropped.
+    pending_request: wire.FetchPartitionRequest | None = None
     produce_futures: dict[int, asyncio.Future[CompleteProduce]] = field(default_factory=dict)
     # The topic configs the core and log were last configured with (None: broker defaults only,
     # for a log opened from disk before metadata arrived).
@@ -108,7 +115,11 @@ class ReplicaManager:
         self.image = MetadataImage()
         self.brokers = BrokerRegistrations()
         self.partitions: dict[TopicPartition, Hosted] = {}
+        # Long polls park on one of two signals, as Kafka's delayed fetches complete: a
+        # follower's on new data (it reads to the LEO), a consumer's on a HW move (it reads to
+        # the HW). Waking the other kind would only make it look and park again.
         self.fetch_signals = KeySignals(config["queued.max.requests"])
+        self.hw_signals = KeySignals(config["queued.max.requests"])
         self._controller_address = controller_address
         self._link: Any = None  # ControllerLink, attached after construction
         self._metadata_ready = asyncio.Event()
@@ -253,6 +264,7 @@ class ReplicaManager:
         old_epoch = hosted.core.leader_epoch
         self._apply(hosted, hosted.core.apply_partition_state(state, now))
         if hosted.core.role != old_role or hosted.core.leader_epoch != old_epoch:
+            self._notify_fetches(tp)  # parked fetches answer now (NOT_LEADER, fenced epoch)
             log.info(
                 "became_leader" if hosted.core.role is Role.LEADER else "became_follower",
                 topic=tp.topic,
@@ -312,10 +324,14 @@ class ReplicaManager:
                 future.set_result(
                     CompleteProduce(None, ErrorCode.NOT_LEADER_OR_FOLLOWER, -1, -1, reason)
                 )
-        self.fetch_signals.notify(tp)
+        self._notify_fetches(tp)
         if delete:
             self.log_manager.delete_log(tp)
         log.info("replica_removed", topic=tp.topic, partition=tp.partition, reason=reason)
+
+    def _notify_fetches(self, tp: TopicPartition) -> None:
+        self.fetch_signals.notify(tp)
+        self.hw_signals.notify(tp)
 
     # -- effects ------------------------------------------------------------------------------
 
@@ -330,7 +346,7 @@ class ReplicaManager:
                 hosted.log.maybe_assign_epoch_start_offset(effect.leader_epoch, effect.start_offset)
             elif isinstance(effect, HighWatermarkChanged):
                 hosted.log.update_high_watermark(effect.high_watermark)
-                self.fetch_signals.notify(tp)
+                self.hw_signals.notify(tp)
             elif isinstance(effect, CompleteProduce):
                 future = hosted.produce_futures.pop(effect.token, None)  # type: ignore[arg-type]
                 if future is not None and not future.done():
@@ -384,7 +400,7 @@ class ReplicaManager:
                     leader_epoch=core.leader_epoch,
                     high_watermark=core.high_watermark,
                 )
-                self.fetch_signals.notify(tp)
+                self._notify_fetches(tp)
             elif isinstance(effect, StartFetching):
                 self.fetchers.follow(tp, effect.leader_id)
             elif isinstance(effect, StopFetching):
@@ -600,10 +616,13 @@ class ReplicaManager:
             remaining = deadline - time.monotonic()
             if enough or remaining <= 0:
                 break
+            signals = self.fetch_signals if params.is_follower else self.hw_signals
             try:
-                await self.fetch_signals.wait_any(keys, remaining)
+                await signals.wait_any(keys, remaining)
             except PurgatoryFullError:
-                break
+                # No room to park: look again shortly instead of answering at once, which
+                # would have the fetcher ask again at once (a busy loop on both ends).
+                await asyncio.sleep(min(remaining, FULL_PURGATORY_RECHECK_S))
         out_bytes = sum(len(r.records) for r in results)
         if params.is_follower:
             self.metrics.replication_bytes_out.inc(out_bytes)
@@ -712,9 +731,10 @@ class ReplicaManager:
         position = hosted.core.next_fetch(now_ms())
         if position is None or position.leader_id != leader_id:
             hosted.pending_fetch = None
+            hosted.pending_request = None
             return None
         hosted.pending_fetch = position
-        return wire.FetchPartitionRequest(
+        hosted.pending_request = sent = wire.FetchPartitionRequest(
             topic=tp.topic,
             partition=tp.partition,
             current_leader_epoch=position.current_leader_epoch,
@@ -723,16 +743,24 @@ class ReplicaManager:
             log_start_offset=position.log_start_offset,
             max_bytes=self.config["replica.fetch.max.bytes"],
         )
+        return sent
 
-    async def apply_follower_fetch(self, leader_id: int, result: wire.FetchPartitionResult) -> None:
+    async def apply_follower_fetch(
+        self,
+        leader_id: int,
+        sent: wire.FetchPartitionRequest,
+        result: wire.FetchPartitionResult,
+    ) -> None:
+        """Apply the leader's answer to `sent` (what `follower_fetch_state` returned for it)."""
         tp = TopicPartition(result.topic, result.partition)
         hosted = self.partitions.get(tp)
-        if hosted is None or hosted.pending_fetch is None:
+        if hosted is None or hosted.pending_fetch is None or hosted.pending_request is not sent:
             return
         request = hosted.pending_fetch
         if request.leader_id != leader_id:
             return
         hosted.pending_fetch = None
+        hosted.pending_request = None
         response = FetchResponse(
             error=result.error,
             high_watermark=result.high_watermark,
@@ -1038,7 +1066,7 @@ class ReplicaManager:
         m.leader_count.set(leaders)
         m.partition_count.set(len(self.partitions))
         m.max_lag.set(max_lag)
-        m.fetch_purgatory.set(len(self.fetch_signals))
+        m.fetch_purgatory.set(len(self.fetch_signals) + len(self.hw_signals))
         m.produce_purgatory.set(sum(h.core.pending_produce_count for h in self.partitions.values()))
 
     def led_partitions(self) -> int:
