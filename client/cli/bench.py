@@ -27,6 +27,7 @@ import asyncio
 import contextvars
 import datetime
 import gc
+import operator
 import os
 import struct
 import sys
@@ -388,6 +389,9 @@ def _fmt_time(ts: float) -> str:
     return dt.strftime("%Y-%m-%d %H:%M:%S:") + f"{dt.microsecond // 1000:03d}"
 
 
+_KEY = operator.itemgetter(4)  # Record.key
+_VALUE = operator.itemgetter(5)  # Record.value
+
 CONSUMER_HEADER = (
     "start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec, "
     "rebalance.time.ms, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec"
@@ -423,8 +427,10 @@ async def bench_consume(args: argparse.Namespace) -> tuple[str, str | None]:
                 )
                 break
             count += len(records)
-            for r in records:
-                total += (len(r.value) if r.value else 0) + (len(r.key) if r.key else 0)
+            # Key and value bytes, as Kafka's tool counts them, summed in C loops (a Python loop
+            # per record here cost more than a tenth of the tool's CPU).
+            total += sum(map(len, filter(None, map(_VALUE, records))))
+            total += sum(map(len, filter(None, map(_KEY, records))))
         end = time.time()
     return consumer_line(start, end, total, count), warning
 
