@@ -39,19 +39,31 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
-    """Replace `path` with `data`: temp file, fsync, rename, fsync the directory."""
+    """Replace `path` with `data`: temp file, fsync, rename, fsync the directory.
+
+    A failure before the rename leaves `path` as it was and removes the temp file (best effort:
+    loading removes leftover `.tmp` files too). A failure of the directory fsync raises with the
+    new content in place.
+    """
     target = pathlib.Path(path)
     tmp = target.with_name(target.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, target)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     fsync_dir(target.parent)
 
 

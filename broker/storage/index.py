@@ -17,6 +17,12 @@ small groups (`PENDING_ENTRIES_MAX`), on flush, roll and close. An index file th
 fails `load`'s checks is rebuilt from the `.log` by the segment's recovery; one that is merely
 short (a crash lost the last group) is still correct, only sparser.
 
+Failed writes: the file always holds a prefix of the in-memory entries (`_written` of them) or
+is marked stale. A group write that fails is cut back off the file; `rollback_to` and the
+truncations drop entries from memory and from the file and never raise (an index is derived
+data: when the file cannot be cut, it is removed, and failing that marked stale, so the next
+write rewrites it whole). So an append that fails half way can be undone exactly.
+
 Concurrency contract: single-threaded; owned by one LogSegment.
 """
 
@@ -28,14 +34,21 @@ import os
 import pathlib
 import struct
 
+from minibroker.client.common.log import get_logger
+
 PENDING_ENTRIES_MAX = 128
 _OFFSET_ENTRY = struct.Struct(">ii")
 _TIME_ENTRY = struct.Struct(">qi")
 _INT32_MAX = 2**31 - 1
+_log = get_logger("minibroker.broker.storage")
 
 
 class _IndexFile:
-    """Shared file handling: entries in memory, unwritten ones in a pending buffer."""
+    """Shared file handling: entries in memory, unwritten ones in a pending buffer.
+
+    Invariant (unless `_stale`): the file holds exactly the first `_written` in-memory entries
+    and `_pending` packs the rest, `_pending_count` of them.
+    """
 
     entry: struct.Struct
 
@@ -44,6 +57,12 @@ class _IndexFile:
         self.base_offset = base_offset
         self._pending = bytearray()
         self._pending_count = 0
+        self._written = 0
+        # The file's content is unknown (a cut failed): the next write replaces it whole.
+        self._stale = False
+
+    def __len__(self) -> int:
+        raise TypeError("subclass duty")
 
     def _add_pending(self, *fields: int) -> None:
         self._pending += self.entry.pack(*fields)
@@ -52,46 +71,91 @@ class _IndexFile:
             self.write_pending()
 
     def write_pending(self) -> None:
-        """Append the entries not yet in the file."""
+        """Append the entries not yet in the file; on failure the file is as it was."""
+        if self._stale:
+            self._write_whole()
+            return
         if not self._pending:
             return
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            data = bytes(self._pending)
-            while data:
-                data = data[os.write(fd, data) :]
+            try:
+                _write_all(fd, bytes(self._pending))
+            except OSError:
+                # A partial group (or a partial entry) must not stay: later groups would land
+                # after it. The entries stay pending for the next try.
+                try:
+                    os.ftruncate(fd, self._written * self.entry.size)
+                except OSError:
+                    self._stale = True
+                raise
         finally:
             os.close(fd)
+        self._written += self._pending_count
         self._pending.clear()
         self._pending_count = 0
 
-    def _rewrite(self, count: int) -> None:
-        """Make the file hold exactly the first `count` in-memory entries."""
+    def _write_whole(self) -> None:
+        """Replace the file with every in-memory entry (it was stale)."""
+        count = len(self)
+        data = b"".join(self.entry.pack(*self._entry_fields(i)) for i in range(count))
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
+        self._written = count
+        self._stale = False
         self._pending.clear()
         self._pending_count = 0
-        try:
-            on_disk = os.path.getsize(self.path) // self.entry.size
-        except FileNotFoundError:
-            self._create()
-            on_disk = 0
-        # Dropping a partial trailing entry too keeps the file a whole number of entries.
-        os.truncate(self.path, min(on_disk, count) * self.entry.size)
-        for i in range(on_disk, count):
-            self._pending += self.entry.pack(*self._entry_fields(i))
-        self.write_pending()
+
+    def _repack_pending(self) -> None:
+        count = len(self)
+        self._pending = bytearray(
+            b"".join(self.entry.pack(*self._entry_fields(i)) for i in range(self._written, count))
+        )
+        self._pending_count = count - self._written
+
+    def _cut(self, count: int) -> None:
+        """Memory now holds `count` entries: drop any later ones from the file. Never raises."""
+        if self._stale:
+            return
+        if self._written > count:
+            try:
+                os.truncate(self.path, count * self.entry.size)
+                self._written = count
+            except FileNotFoundError:
+                self._written = 0
+            except OSError as err:
+                self._written = 0
+                # A missing index is rebuilt from the `.log` on open; a stale one might not
+                # be noticed there.
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    self._stale = True
+                _log.warning(
+                    "index_cut_failed", path=str(self.path), error=str(err), stale=self._stale
+                )
+        self._repack_pending()
 
     def _create(self) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.close(fd)
+        self._written = 0
+        self._stale = False
 
     def _entry_fields(self, i: int) -> tuple[int, int]:
         raise TypeError("subclass duty")
 
     def flush(self) -> None:
         """Write pending entries and fsync the file."""
-        self.write_pending()
         if not self.path.exists():
-            self._create()
+            # Removed by a failed cut (or never written): write it whole.
+            self._stale = True
+        self.write_pending()
         fd = os.open(self.path, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -101,6 +165,7 @@ class _IndexFile:
     def delete(self) -> None:
         self._pending.clear()
         self._pending_count = 0
+        self._written = 0
         try:
             os.unlink(self.path)
         except FileNotFoundError:
@@ -150,6 +215,7 @@ class OffsetIndex(_IndexFile):
             last_relative, last_position = relative, position
             index._offsets.append(base_offset + relative)
             index._positions.append(position)
+        index._written = len(rows)
         return index
 
     def __len__(self) -> int:
@@ -201,22 +267,20 @@ class OffsetIndex(_IndexFile):
         return self._positions[i - 1] if i else 0
 
     def truncate_to(self, offset: int) -> None:
-        """Remove entries whose offset is >= `offset`."""
-        keep = bisect.bisect_left(self._offsets, offset)
-        if keep == len(self._offsets):
-            return
-        del self._offsets[keep:]
-        del self._positions[keep:]
-        self._rewrite(keep)
+        """Remove entries whose offset is >= `offset` (never raises)."""
+        self.rollback_to(bisect.bisect_left(self._offsets, offset))
 
     def truncate_to_position(self, position: int) -> None:
         """Remove entries for batches at or after `position` (the log was cut there)."""
-        keep = bisect.bisect_left(self._positions, position)
-        if keep == len(self._positions):
+        self.rollback_to(bisect.bisect_left(self._positions, position))
+
+    def rollback_to(self, count: int) -> None:
+        """Keep only the first `count` entries, in memory and in the file (never raises)."""
+        if count >= len(self._offsets):
             return
-        del self._offsets[keep:]
-        del self._positions[keep:]
-        self._rewrite(keep)
+        del self._offsets[count:]
+        del self._positions[count:]
+        self._cut(count)
 
     def reset(self) -> None:
         del self._offsets[:]
@@ -263,6 +327,7 @@ class TimeIndex(_IndexFile):
             last_timestamp, last_offset = timestamp, offset
             index._timestamps.append(timestamp)
             index._offsets.append(offset)
+        index._written = len(rows)
         return index
 
     def __len__(self) -> int:
@@ -297,13 +362,16 @@ class TimeIndex(_IndexFile):
         return self._timestamps[i - 1], self._offsets[i - 1]
 
     def truncate_to(self, offset: int) -> None:
-        """Remove entries whose offset is >= `offset`."""
-        keep = bisect.bisect_left(self._offsets, offset)
-        if keep == len(self._offsets):
+        """Remove entries whose offset is >= `offset` (never raises)."""
+        self.rollback_to(bisect.bisect_left(self._offsets, offset))
+
+    def rollback_to(self, count: int) -> None:
+        """Keep only the first `count` entries, in memory and in the file (never raises)."""
+        if count >= len(self._timestamps):
             return
-        del self._timestamps[keep:]
-        del self._offsets[keep:]
-        self._rewrite(keep)
+        del self._timestamps[count:]
+        del self._offsets[count:]
+        self._cut(count)
 
     def reset(self) -> None:
         del self._timestamps[:]
@@ -314,3 +382,9 @@ class TimeIndex(_IndexFile):
 
     def _entry_fields(self, i: int) -> tuple[int, int]:
         return self._timestamps[i], self._offsets[i] - self.base_offset
+
+
+def _write_all(fd: int, data: bytes | bytearray) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

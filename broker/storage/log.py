@@ -18,6 +18,17 @@ Appends validate everything before changing anything: a bad batch raises a typed
 (CorruptRecordError, InvalidRecordError, MessageTooLargeError, RecordListTooLargeError,
 UnexpectedAppendOffsetError) and leaves the log, the cache and the files untouched.
 
+Disk failures are all or nothing too. An append whose epoch-cache write, segment roll, `.log`
+write, index write or `flush.messages` fsync fails is undone (segments rolled in the call are
+removed, the active segment and its indexes are cut back, the epoch cache is restored) and
+KafkaStorageError is raised, so a caller may take "raised" to mean "the log is as it was".
+Truncation and retention cannot be undone (files are gone), so they work from the newest
+segment back (truncation) or the oldest forward (retention), each step whole: when one raises
+KafkaStorageError the log is consistent at an LEO (or log start) between the old and the
+requested one, and calling again finishes the job. A failure to rewrite the epoch checkpoint
+after the log shrank is only logged: a checkpoint that still names removed epochs is what a
+crash would leave too, and it is rewritten before the next batch is written.
+
 Concurrency contract: not thread-safe. One owner calls it from one thread (the broker's event
 loop; every call is page-cache I/O except `flush`, which fsyncs).
 """
@@ -40,7 +51,7 @@ from minibroker.broker.storage.checkpoint import (
 )
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.errors import CorruptCheckpointError, UnexpectedAppendOffsetError
-from minibroker.broker.storage.segment import LOG_SUFFIX, AppendEntry, LogSegment
+from minibroker.broker.storage.segment import LOG_SUFFIX, AppendEntry, LogSegment, SegmentMark
 from minibroker.client.batch import (
     ATTRIBUTES_OFFSET,
     CRC_OFFSET,
@@ -53,7 +64,11 @@ from minibroker.client.batch import (
     validate_producer_batches,
 )
 from minibroker.client.common.log import get_logger
-from minibroker.client.errors import OffsetOutOfRangeError, RecordListTooLargeError
+from minibroker.client.errors import (
+    KafkaStorageError,
+    OffsetOutOfRangeError,
+    RecordListTooLargeError,
+)
 from minibroker.client.types import TopicPartition
 
 _log = get_logger("minibroker.broker.storage")
@@ -173,6 +188,9 @@ class PartitionLog:
         self._recovery_point = recovery_point
         self._last_flush_ms = now_ms
         self._closed = False
+        # The checkpoint file may differ from `_epoch_cache` (a write failed): it is rewritten
+        # before the next batch goes to disk, so that it always names every batch's epoch.
+        self._epoch_cache_dirty = False
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -396,14 +414,51 @@ class PartitionLog:
     # -- epoch cache --------------------------------------------------------------------------
 
     def _persist_epoch_cache(self) -> None:
+        self._epoch_cache_dirty = True
         self._epoch_file.write(self._epoch_cache.entries)
+        self._epoch_cache_dirty = False
+
+    def _persist_epoch_cache_after_shrink(self) -> None:
+        """Persist when the file may lag the cache harmlessly until the next batch is written
+        (see the module docstring); a failure is logged, not raised."""
+        try:
+            self._persist_epoch_cache()
+        except OSError as err:
+            _log.warning(
+                "epoch_checkpoint_write_failed",
+                topic=self.topic_partition.topic,
+                partition=self.topic_partition.partition,
+                error=str(err),
+            )
+
+    def _restore_epoch_cache(self, entries: Sequence[EpochEntry]) -> None:
+        """Put back a snapshot of the cache (an undo); the file follows, best effort."""
+        if tuple(entries) != self._epoch_cache.entries:
+            self._epoch_cache.clear()
+            for entry in entries:
+                self._epoch_cache.assign(entry.epoch, entry.start_offset)
+            self._epoch_cache_dirty = True
+        if self._epoch_cache_dirty:
+            self._persist_epoch_cache_after_shrink()
 
     def maybe_assign_epoch_start_offset(self, leader_epoch: int, start_offset: int) -> bool:
-        """Record (epoch, start offset) durably; a new leader calls it with its LEO (KIP-279)."""
-        if self._epoch_cache.assign(leader_epoch, start_offset):
+        """Record (epoch, start offset) durably; a new leader calls it with its LEO (KIP-279).
+
+        If the checkpoint cannot be written, the cache is left as it was and
+        KafkaStorageError is raised.
+        """
+        before = self._epoch_cache.entries
+        if not self._epoch_cache.assign(leader_epoch, start_offset):
+            return False
+        try:
             self._persist_epoch_cache()
-            return True
-        return False
+        except OSError as err:
+            self._restore_epoch_cache(before)
+            raise self._storage_error("writing the leader epoch checkpoint of", err) from err
+        return True
+
+    def _storage_error(self, what: str, err: OSError) -> KafkaStorageError:
+        return KafkaStorageError(f"{what} {self.topic_partition} failed: {err}")
 
     # -- appends ------------------------------------------------------------------------------
 
@@ -452,11 +507,11 @@ class PartitionLog:
                 max_timestamp = header.max_timestamp
             records_count += header.records_count
             base = last + 1
-        # The cache entry goes to disk before the first batch of the epoch (KIP-279 order).
         latest = self._epoch_cache.latest_entry
+        new_epochs: tuple[tuple[int, int], ...] = ()
         if latest is None or latest.epoch != leader_epoch:
-            self.maybe_assign_epoch_start_offset(leader_epoch, first_offset)
-        self._write(buf, entries, max_timestamp, now_ms)
+            new_epochs = ((leader_epoch, first_offset),)
+        self._append(buf, entries, max_timestamp, now_ms, new_epochs)
         return AppendInfo(
             first_offset,
             base - 1,
@@ -507,12 +562,7 @@ class PartitionLog:
             if epoch >= 0 and epoch != last_epoch:
                 new_epochs.append((epoch, header.base_offset))
                 last_epoch = epoch
-        cache_changed = False
-        for epoch, start_offset in new_epochs:
-            cache_changed = self._epoch_cache.assign(epoch, start_offset) or cache_changed
-        if cache_changed:
-            self._persist_epoch_cache()
-        self._write(records, entries, max_timestamp, now)
+        self._append(records, entries, max_timestamp, now, new_epochs)
         return AppendInfo(
             headers[0].base_offset,
             expected - 1,
@@ -525,6 +575,64 @@ class PartitionLog:
             -1,
         )
 
+    def _append(
+        self,
+        data: bytes | bytearray | memoryview,
+        entries: Sequence[AppendEntry],
+        max_timestamp: int,
+        now_ms: int,
+        new_epochs: Sequence[tuple[int, int]],
+    ) -> None:
+        """The changing half of both appends, all or nothing (see the module docstring).
+
+        Order: the epoch checkpoint before the first batch of a new epoch (KIP-279), then the
+        batches, then the `flush.messages` fsync. Any failure undoes every step.
+        """
+        if self._epoch_cache_dirty:
+            try:
+                self._persist_epoch_cache()
+            except OSError as err:
+                raise self._storage_error("rewriting the leader epoch checkpoint of", err) from err
+        segment_count = len(self._segments)
+        active_mark = self._segments[-1].mark()
+        cache_before = self._epoch_cache.entries if new_epochs else None
+        try:
+            cache_changed = False
+            for epoch, start_offset in new_epochs:
+                cache_changed = self._epoch_cache.assign(epoch, start_offset) or cache_changed
+            if cache_changed:
+                self._persist_epoch_cache()
+            self._write(data, entries, max_timestamp, now_ms)
+            if self.leo - self._recovery_point >= self.config.flush_messages:
+                self.flush(now_ms)
+        except BaseException as err:
+            self._undo_append(segment_count, active_mark, cache_before)
+            if isinstance(err, OSError):
+                raise self._storage_error("append to", err) from err
+            raise
+
+    def _undo_append(
+        self,
+        segment_count: int,
+        active_mark: SegmentMark,
+        cache_before: Sequence[EpochEntry] | None,
+    ) -> None:
+        """Return to the state `_append` started from. Never raises (each step is best effort
+        and logs what it could not do)."""
+        for segment in self._segments[segment_count:]:
+            segment.discard()
+        del self._segments[segment_count:]
+        del self._bases[segment_count:]
+        self._segments[-1].rollback(active_mark)
+        if cache_before is not None:
+            self._restore_epoch_cache(cache_before)
+        _log.warning(
+            "append_undone",
+            topic=self.topic_partition.topic,
+            partition=self.topic_partition.partition,
+            leo=self.leo,
+        )
+
     def _write(
         self,
         data: bytes | bytearray | memoryview,
@@ -533,25 +641,17 @@ class PartitionLog:
         now_ms: int,
     ) -> None:
         """Write validated batches, rolling first when Kafka's roll rules say so."""
-        try:
-            active = self._segments[-1]
-            total = len(data)
-            if active.size == 0:
-                fits = total <= self.config.segment_bytes
-            else:
-                fits = not self._should_roll(active, total, max_timestamp, entries, now_ms)
-            if fits:
-                # The common case: everything goes to the active segment in one write.
-                active.append(data, entries)
-            else:
-                self._write_runs(memoryview(data), entries, now_ms)
-        except BaseException:
-            # The segment removed any partial batch; keep the cache in step with the log.
-            if self._epoch_cache.truncate_from_end(self.leo):
-                self._persist_epoch_cache()
-            raise
-        if self.leo - self._recovery_point >= self.config.flush_messages:
-            self.flush(now_ms)
+        active = self._segments[-1]
+        total = len(data)
+        if active.size == 0:
+            fits = total <= self.config.segment_bytes
+        else:
+            fits = not self._should_roll(active, total, max_timestamp, entries, now_ms)
+        if fits:
+            # The common case: everything goes to the active segment in one write.
+            active.append(data, entries)
+        else:
+            self._write_runs(memoryview(data), entries, now_ms)
 
     def _should_roll(
         self,
@@ -595,6 +695,7 @@ class PartitionLog:
             i = j
 
     def _roll(self, new_base_offset: int, now_ms: int) -> LogSegment:
+        """Start a segment at `new_base_offset`; on failure the segment list is unchanged."""
         old = self._segments[-1]
         old.on_become_inactive()
         segment = LogSegment.create(
@@ -613,10 +714,16 @@ class PartitionLog:
         return segment
 
     def roll(self, now_ms: int) -> LogSegment:
-        """Start a new active segment at the LEO now (no-op when the active one is empty)."""
+        """Start a new active segment at the LEO now (no-op when the active one is empty).
+
+        On failure (KafkaStorageError) the log keeps its active segment.
+        """
         if self._segments[-1].size == 0:
             return self._segments[-1]
-        return self._roll(self.leo, now_ms)
+        try:
+            return self._roll(self.leo, now_ms)
+        except OSError as err:
+            raise self._storage_error("rolling a segment of", err) from err
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -707,7 +814,7 @@ class PartitionLog:
             return False
         self._log_start_offset = new_log_start_offset
         if self._epoch_cache.truncate_from_start(new_log_start_offset):
-            self._persist_epoch_cache()
+            self._persist_epoch_cache_after_shrink()
         _log.info(
             "log_start_offset_incremented",
             topic=self.topic_partition.topic,
@@ -729,26 +836,28 @@ class PartitionLog:
             raise OffsetOutOfRangeError(f"cannot truncate {self.topic_partition} to {offset}")
         if offset >= self.leo:
             if self._epoch_cache.truncate_from_end(offset):
-                self._persist_epoch_cache()
+                self._persist_epoch_cache_after_shrink()
             return False
         if offset < self._segments[0].base_offset:
             self.truncate_fully_and_start_at(offset)
             return True
         old_leo = self.leo
         keep = bisect.bisect_right(self._bases, offset)
-        for segment in self._segments[keep:]:
-            segment.delete()
-        del self._segments[keep:]
-        del self._bases[keep:]
-        self._segments[-1].truncate_to(offset)
+        try:
+            # Newest first, each step whole: whatever fails, the log is contiguous.
+            while len(self._segments) > keep:
+                self._segments[-1].delete()
+                self._segments.pop()
+                self._bases.pop()
+            self._segments[-1].truncate_to(offset)
+        except OSError as err:
+            self._after_truncation()
+            raise self._storage_error(
+                f"truncation to {offset} (stopped at LEO {self.leo}) of", err
+            ) from err
         # The log first, then the cache: a crash in between leaves cache entries past the LEO,
         # which loading trims, never a batch whose epoch the cache lacks.
-        leo = self.leo
-        if self._epoch_cache.truncate_from_end(leo):
-            self._persist_epoch_cache()
-        self._log_start_offset = min(self._log_start_offset, leo)
-        self._high_watermark = min(self._high_watermark, leo)
-        self._recovery_point = min(self._recovery_point, leo)
+        leo = self._after_truncation()
         _log.info(
             "truncated",
             topic=self.topic_partition.topic,
@@ -759,20 +868,55 @@ class PartitionLog:
         )
         return True
 
+    def _after_truncation(self) -> int:
+        """Bring the cache and the offsets down to the LEO after (part of) a truncation."""
+        leo = self.leo
+        if self._epoch_cache.truncate_from_end(leo):
+            self._persist_epoch_cache_after_shrink()
+        self._log_start_offset = min(self._log_start_offset, leo)
+        self._high_watermark = min(self._high_watermark, leo)
+        self._recovery_point = min(self._recovery_point, leo)
+        return leo
+
     def truncate_fully_and_start_at(self, offset: int) -> None:
-        """Drop every segment and the epoch cache; the log restarts empty at `offset`."""
+        """Drop every segment and the epoch cache; the log restarts empty at `offset`.
+
+        On KafkaStorageError the log is consistent but may still hold its oldest segments
+        (newest go first); calling again finishes the job.
+        """
         if offset < 0:
             raise OffsetOutOfRangeError(f"cannot restart {self.topic_partition} at {offset}")
         old_leo = self.leo
         now = _wall_clock_ms()
-        for segment in self._segments:
-            segment.delete()
-        self._segments = [
-            LogSegment.create(self.directory, offset, self.config.index_interval_bytes, now)
-        ]
-        self._bases = [offset]
+        try:
+            while len(self._segments) > 1:
+                self._segments[-1].delete()
+                self._segments.pop()
+                self._bases.pop()
+            only = self._segments[0]
+            if only.base_offset == offset:
+                # Same file name as the new segment would have: empty this one instead.
+                only.truncate_to(offset)
+                only.created_ms = now
+            else:
+                # The new segment exists before the old one goes, so the list is never empty.
+                segment = LogSegment.create(
+                    self.directory, offset, self.config.index_interval_bytes, now
+                )
+                try:
+                    only.delete()
+                except BaseException:
+                    segment.discard()
+                    raise
+                self._segments = [segment]
+                self._bases = [offset]
+        except OSError as err:
+            self._after_truncation()
+            raise self._storage_error(
+                f"restarting at {offset} (stopped at LEO {self.leo}) of", err
+            ) from err
         if self._epoch_cache.clear() or self._epoch_file.path.exists():
-            self._persist_epoch_cache()
+            self._persist_epoch_cache_after_shrink()
         self._log_start_offset = offset
         self._high_watermark = offset
         self._recovery_point = offset
@@ -829,18 +973,21 @@ class PartitionLog:
             count += 1
         if count == 0:
             return []
-        gone = self._segments[:count]
-        del self._segments[:count]
-        del self._bases[:count]
-        result = [DeletedSegment(s.base_offset, s.next_offset, s.size, reason) for s in gone]
-        for segment in gone:
-            segment.delete()
-        first_base = self._segments[0].base_offset
-        if first_base > self._log_start_offset:
-            self._log_start_offset = first_base
-            if self._epoch_cache.truncate_from_start(first_base):
-                self._persist_epoch_cache()
-        self._recovery_point = max(self._recovery_point, first_base)
+        result: list[DeletedSegment] = []
+        try:
+            # Oldest first, each whole: whatever fails, the log is contiguous.
+            for _ in range(count):
+                segment = self._segments[0]
+                segment.delete()
+                del self._segments[0]
+                del self._bases[0]
+                result.append(
+                    DeletedSegment(segment.base_offset, segment.next_offset, segment.size, reason)
+                )
+        except OSError as err:
+            self._after_deletion()
+            raise self._storage_error(f"deleting segments ({reason}) of", err) from err
+        self._after_deletion()
         _log.info(
             "segments_deleted",
             topic=self.topic_partition.topic,
@@ -851,14 +998,29 @@ class PartitionLog:
         )
         return result
 
+    def _after_deletion(self) -> None:
+        """Raise the log start to the first remaining segment (after retention)."""
+        first_base = self._segments[0].base_offset
+        if first_base > self._log_start_offset:
+            self._log_start_offset = first_base
+            if self._epoch_cache.truncate_from_start(first_base):
+                self._persist_epoch_cache_after_shrink()
+        self._recovery_point = max(self._recovery_point, first_base)
+
     # -- durability ---------------------------------------------------------------------------
 
     def flush(self, now_ms: int | None = None) -> None:
-        """fsync every segment holding offsets at or above the recovery point; advance it."""
+        """fsync every segment holding offsets at or above the recovery point; advance it.
+
+        On failure (KafkaStorageError) the recovery point stays where it was.
+        """
         leo = self.leo
-        for segment in self._segments:
-            if segment.next_offset > self._recovery_point or segment is self._segments[-1]:
-                segment.flush()
+        try:
+            for segment in self._segments:
+                if segment.next_offset > self._recovery_point or segment is self._segments[-1]:
+                    segment.flush()
+        except OSError as err:
+            raise self._storage_error("flushing", err) from err
         self._recovery_point = leo
         self._last_flush_ms = _wall_clock_ms() if now_ms is None else now_ms
 
@@ -876,12 +1038,23 @@ class PartitionLog:
         return False
 
     def close(self) -> None:
-        """Close the files (no fsync: call `flush` first for a clean shutdown)."""
+        """Close the files (no fsync: call `flush` first for a clean shutdown).
+
+        Every segment is closed even when one fails; the first failure is raised after.
+        """
         if self._closed:
             return
-        for segment in self._segments:
-            segment.close()
         self._closed = True
+        failure: BaseException | None = None
+        if self._epoch_cache_dirty:
+            self._persist_epoch_cache_after_shrink()
+        for segment in self._segments:
+            try:
+                segment.close()
+            except BaseException as err:
+                failure = failure or err
+        if failure is not None:
+            raise failure
 
     def __repr__(self) -> str:
         return (

@@ -10,6 +10,12 @@ Reads work on batch boundaries found from the sparse offset index and a walk ove
 the log, before `append`) and by `recover`, not on reads (Kafka serves fetches the same way;
 consumers check CRCs).
 
+Failures: `append` and `truncate_to` either complete or raise with the segment as it was (the
+`.log` cut back to its old size, the indexes to their old entries). `mark` / `rollback` let the
+log undo several appends and a roll the same way. When even the cut of the `.log` fails, the
+segment remembers that its file may be longer than `size` and cuts it before the next append,
+flush or close (reads never look past `size`).
+
 Concurrency contract: not thread-safe; one owner (the PartitionLog) calls it from one thread.
 """
 
@@ -45,6 +51,10 @@ _log = get_logger("minibroker.broker.storage")
 
 # One batch as `append` needs it: (position in the appended bytes, size, last offset, max ts).
 AppendEntry = tuple[int, int, int, int]
+# What `rollback` restores: (size, next offset, max timestamp, its offset, bytes since the last
+# index entry, rolling-based timestamp, offset index entries, time index entries). A plain
+# tuple: one is taken per append.
+SegmentMark = tuple[int, int, int, int, int, "int | None", int, int]
 # A recovery check beyond CRC and offsets: returns why the batch is bad, or None.
 BatchCheck = Callable[[BatchHeader], "str | None"]
 
@@ -95,6 +105,8 @@ class LogSegment:
         self._offset_of_max_timestamp = base_offset
         self._bytes_since_last_index_entry = 0
         self._rolling_based_timestamp: int | None = None
+        # The `.log` may be longer than `_size` (a failed write could not be cut back).
+        self._tail_dirty = False
 
     # -- creation ---------------------------------------------------------------------------
 
@@ -102,16 +114,27 @@ class LogSegment:
     def create(
         cls, directory: pathlib.Path, base_offset: int, index_interval_bytes: int, now_ms: int
     ) -> LogSegment:
-        """A new empty segment (replacing any stale files with the same base offset)."""
+        """A new empty segment (replacing any stale files with the same base offset).
+
+        On failure no file descriptor is left open and no file of this base offset is left.
+        """
         fd = os.open(
             segment_path(directory, base_offset, LOG_SUFFIX),
             os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC,
             0o644,
         )
-        index = OffsetIndex.create(segment_path(directory, base_offset, INDEX_SUFFIX), base_offset)
-        time_index = TimeIndex.create(
-            segment_path(directory, base_offset, TIME_INDEX_SUFFIX), base_offset
-        )
+        try:
+            index = OffsetIndex.create(
+                segment_path(directory, base_offset, INDEX_SUFFIX), base_offset
+            )
+            time_index = TimeIndex.create(
+                segment_path(directory, base_offset, TIME_INDEX_SUFFIX), base_offset
+            )
+        except BaseException:
+            os.close(fd)
+            for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+                _unlink_quietly(segment_path(directory, base_offset, suffix))
+            raise
         return cls(directory, base_offset, fd, 0, index, time_index, index_interval_bytes, now_ms)
 
     @classmethod
@@ -215,9 +238,16 @@ class LogSegment:
     # -- append -------------------------------------------------------------------------------
 
     def append(self, data: bytes | bytearray | memoryview, batches: Sequence[AppendEntry]) -> None:
-        """Append whole batches (already validated and stamped) that start at `next_offset`."""
+        """Append whole batches (already validated and stamped) that start at `next_offset`.
+
+        All or nothing: on failure (of the `.log` write or of an index group write) the segment
+        is rolled back to its state before the call and KafkaStorageError is raised.
+        """
         if not batches:
             return
+        if self._tail_dirty:
+            self._repair_tail()
+        mark = self.mark()
         position0 = self._size
         try:
             written = os.write(self._fd, data)
@@ -225,22 +255,72 @@ class LogSegment:
                 view = memoryview(data)[written:]
                 while view:
                     view = view[os.write(self._fd, view) :]
-        except OSError as err:
+            if position0 == 0 and self._rolling_based_timestamp is None:
+                self._rolling_based_timestamp = batches[0][3]
+            for relative, size, last_offset, max_timestamp in batches:
+                self._index_batch(position0 + relative, size, last_offset, max_timestamp)
+        except BaseException as err:
             # Leave no partial batch behind: the log must stay a sequence of whole batches.
-            try:
-                os.ftruncate(self._fd, position0)
-            except OSError:
-                pass
-            raise KafkaStorageError(
-                f"append to {segment_path(self.directory, self.base_offset, LOG_SUFFIX)} "
-                f"failed: {err.strerror}"
-            ) from err
-        if position0 == 0 and self._rolling_based_timestamp is None:
-            self._rolling_based_timestamp = batches[0][3]
-        for relative, size, last_offset, max_timestamp in batches:
-            self._index_batch(position0 + relative, size, last_offset, max_timestamp)
+            self.rollback(mark)
+            if isinstance(err, OSError):
+                raise KafkaStorageError(
+                    f"append to {self._log_path()} failed and was undone: {err}"
+                ) from err
+            raise
         self._size = position0 + len(data)
         self._next_offset = batches[-1][2] + 1
+
+    def mark(self) -> SegmentMark:
+        """The state `rollback` returns to."""
+        return (
+            self._size,
+            self._next_offset,
+            self._max_timestamp,
+            self._offset_of_max_timestamp,
+            self._bytes_since_last_index_entry,
+            self._rolling_based_timestamp,
+            len(self.index),
+            len(self.time_index),
+        )
+
+    def rollback(self, mark: SegmentMark) -> None:
+        """Undo every append (and index entry) since `mark` was taken. Never raises.
+
+        The `.log` is cut back to the marked size; if that cut fails the segment stays usable
+        (reads stop at `size`) and the cut is retried before the next write.
+        """
+        (
+            size,
+            self._next_offset,
+            self._max_timestamp,
+            self._offset_of_max_timestamp,
+            self._bytes_since_last_index_entry,
+            self._rolling_based_timestamp,
+            index_entries,
+            time_index_entries,
+        ) = mark
+        self._size = size
+        self.index.rollback_to(index_entries)
+        self.time_index.rollback_to(time_index_entries)
+        try:
+            os.ftruncate(self._fd, size)
+            self._tail_dirty = False
+        except OSError as err:
+            self._tail_dirty = True
+            _log.error("segment_rollback_cut_failed", path=str(self._log_path()), error=str(err))
+
+    def _repair_tail(self) -> None:
+        """Cut what a failed write left past `size`; KafkaStorageError if that fails again."""
+        try:
+            os.ftruncate(self._fd, self._size)
+        except OSError as err:
+            raise KafkaStorageError(
+                f"{self._log_path()} still holds the bytes of a failed write: {err}"
+            ) from err
+        self._tail_dirty = False
+
+    def _log_path(self) -> pathlib.Path:
+        return segment_path(self.directory, self.base_offset, LOG_SUFFIX)
 
     def _index_batch(self, position: int, size: int, last_offset: int, max_timestamp: int) -> None:
         if max_timestamp > self._max_timestamp:
@@ -443,22 +523,27 @@ class LogSegment:
         """Remove every batch whose last offset is >= `offset`; returns the bytes removed.
 
         Batch-granular: a batch that holds `offset` goes whole, so `next_offset` afterwards is
-        that batch's base offset (<= `offset`).
+        that batch's base offset (<= `offset`). All or nothing: everything that can fail (the
+        reads, the cut of the `.log`) happens before anything changes; the index files are cut
+        after, and that never raises.
         """
         batch = self.translate_offset(offset)
         if batch is None:
             return 0
-        self.index.truncate_to(batch.base_offset)
-        self.time_index.truncate_to(batch.base_offset)
-        removed = self._size - batch.position
+        # The batches between the last index entry that stays and the cut, read first.
+        _, start = self.index.lookup(batch.base_offset - 1)
+        kept_tail = list(self.walk(start, batch.position))
         os.ftruncate(self._fd, batch.position)
+        self._tail_dirty = False
+        removed = self._size - batch.position
         self._size = batch.position
         self._next_offset = batch.base_offset
-        _, start = self.index.last_entry
+        self.index.truncate_to(batch.base_offset)
+        self.time_index.truncate_to(batch.base_offset)
         self._bytes_since_last_index_entry = self._size - start
         timestamp, at = self.time_index.last_entry
         self._max_timestamp, self._offset_of_max_timestamp = timestamp, at
-        for later in self.walk(start, self._size):
+        for later in kept_tail:
             if later.max_timestamp > self._max_timestamp:
                 self._max_timestamp = later.max_timestamp
                 self._offset_of_max_timestamp = later.last_offset
@@ -477,37 +562,72 @@ class LogSegment:
 
     def flush(self) -> None:
         """fsync the `.log` and both indexes."""
+        if self._tail_dirty:
+            self._repair_tail()
         os.fsync(self._fd)
         self.index.flush()
         self.time_index.flush()
 
     def close(self) -> None:
+        """Write pending index entries and close; the descriptor is closed even on failure."""
         if self._fd < 0:
             return
-        self.on_become_inactive()
-        os.close(self._fd)
-        self._fd = -1
+        try:
+            if self._tail_dirty:
+                self._repair_tail()
+            self.on_become_inactive()
+        finally:
+            self.release()
 
     def release(self) -> None:
         """Close the file descriptor without writing anything (a load that failed)."""
         if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+            # Forget the number first: close releases it even when it reports an error.
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
     def delete(self) -> None:
-        """Close and remove the three files."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        self.index.delete()
-        self.time_index.delete()
+        """Remove the three files and close.
+
+        The `.log` goes first: if removing it fails, the segment is unchanged (still open) and
+        the OSError propagates. Once it is gone the segment is gone (opening the dir removes
+        index files without a `.log`), so failures to remove the indexes are only logged.
+        """
         try:
-            os.unlink(segment_path(self.directory, self.base_offset, LOG_SUFFIX))
+            os.unlink(self._log_path())
         except FileNotFoundError:
             pass
+        try:
+            self.release()
+        except OSError:
+            pass  # close releases the descriptor whatever it reports
+        for index in (self.index, self.time_index):
+            try:
+                index.delete()
+            except OSError as err:
+                _log.warning("index_delete_failed", path=str(index.path), error=str(err))
+
+    def discard(self) -> None:
+        """`delete` for undoing a roll: never raises; a `.log` that stays is at least empty."""
+        try:
+            os.ftruncate(self._fd, 0)
+        except OSError:
+            pass
+        try:
+            self.delete()
+        except OSError as err:
+            self.release()
+            _log.error("segment_discard_failed", path=str(self._log_path()), error=str(err))
 
     def __repr__(self) -> str:
         return (
             f"LogSegment(base_offset={self.base_offset}, size={self._size}, "
             f"next_offset={self._next_offset})"
         )
+
+
+def _unlink_quietly(path: pathlib.Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
