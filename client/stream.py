@@ -13,11 +13,19 @@ pending on it fail with it), DEADLINE_EXCEEDED when a request outlives its timeo
 UNAVAILABLE when the broker ends the stream. A timed-out request closes the stream, as Kafka's
 NetworkClient closes a connection on a request timeout (the broker is presumed stuck and every
 request in flight on it is failed); the next request opens a new one. Event-loop thread only.
+
+Requests are written by one writer task per stream, in the order they were made, as Kafka's
+NetworkClient sends from its own thread; a caller only ever waits for its answer. So the timeout
+covers the whole request, including a write that cannot finish (a broker that stopped reading
+grants no more HTTP/2 window; one that accepts TCP but never speaks HTTP/2 never lets the stream's
+headers out, and grpc.aio does not wake such a write when the call is cancelled), and a caller
+that is cancelled leaves the stream and everyone else's requests on it alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any
 
 import grpc
@@ -30,17 +38,22 @@ def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
 
 
 class _OpenStream:
-    """One bidirectional call and the requests waiting for an answer on it."""
+    """One bidirectional call, the requests waiting to be written on it (in order) and the
+    requests waiting for an answer on it (every queued request is also pending)."""
 
-    __slots__ = ("call", "pending", "reader", "write_lock")
+    __slots__ = ("call", "outbox", "pending", "reader", "wakeup", "writer")
 
     def __init__(self, call: Any) -> None:
         self.call = call
         self.pending: dict[int, asyncio.Future[Any]] = {}
-        self.write_lock = asyncio.Lock()
+        self.outbox: deque[Any] = deque()
+        # Set while the writer waits for an empty outbox to fill.
+        self.wakeup: asyncio.Future[None] | None = None
         self.reader: asyncio.Task[None] | None = None
+        self.writer: asyncio.Task[None] | None = None
 
     def fail_all(self, err: BaseException) -> None:
+        self.outbox.clear()
         pending, self.pending = self.pending, {}
         for future in pending.values():
             if not future.done():
@@ -65,20 +78,12 @@ class RequestStream:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         stream.pending[cid] = future
+        stream.outbox.append(message)
+        wakeup = stream.wakeup
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
         timer = loop.call_later(timeout_s, self._expire, stream, cid)
         try:
-            try:
-                async with stream.write_lock:
-                    await stream.call.write(message)
-            except asyncio.InvalidStateError:
-                # The call ended between our check and the write; its reader fails the rest.
-                self._discard(stream)
-                raise rpc_error(
-                    grpc.StatusCode.UNAVAILABLE, f"stream to {self.address} closed"
-                ) from None
-            except grpc.aio.AioRpcError:
-                self._discard(stream)
-                raise
             return await future
         finally:
             timer.cancel()
@@ -93,14 +98,15 @@ class RequestStream:
             stream.fail_all(rpc_error(grpc.StatusCode.CANCELLED, "stream reset by the client"))
 
     async def close(self) -> None:
+        """Fail what is pending with CANCELLED, refuse new requests, and return once the
+        stream's tasks have ended."""
         self._closed = True
         stream = self._open
         self.reset()
-        if stream is not None and stream.reader is not None:
-            try:
-                await stream.reader
-            except BaseException:
-                pass
+        if stream is not None:
+            tasks = [t for t in (stream.reader, stream.writer) if t is not None]
+            if tasks:
+                await asyncio.wait(tasks)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -108,14 +114,22 @@ class RequestStream:
         if self._closed:
             raise rpc_error(grpc.StatusCode.CANCELLED, "the client is closed")
         stream = _OpenStream(self._method())
-        stream.reader = asyncio.get_running_loop().create_task(self._read(stream))
+        loop = asyncio.get_running_loop()
+        stream.reader = loop.create_task(self._read(stream))
+        stream.writer = loop.create_task(self._write(stream))
         self._open = stream
         return stream
 
     def _discard(self, stream: _OpenStream) -> None:
+        """Stop using `stream` and end its call; the caller then fails what is pending on it."""
         if self._open is stream:
             self._open = None
         stream.call.cancel()
+        # Cancelling the call does not wake a write still waiting for the call's headers to go
+        # out (a peer that never speaks HTTP/2); only cancelling the writer does.
+        writer = stream.writer
+        if writer is not None and writer is not asyncio.current_task():
+            writer.cancel()
 
     def _expire(self, stream: _OpenStream, cid: int) -> None:
         future = stream.pending.pop(cid, None)
@@ -131,6 +145,30 @@ class RequestStream:
                 f"stream to {self.address} closed after a request timed out",
             )
         )
+
+    async def _write(self, stream: _OpenStream) -> None:
+        err: BaseException
+        outbox = stream.outbox
+        try:
+            while True:
+                if not outbox:
+                    stream.wakeup = asyncio.get_running_loop().create_future()
+                    await stream.wakeup
+                    stream.wakeup = None
+                    continue
+                await stream.call.write(outbox.popleft())
+        except grpc.aio.AioRpcError as rpc_err:
+            err = rpc_err
+        except asyncio.InvalidStateError:
+            # The call has ended: the reader has its status and fails what is pending with it.
+            return
+        except asyncio.CancelledError:
+            # Only _discard cancels the writer or its call, and its caller fails what is pending.
+            err = rpc_error(grpc.StatusCode.CANCELLED, f"stream to {self.address} cancelled")
+        except Exception as other:
+            err = rpc_error(grpc.StatusCode.INTERNAL, f"stream to {self.address} failed: {other}")
+        self._discard(stream)
+        stream.fail_all(err)
 
     async def _read(self, stream: _OpenStream) -> None:
         err: BaseException
