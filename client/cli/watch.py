@@ -22,7 +22,6 @@ from minibroker.client.cli.common import (
     bootstrap_of,
     guarded,
 )
-from minibroker.client.watch.live import options_for, read_cluster_file, watch
 
 # Wide enough for three replicas with lags on one line; a pipe has no terminal width to ask.
 ONCE_WIDTH_NOT_A_TTY = 160
@@ -53,6 +52,8 @@ def register(sub: Any) -> None:
 def _cluster_dir(args: argparse.Namespace, bootstrap: str) -> str | None:
     """The launcher directory to read, if any. The default one counts only when it describes
     the cluster being watched, so `--bootstrap-server` elsewhere never shows local processes."""
+    from minibroker.client.watch.live import read_cluster_file
+
     if args.cluster_dir:
         if read_cluster_file(args.cluster_dir) is None:
             raise ValueError(f"no readable cluster.json in {args.cluster_dir!r}")
@@ -68,6 +69,10 @@ def _watch(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from minibroker.client.common.runtime import run
+
+    # Imported here, not at the top: rich's live view is the heaviest import of every
+    # `minibroker` command, and only `watch` needs it.
+    from minibroker.client.watch.live import options_for, read_cluster_file, watch
 
     bootstrap = bootstrap_of(args)
     cluster_dir = _cluster_dir(args, bootstrap)
