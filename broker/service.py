@@ -83,9 +83,11 @@ async def _serve_stream(
     acks=all produce or a long-poll fetch must not hold up the requests behind it), echoing its
     correlation_id. The stream ends when the client half-closes it (after the answers still
     owed) or cancels it (the handlers are cancelled with it). A handler that raises is a bug: it
-    is logged and the stream is cancelled, which the client sees as a broken connection."""
+    is logged and the stream ends with that error (gRPC UNKNOWN), which fails every request
+    pending on it at once, as a broken connection would."""
     write_lock = asyncio.Lock()
     tasks: set[asyncio.Task[None]] = set()
+    failure: list[BaseException] = []
     reader = asyncio.current_task()
     assert reader is not None
 
@@ -97,8 +99,9 @@ async def _serve_stream(
                 await context.write(response)
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as err:
             log.exception("stream_request_failed", rpc=what)
+            failure.append(err)
             reader.cancel()
 
     try:
@@ -111,6 +114,12 @@ async def _serve_stream(
             task.add_done_callback(tasks.discard)
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+    except asyncio.CancelledError:
+        # Ended cancelled, gRPC would send no status and the client would wait out every
+        # request's timeout: raise the handler's error instead, so the call ends UNKNOWN.
+        if failure:
+            raise failure[0] from None
+        raise
     finally:
         for task in tasks:
             task.cancel()

@@ -14,8 +14,9 @@ thresholds the full collections that rescan them took ~30 % of the client's CPU 
 same; the library itself leaves the process's GC alone.
 
 `e2e` (Kafka's EndToEndLatency, at a fixed rate instead of one record at a time): a producer
-and a consumer in one process and one event loop; each value starts with the send time
-(wall-clock ns, big-endian int64) and latency is the consumer's receive time minus that, so
+in this process and a consumer in a child process (`--same-process`: both on one event loop);
+each value starts with the send time (wall-clock ns, big-endian int64, one clock for both
+processes on one machine) and latency is the consumer's receive time minus that, so
 sub-millisecond figures survive (record timestamps are whole ms). The summary line has the
 producer tool's shape, with latencies in fractional ms.
 """
@@ -27,6 +28,7 @@ import asyncio
 import contextvars
 import datetime
 import gc
+import multiprocessing
 import operator
 import os
 import struct
@@ -105,6 +107,11 @@ def register(sub: Any) -> None:
     )
     e2e.add_argument(
         "--timeout", type=int, default=10_000, help="max ms to wait for the last records"
+    )
+    e2e.add_argument(
+        "--same-process",
+        action="store_true",
+        help="run the consumer on the producer's event loop instead of in its own process",
     )
     _add_gc_argument(e2e)
     add_bootstrap_argument(e2e)
@@ -304,8 +311,76 @@ class LatencySummary:
 _SEND_TIME = struct.Struct(">q")
 
 
-async def bench_e2e(args: argparse.Namespace, out: TextIO) -> str:
+async def _consume_latencies(
+    bootstrap: str,
+    topic: str,
+    num_records: int,
+    timeout_ms: int,
+    ready: Any,
+    all_sent: Any,
+) -> tuple[list[float], int]:
+    """Read `topic` from its end until `num_records` of ours arrived (or `timeout_ms` passed
+    without a record once everything was sent); latency = receipt - the send time in the value.
+
+    `ready()` is called once every partition's position is pinned (nothing sent before it can
+    be missed); `all_sent()` says whether the producer has flushed everything.
+    """
     from minibroker.client.consumer import AsyncConsumer
+
+    latencies: list[float] = []
+    received_bytes = 0
+    async with AsyncConsumer(
+        bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=500
+    ) as consumer:
+        info = await consumer.cluster.wait_for_topic(topic, consumer.max_block_ms)
+        tps = [TopicPartition(topic, p) for p in sorted(info.partitions)]
+        consumer.assign(tps)
+        for tp in tps:
+            await consumer.position(tp)  # pin "latest" before the first record is sent
+        ready()
+        unpack = _SEND_TIME.unpack_from
+        while len(latencies) < num_records:
+            done = all_sent()
+            records = await consumer.poll(timeout_ms if done else 1_000)
+            now_ns = time.time_ns()
+            if not records and done:
+                break
+            for r in records:
+                value = r.value or b""
+                if len(value) < _SEND_TIME.size:
+                    continue  # not ours: another writer shares the topic
+                latencies.append((now_ns - unpack(value)[0]) / 1e6)
+                received_bytes += len(value)
+    return latencies, received_bytes
+
+
+def _e2e_consumer_process(conn: Any, args: tuple[Any, ...], gc_threshold: int) -> None:
+    """The consumer side of `bench e2e` in its own process: it reports "ready", then the
+    latencies; the parent says "sent" once the producer has flushed."""
+    tune_gc(gc_threshold)
+    sent = False
+
+    def all_sent() -> bool:
+        nonlocal sent
+        if not sent and conn.poll():
+            sent = conn.recv() == "sent"
+        return sent
+
+    try:
+        result = run_async(
+            _consume_latencies(*args, ready=lambda: conn.send("ready"), all_sent=all_sent)
+        )
+        conn.send(("done", result))
+    except Exception as err:  # handed to the parent, which raises it as its own
+        try:
+            conn.send(("failed", err))
+        except Exception:  # an error that does not pickle goes as text
+            conn.send(("failed", RuntimeError(f"{type(err).__name__}: {err}")))
+    finally:
+        conn.close()
+
+
+async def bench_e2e(args: argparse.Namespace, out: TextIO) -> str:
     from minibroker.client.producer import AsyncProducer
 
     if args.rate <= 0 or args.num_records <= 0:
@@ -314,43 +389,61 @@ async def bench_e2e(args: argparse.Namespace, out: TextIO) -> str:
     filler = os.urandom(size - _SEND_TIME.size)
     props = {"acks": args.acks, **_typed_props(args.producer_props)}
     bootstrap = props.pop("bootstrap_servers", None) or bootstrap_of(args)
-    latencies: list[float] = []
-    received_bytes = 0
     failures: list[BaseException] = []
-    async with (
-        AsyncProducer(bootstrap, **props) as producer,
-        AsyncConsumer(bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=500) as consumer,
-    ):
-        partitions = await producer.partitions_for(args.topic)
-        tps = [TopicPartition(args.topic, p) for p in partitions]
-        consumer.assign(tps)
-        for tp in tps:
-            await consumer.position(tp)  # pin "latest" before the first record is sent
-        all_sent = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    consumer_args = (bootstrap, args.topic, args.num_records, args.timeout)
+    sent_event = asyncio.Event()
 
-        async def consume() -> None:
-            nonlocal received_bytes
-            while len(latencies) < args.num_records:
-                timeout = args.timeout if all_sent.is_set() else 1_000
-                records = await consumer.poll(timeout)
-                now_ns = time.time_ns()
-                if not records and all_sent.is_set():
-                    return
-                for r in records:
-                    value = r.value or b""
-                    if len(value) < _SEND_TIME.size:
-                        continue  # not ours: another writer shares the topic
-                    (sent_ns,) = _SEND_TIME.unpack_from(value)
-                    latencies.append((now_ns - sent_ns) / 1e6)
-                    received_bytes += len(value)
+    if getattr(args, "same_process", False):
+        ready_event = asyncio.Event()
+        reader: asyncio.Future[tuple[list[float], int]] = asyncio.ensure_future(
+            _consume_latencies(*consumer_args, ready=ready_event.set, all_sent=sent_event.is_set)
+        )
+        waiter = asyncio.ensure_future(ready_event.wait())
+        await asyncio.wait([waiter, reader], return_when=asyncio.FIRST_COMPLETED)
+        if reader.done():
+            reader.result()  # the consumer failed before it was ready: raise its error
+        mark_sent = sent_event.set
+        proc = None
+    else:
+        # The consumer gets its own process, as an application's consumer would: sharing the
+        # producer's event loop would add the producer's work to every delivery.
+        ctx = multiprocessing.get_context("spawn")
+        conn, child_conn = ctx.Pipe()
+        proc = ctx.Process(
+            target=_e2e_consumer_process,
+            args=(child_conn, consumer_args, getattr(args, "gc_threshold", 0)),
+            daemon=True,
+        )
+        proc.start()
+        child_conn.close()
 
-        def done(future: asyncio.Future[Any]) -> None:
-            if future.cancelled() or future.exception() is not None:
-                failures.append(future.exception() or asyncio.CancelledError())
+        def receive() -> Any:
+            try:
+                return conn.recv()
+            except EOFError:
+                return ("failed", RuntimeError("the e2e consumer process exited"))
 
-        reader = asyncio.create_task(consume())
-        start = time.monotonic()
-        try:
+        first = await loop.run_in_executor(None, receive)
+        if first != "ready":
+            proc.join(5)
+            raise first[1]
+        reader = loop.run_in_executor(None, receive)
+
+        def mark_sent() -> None:
+            try:
+                conn.send("sent")
+            except OSError:
+                pass  # the consumer already saw every record (before our last ack) and ended
+
+    def done(future: asyncio.Future[Any]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            failures.append(future.exception() or asyncio.CancelledError())
+
+    try:
+        async with AsyncProducer(bootstrap, **props) as producer:
+            await producer.partitions_for(args.topic)
+            start = time.monotonic()
             for i in range(args.num_records):
                 ahead = i / args.rate - (time.monotonic() - start)
                 if ahead > 0:
@@ -358,18 +451,25 @@ async def bench_e2e(args: argparse.Namespace, out: TextIO) -> str:
                 value = _SEND_TIME.pack(time.time_ns()) + filler
                 (await producer.send(args.topic, value)).add_done_callback(done)
                 if i and i % max(1, int(args.rate * REPORT_INTERVAL_S)) == 0:
-                    recent = LatencySummary(latencies[-1000:])
-                    out.write(
-                        f"{i} records sent, {len(latencies)} received, last 1000: "
-                        f"{recent.pct(0.5):.2f} ms 50th, {recent.pct(0.99):.2f} ms 99th.\n"
-                    )
+                    out.write(f"{i} records sent.\n")
                     out.flush()
             await producer.flush()
-            all_sent.set()
-            await reader
-        finally:
+        mark_sent()
+        outcome = await reader
+    finally:
+        if proc is not None:
+            proc.join(args.timeout / 1000 + 10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        elif not reader.done():
             reader.cancel()
-        end = time.monotonic()
+    end = time.monotonic()
+    if proc is not None:
+        if outcome[0] != "done":
+            raise outcome[1]
+        outcome = outcome[1]
+    latencies, received_bytes = outcome
     line = LatencySummary(latencies).line(
         len(latencies), end - start, received_bytes, args.num_records
     )

@@ -55,7 +55,8 @@ def test_produce_then_consume_count_every_record(cluster: LocalCluster) -> None:
     assert fields[2] == f"{600 * 100 / bench.MB:.4f}", csv
 
 
-def test_e2e_sees_every_record_it_sent(cluster: LocalCluster) -> None:
+@pytest.mark.parametrize("same_process", [False, True], ids=["consumer-process", "one-loop"])
+def test_e2e_sees_every_record_it_sent(cluster: LocalCluster, same_process: bool) -> None:
     args = argparse.Namespace(
         topic="bench",
         rate=400.0,
@@ -65,6 +66,8 @@ def test_e2e_sees_every_record_it_sent(cluster: LocalCluster) -> None:
         producer_props=["linger_ms=0"],
         timeout=10_000,
         bootstrap_server=cluster.bootstrap,
+        same_process=same_process,
+        gc_threshold=0,
     )
     line = _run(bench.bench_e2e(args, io.StringIO()))
     match = re.match(
@@ -76,3 +79,22 @@ def test_e2e_sees_every_record_it_sent(cluster: LocalCluster) -> None:
     assert match, line
     avg, top, p50 = (float(g) for g in match.groups())
     assert 0 < p50 <= top and 0 < avg <= top, line
+
+
+def test_e2e_consumer_process_error_reaches_the_caller(cluster: LocalCluster) -> None:
+    from minibroker.client.errors import UnknownTopicOrPartitionError
+
+    args = argparse.Namespace(
+        topic="no-such-topic",
+        rate=100.0,
+        num_records=5,
+        record_size=64,
+        acks="all",
+        producer_props=["linger_ms=0", "max_block_ms=2000"],
+        timeout=2_000,
+        bootstrap_server=cluster.bootstrap,
+        same_process=False,
+        gc_threshold=0,
+    )
+    with pytest.raises(UnknownTopicOrPartitionError, match="no-such-topic"):
+        _run(bench.bench_e2e(args, io.StringIO()))

@@ -438,12 +438,6 @@ class _RecordingLog:
         self.exceptions.append((event, facts))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="broker/service.py _serve_stream cancels its own reader task when a handler raises; "
-    "grpc.aio takes a servicer that ends cancelled for a client cancel and sends no status, so "
-    "the client's requests wait for their timeouts (the stream never breaks)",
-)
 async def test_a_raising_broker_handler_is_logged_and_breaks_the_stream_for_the_client(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
