@@ -157,6 +157,13 @@ class DeletedSegment:
     reason: str  # "retention.ms", "retention.bytes" or "log_start_offset"
 
 
+class _EpochSnapshot(NamedTuple):
+    """The epoch cache before a change that may be undone, and whether its file existed."""
+
+    entries: tuple[EpochEntry, ...]
+    file_existed: bool
+
+
 def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -431,15 +438,41 @@ class PartitionLog:
                 error=str(err),
             )
 
-    def _restore_epoch_cache(self, entries: Sequence[EpochEntry]) -> None:
+    def _epoch_snapshot(self) -> _EpochSnapshot:
+        return _EpochSnapshot(self._epoch_cache.entries, self._epoch_file.path.exists())
+
+    def _restore_epoch_cache(self, snapshot: _EpochSnapshot) -> None:
         """Put back a snapshot of the cache (an undo); the file follows, best effort."""
-        if tuple(entries) != self._epoch_cache.entries:
+        if snapshot.entries != self._epoch_cache.entries:
             self._epoch_cache.clear()
-            for entry in entries:
+            for entry in snapshot.entries:
                 self._epoch_cache.assign(entry.epoch, entry.start_offset)
             self._epoch_cache_dirty = True
-        if self._epoch_cache_dirty:
+        if not self._epoch_cache_dirty:
+            return
+        if not snapshot.file_existed and not snapshot.entries:
+            # No file and an empty cache load the same (no batch carries an epoch).
+            try:
+                os.unlink(self._epoch_file.path)
+                self._epoch_cache_dirty = False
+                return
+            except FileNotFoundError:
+                self._epoch_cache_dirty = False
+                return
+            except OSError:
+                pass
+        if self._epoch_file_matches_cache():
+            # The failed write never reached the file: leave it alone.
+            self._epoch_cache_dirty = False
+        else:
             self._persist_epoch_cache_after_shrink()
+
+    def _epoch_file_matches_cache(self) -> bool:
+        try:
+            stored = self._epoch_file.read()
+        except (OSError, CorruptCheckpointError):
+            return False
+        return stored is not None and tuple(stored) == self._epoch_cache.entries
 
     def maybe_assign_epoch_start_offset(self, leader_epoch: int, start_offset: int) -> bool:
         """Record (epoch, start offset) durably; a new leader calls it with its LEO (KIP-279).
@@ -447,7 +480,7 @@ class PartitionLog:
         If the checkpoint cannot be written, the cache is left as it was and
         KafkaStorageError is raised.
         """
-        before = self._epoch_cache.entries
+        before = self._epoch_snapshot()
         if not self._epoch_cache.assign(leader_epoch, start_offset):
             return False
         try:
@@ -595,7 +628,7 @@ class PartitionLog:
                 raise self._storage_error("rewriting the leader epoch checkpoint of", err) from err
         segment_count = len(self._segments)
         active_mark = self._segments[-1].mark()
-        cache_before = self._epoch_cache.entries if new_epochs else None
+        cache_before = self._epoch_snapshot() if new_epochs else None
         try:
             cache_changed = False
             for epoch, start_offset in new_epochs:
@@ -615,7 +648,7 @@ class PartitionLog:
         self,
         segment_count: int,
         active_mark: SegmentMark,
-        cache_before: Sequence[EpochEntry] | None,
+        cache_before: _EpochSnapshot | None,
     ) -> None:
         """Return to the state `_append` started from. Never raises (each step is best effort
         and logs what it could not do)."""
