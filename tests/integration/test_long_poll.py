@@ -1,12 +1,15 @@
 """Long-poll fetches on real brokers: a consumer's poll at the log end parks in the leader's fetch
-purgatory and answers when the high watermark moves, and a full purgatory neither answers at once
-nor busy-loops (broker/purgatory.py, broker/replica_manager.py `fetch`).
+purgatory and answers when the high watermark moves, a follower's poll parks until the leader
+appends, and a full purgatory neither answers at once nor busy-loops (broker/purgatory.py,
+broker/replica_manager.py `fetch`).
 
 Consumer polls are raw unary `Fetch` calls (replica_id -1) on the leader, so what is measured is
 the broker's answer, not the client's retry loop. Timing is only ever asserted against a bound the
 broker itself enforces: a poll that is not woken is held for at least its `max_wait_ms`, so "came
 back with the record well before max_wait" proves a wake-up, and "held for most of max_wait" proves
-a full purgatory did not answer at once, however slow the machine.
+a full purgatory did not answer at once, however slow the machine. (Each wake-up test was checked
+to fail with its notify removed from the broker, and the full-purgatory test against the commit
+before 7384801, which answered at once.)
 """
 
 from __future__ import annotations
@@ -227,3 +230,30 @@ def test_a_full_fetch_purgatory_neither_answers_at_once_nor_busy_loops(
             assert len(describe(admin, topic).isr) == 3
         finally:
             channel.close()
+
+
+def test_follower_long_polls_are_woken_by_leader_appends(tmp_path: pathlib.Path) -> None:
+    """Followers' long polls park on the leader until it appends (DESIGN.md §5): with
+    replica.fetch.wait.max.ms at 10 s, acks=all writes, each of which waits for both followers to
+    fetch it, complete write after write well within that wait. After the first write the
+    followers' next polls are freshly parked, so a follower woken only at its max wait would hold
+    each later write for about 10 s."""
+    settings = {
+        "replica.fetch.wait.max.ms": "10000",
+        "replica.lag.time.max.ms": "30000",
+        "leader.imbalance.check.interval.seconds": "3600",
+    }
+    topic = "woken"
+    with (
+        local_cluster(str(tmp_path / "cluster"), brokers=3, settings=settings) as cluster,
+        Admin(cluster.bootstrap) as admin,
+        Producer(cluster.bootstrap, acks="all", linger_ms=0) as producer,
+    ):
+        create_replicated(admin, topic, {"min.insync.replicas": "3"})
+        for i in range(4):
+            started = time.monotonic()
+            acked = producer.send(topic, f"w{i}".encode(), partition=0).result(timeout=60)
+            took_s = time.monotonic() - started
+            assert acked.offset == i
+            assert took_s < 8.0, f"acks=all write {i} took {took_s:.1f}s: followers not woken"
+        assert len(describe(admin, topic).isr) == 3
