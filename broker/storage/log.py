@@ -450,18 +450,10 @@ class PartitionLog:
             self._epoch_cache_dirty = True
         if not self._epoch_cache_dirty:
             return
-        if not snapshot.file_existed and not snapshot.entries:
-            # No file and an empty cache load the same (no batch carries an epoch).
-            try:
-                os.unlink(self._epoch_file.path)
-                self._epoch_cache_dirty = False
-                return
-            except FileNotFoundError:
-                self._epoch_cache_dirty = False
-                return
-            except OSError:
-                pass
-        if self._epoch_file_matches_cache():
+        # No file and an empty cache load the same (no batch carries an epoch).
+        if not snapshot.file_existed and not snapshot.entries and _remove(self._epoch_file.path):
+            self._epoch_cache_dirty = False
+        elif self._epoch_file_matches_cache():
             # The failed write never reached the file: leave it alone.
             self._epoch_cache_dirty = False
         else:
@@ -1137,6 +1129,17 @@ def _stamp_log_append_time(
     crc = crc_of(buf, position + ATTRIBUTES_OFFSET, position + header.size)
     _UINT32.pack_into(buf, position + CRC_OFFSET, crc)
     return header._replace(attributes=attributes, max_timestamp=now_ms, crc=crc)
+
+
+def _remove(path: pathlib.Path) -> bool:
+    """Unlink `path`; True when it is gone (or was never there)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def _base_offset(view: memoryview, position: int) -> int:

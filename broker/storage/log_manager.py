@@ -39,6 +39,7 @@ from minibroker.broker.storage.data_dir import DELETE_DIR_SUFFIX, DataDir, parti
 from minibroker.broker.storage.errors import CorruptCheckpointError, InconsistentTopicIdError
 from minibroker.broker.storage.log import DeletedSegment, PartitionLog
 from minibroker.client.common.log import get_logger
+from minibroker.client.errors import KafkaStorageError
 from minibroker.client.types import TopicPartition
 
 PARTITION_METADATA = "partition.metadata"
@@ -227,14 +228,25 @@ class LogManager:
         self.checkpoint_log_start_offsets()
 
     def delete_retention(self, now_ms: int) -> dict[TopicPartition, list[DeletedSegment]]:
-        """Run retention on every log; returns the segments deleted, per partition."""
+        """Run retention on every log; returns the segments deleted, per partition.
+
+        A log whose deletion fails part of the way (KafkaStorageError) does not stop the others;
+        the log starts are checkpointed, then the first failure is raised.
+        """
         deleted: dict[TopicPartition, list[DeletedSegment]] = {}
+        failure: KafkaStorageError | None = None
         for tp, log in self._logs.items():
-            gone = log.delete_retention(now_ms)
+            try:
+                gone = log.delete_retention(now_ms)
+            except KafkaStorageError as err:
+                failure = failure or err
+                continue
             if gone:
                 deleted[tp] = gone
-        if deleted:
+        if deleted or failure is not None:
             self.checkpoint_log_start_offsets()
+        if failure is not None:
+            raise failure
         return deleted
 
     def maybe_flush(self, now_ms: int) -> list[TopicPartition]:
@@ -250,9 +262,22 @@ class LogManager:
         self.checkpoint_recovery_points()
 
     def close(self) -> None:
-        """Flush every log, write the three checkpoints and close the files."""
-        self.flush_all()
-        self.checkpoint_all()
+        """Flush every log, write the three checkpoints and close the files.
+
+        Every log is closed even when a flush or a checkpoint fails; the first failure is then
+        raised, so the caller does not mark the shutdown clean (recovery runs at the next start).
+        """
+        failure: BaseException | None = None
+        try:
+            self.flush_all()
+            self.checkpoint_all()
+        except BaseException as err:
+            failure = err
         for log in self._logs.values():
-            log.close()
+            try:
+                log.close()
+            except BaseException as err:
+                failure = failure or err
+        if failure is not None:
+            raise failure
         _log.info("logs_closed", partitions=len(self._logs))

@@ -34,16 +34,19 @@ from minibroker.broker.replication.epoch_cache import EpochEntry
 from minibroker.broker.storage import checkpoint as checkpoint_module
 from minibroker.broker.storage import index as index_module
 from minibroker.broker.storage import log as log_module
+from minibroker.broker.storage import log_manager as log_manager_module
 from minibroker.broker.storage import segment as segment_module
 from minibroker.broker.storage.config import LogConfig
+from minibroker.broker.storage.data_dir import DataDir
 from minibroker.broker.storage.log import PartitionLog
+from minibroker.broker.storage.log_manager import LogManager
 from minibroker.client.batch import iter_batches
 from minibroker.client.errors import KafkaStorageError, MiniBrokerError
 from minibroker.client.records import encode_batch
 from minibroker.client.types import TopicPartition
 
 TP = TopicPartition("orders", 0)
-_MODULES = (checkpoint_module, index_module, log_module, segment_module)
+_MODULES = (checkpoint_module, index_module, log_module, log_manager_module, segment_module)
 # The calls that touch the disk. Reads (pread) are counted too: a truncation reads headers.
 _COUNTED = frozenset(
     {"open", "write", "ftruncate", "truncate", "fsync", "replace", "unlink", "pread"}
@@ -514,7 +517,7 @@ def test_retention_failing_anywhere_deletes_oldest_first(
         except KafkaStorageError:
             faults.heal()
             failures += 1
-            assert log.log_start_offset == log.segments[0].base_offset or failures
+            assert log.log_start_offset == log.segments[0].base_offset
             _check_consistent_prefix(log, full)
             continue
         finally:
@@ -525,6 +528,32 @@ def test_retention_failing_anywhere_deletes_oldest_first(
     assert log.log_start_offset == 8
     assert sorted(p.name for p in log.directory.glob("*.log")) == [f"{8:020d}.log"]
     assert log.epoch_cache.entries == (EpochEntry(3, 8),)
+
+
+def test_log_manager_close_closes_every_log_when_the_flush_fails(
+    tmp_path: pathlib.Path, faults: DiskFaults
+) -> None:
+    # The broker marks a shutdown clean only after LogManager.close returned: a failed flush
+    # must raise (recovery runs at the next start), yet no file may stay open.
+    data_dir = DataDir.open(tmp_path, node_id=1, cluster_id="c")
+    try:
+        logs = LogManager.open(data_dir, LogConfig())
+        tps = [TopicPartition("orders", p) for p in range(3)]
+        for tp in tps:
+            logs.get_or_create_log(tp, topic_id="t").append_as_leader(
+                batch(2), leader_epoch=1, now_ms=0
+            )
+        fds = open_fds()
+        faults.arm(0)  # the first fsync of the flush (a KafkaStorageError)
+        with pytest.raises(KafkaStorageError):
+            logs.close()
+        faults.heal()
+        assert open_fds() == fds - 3  # each log's one `.log` descriptor
+        again = LogManager.open(data_dir, LogConfig())
+        assert [again.logs[tp].leo for tp in tps] == [2, 2, 2]
+        again.close()
+    finally:
+        data_dir.close()
 
 
 # -- any sequence, any failure point ----------------------------------------------------------
