@@ -500,7 +500,8 @@ class PartitionLog:
         One write (two when the batches straddle a segment roll). `max_message_bytes` defaults
         to the topic's `max.message.bytes`. `validated` is what `validate_producer_batches`
         returned for these same bytes and limit, when the caller already ran it (the broker
-        does, for its idempotence check): the CRC pass is then not repeated.
+        does, for its idempotence check): the CRC pass is then not repeated. A disk failure
+        raises KafkaStorageError with the log as it was (module docstring).
         """
         if leader_epoch < 0:
             raise ValueError(f"a leader append needs a leader epoch, got {leader_epoch}")
@@ -557,6 +558,7 @@ class PartitionLog:
         The first batch must start exactly at the LEO and each batch right after the previous
         one (UnexpectedAppendOffsetError otherwise). Each new batch epoch goes into the epoch
         cache at the batch's base offset. `now_ms` (default: the wall clock) drives segment.ms.
+        A disk failure raises KafkaStorageError with the log as it was (module docstring).
         """
         now = _wall_clock_ms() if now_ms is None else now_ms
         if len(records) == 0:
