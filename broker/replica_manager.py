@@ -70,7 +70,8 @@ PRODUCER_ID_PREFETCH_LEFT = 100  # prefetch the next block when this few ids are
 
 
 class FollowerAppendFailedError(MiniBrokerError):
-    """The leader's batches could not be appended here (bad CRC, gap, overlap)."""
+    """The leader's batches could not be appended here (bad CRC, gap, overlap, a storage
+    error), or a truncation it asked for stopped part way."""
 
 
 FULL_PURGATORY_RECHECK_S = 0.05
@@ -360,14 +361,24 @@ class ReplicaManager:
                     raise FollowerAppendFailedError(str(err)) from err
                 self.metrics.replication_bytes_in.inc(len(effect.records))
                 queue[:0] = core.on_follower_appended(hosted.log.leo, info.batches)
-                hosted.log.maybe_flush(now_ms())
+                self._maybe_flush(hosted, now_ms())
             elif isinstance(effect, TruncateTo | TruncateFullyAndStartAt):
                 old_leo = hosted.log.leo
                 fully = isinstance(effect, TruncateFullyAndStartAt)
-                if fully:
-                    hosted.log.truncate_fully_and_start_at(effect.offset)
-                else:
-                    hosted.log.truncate_to(effect.offset)
+                try:
+                    if fully:
+                        hosted.log.truncate_fully_and_start_at(effect.offset)
+                    else:
+                        hosted.log.truncate_to(effect.offset)
+                except MiniBrokerError as err:
+                    # The storage stopped part way: the log is a whole-batch prefix of what it
+                    # was. The core learns where it really ends, and the fetch fails like a
+                    # failed append, so the follower backs off and the leader's divergence
+                    # check asks for the rest of the truncation on the next fetch.
+                    self._apply(
+                        hosted, core.on_log_truncated(hosted.log.leo, hosted.log.log_start_offset)
+                    )
+                    raise FollowerAppendFailedError(f"truncation failed: {err}") from err
                 self.metrics.truncations.inc()
                 # `watch` reads these two events from the log (to_offset / start_offset).
                 where = {"start_offset" if fully else "to_offset": hosted.log.leo}
@@ -585,8 +596,18 @@ class ReplicaManager:
             hosted, core.on_leader_appended(plan, now, token=token, deadline_ms=deadline_ms)
         )
         self.fetch_signals.notify(tp)  # wake followers' long polls
-        hosted.log.maybe_flush(now)
+        self._maybe_flush(hosted, now)
         return result, future
+
+    def _maybe_flush(self, hosted: Hosted, now: int) -> None:
+        """flush.messages / flush.ms after an append the core already counts: a failed fsync
+        must not fail that append (the background flush tries again)."""
+        try:
+            hosted.log.maybe_flush(now)
+        except MiniBrokerError as err:
+            log.warning(
+                "flush_failed", topic=hosted.tp.topic, partition=hosted.tp.partition, error=str(err)
+            )
 
     def _park(
         self, hosted: Hosted, base_offset: int, last_offset: int, deadline_ms: int
