@@ -3,7 +3,10 @@
 Every multi-process test already stops what it starts, by PID, in its own teardown. This catches
 what a broken teardown would leave behind: at the end of the session, any process whose command
 line names a path under this session's pytest temp dir (every broker and controller data dir a
-test creates lives there) is killed.
+test creates lives there) is killed. Matching is on `<basetemp>/` so another session's dir that
+merely shares the prefix (pytest-1 vs pytest-12, or --basetemp=/tmp/run-1 vs /tmp/run-10) is left
+alone, and pytest's own ancestors are never killed: a shell or `make` that launched pytest names
+the base temp dir on its command line when run with --basetemp.
 """
 
 from __future__ import annotations
@@ -17,11 +20,27 @@ from collections.abc import Iterator
 import pytest
 
 
+def _ancestors() -> set[int]:
+    """This process and every parent up to init, read from /proc/<pid>/stat."""
+    pids: set[int] = set()
+    pid = os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        # The command name in field 2 may contain spaces and parentheses: split after the last ")".
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return pids
+
+
 def _processes_under(root: str) -> list[int]:
     pids = []
-    marker = root.encode()
+    marker = os.path.join(root, "").encode()
+    spared = _ancestors()
     for entry in pathlib.Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+        if not entry.name.isdigit() or int(entry.name) in spared:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes()
