@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from minibroker.client.common.runtime import tune_process
+
 # Order is the order of `minibroker --help`.
 COMMAND_MODULES: tuple[str, ...] = (
     "minibroker.client.cli.topics",
@@ -39,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    tune_process()
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
