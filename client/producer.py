@@ -151,6 +151,9 @@ class PreparedRecord(NamedTuple):
     num_partitions: int
 
 
+_new_tuple = tuple.__new__
+
+
 def _settle(future: Any, result: Any = None, exc: BaseException | None = None) -> None:
     if future.done():
         return
@@ -353,7 +356,10 @@ class AsyncProducer:
             )
         if timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000
-        return PreparedRecord(topic, chosen, timestamp_ms, key_b, value_b, header_t, size, count)
+        # tuple.__new__: a NamedTuple's own __new__ is a Python frame of its own per record.
+        return _new_tuple(
+            PreparedRecord, (topic, chosen, timestamp_ms, key_b, value_b, header_t, size, count)
+        )
 
     def _enqueue(self, rec: PreparedRecord, future: Any) -> bool:
         """Append a prepared record (loop thread only); True when it opened a new batch."""
@@ -737,7 +743,9 @@ class AsyncProducer:
         for future, ts in zip(batch.handles, batch.timestamps):
             if not future.done():
                 ts = log_append_time_ms if append_time else ts
-                _settle(future, RecordMetadata(topic, partition, offset, ts))
+                # The hottest loop of acknowledgement: RecordMetadata built through
+                # tuple.__new__ (its NamedTuple __new__ is a Python frame of its own).
+                _settle(future, _new_tuple(RecordMetadata, (topic, partition, offset, ts)))
             offset += step
 
     def _finish_failed(self, batch: ProducerBatch, err: MiniBrokerError) -> None:
