@@ -21,6 +21,7 @@ Concurrency contract: not thread-safe; one owner (the PartitionLog) calls it fro
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import struct
@@ -597,10 +598,9 @@ class LogSegment:
             os.unlink(self._log_path())
         except FileNotFoundError:
             pass
-        try:
+        # close() releases the descriptor whatever it reports.
+        with contextlib.suppress(OSError):
             self.release()
-        except OSError:
-            pass  # close releases the descriptor whatever it reports
         for index in (self.index, self.time_index):
             try:
                 index.delete()
