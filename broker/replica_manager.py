@@ -814,12 +814,7 @@ class ReplicaManager:
             result = wire.ListOffsetsResult(req.topic, req.partition)
             hosted = self.partitions.get(tp)
             if hosted is None:
-                known = self.image.topic(req.topic)
-                result.error = (
-                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                    if known is None or req.partition not in known.partitions
-                    else ErrorCode.NOT_LEADER_OR_FOLLOWER
-                )
+                result.error = self._not_hosted_error(tp)
                 results.append(result)
                 continue
             answer = hosted.core.list_offsets(req.current_leader_epoch, req.timestamp)
@@ -836,6 +831,33 @@ class ReplicaManager:
                     result.offset = answer.offset
             results.append(result)
         return results
+
+    def offset_for_leader_epoch(
+        self, partitions: list[wire.OffsetForLeaderPartition]
+    ) -> list[wire.EpochEndOffsetResult]:
+        results = []
+        for req in partitions:
+            tp = TopicPartition(req.topic, req.partition)
+            result = wire.EpochEndOffsetResult(req.topic, req.partition)
+            hosted = self.partitions.get(tp)
+            if hosted is None:
+                result.error = self._not_hosted_error(tp)
+            else:
+                answer = hosted.core.offset_for_leader_epoch(
+                    req.current_leader_epoch, req.leader_epoch
+                )
+                result.error, result.message = answer.error, answer.message
+                result.leader_epoch, result.end_offset = answer.leader_epoch, answer.end_offset
+            results.append(result)
+        return results
+
+    def _not_hosted_error(self, tp: TopicPartition) -> ErrorCode:
+        """The error for a partition this broker does not host: it does not exist at all, or
+        lives on other brokers."""
+        known = self.image.topic(tp.topic)
+        if known is None or tp.partition not in known.partitions:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER
 
     def metadata_response(self, topics: list[str], all_topics: bool) -> pb.MetadataResponse:
         image = self.image

@@ -59,6 +59,12 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
         results = self._rm.list_offsets(wire.decode_list_offsets(request))
         return wire.encode_list_offsets(results)
 
+    async def OffsetForLeaderEpoch(
+        self, request: pb.OffsetForLeaderEpochRequest, context: grpc.aio.ServicerContext
+    ) -> pb.OffsetForLeaderEpochResponse:
+        results = self._rm.offset_for_leader_epoch(wire.decode_offset_for_leader_epoch(request))
+        return wire.encode_offset_for_leader_epoch(results)
+
     async def Metadata(
         self, request: pb.MetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.MetadataResponse:

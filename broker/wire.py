@@ -101,6 +101,24 @@ class ListOffsetsResult:
     leader_epoch: int = -1
 
 
+@dataclass(frozen=True, slots=True)
+class OffsetForLeaderPartition:
+    topic: str
+    partition: int
+    current_leader_epoch: int
+    leader_epoch: int
+
+
+@dataclass(slots=True)
+class EpochEndOffsetResult:
+    topic: str
+    partition: int
+    error: ErrorCode = ErrorCode.NONE
+    message: str = ""
+    leader_epoch: int = -1
+    end_offset: int = -1
+
+
 @dataclass(slots=True)
 class FollowerState:
     replica_id: int
@@ -272,6 +290,31 @@ def encode_list_offsets(results: list[ListOffsetsResult]) -> pb.ListOffsetsRespo
             timestamp=r.timestamp,
             offset=r.offset,
             leader_epoch=r.leader_epoch,
+        )
+    return response
+
+
+def decode_offset_for_leader_epoch(
+    request: pb.OffsetForLeaderEpochRequest,
+) -> list[OffsetForLeaderPartition]:
+    return [
+        OffsetForLeaderPartition(t.topic, p.partition, p.current_leader_epoch, p.leader_epoch)
+        for t in request.topics
+        for p in t.partitions
+    ]
+
+
+def encode_offset_for_leader_epoch(
+    results: list[EpochEndOffsetResult],
+) -> pb.OffsetForLeaderEpochResponse:
+    response = pb.OffsetForLeaderEpochResponse()
+    for partitions, r in _partitions_by_topic(response.topics, results):
+        partitions.add(
+            partition=r.partition,
+            error_code=int(r.error),
+            error_message=r.message,
+            leader_epoch=r.leader_epoch,
+            end_offset=r.end_offset,
         )
     return response
 

@@ -53,6 +53,11 @@ class BrokerServiceStub:
                 request_serializer=minibroker_dot_proto_dot_minibroker__pb2.ListOffsetsRequest.SerializeToString,
                 response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.ListOffsetsResponse.FromString,
                 _registered_method=True)
+        self.OffsetForLeaderEpoch = channel.unary_unary(
+                '/minibroker.BrokerService/OffsetForLeaderEpoch',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.OffsetForLeaderEpochRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.OffsetForLeaderEpochResponse.FromString,
+                _registered_method=True)
         self.Metadata = channel.unary_unary(
                 '/minibroker.BrokerService/Metadata',
                 request_serializer=minibroker_dot_proto_dot_minibroker__pb2.MetadataRequest.SerializeToString,
@@ -102,6 +107,15 @@ class BrokerServiceServicer:
 
     def ListOffsets(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OffsetForLeaderEpoch(self, request, context):
+        """KIP-320: the end offset of a leader epoch in the leader's log. A consumer that sees a new
+        leader epoch asks for the epoch of its last consumed record: an end offset below its position
+        means the log was truncated under it (an unclean election).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -159,6 +173,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.ListOffsets,
                     request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.ListOffsetsRequest.FromString,
                     response_serializer=minibroker_dot_proto_dot_minibroker__pb2.ListOffsetsResponse.SerializeToString,
+            ),
+            'OffsetForLeaderEpoch': grpc.unary_unary_rpc_method_handler(
+                    servicer.OffsetForLeaderEpoch,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.OffsetForLeaderEpochRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.OffsetForLeaderEpochResponse.SerializeToString,
             ),
             'Metadata': grpc.unary_unary_rpc_method_handler(
                     servicer.Metadata,
@@ -271,6 +290,33 @@ class BrokerService:
             '/minibroker.BrokerService/ListOffsets',
             minibroker_dot_proto_dot_minibroker__pb2.ListOffsetsRequest.SerializeToString,
             minibroker_dot_proto_dot_minibroker__pb2.ListOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OffsetForLeaderEpoch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.BrokerService/OffsetForLeaderEpoch',
+            minibroker_dot_proto_dot_minibroker__pb2.OffsetForLeaderEpochRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.OffsetForLeaderEpochResponse.FromString,
             options,
             channel_credentials,
             insecure,

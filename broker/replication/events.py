@@ -170,6 +170,18 @@ class ConsumerFetchAnswer:
 
 
 @dataclass(frozen=True, slots=True)
+class EpochEndOffsetAnswer:
+    """OffsetForLeaderEpoch for a client (KIP-320): where `leader_epoch` ends in the leader's log
+    (the largest epoch <= the one asked for, and the start of the next higher epoch or the LEO);
+    UNDEFINED_EPOCH / UNKNOWN_OFFSET when the log knows no epoch at or above it."""
+
+    error: ErrorCode
+    leader_epoch: int = UNDEFINED_EPOCH
+    end_offset: int = UNKNOWN_OFFSET
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ListOffsetsAnswer:
     """ListOffsets for a client.
 

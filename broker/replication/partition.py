@@ -56,6 +56,7 @@ from minibroker.broker.replication.events import (
     CompleteProduce,
     ConsumerFetchAnswer,
     Effect,
+    EpochEndOffsetAnswer,
     FetchPosition,
     FetchResponse,
     FollowerFetch,
@@ -769,6 +770,20 @@ class PartitionReplica:
             last_fetchable_offset=self.high_watermark,
             lagging_high_watermark=lagging,
         )
+
+    def offset_for_leader_epoch(
+        self, current_leader_epoch: int, leader_epoch: int
+    ) -> EpochEndOffsetAnswer:
+        """OffsetForLeaderEpoch for a consumer validating its position after a leader change
+        (KIP-320): fenced like a fetch, answered by the leader only, from the epoch cache
+        (`endOffsetFor`, research §2.10 step 4)."""
+        epoch_error = self._check_current_leader_epoch(current_leader_epoch)
+        if epoch_error is not None:
+            return EpochEndOffsetAnswer(epoch_error)
+        if self.role is not Role.LEADER:
+            return EpochEndOffsetAnswer(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+        epoch, end_offset = self.epoch_cache.end_offset_for(leader_epoch, self.leo)
+        return EpochEndOffsetAnswer(ErrorCode.NONE, epoch, end_offset)
 
     # -- leader: high watermark and ISR ---------------------------------------------------
 

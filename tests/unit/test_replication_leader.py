@@ -468,6 +468,30 @@ def test_consumer_reads_stop_at_the_hw_and_respect_epochs() -> None:
     assert replica.list_offsets(EPOCH + 1, -1).error == ErrorCode.UNKNOWN_LEADER_EPOCH
 
 
+def test_offset_for_leader_epoch_answers_where_each_epoch_ends_kip_320() -> None:
+    """A consumer validating its position after a leader change asks where the epoch of its
+    last record ends in the leader's log (Kafka's endOffsetFor); fenced like a fetch."""
+    replica, cache, _ = make_leader(leo=7, hw=7)  # epochs: EPOCH-1 from 0, EPOCH from 7
+    produce(replica, acks=1, records=3)  # offsets 7..9 in EPOCH
+    assert [(e.epoch, e.start_offset) for e in cache] == [(EPOCH - 1, 0), (EPOCH, 7)]
+
+    def ask(current: int, epoch: int) -> tuple[ErrorCode, int, int]:
+        answer = replica.offset_for_leader_epoch(current, epoch)
+        return answer.error, answer.leader_epoch, answer.end_offset
+
+    assert ask(EPOCH, EPOCH - 1) == (ErrorCode.NONE, EPOCH - 1, 7)  # ends where EPOCH starts
+    assert ask(EPOCH, EPOCH) == (ErrorCode.NONE, EPOCH, 10)  # the latest epoch ends at the LEO
+    assert ask(-1, EPOCH - 1) == (ErrorCode.NONE, EPOCH - 1, 7)  # -1: not checked
+    assert ask(EPOCH, EPOCH - 3) == (ErrorCode.NONE, EPOCH - 3, 0)  # older than the cache
+    assert ask(EPOCH, EPOCH + 1) == (ErrorCode.NONE, -1, -1)  # an epoch this log never had
+    assert ask(EPOCH - 1, EPOCH - 1)[0] == ErrorCode.FENCED_LEADER_EPOCH
+    assert ask(EPOCH + 1, EPOCH - 1)[0] == ErrorCode.UNKNOWN_LEADER_EPOCH
+    replica.apply_partition_state(
+        PartitionState((1, 2, 3), frozenset({2, 3}), 2, EPOCH + 1, 11), now_ms=0
+    )
+    assert ask(EPOCH + 1, EPOCH)[0] == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
 # -- lag tracking (research §2.3, §2.4; §4.2 scenario 8) -----------------------------------
 
 
