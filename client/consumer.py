@@ -6,11 +6,17 @@ per broker, carrying every assigned partition that broker serves (the leader, or
 Fetching is pipelined: a partition is fetched again as soon as less than `max_poll_records` of
 its records wait in the buffer, so the next response is on its way while the application works.
 
-Kafka's rules kept here: fetches carry `current_leader_epoch` from metadata (KIP-320); records
-below the requested offset inside a returned batch are skipped; NOT_LEADER_OR_FOLLOWER,
-FENCED/UNKNOWN_LEADER_EPOCH, OFFSET_NOT_AVAILABLE (KIP-207) and the like refresh metadata and
-retry after `retry_backoff_ms`; OFFSET_OUT_OF_RANGE from a follower goes back to the leader, and
-from the leader applies `auto_offset_reset` ("earliest", "latest", or "none" = raise from poll).
+Kafka's rules kept here: fetches carry `current_leader_epoch` from metadata (KIP-320); when the
+metadata names a new leader epoch, buffered records are dropped and, once the application has
+consumed a record, the position is validated before the next fetch (KIP-320's
+OffsetForLeaderEpoch for the epoch of the last consumed record): if that epoch ends below the
+position on the new leader, the log was truncated under the consumer (an unclean election) and
+it moves to the first offset known to diverge, or raises LogTruncationError from poll() with
+auto_offset_reset="none"; records below the requested offset inside a returned batch are
+skipped; NOT_LEADER_OR_FOLLOWER, FENCED/UNKNOWN_LEADER_EPOCH, OFFSET_NOT_AVAILABLE (KIP-207) and
+the like refresh metadata and retry after `retry_backoff_ms`; OFFSET_OUT_OF_RANGE from a follower
+goes back to the leader, and from the leader applies `auto_offset_reset` ("earliest", "latest",
+or "none" = raise from poll).
 There are no consumer groups or committed offsets: positions start from `auto_offset_reset` or
 an explicit `seek`.
 
@@ -32,6 +38,7 @@ from minibroker.client.batch import CorruptRecordError, read_header
 from minibroker.client.common.config import ConfigError
 from minibroker.client.errors import (
     ErrorCode,
+    LogTruncationError,
     MiniBrokerError,
     OffsetOutOfRangeError,
     RequestTimedOutError,
@@ -84,9 +91,14 @@ _RESETS = ("earliest", "latest", "none")
 
 @dataclass(eq=False)
 class _PartitionState:
-    """Invariant: position <= fetch_offset; the buffer holds offsets [position, fetch_offset)."""
+    """Invariant: position <= fetch_offset; the buffer holds offsets [position, fetch_offset);
+    nothing is fetched while awaiting_validation."""
 
     position: int | None = None  # next offset handed to the application
+    position_epoch: int = -1  # leader epoch of the record before `position` (-1: unknown)
+    leader_epoch_seen: int = -1  # the partition's leader epoch when `position` was last checked
+    awaiting_validation: bool = False  # KIP-320: a new leader must confirm `position` first
+    validating: bool = False  # an OffsetForLeaderEpoch for this generation is out
     fetch_offset: int = 0  # next offset to fetch
     reset: str | None = None  # pending "earliest"/"latest" reset
     resetting: bool = False
@@ -244,6 +256,10 @@ class AsyncConsumer:
         state.reset = reset
         state.resetting = False
         state.position = offset
+        state.position_epoch = -1
+        state.leader_epoch_seen = -1
+        state.awaiting_validation = False
+        state.validating = False
         state.fetch_offset = offset if offset is not None else 0
         state.backoff_until_ms = 0
         self._wake()
@@ -339,7 +355,9 @@ class AsyncConsumer:
                 else:
                     popleft = buffer.popleft
                     out.extend([popleft() for _ in range(take)])
-                state.position = out[-1].offset + 1
+                last = out[-1]
+                state.position = last.offset + 1
+                state.position_epoch = last.leader_epoch
             if len(out) >= limit:
                 break
         return out
@@ -556,8 +574,33 @@ class AsyncConsumer:
                     self._states[tp].resetting = True
                 self._spawn(loop, self._reset_offsets(to_reset))
             by_node: dict[int, list[TopicPartition]] = {}
+            to_validate: dict[int, list[TopicPartition]] = {}
             next_ms: int | None = None
             for tp, s in self._states.items():
+                if s.position is not None and s.error is None:
+                    epoch = md.leader_epoch(tp)
+                    if epoch > s.leader_epoch_seen:
+                        if s.leader_epoch_seen >= 0:
+                            self._on_new_leader_epoch(s)
+                        s.leader_epoch_seen = epoch
+                if s.awaiting_validation and s.error is None:
+                    if s.validating:
+                        continue
+                    if s.backoff_until_ms > now:
+                        wait = s.backoff_until_ms - now
+                        next_ms = wait if next_ms is None else min(next_ms, wait)
+                        continue
+                    leader = md.leader_for(tp)
+                    if leader is None:
+                        md.request_update()
+                        next_ms = (
+                            self.retry_backoff_ms
+                            if next_ms is None
+                            else min(next_ms, self.retry_backoff_ms)
+                        )
+                        continue
+                    to_validate.setdefault(leader, []).append(tp)
+                    continue
                 if s.position is None or s.in_flight or s.error is not None:
                     continue
                 if len(s.buffer) >= self.max_poll_records:
@@ -578,6 +621,10 @@ class AsyncConsumer:
                 if node in self._node_busy:
                     continue
                 by_node.setdefault(node, []).append(tp)
+            for node, tps in to_validate.items():
+                for tp in tps:
+                    self._states[tp].validating = True
+                self._spawn(loop, self._validate_positions(node, tps))
             for node, tps in by_node.items():
                 self._node_busy.add(node)
                 for tp in tps:
@@ -653,6 +700,120 @@ class AsyncConsumer:
             state.resetting = False
         self._signal_data()
         self._wake()
+
+    # -- position validation after a leader change (KIP-320) -----------------------------------
+
+    def _on_new_leader_epoch(self, state: _PartitionState) -> None:
+        """The metadata names a new leader epoch: what was fetched from the old leader and not
+        yet returned is dropped (its fetch answers too), as Kafka's consumer stops returning
+        records of a partition that is no longer fetchable, and a position that follows a
+        consumed record is validated before the next fetch."""
+        state.generation += 1
+        state.buffer.clear()
+        if state.position is not None:
+            state.fetch_offset = state.position
+        state.read_replica = None
+        state.validating = False
+        if state.position_epoch >= 0:
+            state.awaiting_validation = True
+
+    async def _validate_positions(self, node: int, tps: list[TopicPartition]) -> None:
+        """OffsetForLeaderEpoch on the leader `node` for the epoch of each partition's last
+        consumed record; a partition whose state moved on meanwhile (seek, another leader
+        epoch) ignores its answer."""
+        md = self.cluster.metadata
+        sent = {tp: self._states[tp].generation for tp in tps}
+        request = pb.OffsetForLeaderEpochRequest(replica_id=-1)
+        by_topic: dict[str, Any] = {}
+        for tp in tps:
+            partitions = by_topic.get(tp.topic)
+            if partitions is None:
+                partitions = by_topic[tp.topic] = request.topics.add(topic=tp.topic).partitions
+            partitions.add(
+                partition=tp.partition,
+                current_leader_epoch=md.leader_epoch(tp),
+                leader_epoch=self._states[tp].position_epoch,
+            )
+        address = md.address(node) or f"node {node}"
+        answered: set[TopicPartition] = set()
+        try:
+            try:
+                resp = await self.cluster.broker_stub(address).OffsetForLeaderEpoch(
+                    request, timeout=self.request_timeout_ms / 1000
+                )
+            except grpc.aio.AioRpcError:
+                md.request_update()
+                return
+            for t in resp.topics:
+                for p in t.partitions:
+                    tp = TopicPartition(t.topic, p.partition)
+                    state = self._states.get(tp)
+                    if state is None or tp not in sent or state.generation != sent[tp]:
+                        continue
+                    answered.add(tp)
+                    state.validating = False
+                    if p.error_code == ErrorCode.NONE:
+                        self._complete_validation(tp, state, p.leader_epoch, p.end_offset)
+                        continue
+                    err = error_for(p.error_code, p.error_message or f"validate {tp}")
+                    if not err.retriable:
+                        state.error = err
+                        continue
+                    if p.error_code in (
+                        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                        ErrorCode.FENCED_LEADER_EPOCH,
+                    ):
+                        md.mark_leader_unknown(tp)
+                    else:
+                        md.request_update()
+                    state.backoff_until_ms = now_ms() + self.retry_backoff_ms
+        finally:
+            for tp, generation in sent.items():
+                state = self._states.get(tp)
+                if state is not None and state.generation == generation and tp not in answered:
+                    state.validating = False
+                    state.backoff_until_ms = now_ms() + self.retry_backoff_ms
+            self._signal_data()
+            self._wake()
+
+    def _complete_validation(
+        self, tp: TopicPartition, state: _PartitionState, leader_epoch: int, end_offset: int
+    ) -> None:
+        assert state.position is not None
+        truncated, divergent = truncation_point(state.position, leader_epoch, end_offset)
+        if not truncated:
+            state.awaiting_validation = False
+            return
+        policy = self._default_reset()
+        if policy is None:
+            # Kafka's LogTruncationException: the partition stays unvalidated, so every poll
+            # raises it again until the application seeks.
+            where = f"offset {divergent}" if divergent is not None else "an unknown offset"
+            state.error = LogTruncationError(
+                f"the log of {tp} was truncated below the consumer's position {state.position} "
+                f"(epoch {state.position_epoch} ends at {where} on the new leader, as after an "
+                "unclean election); seek() to go on, or use auto_offset_reset='earliest'/'latest'",
+                {tp: divergent},
+            )
+            return
+        if divergent is None:
+            log.warning(
+                "truncation detected for %s at offset %d; resetting to %s",
+                tp,
+                state.position,
+                policy,
+            )
+            self._restart(state, None, policy)
+            return
+        log.warning(
+            "truncation detected for %s at offset %d; resetting to the first offset known to "
+            "diverge, %d",
+            tp,
+            state.position,
+            divergent,
+        )
+        self._restart(state, divergent, None)
+        state.position_epoch = leader_epoch
 
     async def _fetch(self, node: int, tps: list[TopicPartition]) -> None:
         md = self.cluster.metadata
@@ -833,5 +994,21 @@ class AsyncConsumer:
 
 
 _new_tuple = tuple.__new__
+
+
+def truncation_point(position: int, leader_epoch: int, end_offset: int) -> tuple[bool, int | None]:
+    """Kafka's rule for an OffsetForLeaderEpoch answer to a consumer at `position` (KIP-320,
+    SubscriptionState.maybeCompleteValidation): (truncated, first offset known to diverge).
+
+    The new leader knows no epoch at or below the one asked for -> truncated, divergence unknown;
+    the epoch ends below the position -> truncated at that end offset; otherwise the position is
+    valid.
+    """
+    if end_offset < 0 or leader_epoch < 0:
+        return True, None
+    if end_offset < position:
+        return True, end_offset
+    return False, None
+
 
 __all__ = ["AsyncConsumer"]

@@ -9,6 +9,11 @@ and try again (Kafka's RetriableException subclasses).
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minibroker.client.types import TopicPartition
 
 
 class ErrorCode(enum.IntEnum):
@@ -212,6 +217,23 @@ IneligibleReplicaError = _define(
 )
 NewLeaderElectedError = _define(ErrorCode.NEW_LEADER_ELECTED, "A new leader was elected.")
 UnknownServerError = _define(ErrorCode.UNKNOWN_SERVER_ERROR, "An unexpected server error.")
+
+
+class LogTruncationError(OffsetOutOfRangeError):  # type: ignore[misc,valid-type]
+    """The log was truncated below the consumer's position: records it already returned are
+    gone from the partition's new leader (an unclean election). Kafka's LogTruncationException
+    (KIP-320), raised from poll() when auto_offset_reset is 'none'.
+
+    `divergent_offsets` maps each partition to the first offset known to diverge (where the
+    epoch of the last returned record ends on the new leader), or None when the new leader
+    knows nothing of that epoch; seek() to go on.
+    """
+
+    def __init__(
+        self, message: str, divergent_offsets: Mapping[TopicPartition, int | None]
+    ) -> None:
+        super().__init__(message)
+        self.divergent_offsets: dict[TopicPartition, int | None] = dict(divergent_offsets)
 
 
 def error_for(code: int, message: str = "") -> MiniBrokerError:

@@ -10,8 +10,13 @@ import pytest
 
 from minibroker.client.batch import set_base_offset
 from minibroker.client.common.config import ConfigError
-from minibroker.client.consumer import AsyncConsumer, _PartitionState
-from minibroker.client.errors import CorruptMessageError, ErrorCode, OffsetOutOfRangeError
+from minibroker.client.consumer import AsyncConsumer, _PartitionState, truncation_point
+from minibroker.client.errors import (
+    CorruptMessageError,
+    ErrorCode,
+    LogTruncationError,
+    OffsetOutOfRangeError,
+)
 from minibroker.client.metadata_cache import BrokerInfo, ClusterSnapshot, PartitionInfo, TopicInfo
 from minibroker.client.records import encode_batch
 from minibroker.client.types import TopicPartition
@@ -164,3 +169,92 @@ def test_configuration_and_assignment_checks() -> None:
     c.assign([("t", 0), TopicPartition("u", 1)])
     assert c.assignment() == {TP, TopicPartition("u", 1)}
     assert "u" in c.cluster.metadata.interest
+
+
+# -- position validation after a leader change (KIP-320) --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("position", "leader_epoch", "end_offset", "expected"),
+    [
+        (10, 4, 10, (False, None)),  # the epoch ends exactly at the position: nothing lost
+        (10, 4, 25, (False, None)),  # the epoch goes on past the position
+        (10, 4, 7, (True, 7)),  # it ends below: offsets 7..9 were truncated away
+        (10, 3, 7, (True, 7)),  # an older epoch ends there (the asked one never reached it)
+        (10, -1, -1, (True, None)),  # the leader knows no such epoch: divergence unknown
+        (0, 4, -1, (True, None)),
+    ],
+)
+def test_truncation_point_follows_kafkas_validation_rule(
+    position: int, leader_epoch: int, end_offset: int, expected: tuple[bool, int | None]
+) -> None:
+    assert truncation_point(position, leader_epoch, end_offset) == expected
+
+
+def consumed(c: AsyncConsumer, upto: int) -> _PartitionState:
+    """A state that returned offsets [0, upto) written in epoch 4, with more buffered."""
+    state = at(c, 0)
+    c._handle_partition(TP, state, ok(batch(0, [b"v"] * (upto + 3))), 1, 1)
+    assert len(c._drain_buffers(upto)) == upto
+    assert (state.position, state.position_epoch, len(state.buffer)) == (upto, 4, 3)
+    return state
+
+
+def test_a_new_leader_epoch_drops_buffered_records_and_awaits_validation() -> None:
+    c = consumer()
+    state = consumed(c, 5)
+    generation = state.generation
+    c._on_new_leader_epoch(state)
+    assert not state.buffer and state.fetch_offset == 5 and state.position == 5
+    assert state.awaiting_validation and state.generation == generation + 1
+    # A fetch answer sent before the change is dropped (its generation is gone).
+    assert c._drain_buffers(100) == []
+
+
+def test_a_position_with_no_consumed_record_is_not_validated() -> None:
+    c = consumer()
+    state = at(c, 5)  # a seek carries no epoch, as in Kafka
+    c._on_new_leader_epoch(state)
+    assert not state.awaiting_validation
+
+
+def test_a_valid_position_resumes_fetching_where_it_was() -> None:
+    c = consumer()
+    state = consumed(c, 5)
+    c._on_new_leader_epoch(state)
+    c._complete_validation(TP, state, 4, 5)
+    assert not state.awaiting_validation and state.error is None
+    assert (state.position, state.fetch_offset) == (5, 5)
+
+
+def test_truncation_with_no_reset_policy_raises_log_truncation_from_poll() -> None:
+    c = consumer(auto_offset_reset="none")
+    state = consumed(c, 5)
+    c._on_new_leader_epoch(state)
+    c._complete_validation(TP, state, 4, 2)
+    with pytest.raises(LogTruncationError) as info:
+        c._drain_buffers(100)
+    assert info.value.divergent_offsets == {TP: 2}
+    assert isinstance(info.value, OffsetOutOfRangeError)
+    # Still unvalidated: nothing is fetched, the next validation raises again until a seek.
+    assert state.awaiting_validation and state.position == 5
+    c.seek(TP, 2)
+    assert not state.awaiting_validation and state.position == 2
+
+
+def test_truncation_with_a_reset_policy_moves_to_the_divergence_point() -> None:
+    c = consumer(auto_offset_reset="earliest")
+    state = consumed(c, 5)
+    c._on_new_leader_epoch(state)
+    c._complete_validation(TP, state, 4, 2)
+    assert state.error is None and not state.awaiting_validation
+    # Not to the log start: to the first offset known to diverge, with that epoch.
+    assert (state.position, state.fetch_offset, state.position_epoch) == (2, 2, 4)
+
+
+def test_truncation_at_an_unknown_offset_applies_the_reset_policy() -> None:
+    c = consumer(auto_offset_reset="latest")
+    state = consumed(c, 5)
+    c._on_new_leader_epoch(state)
+    c._complete_validation(TP, state, -1, -1)
+    assert state.position is None and state.reset == "latest" and state.error is None
