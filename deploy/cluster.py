@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import random
 import signal
 import socket
 import subprocess
@@ -153,10 +154,41 @@ def process_state(spec: ProcessSpec) -> str:
     return "running"
 
 
+# Ports handed out by free_port in this process, never handed out twice.
+_handed_out: set[int] = set()
+_LOWEST_FREE_PORT = 10_000
+
+
+def _ephemeral_port_range() -> tuple[int, int]:
+    try:
+        low, high = pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on, for a process started later to listen on.
+
+    Chosen at random below the kernel's ephemeral range, not with bind(0): a port from bind(0)
+    belongs to the range outgoing connections draw from, so any client socket could take it
+    before the process told to listen there starts, or while a killed broker waits to be
+    restarted on it (seen: "Failed to bind to address" for a broker in a test). Random rather
+    than sequential so that two test runs picking at once rarely meet.
+    """
+    low, _high = _ephemeral_port_range()
+    rng = random.Random(os.urandom(8))
+    if low - 1 > _LOWEST_FREE_PORT:
+        for _ in range(500):
+            port = rng.randrange(_LOWEST_FREE_PORT, low)
+            if port not in _handed_out and not _port_in_use(host, port):
+                _handed_out.add(port)
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return int(s.getsockname()[1])
+        port = int(s.getsockname()[1])
+    _handed_out.add(port)
+    return port
 
 
 def _port_in_use(host: str, port: int) -> bool:

@@ -22,7 +22,6 @@ import pathlib
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from minibroker.deploy.cluster import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "deploy" / "docker-compose.yml"
@@ -362,12 +363,6 @@ def test_readme_shows_the_commands() -> None:
 
 
 # -- running the services as local processes -------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
