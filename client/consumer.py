@@ -722,6 +722,8 @@ class AsyncConsumer:
         consumed record; a partition whose state moved on meanwhile (seek, another leader
         epoch) ignores its answer."""
         md = self.cluster.metadata
+        # (A partition unassigned since the loop chose it is left out.)
+        tps = [tp for tp in tps if tp in self._states]
         sent = {tp: self._states[tp].generation for tp in tps}
         request = pb.OffsetForLeaderEpochRequest(replica_id=-1)
         by_topic: dict[str, Any] = {}
