@@ -577,39 +577,25 @@ class AsyncConsumer:
             to_validate: dict[int, list[TopicPartition]] = {}
             next_ms: int | None = None
             for tp, s in self._states.items():
-                if s.position is not None and s.error is None:
-                    epoch = md.leader_epoch(tp)
-                    if epoch > s.leader_epoch_seen:
-                        if s.leader_epoch_seen >= 0:
-                            self._on_new_leader_epoch(s)
-                        s.leader_epoch_seen = epoch
-                if s.awaiting_validation and s.error is None:
+                if s.position is None or s.error is not None:
+                    continue
+                epoch = md.leader_epoch(tp)
+                if epoch > s.leader_epoch_seen:
+                    if s.leader_epoch_seen >= 0:
+                        self._on_new_leader_epoch(s)
+                    s.leader_epoch_seen = epoch
+                validate = s.awaiting_validation
+                if validate:
                     if s.validating:
                         continue
-                    if s.backoff_until_ms > now:
-                        wait = s.backoff_until_ms - now
-                        next_ms = wait if next_ms is None else min(next_ms, wait)
-                        continue
-                    leader = md.leader_for(tp)
-                    if leader is None:
-                        md.request_update()
-                        next_ms = (
-                            self.retry_backoff_ms
-                            if next_ms is None
-                            else min(next_ms, self.retry_backoff_ms)
-                        )
-                        continue
-                    to_validate.setdefault(leader, []).append(tp)
-                    continue
-                if s.position is None or s.in_flight or s.error is not None:
-                    continue
-                if len(s.buffer) >= self.max_poll_records:
+                elif s.in_flight or len(s.buffer) >= self.max_poll_records:
                     continue
                 if s.backoff_until_ms > now:
                     wait = s.backoff_until_ms - now
                     next_ms = wait if next_ms is None else min(next_ms, wait)
                     continue
-                node = self._fetch_target(tp, s)
+                # A position is validated on the leader; records may come from a follower.
+                node = md.leader_for(tp) if validate else self._fetch_target(tp, s)
                 if node is None:
                     md.request_update()
                     next_ms = (
@@ -618,9 +604,10 @@ class AsyncConsumer:
                         else min(next_ms, self.retry_backoff_ms)
                     )
                     continue
-                if node in self._node_busy:
-                    continue
-                by_node.setdefault(node, []).append(tp)
+                if validate:
+                    to_validate.setdefault(node, []).append(tp)
+                elif node not in self._node_busy:
+                    by_node.setdefault(node, []).append(tp)
             for node, tps in to_validate.items():
                 for tp in tps:
                     self._states[tp].validating = True
