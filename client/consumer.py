@@ -345,6 +345,9 @@ class AsyncConsumer:
                     # Hand over what we have; the error surfaces on the next poll.
                     state.error = err
                     return out
+                # The partition is fetched (or validated) again, which raises the error again
+                # unless the application seeks, as Kafka's consumer does.
+                self._wake()
                 raise err
             buffer = state.buffer
             if buffer:

@@ -1,0 +1,158 @@
+"""A consumer notices the log truncated under it by an unclean election (KIP-320), with real
+brokers and a controller on 127.0.0.1.
+
+The consumer reads 15 records that only the leader had (its followers were dead, the ISR was the
+leader alone, min.insync.replicas=1); the leader dies and a follower with 10 of them is elected
+uncleanly and takes 3 new records at offsets 10..12. The consumer's position (15, epoch e) is
+validated against the new leader with OffsetForLeaderEpoch: epoch e ends at 10 there, so offsets
+10..14 that it returned are gone. Kafka's consumer then raises LogTruncationError (no reset
+policy) or moves to the divergence point, 10, and reads the new leader's records from there.
+Without the validation it would fetch at 15, get OFFSET_OUT_OF_RANGE and reset to the log start
+or end instead (checked: both tests fail that way with the validation switched off).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import time
+from collections.abc import Iterator
+
+import pytest
+from cluster_harness import LocalCluster, local_cluster, wait_until
+
+from minibroker.client import (
+    Admin,
+    Consumer,
+    LogTruncationError,
+    OffsetOutOfRangeError,
+    Producer,
+    TopicPartition,
+)
+
+pytestmark = pytest.mark.integration
+
+TP = TopicPartition("t", 0)
+
+
+@pytest.fixture
+def cluster(tmp_path: pathlib.Path) -> Iterator[LocalCluster]:
+    settings = {
+        "replica.lag.time.max.ms": "1500",
+        "broker.session.timeout.ms": "2500",
+        "leader.imbalance.check.interval.seconds": "3600",
+    }
+    with local_cluster(str(tmp_path / "cluster"), brokers=3, settings=settings) as c:
+        yield c
+
+
+def partition(admin: Admin):  # type: ignore[no-untyped-def]
+    (desc,) = admin.describe_topics([TP.topic])
+    return desc.partitions[0]
+
+
+def produce(bootstrap: str, values: list[bytes], acks: str) -> list[int]:
+    with Producer(bootstrap, acks=acks) as producer:
+        futures = [producer.send(TP.topic, v, partition=0) for v in values]
+        return [f.result(timeout=30).offset for f in futures]
+
+
+def read(consumer: Consumer, count: int, timeout_s: float = 30.0) -> list:  # type: ignore[type-arg]
+    records: list = []  # type: ignore[type-arg]
+    deadline = time.monotonic() + timeout_s
+    while len(records) < count:
+        assert time.monotonic() < deadline, f"read {len(records)} of {count} records"
+        records.extend(consumer.poll(timeout_ms=200))
+    return records
+
+
+def truncate_under(cluster: LocalCluster, admin: Admin, consumer: Consumer) -> tuple[int, int]:
+    """Drive the scenario up to the 3 new records on the unclean leader; returns (old leader
+    epoch, new leader epoch)."""
+    admin.create_topic(
+        TP.topic,
+        1,
+        3,
+        {"min.insync.replicas": "1", "unclean.leader.election.enable": "true"},
+    )
+    wait_until(lambda: len(partition(admin).isr) == 3, 30, "a full ISR")
+    assert produce(cluster.bootstrap, [b"old-%d" % i for i in range(10)], "all") == list(range(10))
+    first = partition(admin)
+    leader = first.leader
+    followers = [b for b in first.replicas if b != leader]
+    wait_until(
+        lambda: all(leo == 10 for leo in partition(admin).log_end_offsets.values()),
+        30,
+        "every replica at offset 10",
+    )
+
+    # The followers die: the ISR shrinks to the leader, which takes 5 records alone.
+    for b in followers:
+        cluster.kill(b)
+    wait_until(lambda: partition(admin).isr == (leader,), 30, "the ISR shrunk to the leader")
+    assert produce(cluster.bootstrap, [b"lost-%d" % i for i in range(10, 15)], "1") == list(
+        range(10, 15)
+    )
+    old_epoch = partition(admin).leader_epoch
+
+    # The consumer reads all 15, the last 5 of which no other replica has.
+    records = read(consumer, 15)
+    assert [r.offset for r in records] == list(range(15))
+    assert records[-1].value == b"lost-14" and records[-1].leader_epoch == old_epoch
+
+    # The leader dies; the followers come back and one of them is elected uncleanly, with 10.
+    cluster.kill(leader)
+    for b in followers:
+        cluster.start(b)
+    wait_until(lambda: partition(admin).leader in followers, 60, "an unclean election")
+    new = partition(admin)
+    assert new.leader_epoch > old_epoch
+    assert produce(cluster.bootstrap, [b"new-%d" % i for i in range(3)], "1") == [10, 11, 12]
+    return old_epoch, new.leader_epoch
+
+
+@pytest.mark.parametrize("reset", ["earliest", "latest"])
+def test_with_a_reset_policy_the_consumer_moves_to_the_divergence_point(
+    cluster: LocalCluster, reset: str
+) -> None:
+    with (
+        Admin(cluster.bootstrap) as admin,
+        Consumer(cluster.bootstrap, auto_offset_reset=reset) as consumer,
+    ):
+        consumer.assign([TP])
+        consumer.seek(TP, 0)
+        _, new_epoch = truncate_under(cluster, admin, consumer)
+        records = read(consumer, 3)
+        # Neither the log start (0) nor its end (13): the first offset known to diverge.
+        assert [(r.offset, r.value) for r in records] == [
+            (10, b"new-0"),
+            (11, b"new-1"),
+            (12, b"new-2"),
+        ]
+        assert {r.leader_epoch for r in records} == {new_epoch}
+        assert consumer.position(TP) == 13
+        assert consumer.poll(timeout_ms=500) == []
+
+
+def test_without_a_reset_policy_poll_raises_log_truncation(cluster: LocalCluster) -> None:
+    with (
+        Admin(cluster.bootstrap) as admin,
+        Consumer(cluster.bootstrap, auto_offset_reset="none") as consumer,
+    ):
+        consumer.assign([TP])
+        consumer.seek(TP, 0)
+        truncate_under(cluster, admin, consumer)
+        deadline = time.monotonic() + 30
+        while True:
+            assert time.monotonic() < deadline, "no LogTruncationError within 30 s"
+            try:
+                leaked = consumer.poll(timeout_ms=200)
+            except LogTruncationError as err:
+                assert err.divergent_offsets == {TP: 10}
+                assert isinstance(err, OffsetOutOfRangeError)
+                break
+            assert leaked == [], f"records returned past the truncation: {leaked}"
+        # It stays raised until the application seeks; then it reads on from there.
+        with pytest.raises(LogTruncationError):
+            read(consumer, 1, timeout_s=10)
+        consumer.seek(TP, 10)
+        assert [r.value for r in read(consumer, 3)] == [b"new-0", b"new-1", b"new-2"]
