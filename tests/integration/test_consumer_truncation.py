@@ -8,7 +8,9 @@ validated against the new leader with OffsetForLeaderEpoch: epoch e ends at 10 t
 10..14 that it returned are gone. Kafka's consumer then raises LogTruncationError (no reset
 policy) or moves to the divergence point, 10, and reads the new leader's records from there.
 Without the validation it would fetch at 15, get OFFSET_OUT_OF_RANGE and reset to the log start
-or end instead (checked: both tests fail that way with the validation switched off).
+or end, or raise that error (checked with the validation switched off: the "earliest" case reads
+from offset 0 and the "none" case gets OffsetOutOfRangeError; "latest" can coincide, when its reset
+lands before the new records are written).
 """
 
 from __future__ import annotations
