@@ -153,6 +153,9 @@ class PreparedRecord(NamedTuple):
 
 _new_tuple = tuple.__new__
 
+# How often the sender asks for metadata while a partition's leader is unreachable.
+_NEW_LEADER_POLL_MS = 20
+
 
 def _settle(future: Any, result: Any = None, exc: BaseException | None = None) -> None:
     if future.done():
@@ -249,6 +252,10 @@ class AsyncProducer:
         self._wakeup: asyncio.Event | None = None
         self._space: asyncio.Event | None = None
         self._in_flight: dict[int, int] = {}
+        # Brokers a request just failed to reach, until when: their partitions wait for the
+        # metadata to name another leader (or for the time to pass) instead of sending again to
+        # a broker that is likely dead.
+        self._unreachable: dict[int, int] = {}
         self._requests: set[asyncio.Task[None]] = set()
         self._need_producer_id = enable_idempotence
         self._closed = False
@@ -568,15 +575,23 @@ class AsyncProducer:
             ready, next_ms = acc.ready(now)
             by_node: dict[int, list[TopicPartition]] = {}
             unknown_leader = False
+            awaiting_new_leader = False
             for tp in ready:
                 leader = md.leader_for(tp)
                 if leader is None:
                     unknown_leader = True
                     continue
+                if self._unreachable.get(leader, 0) > now:
+                    awaiting_new_leader = True
+                    continue
                 if self._in_flight.get(leader, 0) >= self.max_in_flight:
                     continue
                 by_node.setdefault(leader, []).append(tp)
             if unknown_leader:
+                md.request_update()
+            if awaiting_new_leader and now - md.last_refresh_ms >= _NEW_LEADER_POLL_MS:
+                # The controller fences a dead broker within milliseconds and elects another
+                # leader; ask again soon rather than a retry backoff later.
                 md.request_update()
             if by_node:
                 for node, batches in acc.drain(by_node, self.max_request_size, now).items():
@@ -585,6 +600,10 @@ class AsyncProducer:
                     self._requests.add(task)
                     task.add_done_callback(self._requests.discard)
             wait_ms = next_ms
+            if awaiting_new_leader:
+                wait_ms = (
+                    _NEW_LEADER_POLL_MS if wait_ms is None else min(wait_ms, _NEW_LEADER_POLL_MS)
+                )
             if unknown_leader:
                 wait_ms = (
                     self.retry_backoff_ms
@@ -672,6 +691,8 @@ class AsyncProducer:
                 )
             except grpc.aio.AioRpcError as rpc_err:
                 err = error_from_rpc(rpc_err, address)
+                if rpc_err.code() == grpc.StatusCode.UNAVAILABLE:
+                    self._unreachable[node] = now_ms() + 2 * self.retry_backoff_ms
                 self.cluster.metadata.request_update()
                 for b in batches:
                     self._on_batch_error(b, err)
