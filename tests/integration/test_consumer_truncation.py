@@ -158,3 +158,123 @@ def test_without_a_reset_policy_poll_raises_log_truncation(cluster: LocalCluster
             read(consumer, 1, timeout_s=10)
         consumer.seek(TP, 10)
         assert [r.value for r in read(consumer, 3)] == [b"new-0", b"new-1", b"new-2"]
+
+
+# -- A paused follower elected uncleanly -------------------------------------------------------
+#
+# Replication factor 2. The follower B is SIGSTOPped rather than killed, so it is the same
+# process (same broker epoch, same in-memory replica state) that is resumed and elected after the
+# leader A dies: it leaves the ISR by lag, is fenced by its session timeout, comes back through
+# heartbeats alone and leads from its 10 records at a higher leader epoch. The consumer read 25
+# records from A (epoch e), 15 of which B never had.
+#
+# A SIGSTOPped broker black-holes requests: a client call that lands on it waits out its whole
+# deadline (Metadata up to 10 s, DescribeReplicas 5 s with the default request timeout), so the
+# admin and producers driving the scenario use a short one. The consumer under test keeps its
+# defaults.
+
+PAUSED_TP = TopicPartition("p", 0)
+DRIVER_TIMEOUT_MS = 2000
+
+
+def describe_paused(admin: Admin):  # type: ignore[no-untyped-def]
+    (desc,) = admin.describe_topics([PAUSED_TP.topic])
+    return desc.partitions[0]
+
+
+def produce_paused(bootstrap: str, values: list[bytes], acks: str) -> list[int]:
+    with Producer(bootstrap, acks=acks, request_timeout_ms=DRIVER_TIMEOUT_MS) as producer:
+        futures = [producer.send(PAUSED_TP.topic, v, partition=0) for v in values]
+        return [f.result(timeout=30).offset for f in futures]
+
+
+def truncate_under_paused_follower(
+    cluster: LocalCluster, admin: Admin, consumer: Consumer
+) -> tuple[int, int]:
+    """Drive the scenario up to the 5 new records at offsets 10..14 on the resumed follower;
+    returns (the consumed records' leader epoch, the new leader epoch)."""
+    admin.create_topic(
+        PAUSED_TP.topic,
+        1,
+        2,
+        {"min.insync.replicas": "1", "unclean.leader.election.enable": "true"},
+    )
+    wait_until(lambda: len(describe_paused(admin).isr) == 2, 30, "a full ISR")
+    first = describe_paused(admin)
+    a = first.leader
+    (b,) = (r for r in first.replicas if r != a)
+    old = [b"old-%d" % i for i in range(10)]
+    assert produce_paused(cluster.bootstrap, old, "all") == list(range(10))
+    wait_until(
+        lambda: (
+            (p := describe_paused(admin)).leader == a
+            and p.high_watermark == 10
+            and p.log_end_offsets.get(b) == 10
+        ),
+        30,
+        f"HW 10 on leader {a} and LEO 10 on follower {b}",
+    )
+
+    # B freezes: it leaves the ISR and A takes 15 more records alone.
+    cluster.pause(b)
+    wait_until(lambda: describe_paused(admin).isr == (a,), 30, f"the ISR shrunk to [{a}]")
+    lost = [b"lost-%d" % i for i in range(10, 25)]
+    assert produce_paused(cluster.bootstrap, lost, "1") == list(range(10, 25))
+    wait_until(lambda: describe_paused(admin).high_watermark == 25, 30, f"HW 25 on leader {a}")
+    old_epoch = describe_paused(admin).leader_epoch
+
+    # The consumer reads all 25 from A.
+    records = read(consumer, 25)
+    assert [(r.offset, r.value) for r in records] == list(enumerate(old + lost))
+    assert {r.leader_epoch for r in records} == {old_epoch}
+
+    # A dies, B thaws and is elected uncleanly with its 10 records.
+    cluster.kill(a)
+    cluster.resume(b)
+    new = wait_until(
+        lambda: (p := describe_paused(admin)).leader == b and p.leader_epoch > old_epoch and p,
+        60,
+        f"an unclean election of broker {b}",
+    )
+    new_values = [b"new-%d" % i for i in range(5)]
+    assert produce_paused(cluster.bootstrap, new_values, "1") == list(range(10, 15))
+    # B's log is its 10 replicated records and the 5 new ones, nothing of A's lost tail.
+    wait_until(
+        lambda: (
+            (p := describe_paused(admin)).log_end_offsets.get(b) == 15 and p.high_watermark == 15
+        ),
+        30,
+        f"LEO and HW 15 on broker {b}",
+    )
+    return old_epoch, new.leader_epoch
+
+
+@pytest.mark.parametrize("reset", ["none", "earliest"])
+def test_a_resumed_follower_elected_uncleanly_is_detected(
+    cluster: LocalCluster, reset: str
+) -> None:
+    with (
+        Admin(cluster.bootstrap, request_timeout_ms=DRIVER_TIMEOUT_MS) as admin,
+        Consumer(cluster.bootstrap, auto_offset_reset=reset) as consumer,
+    ):
+        consumer.assign([PAUSED_TP])
+        consumer.seek(PAUSED_TP, 0)
+        _, new_epoch = truncate_under_paused_follower(cluster, admin, consumer)
+        if reset == "none":
+            deadline = time.monotonic() + 30
+            while True:
+                assert time.monotonic() < deadline, "no LogTruncationError within 30 s"
+                try:
+                    leaked = consumer.poll(timeout_ms=200)
+                except LogTruncationError as err:
+                    assert err.divergent_offsets == {PAUSED_TP: 10}
+                    break
+                assert leaked == [], f"records returned past the truncation: {leaked}"
+            consumer.seek(PAUSED_TP, 10)
+        # The new leader's records from the divergence point on: not a re-read from 0, not a
+        # jump to the end, none of A's lost offsets 15..24.
+        records = read(consumer, 5)
+        assert [(r.offset, r.value) for r in records] == [(10 + i, b"new-%d" % i) for i in range(5)]
+        assert {r.leader_epoch for r in records} == {new_epoch}
+        assert consumer.position(PAUSED_TP) == 15
+        assert consumer.poll(timeout_ms=500) == []
