@@ -11,6 +11,9 @@ Without the validation it would fetch at 15, get OFFSET_OUT_OF_RANGE and reset t
 or end, or raise that error (checked with the validation switched off: the "earliest" case reads
 from offset 0 and the "none" case gets OffsetOutOfRangeError; "latest" can coincide, when its reset
 lands before the new records are written).
+
+The second scenario (at the end) gets there with a SIGSTOPped follower instead of killed ones:
+the same process, resumed, is elected uncleanly with RF 2.
 """
 
 from __future__ import annotations
