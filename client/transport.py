@@ -221,30 +221,36 @@ class ClusterClient:
     # -- metadata ------------------------------------------------------------------------------
 
     def _metadata_addresses(self) -> list[str]:
-        """Known live brokers first (they track the controller), then the bootstrap list."""
-        known = [b.address for b in self.metadata.brokers.values() if not b.fenced]
-        seen: set[str] = set()
-        ordered: list[str] = []
-        # Rotate so one dead broker does not take the first attempt of every refresh.
+        """Where to ask for metadata, in order: unfenced known brokers and the bootstrap list,
+        rotated so that one dead broker does not take the first attempt of every refresh; then
+        brokers the controller has fenced (a SIGSTOPped broker is fenced but still accepts
+        connections, and a call to it waits out its whole deadline)."""
+        fenced = {b.address for b in self.metadata.brokers.values() if b.fenced}
+        live = [b.address for b in self.metadata.brokers.values() if not b.fenced]
+        pool = list(dict.fromkeys(live + [a for a in self.bootstrap if a not in fenced]))
         self._bootstrap_turn += 1
-        pool = known + self.bootstrap
-        start = self._bootstrap_turn % len(pool)
-        for addr in pool[start:] + pool[:start]:
-            if addr not in seen:
-                seen.add(addr)
-                ordered.append(addr)
-        return ordered
+        if pool:
+            start = self._bootstrap_turn % len(pool)
+            pool = pool[start:] + pool[:start]
+        return pool + sorted(fenced)
 
     async def fetch_metadata(
         self, topics: Iterable[str] = (), *, all_topics: bool = False
     ) -> ClusterSnapshot:
-        """One Metadata call, trying each known broker in turn; raises the last error."""
+        """One Metadata call, trying each known broker in turn; raises the last error.
+
+        Every attempt but the last has a short deadline: a healthy broker answers in
+        milliseconds, and a hung one (SIGSTOP, a black-holed host) must not hold a refresh for
+        the whole request timeout while others could answer.
+        """
         request = pb.MetadataRequest(topics=list(topics), all_topics=all_topics)
         timeout_s = min(self.request_timeout_ms, 10_000) / 1000
+        addresses = self._metadata_addresses()
         last: MiniBrokerError | None = None
-        for addr in self._metadata_addresses():
+        for i, addr in enumerate(addresses):
+            deadline_s = timeout_s if i == len(addresses) - 1 else min(timeout_s, 2.0)
             try:
-                resp = await self.broker_stub(addr).Metadata(request, timeout=timeout_s)
+                resp = await self.broker_stub(addr).Metadata(request, timeout=deadline_s)
             except grpc.aio.AioRpcError as err:
                 last = error_from_rpc(err, addr)
                 continue

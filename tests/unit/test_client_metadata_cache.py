@@ -1,4 +1,5 @@
-"""The client's metadata cache (pure): leaders, epochs, staleness, rack-aware read replicas."""
+"""The client's metadata cache (pure): leaders, epochs, staleness, rack-aware read replicas; and
+the order in which a client asks brokers for metadata."""
 
 from __future__ import annotations
 
@@ -126,3 +127,23 @@ def test_read_replica_prefers_an_in_sync_replica_in_the_client_rack() -> None:
     fenced[3] = BrokerInfo(3, "h3", 9003, rack="r3", fenced=True)
     cache.update(snapshot(leader=1, epoch=7, isr=(1, 3), brokers=fenced), now_ms=2)
     assert cache.read_replica_for(TP, "r3") == 1, "a fenced follower is never chosen"
+
+
+def test_metadata_is_asked_of_fenced_brokers_last_and_of_live_ones_in_turn() -> None:
+    """A SIGSTOPped broker is fenced by the controller but still accepts connections: a
+    Metadata call to it waits out its deadline, so it is tried only after every other address;
+    the others rotate so no single dead one takes the first attempt of every refresh."""
+    from minibroker.client.transport import ClusterClient
+
+    client = ClusterClient("127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
+    brokers = {
+        1: BrokerInfo(1, "127.0.0.1", 1),
+        2: BrokerInfo(2, "127.0.0.1", 2, fenced=True),
+        3: BrokerInfo(3, "127.0.0.1", 3),
+    }
+    client.metadata.update(ClusterSnapshot("c", 0, brokers, {}), now_ms=0)
+    orders = [client._metadata_addresses() for _ in range(4)]
+    for order in orders:
+        assert order[-1] == "127.0.0.1:2"
+        assert sorted(order) == ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
+    assert {order[0] for order in orders} == {"127.0.0.1:1", "127.0.0.1:3"}
