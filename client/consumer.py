@@ -373,14 +373,14 @@ class AsyncConsumer:
         result = await self._list_offsets(
             {TopicPartition(*tp): EARLIEST_TIMESTAMP for tp in partitions}
         )
-        return {tp: off for tp, (off, _ts) in result.items()}
+        return {tp: off for tp, (off, _ts, _epoch) in result.items()}
 
     async def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """The high watermark of each partition (the offset the next committed record gets)."""
         result = await self._list_offsets(
             {TopicPartition(*tp): LATEST_TIMESTAMP for tp in partitions}
         )
-        return {tp: off for tp, (off, _ts) in result.items()}
+        return {tp: off for tp, (off, _ts, _epoch) in result.items()}
 
     async def offsets_for_times(
         self, timestamps: Mapping[TopicPartition, int]
@@ -397,7 +397,7 @@ class AsyncConsumer:
             if ts < 0:
                 raise ValueError(f"timestamp for {tp} must be >= 0, got {ts}")
         result = await self._list_offsets(dict(timestamps))
-        found = {tp: value for tp, value in result.items() if value[0] >= 0}
+        found = {tp: (off, ts) for tp, (off, ts, _epoch) in result.items() if off >= 0}
         refined = await asyncio.gather(
             *(self._first_at_or_after(tp, timestamps[tp], answer) for tp, answer in found.items())
         )
@@ -462,9 +462,10 @@ class AsyncConsumer:
 
     async def _list_offsets(
         self, targets: Mapping[TopicPartition, int]
-    ) -> dict[TopicPartition, tuple[int, int]]:
+    ) -> dict[TopicPartition, tuple[int, int, int]]:
         """ListOffsets on each partition's leader, retrying retriable errors (a new leader's
-        OFFSET_NOT_AVAILABLE included) until default_api_timeout_ms."""
+        OFFSET_NOT_AVAILABLE included) until default_api_timeout_ms: (offset, timestamp,
+        leader epoch) per partition."""
         self._check_open()
         pending = dict(targets)
         for tp in pending:
@@ -475,7 +476,7 @@ class AsyncConsumer:
                     f"partition {tp.partition} does not exist"
                 )
         md = self.cluster.metadata
-        out: dict[TopicPartition, tuple[int, int]] = {}
+        out: dict[TopicPartition, tuple[int, int, int]] = {}
         deadline = now_ms() + self.default_api_timeout_ms
         last: MiniBrokerError | None = None
         while pending:
@@ -506,7 +507,7 @@ class AsyncConsumer:
 
     async def _list_offsets_on(
         self, node: int, tps: list[TopicPartition], targets: Mapping[TopicPartition, int]
-    ) -> dict[TopicPartition, tuple[int, int] | MiniBrokerError]:
+    ) -> dict[TopicPartition, tuple[int, int, int] | MiniBrokerError]:
         md = self.cluster.metadata
         by_topic: dict[str, list[pb.ListOffsetsPartition]] = {}
         for tp in tps:
@@ -530,14 +531,14 @@ class AsyncConsumer:
         except grpc.aio.AioRpcError as rpc_err:
             err = error_from_rpc(rpc_err, address)
             return dict.fromkeys(tps, err)
-        out: dict[TopicPartition, tuple[int, int] | MiniBrokerError] = {}
+        out: dict[TopicPartition, tuple[int, int, int] | MiniBrokerError] = {}
         for t in resp.topics:
             for p in t.partitions:
                 tp = TopicPartition(t.topic, p.partition)
                 if p.error_code != ErrorCode.NONE:
                     out[tp] = error_for(p.error_code, p.error_message or f"ListOffsets {tp}")
                 else:
-                    out[tp] = (p.offset, p.timestamp)
+                    out[tp] = (p.offset, p.timestamp, p.leader_epoch)
         return out
 
     # -- the fetch manager ---------------------------------------------------------------------
@@ -681,11 +682,14 @@ class AsyncConsumer:
             self._signal_data()
             self._wake()
             return
-        for tp, (offset, _ts) in result.items():
+        for tp, (offset, _ts, epoch) in result.items():
             state = self._states.get(tp)
             if state is None or state.generation != generations[tp]:
                 continue
             state.position = state.fetch_offset = offset
+            # As Kafka's consumer does, a reset position carries the epoch the leader answered
+            # with, so a truncation under it is caught before the first record too.
+            state.position_epoch = epoch
             state.reset = None
             state.resetting = False
         self._signal_data()

@@ -1,10 +1,13 @@
 """AsyncConsumer's decisions without a network: decoding fetched batches, error handling,
 positions and seeks (research/kafka-replication.md §1 items 24-26, §2.9 step 6).
 
-No event loop runs: fetch responses are built as protobuf messages and handed to the handler.
+No network: fetch responses are built as protobuf messages and handed to the handler (one test
+runs a reset on an event loop with ListOffsets answered in-process).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
@@ -258,3 +261,22 @@ def test_truncation_at_an_unknown_offset_applies_the_reset_policy() -> None:
     c._on_new_leader_epoch(state)
     c._complete_validation(TP, state, -1, -1)
     assert state.position is None and state.reset == "latest" and state.error is None
+
+
+def test_a_reset_position_carries_the_leaders_epoch_and_is_validated_after_a_change() -> None:
+    """Kafka takes the epoch of a reset position from ListOffsets: a consumer that reset to
+    the end and has read nothing yet still notices a truncation under it (KIP-320)."""
+    c = consumer(auto_offset_reset="latest")
+    state = c._states[TP]
+
+    async def list_offsets(targets: dict[TopicPartition, int]) -> dict:  # type: ignore[type-arg]
+        assert targets == {TP: -1}  # LATEST
+        return {TP: (15, -1, 4)}
+
+    c._list_offsets = list_offsets  # type: ignore[method-assign]
+    asyncio.run(c._reset_offsets([TP]))
+    assert (state.position, state.fetch_offset, state.position_epoch) == (15, 15, 4)
+    c._on_new_leader_epoch(state)
+    assert state.awaiting_validation
+    c._complete_validation(TP, state, 4, 10)
+    assert (state.position, state.position_epoch) == (10, 4)
