@@ -755,14 +755,7 @@ class AsyncConsumer:
                     if not err.retriable:
                         state.error = err
                         continue
-                    if p.error_code in (
-                        ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                        ErrorCode.FENCED_LEADER_EPOCH,
-                    ):
-                        md.mark_leader_unknown(tp)
-                    else:
-                        md.request_update()
-                    state.backoff_until_ms = now_ms() + self.retry_backoff_ms
+                    self._refresh_and_back_off(tp, state, p.error_code, now_ms())
         finally:
             for tp, generation in sent.items():
                 state = self._states.get(tp)
@@ -893,7 +886,6 @@ class AsyncConsumer:
                     state.error = err
                     self._signal_data()
             return
-        md = self.cluster.metadata
         from_follower = leader is not None and node != leader
         state.read_replica = None
         if code == ErrorCode.OFFSET_OUT_OF_RANGE and from_follower:
@@ -919,14 +911,21 @@ class AsyncConsumer:
             code,
         )
         if code in _REFRESH_AND_RETRY:
-            if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH):
-                md.mark_leader_unknown(tp)
-            else:
-                md.request_update()
-            state.backoff_until_ms = now + self.retry_backoff_ms
+            self._refresh_and_back_off(tp, state, code, now)
             return
         state.error = error_for(code, p.error_message or f"fetch {tp} failed")
         self._signal_data()
+
+    def _refresh_and_back_off(
+        self, tp: TopicPartition, state: _PartitionState, code: int, now: int
+    ) -> None:
+        """A retriable partition error: look for the leader again (forgetting it when it said
+        it no longer leads, or leads in a newer epoch) and retry after retry_backoff_ms."""
+        if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH):
+            self.cluster.metadata.mark_leader_unknown(tp)
+        else:
+            self.cluster.metadata.request_update()
+        state.backoff_until_ms = now + self.retry_backoff_ms
 
     def _append_records(self, tp: TopicPartition, state: _PartitionState, raw: bytes) -> None:
         fetch_offset = state.fetch_offset
