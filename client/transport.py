@@ -128,6 +128,10 @@ def unknown_topic_error(topic: str) -> UnknownTopicOrPartitionError:
     )
 
 
+# The deadline of a Metadata attempt while other brokers remain to be asked.
+METADATA_ATTEMPT_TIMEOUT_S = 2.0
+
+
 class ClusterClient:
     """Channels plus metadata for one client object."""
 
@@ -248,7 +252,8 @@ class ClusterClient:
         addresses = self._metadata_addresses()
         last: MiniBrokerError | None = None
         for i, addr in enumerate(addresses):
-            deadline_s = timeout_s if i == len(addresses) - 1 else min(timeout_s, 2.0)
+            last_try = i == len(addresses) - 1
+            deadline_s = timeout_s if last_try else min(timeout_s, METADATA_ATTEMPT_TIMEOUT_S)
             try:
                 resp = await self.broker_stub(addr).Metadata(request, timeout=deadline_s)
             except grpc.aio.AioRpcError as err:
