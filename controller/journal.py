@@ -3,7 +3,8 @@
 Does disk I/O (blocking; the app calls it from a worker thread, one call at a time). Layout of
 the data dir:
 
-    meta.properties                 cluster.id, node.id, version (written once, atomically)
+    meta.properties                 cluster.id, node.id, version (written once, atomically,
+                                    into a dir without a metadata log; never rewritten)
     .lock                           fcntl lock: two processes never share a data dir
     snapshot-<offset:020d>.snap     the whole image as records, as of <offset> (its next offset)
     metadata-<base:020d>.log        journal segment: frames of entries from <base> on
@@ -23,6 +24,7 @@ import base64
 import fcntl
 import os
 import pathlib
+import re
 import struct
 import uuid
 from collections.abc import Iterable, Sequence
@@ -40,6 +42,10 @@ from minibroker.client.metadata.wire import (
 from minibroker.proto import minibroker_pb2 as pb
 
 _FRAME = struct.Struct(">II")
+# The journal's own files (and their `.tmp` forms): a dir holding one is a metadata log.
+_JOURNAL_FILE = re.compile(r"(metadata-\d+\.log|snapshot-\d+\.snap)(\.tmp)?")
+# What a cluster id may be: Kafka's are 22 characters of URL-safe base64.
+_CLUSTER_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MAX_FRAME_BYTES = 256 * 1024 * 1024
 
 
@@ -117,23 +123,57 @@ class DataDir:
             self._lock_fd = None
 
     def load_or_create_cluster_id(self, node_id: int) -> tuple[str, bool]:
-        """(cluster id, created now). The id is made once, on first start, and kept."""
+        """(cluster id, created now). The id is made once, on first start, and kept.
+
+        A meta.properties that does not parse, or a metadata log without one, is a JournalError
+        that says what to do; the files are left as they are.
+        """
         meta = self.path / "meta.properties"
-        if meta.exists():
-            props = dict(
-                line.split("=", 1)
-                for line in meta.read_text().splitlines()
-                if "=" in line and not line.startswith("#")
+        if os.path.lexists(meta):
+            return _read_cluster_id(meta, self.path, node_id), False
+        journal = sorted(
+            p.name for p in self.path.glob("*") if _JOURNAL_FILE.fullmatch(p.name) is not None
+        )
+        if journal:
+            raise JournalError(
+                f"metadata log dir {self.path} has no meta.properties but holds a metadata log "
+                f"({', '.join(journal[:3])}{', ...' if len(journal) > 3 else ''}); its cluster "
+                "id is unknown, so it is not adopted: remove the directory or restore its "
+                f"meta.properties (cluster.id=<its cluster>, node.id={node_id}, version=1)"
             )
-            cluster_id = props.get("cluster.id", "").strip()
-            if not cluster_id:
-                raise JournalError(f"{meta} has no cluster.id")
-            return cluster_id, False
         # Kafka's format: a random UUID as 22 characters of URL-safe base64.
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         text = f"#minibroker controller\ncluster.id={cluster_id}\nnode.id={node_id}\nversion=1\n"
         write_atomically(meta, text.encode())
         return cluster_id, True
+
+
+def _read_cluster_id(meta: pathlib.Path, root: pathlib.Path, node_id: int) -> str:
+    def unusable(why: str) -> JournalError:
+        return JournalError(
+            f"{meta} {why}; restore it (cluster.id=<the cluster's id>, node.id={node_id}, "
+            f"version=1) or remove the metadata log dir {root} to start a new, empty cluster"
+        )
+
+    try:
+        text = meta.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise unusable("is not a properties file (not UTF-8 text)") from None
+    except OSError as err:
+        raise unusable(f"cannot be read ({err.strerror})") from None
+    props = dict(
+        line.split("=", 1)
+        for line in text.splitlines()
+        if "=" in line and not line.lstrip().startswith(("#", "!"))
+    )
+    cluster_id = props.get("cluster.id", "").strip()
+    if not cluster_id:
+        raise unusable("has no cluster.id")
+    if _CLUSTER_ID.fullmatch(cluster_id) is None:
+        raise unusable(
+            f"has an invalid cluster.id {cluster_id[:40]!r} (1-64 letters, digits, '-', '_', '.')"
+        )
+    return cluster_id
 
 
 class MetadataJournal:

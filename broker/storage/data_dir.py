@@ -9,6 +9,12 @@ Does file I/O in the data dir (DESIGN.md §4, research/kafka-replication.md §2.
                            and deleted at start-up (no marker: recover the logs)
     <topic>-<partition>/   one dir per partition replica (the LogManager's)
 
+A dir without meta.properties is formatted (meta.properties written) only when it holds no
+broker data: Kafka refuses any dir that `kafka-storage format` did not format, and a dir whose
+identity is lost but whose partitions, checkpoints or clean-shutdown marker remain may belong to
+another node or cluster, so it is refused too. A meta.properties that does not parse is an error
+naming the file and what to do; it is never rewritten.
+
 Concurrency contract: one DataDir per process per directory; the lock makes a second process
 fail at once with DataDirInUseError instead of corrupting the logs.
 """
@@ -23,7 +29,13 @@ import pathlib
 import re
 import shutil
 
-from minibroker.broker.storage.checkpoint import fsync_dir, write_atomic
+from minibroker.broker.storage.checkpoint import (
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    REPLICATION_OFFSET_CHECKPOINT,
+    fsync_dir,
+    write_atomic,
+)
 from minibroker.broker.storage.errors import DataDirError, DataDirInUseError, MetaPropertiesError
 from minibroker.client.common.log import get_logger
 from minibroker.client.types import TopicPartition
@@ -36,6 +48,18 @@ NO_BROKER_EPOCH = -1
 DELETE_DIR_SUFFIX = "-delete"
 # Kafka's legal topic names; the partition dir is `<topic>-<partition>`.
 _PARTITION_DIR = re.compile(r"^([a-zA-Z0-9._-]+)-(\d+)$")
+
+# Files a broker writes at the top of its data dir (with their `.tmp` forms): their presence
+# means the dir holds a broker's data.
+_BROKER_FILES = frozenset(
+    {
+        REPLICATION_OFFSET_CHECKPOINT,
+        RECOVERY_POINT_CHECKPOINT,
+        LOG_START_OFFSET_CHECKPOINT,
+        CLEAN_SHUTDOWN_FILE,
+    }
+)
+_MAX_QUOTED = 40  # characters of a malformed line quoted in an error
 
 _log = get_logger("minibroker.broker.storage")
 
@@ -55,15 +79,27 @@ def partition_dir_name(tp: TopicPartition) -> str:
 
 
 def read_properties(path: pathlib.Path) -> dict[str, str]:
-    """Java properties text: `key=value` lines, `#` and `!` comments."""
+    """Java properties text: `key=value` lines, `#` and `!` comments.
+
+    Raises MetaPropertiesError (naming the file) when it cannot be read or is not such text.
+    """
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise MetaPropertiesError(f"{path} is not a properties file (not UTF-8 text)") from None
+    except OSError as err:
+        raise MetaPropertiesError(f"cannot read {path}: {err.strerror}") from None
     values: dict[str, str] = {}
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         stripped = line.strip()
         if not stripped or stripped[0] in "#!":
             continue
         key, sep, value = stripped.partition("=")
         if not sep:
-            raise MetaPropertiesError(f"{path}: expected key=value, got {stripped!r}")
+            raise MetaPropertiesError(
+                f"{path}: expected key=value, got {stripped[:_MAX_QUOTED]!r}"
+                + ("..." if len(stripped) > _MAX_QUOTED else "")
+            )
         values[key.strip()] = value.strip()
     return values
 
@@ -201,20 +237,36 @@ def _write_meta(root: pathlib.Path, node_id: int, cluster_id: str | None) -> Non
 
 
 def _check_meta(root: pathlib.Path, node_id: int, cluster_id: str | None) -> str | None:
-    """Validate meta.properties against this broker (writing it for a new dir)."""
+    """Validate meta.properties against this broker (writing it for a new, empty dir)."""
     path = root / META_PROPERTIES
-    if not path.exists():
+    if not os.path.lexists(path):
+        data = _broker_data(root)
+        if data:
+            shown = ", ".join(data[:5]) + (f" and {len(data) - 5} more" if len(data) > 5 else "")
+            raise MetaPropertiesError(
+                f"data dir {root} has no meta.properties but holds broker data ({shown}); it "
+                "may belong to another node or cluster, so it is not adopted: remove the "
+                "directory or restore its meta.properties "
+                f"(version={META_VERSION}, node.id=<its node>, cluster.id=<its cluster>)"
+            )
         _write_meta(root, node_id, cluster_id)
         return cluster_id
-    props = read_properties(path)
-    if props.get("version") != str(META_VERSION):
-        raise MetaPropertiesError(
-            f"{path}: unsupported version {props.get('version')!r}, expected {META_VERSION}"
-        )
     try:
-        stored_node = int(props["node.id"])
-    except (KeyError, ValueError):
-        raise MetaPropertiesError(f"{path}: missing or invalid node.id") from None
+        props = read_properties(path)
+        if props.get("version") != str(META_VERSION):
+            raise MetaPropertiesError(
+                f"{path}: unsupported version {props.get('version')!r}, expected {META_VERSION}"
+            )
+        try:
+            stored_node = int(props["node.id"])
+        except (KeyError, ValueError):
+            raise MetaPropertiesError(f"{path}: missing or invalid node.id") from None
+    except MetaPropertiesError as err:
+        # The file is left as it is: it may be the only record of which cluster the logs are.
+        raise MetaPropertiesError(
+            f"{err}; restore it (version={META_VERSION}, node.id={node_id}, cluster.id=<the "
+            f"cluster's id>) or remove the data dir {root} to start node {node_id} with no data"
+        ) from None
     if stored_node != node_id:
         raise MetaPropertiesError(
             f"data dir {root} belongs to node {stored_node} (meta.properties), but this broker "
@@ -230,6 +282,21 @@ def _check_meta(root: pathlib.Path, node_id: int, cluster_id: str | None) -> str
         _write_meta(root, node_id, cluster_id)
         return cluster_id
     return stored_cluster
+
+
+def _broker_data(root: pathlib.Path) -> list[str]:
+    """Names of the entries in `root` that only a broker writes: partition dirs (live or being
+    deleted), checkpoint files and the clean-shutdown marker. Our own `.lock` and a
+    `meta.properties.tmp` left by a crashed first start are not data."""
+    found = []
+    for entry in sorted(root.iterdir()):
+        name = entry.name
+        if name.removesuffix(".tmp") in _BROKER_FILES or (
+            entry.is_dir()
+            and (parse_partition_dir(name) is not None or name.endswith(DELETE_DIR_SUFFIX))
+        ):
+            found.append(name)
+    return found
 
 
 def _consume_clean_shutdown_marker(root: pathlib.Path) -> tuple[bool, int]:

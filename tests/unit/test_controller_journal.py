@@ -157,6 +157,41 @@ def test_cluster_id_is_created_once_and_kept(tmp_path: pathlib.Path) -> None:
     assert created and not created_again and first == again and len(first) == 22
 
 
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(bytes(range(256)) * 4, id="random-bytes"),
+        pytest.param(b"\xff\xfecluster.id=abc\n", id="not-utf8"),
+        pytest.param(b"node.id=1000\nversion=1\n", id="no-cluster-id"),
+        pytest.param(b"cluster.id=a b\x01c\nnode.id=1000\nversion=1\n", id="junk-cluster-id"),
+        pytest.param(b"", id="empty"),
+    ],
+)
+def test_garbage_meta_properties_is_a_clear_error_and_left_untouched(
+    tmp_path: pathlib.Path, content: bytes
+) -> None:
+    meta = tmp_path / "meta.properties"
+    meta.write_bytes(content)
+    with pytest.raises(JournalError) as caught:
+        DataDir(tmp_path).load_or_create_cluster_id(1000)
+    message = str(caught.value)
+    assert str(meta) in message and "restore" in message and "\n" not in message
+    assert meta.read_bytes() == content
+
+
+@pytest.mark.parametrize(
+    "name", ["metadata-00000000000000000000.log", "snapshot-00000000000000000042.snap"]
+)
+def test_metadata_log_without_meta_properties_is_refused(tmp_path: pathlib.Path, name) -> None:
+    (tmp_path / name).write_bytes(b"")
+    with pytest.raises(JournalError) as caught:
+        DataDir(tmp_path).load_or_create_cluster_id(1000)
+    message = str(caught.value)
+    assert "no meta.properties" in message and name in message
+    assert "remove the directory or restore its meta.properties" in message
+    assert not (tmp_path / "meta.properties").exists()
+
+
 def test_data_dir_lock_excludes_a_second_owner(tmp_path: pathlib.Path) -> None:
     owner = DataDir(tmp_path)
     owner.lock()

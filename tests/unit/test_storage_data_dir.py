@@ -220,3 +220,87 @@ def test_unclean_restart_recovers_from_the_checkpointed_recovery_point(
         assert again is not None and again.leo == leo
         assert again.recovery_point == leo
         logs.close()
+
+
+# -- a damaged or missing identity (issue 11 item 9) -------------------------------------------
+
+GARBAGE_META = [
+    pytest.param(bytes(range(256)) * 4, id="random-bytes"),
+    pytest.param(b"\xff\xfe\x00\x01version=1\n", id="not-utf8"),
+    pytest.param(b"version=1\nnode.id=1\x00\n", id="nul-byte"),
+    pytest.param(b"this is not a properties file\n", id="no-equals"),
+    pytest.param(b"version=1\nnode.id=one\n", id="bad-node-id"),
+    pytest.param(b"version=7\nnode.id=1\n", id="unknown-version"),
+    pytest.param(b"", id="empty"),
+]
+
+
+@pytest.mark.parametrize("content", GARBAGE_META)
+def test_garbage_meta_properties_is_a_clear_error_and_left_untouched(
+    tmp_path: pathlib.Path, content: bytes
+) -> None:
+    meta = tmp_path / "meta.properties"
+    meta.write_bytes(content)
+    with pytest.raises(MetaPropertiesError) as caught:
+        DataDir.open(tmp_path, node_id=1)
+    message = str(caught.value)
+    assert str(meta) in message
+    # It says what to do, on one line.
+    assert "restore" in message and "\n" not in message
+    assert meta.read_bytes() == content
+    # The lock was released: the error is not a side effect of a leaked lock.
+    with pytest.raises(MetaPropertiesError):
+        DataDir.open(tmp_path, node_id=1)
+
+
+def test_meta_properties_that_is_a_directory_is_a_clear_error(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "meta.properties").mkdir()
+    with pytest.raises(MetaPropertiesError, match=r"cannot read .*meta\.properties"):
+        DataDir.open(tmp_path, node_id=1)
+
+
+FOREIGN_DATA = [
+    pytest.param(lambda d: (d / "orders-0").mkdir(), id="partition-dir"),
+    pytest.param(lambda d: (d / "orders-0.0123abcd-delete").mkdir(), id="delete-dir"),
+    pytest.param(lambda d: (d / "replication-offset-checkpoint").write_text("0\n0\n"), id="hw"),
+    pytest.param(
+        lambda d: (d / "recovery-point-offset-checkpoint").write_text("0\n0\n"), id="recovery"
+    ),
+    pytest.param(lambda d: (d / "log-start-offset-checkpoint").write_text("0\n0\n"), id="lso"),
+    pytest.param(
+        lambda d: (d / ".kafka_cleanshutdown").write_text('{"version":0,"brokerEpoch":3}'),
+        id="clean-shutdown-marker",
+    ),
+]
+
+
+@pytest.mark.parametrize("plant", FOREIGN_DATA)
+def test_dir_without_meta_properties_holding_broker_data_is_refused(
+    tmp_path: pathlib.Path, plant
+) -> None:
+    plant(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(MetaPropertiesError) as caught:
+        DataDir.open(tmp_path, node_id=1)
+    message = str(caught.value)
+    assert "no meta.properties" in message
+    assert "remove the directory or restore its meta.properties" in message
+    assert "\n" not in message
+    # Nothing was formatted or deleted (the lock file is the only thing added).
+    assert not (tmp_path / "meta.properties").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".lock") == before
+
+
+def test_an_empty_dir_or_one_with_only_the_lock_file_is_formatted(
+    tmp_path: pathlib.Path,
+) -> None:
+    with DataDir.open(tmp_path / "new", node_id=3):
+        pass
+    assert "node.id=3" in (tmp_path / "new" / "meta.properties").read_text()
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / ".lock").write_text("12345\n")
+    (locked / "meta.properties.tmp").write_text("version=1\n")  # a first start that crashed
+    with DataDir.open(locked, node_id=3):
+        pass
+    assert "node.id=3" in (locked / "meta.properties").read_text()
