@@ -647,7 +647,7 @@ class MetadataBatch(_message.Message):
     def __init__(self, is_snapshot: _Optional[bool] = ..., snapshot_offset: _Optional[int] = ..., records: _Optional[_Iterable[_Union[MetadataRecord, _Mapping]]] = ..., high_offset: _Optional[int] = ...) -> None: ...
 
 class MetadataRecord(_message.Message):
-    __slots__ = ("offset", "timestamp_ms", "register_broker", "broker_change", "topic", "partition", "remove_topic", "producer_ids", "config", "no_op")
+    __slots__ = ("offset", "timestamp_ms", "register_broker", "broker_change", "topic", "partition", "remove_topic", "producer_ids", "config", "no_op", "unregister_broker")
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     REGISTER_BROKER_FIELD_NUMBER: _ClassVar[int]
@@ -658,6 +658,7 @@ class MetadataRecord(_message.Message):
     PRODUCER_IDS_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     NO_OP_FIELD_NUMBER: _ClassVar[int]
+    UNREGISTER_BROKER_FIELD_NUMBER: _ClassVar[int]
     offset: int
     timestamp_ms: int
     register_broker: RegisterBrokerRecord
@@ -668,7 +669,8 @@ class MetadataRecord(_message.Message):
     producer_ids: ProducerIdsRecord
     config: ConfigRecord
     no_op: NoOpRecord
-    def __init__(self, offset: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., register_broker: _Optional[_Union[RegisterBrokerRecord, _Mapping]] = ..., broker_change: _Optional[_Union[BrokerRegistrationChangeRecord, _Mapping]] = ..., topic: _Optional[_Union[TopicRecord, _Mapping]] = ..., partition: _Optional[_Union[PartitionRecord, _Mapping]] = ..., remove_topic: _Optional[_Union[RemoveTopicRecord, _Mapping]] = ..., producer_ids: _Optional[_Union[ProducerIdsRecord, _Mapping]] = ..., config: _Optional[_Union[ConfigRecord, _Mapping]] = ..., no_op: _Optional[_Union[NoOpRecord, _Mapping]] = ...) -> None: ...
+    unregister_broker: UnregisterBrokerRecord
+    def __init__(self, offset: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., register_broker: _Optional[_Union[RegisterBrokerRecord, _Mapping]] = ..., broker_change: _Optional[_Union[BrokerRegistrationChangeRecord, _Mapping]] = ..., topic: _Optional[_Union[TopicRecord, _Mapping]] = ..., partition: _Optional[_Union[PartitionRecord, _Mapping]] = ..., remove_topic: _Optional[_Union[RemoveTopicRecord, _Mapping]] = ..., producer_ids: _Optional[_Union[ProducerIdsRecord, _Mapping]] = ..., config: _Optional[_Union[ConfigRecord, _Mapping]] = ..., no_op: _Optional[_Union[NoOpRecord, _Mapping]] = ..., unregister_broker: _Optional[_Union[UnregisterBrokerRecord, _Mapping]] = ...) -> None: ...
 
 class RegisterBrokerRecord(_message.Message):
     __slots__ = ("broker_id", "incarnation_id", "broker_epoch", "host", "port", "rack", "fenced", "metrics_port")
@@ -701,6 +703,14 @@ class BrokerRegistrationChangeRecord(_message.Message):
     fenced: bool
     in_controlled_shutdown: bool
     def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., fenced: _Optional[bool] = ..., in_controlled_shutdown: _Optional[bool] = ...) -> None: ...
+
+class UnregisterBrokerRecord(_message.Message):
+    __slots__ = ("broker_id", "broker_epoch")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    broker_epoch: int
+    def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ...) -> None: ...
 
 class TopicRecord(_message.Message):
     __slots__ = ("name", "topic_id", "configs")
@@ -1030,3 +1040,17 @@ class ElectionResult(_message.Message):
     error_code: ErrorCode
     error_message: str
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class UnregisterBrokerRequest(_message.Message):
+    __slots__ = ("broker_id",)
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    def __init__(self, broker_id: _Optional[int] = ...) -> None: ...
+
+class UnregisterBrokerResponse(_message.Message):
+    __slots__ = ("error_code", "error_message")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    error_code: ErrorCode
+    error_message: str
+    def __init__(self, error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...

@@ -521,6 +521,11 @@ class ControllerServiceStub:
                 request_serializer=minibroker_dot_proto_dot_minibroker__pb2.ElectLeadersRequest.SerializeToString,
                 response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.ElectLeadersResponse.FromString,
                 _registered_method=True)
+        self.UnregisterBroker = channel.unary_unary(
+                '/minibroker.ControllerService/UnregisterBroker',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.UnregisterBrokerRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.UnregisterBrokerResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServiceServicer:
@@ -586,6 +591,14 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UnregisterBroker(self, request, context):
+        """Remove the registration of a broker that is gone for good (KIP-500, kafka-cluster.sh
+        unregister). Refused while the broker is alive (unfenced or heartbeating).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -633,6 +646,11 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.ElectLeaders,
                     request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.ElectLeadersRequest.FromString,
                     response_serializer=minibroker_dot_proto_dot_minibroker__pb2.ElectLeadersResponse.SerializeToString,
+            ),
+            'UnregisterBroker': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnregisterBroker,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.UnregisterBrokerRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.UnregisterBrokerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -882,6 +900,33 @@ class ControllerService:
             '/minibroker.ControllerService/ElectLeaders',
             minibroker_dot_proto_dot_minibroker__pb2.ElectLeadersRequest.SerializeToString,
             minibroker_dot_proto_dot_minibroker__pb2.ElectLeadersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnregisterBroker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.ControllerService/UnregisterBroker',
+            minibroker_dot_proto_dot_minibroker__pb2.UnregisterBrokerRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.UnregisterBrokerResponse.FromString,
             options,
             channel_credentials,
             insecure,

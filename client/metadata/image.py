@@ -23,6 +23,7 @@ from minibroker.client.metadata.records import (
     RegisterBrokerRecord,
     RemoveTopicRecord,
     TopicRecord,
+    UnregisterBrokerRecord,
 )
 
 
@@ -135,6 +136,11 @@ class MetadataImage:
                 in_controlled_shutdown=False,
                 metrics_port=record.metrics_port,
             )
+        elif isinstance(record, UnregisterBrokerRecord):
+            broker = self.brokers.get(record.broker_id)
+            # Only the incarnation it names: a later registration has replaced that one.
+            if broker is not None and broker.broker_epoch == record.broker_epoch:
+                del self.brokers[record.broker_id]
         elif isinstance(record, TopicRecord):
             self.topics_by_id[record.topic_id] = TopicImage(
                 record.name, record.topic_id, dict(record.configs)

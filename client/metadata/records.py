@@ -42,6 +42,15 @@ class BrokerRegistrationChangeRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class UnregisterBrokerRecord:
+    """A broker's registration was removed (Kafka's UnregisterBrokerRecord, written by
+    UnregisterBroker for a broker that is gone for good). Replica lists may still name it."""
+
+    broker_id: int
+    broker_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
 class TopicRecord:
     """A topic was created. `configs` holds only the configs set on the topic (Kafka keeps
     defaults out of the log, so a changed default applies to every topic that did not set it)."""
@@ -107,6 +116,7 @@ class NoOpRecord:
 MetadataRecord = (
     RegisterBrokerRecord
     | BrokerRegistrationChangeRecord
+    | UnregisterBrokerRecord
     | TopicRecord
     | PartitionRecord
     | RemoveTopicRecord
@@ -139,4 +149,5 @@ __all__ = [
     "RegisterBrokerRecord",
     "RemoveTopicRecord",
     "TopicRecord",
+    "UnregisterBrokerRecord",
 ]

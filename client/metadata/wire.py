@@ -22,6 +22,7 @@ from minibroker.client.metadata.records import (
     RegisterBrokerRecord,
     RemoveTopicRecord,
     TopicRecord,
+    UnregisterBrokerRecord,
 )
 from minibroker.proto import minibroker_pb2 as pb
 
@@ -66,6 +67,10 @@ def record_to_pb(
         if record.in_controlled_shutdown is not None:
             change.in_controlled_shutdown = record.in_controlled_shutdown
         msg.broker_change.CopyFrom(change)
+    elif isinstance(record, UnregisterBrokerRecord):
+        msg.unregister_broker.CopyFrom(
+            pb.UnregisterBrokerRecord(broker_id=record.broker_id, broker_epoch=record.broker_epoch)
+        )
     elif isinstance(record, TopicRecord):
         msg.topic.CopyFrom(
             pb.TopicRecord(name=record.name, topic_id=record.topic_id, configs=dict(record.configs))
@@ -129,6 +134,9 @@ def record_from_pb(msg: pb.MetadataRecord) -> MetadataRecord:
                 c.in_controlled_shutdown if c.HasField("in_controlled_shutdown") else None
             ),
         )
+    if kind == "unregister_broker":
+        u = msg.unregister_broker
+        return UnregisterBrokerRecord(u.broker_id, u.broker_epoch)
     if kind == "topic":
         return TopicRecord(msg.topic.name, msg.topic.topic_id, dict(msg.topic.configs))
     if kind == "remove_topic":

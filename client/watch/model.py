@@ -40,6 +40,7 @@ from minibroker.client.metadata.records import (
     RegisterBrokerRecord,
     RemoveTopicRecord,
     TopicRecord,
+    UnregisterBrokerRecord,
 )
 
 CONTROLLER = "controller"
@@ -55,6 +56,7 @@ class EventKind(StrEnum):
     TRUNCATION = "truncation"
     REGISTERED = "registered"
     FENCED = "fenced"
+    UNREGISTERED = "unregistered"
     UNFENCED = "unfenced"
     CONTROLLED_SHUTDOWN = "shutdown"
     TOPIC_CREATED = "topic-created"
@@ -405,6 +407,18 @@ class WatchModel:
             if new_reg is None or new_reg == old_reg:
                 return []  # a change for an older incarnation: the image ignores it too
             return broker_events(old_reg, new_reg, timestamp_ms)
+        if isinstance(record, UnregisterBrokerRecord):
+            reg = image.brokers.get(record.broker_id)
+            if reg is None or reg.broker_epoch != record.broker_epoch:
+                return []
+            return [
+                ClusterEvent(
+                    timestamp_ms,
+                    EventKind.UNREGISTERED,
+                    f"broker {record.broker_id} unregistered",
+                    broker_id=record.broker_id,
+                )
+            ]
         if isinstance(record, TopicRecord):
             return [
                 ClusterEvent(

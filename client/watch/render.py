@@ -36,6 +36,7 @@ UNDER_REPLICATED_STYLE = "yellow"
 _EVENT_STYLES = {
     EventKind.OFFLINE: "bold red",
     EventKind.FENCED: "red",
+    EventKind.UNREGISTERED: "yellow",
     EventKind.UNREACHABLE: "red",
     EventKind.TRUNCATION: "magenta",
     EventKind.ELECTION: "cyan",

@@ -26,6 +26,7 @@ from minibroker.client.metadata.records import (
     RegisterBrokerRecord,
     RemoveTopicRecord,
     TopicRecord,
+    UnregisterBrokerRecord,
 )
 from minibroker.client.watch.live import LogTail, replica_reports_from_pb
 from minibroker.client.watch.model import (
@@ -215,6 +216,23 @@ def test_fencing_unfencing_controlled_shutdown_and_restart() -> None:
     count = len(model.events)
     model.apply_entries([log.add(BrokerRegistrationChangeRecord(3, 2, fenced=False))])
     assert len(model.events) == count
+
+
+def test_unregistration_is_an_event_and_the_broker_shows_as_unregistered() -> None:
+    model, log = three_brokers_one_topic()
+    model.apply_entries([log.add(BrokerRegistrationChangeRecord(3, 2, fenced=True))])
+    model.apply_entries([log.add(UnregisterBrokerRecord(3, 1))])  # an older epoch: ignored
+    assert model.events[-1].kind is EventKind.FENCED
+    model.apply_entries([log.add(UnregisterBrokerRecord(3, 2))])
+    event = model.events[-1]
+    assert (event.kind, event.broker_id, event.text) == (
+        EventKind.UNREGISTERED,
+        3,
+        "broker 3 unregistered",
+    )
+    # Gone for good: no row for it (replica lists still name it as an offline replica).
+    assert [r.broker_id for r in model.broker_rows()] == [1, 2]
+    assert 3 in model.image.topic("orders").partitions[0].replicas
 
 
 def test_resent_prefix_after_reconnect_adds_no_duplicate_events() -> None:
