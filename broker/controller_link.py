@@ -27,7 +27,8 @@ RECONNECT_BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 class FatalRegistrationError(MiniBrokerError):
-    """The controller refused this broker for a reason a retry cannot fix (wrong cluster id)."""
+    """The controller refused this broker for a reason a retry cannot fix (wrong cluster id,
+    an invalid registration)."""
 
 
 @dataclass(slots=True)
@@ -88,7 +89,8 @@ class ControllerLink:
     # -- registration -----------------------------------------------------------------------
 
     async def register(self, stop: asyncio.Event) -> Registration:
-        """Register until the controller accepts; wrong cluster id is fatal."""
+        """Register until the controller accepts; a wrong cluster id or an invalid registration
+        is fatal."""
         attempt = 0
         while not stop.is_set():
             request = pb.BrokerRegistrationRequest(
@@ -125,7 +127,9 @@ class ControllerLink:
                     incarnation_id=self.incarnation_id,
                 )
                 return Registration(response.broker_epoch, response.cluster_id)
-            if code == ErrorCode.INCONSISTENT_CLUSTER_ID:
+            if code in (ErrorCode.INCONSISTENT_CLUSTER_ID, ErrorCode.INVALID_REQUEST):
+                # Another cluster's data dir, or a registration the controller cannot accept
+                # (a bad host, port or rack): the same request would be refused forever.
                 raise FatalRegistrationError(response.error_message, code=code)
             # DUPLICATE_BROKER_REGISTRATION: our previous incarnation's session has not expired
             # yet; it will, so keep trying.

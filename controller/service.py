@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from minibroker.client.errors import ErrorCode
+from minibroker.client.errors import ErrorCode, MiniBrokerError
 from minibroker.controller import wire
 from minibroker.controller.core.messages import Outcome
 from minibroker.proto import minibroker_pb2 as pb
@@ -112,11 +112,21 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     async def ElectLeaders(
         self, request: pb.ElectLeadersRequest, context: grpc.aio.ServicerContext
     ) -> pb.ElectLeadersResponse:
-        kind, partitions = wire.election(request)
+        try:
+            kind, partitions = wire.election(request)
+        except MiniBrokerError as err:
+            return wire.elect_leaders_error(request, err)
         results = await self._app.submit(
             lambda core, now: core.elect_leaders(kind, partitions, now)
         )
         return wire.elect_leaders_reply(results)
+
+    async def UnregisterBroker(
+        self, request: pb.UnregisterBrokerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UnregisterBrokerResponse:
+        broker_id = request.broker_id
+        reply = await self._app.submit(lambda core, now: core.unregister_broker(broker_id, now))
+        return wire.unregister_broker_reply(reply)
 
 
 __all__ = ["ControllerServicer"]

@@ -6,7 +6,7 @@ calls the core through the app, and encodes the reply; core code never sees `_pb
 
 from __future__ import annotations
 
-from minibroker.client.errors import ErrorCode
+from minibroker.client.errors import ErrorCode, InvalidRequestError, MiniBrokerError
 from minibroker.controller.core.election import Election
 from minibroker.controller.core.isr import AlterPartitionProposal, IsrMember
 from minibroker.controller.core.messages import (
@@ -22,6 +22,7 @@ from minibroker.controller.core.messages import (
     ProducerIdBlock,
     RegisterReply,
     RegisterRequest,
+    UnregisterBrokerReply,
 )
 from minibroker.proto import minibroker_pb2 as pb
 
@@ -152,8 +153,16 @@ def delete_topics_reply(results: tuple[DeleteTopicResult, ...]) -> pb.DeleteTopi
     )
 
 
+_ELECTIONS = {pb.PREFERRED: Election.PREFERRED, pb.UNCLEAN: Election.UNCLEAN}
+
+
 def election(msg: pb.ElectLeadersRequest) -> tuple[Election, list[tuple[str, int]] | None]:
-    kind = Election.UNCLEAN if msg.election_type == pb.UNCLEAN else Election.PREFERRED
+    """The election kind and the partitions (None: all). An election type this controller does
+    not know raises InvalidRequestError, as Kafka's controller does (proto3 enums are open, so
+    any int32 arrives here)."""
+    kind = _ELECTIONS.get(msg.election_type)
+    if kind is None:
+        raise InvalidRequestError(f"Unknown election type {msg.election_type}")
     if msg.all_partitions:
         return kind, None
     return kind, [(tp.topic, p) for tp in msg.topic_partitions for p in tp.partitions]
@@ -172,6 +181,28 @@ def elect_leaders_reply(results: tuple[ElectionResult, ...]) -> pb.ElectLeadersR
             for r in results
         ],
     )
+
+
+def elect_leaders_error(
+    msg: pb.ElectLeadersRequest, err: MiniBrokerError
+) -> pb.ElectLeadersResponse:
+    """The whole request refused: the top-level error, repeated for every partition it named
+    (Kafka's ElectLeadersRequest.getErrorResponse)."""
+    return pb.ElectLeadersResponse(
+        error_code=int(err.code),
+        error_message=str(err),
+        results=[
+            pb.ElectionResult(
+                topic=tp.topic, partition=p, error_code=int(err.code), error_message=str(err)
+            )
+            for tp in msg.topic_partitions
+            for p in tp.partitions
+        ],
+    )
+
+
+def unregister_broker_reply(reply: UnregisterBrokerReply) -> pb.UnregisterBrokerResponse:
+    return pb.UnregisterBrokerResponse(error_code=int(reply.error), error_message=reply.message)
 
 
 def describe_cluster_reply(desc: ClusterDescription) -> pb.DescribeClusterResponse:

@@ -8,6 +8,8 @@ sends the reply (see `Outcome`). Single-threaded: one caller feeds commands one 
 
 The rules and where they come from:
 - registration, heartbeats, fencing, controlled shutdown: research §2.13 step 5-6, §2.15;
+  what a registration may contain: `registration.py`; unregistration: Kafka's
+  ReplicationControlManager.unregisterBroker;
 - elections and the epochs they bump: research §2.7, §2.8 (`election.py`);
 - AlterPartition: research §2.6 (`isr.py`);
 - placement and topic validation: `placement.py`, `topics.py`;
@@ -34,6 +36,7 @@ from minibroker.client.metadata.records import (
     RegisterBrokerRecord,
     RemoveTopicRecord,
     TopicRecord,
+    UnregisterBrokerRecord,
 )
 from minibroker.client.topic_config import resolve_topic_config, validate_topic_configs
 from minibroker.controller.core.election import (
@@ -62,9 +65,11 @@ from minibroker.controller.core.messages import (
     ProducerIdBlock,
     RegisterReply,
     RegisterRequest,
+    UnregisterBrokerReply,
 )
 from minibroker.controller.core.placement import BrokerSlot, PlacementError, place_replicas
 from minibroker.controller.core.rebalance import partitions_to_rebalance
+from minibroker.controller.core.registration import invalid_cluster_id, invalid_registration
 from minibroker.controller.core.topics import collision_key, invalid_topic_name
 
 R = TypeVar("R")
@@ -248,7 +253,10 @@ class ControllerCore:
     # -- brokers ------------------------------------------------------------------------------
 
     def register_broker(self, req: RegisterRequest, now_ms: int) -> Outcome[RegisterReply]:
-        if req.cluster_id and req.cluster_id != self.cluster_id:
+        # A malformed cluster id is junk, not another cluster's: INVALID_REQUEST, and never
+        # echoed back at length.
+        problem = invalid_cluster_id(req.cluster_id)
+        if problem is None and req.cluster_id and req.cluster_id != self.cluster_id:
             return self._done(
                 RegisterReply(
                     ErrorCode.INCONSISTENT_CLUSTER_ID,
@@ -256,12 +264,11 @@ class ControllerCore:
                     f"but this controller's cluster id is {self.cluster_id!r}",
                 )
             )
-        if req.broker_id < 0:
+        problem = problem or invalid_registration(req)
+        if problem is not None:
             return self._done(
-                RegisterReply(ErrorCode.INVALID_REQUEST, f"invalid broker id {req.broker_id}")
+                RegisterReply(ErrorCode.INVALID_REQUEST, f"broker registration refused: {problem}")
             )
-        if not req.incarnation_id:
-            return self._done(RegisterReply(ErrorCode.INVALID_REQUEST, "missing incarnation id"))
         existing = self.image.brokers.get(req.broker_id)
         if existing is not None and existing.incarnation_id == req.incarnation_id:
             # The same process asking again (a lost reply): same epoch, nothing new to write.
@@ -308,6 +315,43 @@ class ControllerCore:
             self._remove_broker(req.broker_id, now_ms, reason=f"broker {req.broker_id} restarted")
         self.liveness.start_session(req.broker_id, broker_epoch, now_ms)
         return self._done(RegisterReply(ErrorCode.NONE, "", broker_epoch, self.cluster_id))
+
+    def unregister_broker(self, broker_id: int, now_ms: int) -> Outcome[UnregisterBrokerReply]:
+        """Remove the registration of a broker that is gone for good (Kafka's UnregisterBroker).
+
+        As in Kafka, the broker leaves every ISR (never emptying one) and an
+        UnregisterBrokerRecord follows; replica lists keep naming it (offline replicas until
+        the partitions are reassigned), and it leads nothing since it is fenced. Kafka also
+        unregisters a live broker (which then registers again); here a broker that is unfenced
+        or still heartbeating is refused, since it is evidently not gone.
+        """
+        reg = self.image.brokers.get(broker_id)
+        if reg is None:
+            return self._done(
+                UnregisterBrokerReply(
+                    ErrorCode.BROKER_ID_NOT_REGISTERED,
+                    f"broker {broker_id} is not registered",
+                )
+            )
+        heartbeating = self.liveness.is_alive(broker_id, now_ms)
+        if not reg.fenced or heartbeating:
+            detail = (
+                f"it is heartbeating ({'fenced' if reg.fenced else 'unfenced'})"
+                if heartbeating
+                else "it stays unfenced until its session times out"
+            )
+            return self._done(
+                UnregisterBrokerReply(
+                    ErrorCode.INVALID_REQUEST,
+                    f"broker {broker_id} is alive: {detail}; stop its process first (only a "
+                    "broker that is gone for good can be unregistered)",
+                )
+            )
+        self._remove_broker(broker_id, now_ms, reason=f"broker {broker_id} unregistered")
+        self._append(UnregisterBrokerRecord(broker_id, reg.broker_epoch), now_ms)
+        self.liveness.forget(broker_id)
+        self._event("broker_unregistered", broker_id=broker_id, broker_epoch=reg.broker_epoch)
+        return self._done(UnregisterBrokerReply(ErrorCode.NONE, ""))
 
     def heartbeat(
         self, req: HeartbeatRequest, stream_id: int, now_ms: int

@@ -36,6 +36,10 @@ class Liveness:
         self.sessions[broker_id] = session
         return session
 
+    def forget(self, broker_id: int) -> None:
+        """Drop the session of a broker whose registration was removed."""
+        self.sessions.pop(broker_id, None)
+
     def get(self, broker_id: int) -> BrokerSession | None:
         return self.sessions.get(broker_id)
 

@@ -62,6 +62,12 @@ class RegisterReply:
 
 
 @dataclass(frozen=True, slots=True)
+class UnregisterBrokerReply:
+    error: ErrorCode
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class HeartbeatRequest:
     broker_id: int
     broker_epoch: int
@@ -176,4 +182,5 @@ __all__ = [
     "ProducerIdBlock",
     "RegisterReply",
     "RegisterRequest",
+    "UnregisterBrokerReply",
 ]
