@@ -1,4 +1,4 @@
-"""AsyncAdmin: topics, cluster description and leader elections.
+"""AsyncAdmin: topics, cluster description, leader elections and broker unregistration.
 
 Does network I/O through `ClusterClient`. Metadata comes from any broker (BrokerService.Metadata);
 the Metadata response names the controller's address, and topic creation and deletion, cluster
@@ -109,6 +109,7 @@ class CreatedTopic:
 
 
 _ELECTION_TYPES = {"preferred": pb.PREFERRED, "unclean": pb.UNCLEAN}
+_MAX_INT32 = 2**31 - 1
 
 
 class AsyncAdmin:
@@ -321,6 +322,23 @@ class AsyncAdmin:
             )
             for r in resp.results
         }
+
+    async def unregister_broker(self, broker_id: int) -> None:
+        """Remove the registration of a broker that is gone for good (Kafka's
+        Admin.unregisterBroker, KIP-500). Replica lists keep naming it (offline replicas).
+
+        Raises BrokerIdNotRegisteredError for an unknown id and InvalidRequestError while the
+        broker is alive (unfenced or heartbeating: stop it first).
+        """
+        if isinstance(broker_id, bool) or not isinstance(broker_id, int):
+            raise TypeError(f"broker_id must be an int, got {broker_id!r}")
+        if not 0 <= broker_id <= _MAX_INT32:
+            raise ValueError(f"broker_id must be between 0 and {_MAX_INT32}, got {broker_id}")
+        resp = await self._controller_call(
+            "UnregisterBroker", pb.UnregisterBrokerRequest(broker_id=broker_id)
+        )
+        if resp.error_code != ErrorCode.NONE:
+            raise error_for(resp.error_code, resp.error_message)
 
     # -- broker calls --------------------------------------------------------------------------
 

@@ -347,6 +347,9 @@ class Admin:
         wanted = None if partitions is None else list(partitions)
         return self._lt.run(self._async.elect_leaders(election_type, wanted))
 
+    def unregister_broker(self, broker_id: int) -> None:
+        self._lt.run(self._async.unregister_broker(broker_id))
+
     def close(self) -> None:
         if self._closed:
             return

@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "minibroker.client.cli.produce",
     "minibroker.client.cli.consume",
     "minibroker.client.cli.leader_election",
+    "minibroker.client.cli.brokers",
     "minibroker.client.cli.watch",
     "minibroker.client.cli.dump_log",
     "minibroker.deploy.bench",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -12,8 +13,13 @@ import sys
 
 import pytest
 
-from minibroker.client.admin import PartitionDescription, TopicDescription
-from minibroker.client.cli import bench, consume, leader_election, produce, topics
+from minibroker.client.admin import (
+    AsyncAdmin,
+    BrokerDescription,
+    PartitionDescription,
+    TopicDescription,
+)
+from minibroker.client.cli import bench, brokers, consume, leader_election, produce, topics
 from minibroker.client.cli.common import (
     FALLBACK_BOOTSTRAP,
     default_bootstrap,
@@ -243,3 +249,63 @@ def test_importing_the_client_package_stays_light() -> None:
     code = "from minibroker.client import Producer, AsyncAdmin, NotLeaderOrFollowerError; print(1)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"
+
+
+def test_brokers_commands_parse() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["brokers", "unregister", "3", "--bootstrap-server", "h:1"])
+    assert (args.id, args.bootstrap_server) == (3, "h:1")
+    args = parser.parse_args(["brokers", "--bootstrap-server", "h:2", "list", "--json"])
+    assert args.json and args.bootstrap_server == "h:2"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["brokers", "unregister", "three"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["leader-election", "--election-type", "dirty", "--all-topic-partitions"])
+
+
+def test_brokers_list_lines_and_json() -> None:
+    rows = (
+        BrokerDescription(1, "127.0.0.1", 9092, "rack-a", False, False, 12, 85),
+        BrokerDescription(2, "127.0.0.1", 9093, "", True, False, 30, -1),
+        BrokerDescription(3, "127.0.0.1", 9094, "", False, True, 44, 10),
+    )
+    assert brokers.format_brokers(rows) == [
+        "Broker: 1\tAddress: 127.0.0.1:9092\tRack: rack-a\tState: alive\tBrokerEpoch: 12\t"
+        "LastHeartbeatMsAgo: 85",
+        "Broker: 2\tAddress: 127.0.0.1:9093\tRack: \tState: fenced\tBrokerEpoch: 30\t"
+        "LastHeartbeatMsAgo: -1",
+        "Broker: 3\tAddress: 127.0.0.1:9094\tRack: \tState: shutting-down\tBrokerEpoch: 44\t"
+        "LastHeartbeatMsAgo: 10",
+    ]
+    assert brokers.describe_json(rows[:1]) == [
+        {
+            "broker_id": 1,
+            "host": "127.0.0.1",
+            "port": 9092,
+            "rack": "rack-a",
+            "state": "alive",
+            "broker_epoch": 12,
+            "last_heartbeat_ms_ago": 85,
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda a: a.unregister_broker(-1), ValueError),
+        (lambda a: a.unregister_broker(2**31), ValueError),
+        (lambda a: a.unregister_broker("3"), TypeError),
+        (lambda a: a.unregister_broker(True), TypeError),
+        (lambda a: a.elect_leaders("dirty"), ValueError),
+        (lambda a: a.elect_leaders(2), ValueError),
+    ],
+)
+def test_admin_refuses_bad_arguments_before_calling_anyone(call, error) -> None:
+    async def main() -> None:
+        # An address nobody listens on: the error must come before any connection attempt.
+        async with AsyncAdmin("127.0.0.1:1", default_api_timeout_ms=100) as admin:
+            await call(admin)
+
+    with pytest.raises(error):
+        asyncio.run(main())
