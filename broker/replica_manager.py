@@ -316,13 +316,14 @@ class ReplicaManager:
             except Exception as err:
                 # One partition's state failure must not stop this broker from following
                 # metadata for every other partition: log it, keep going. A disk failure
-                # takes the whole dir offline.
-                log.exception(
-                    "partition_metadata_apply_failed", topic=topic.name, partition=record.partition
-                )
-                self.maybe_take_log_dir_offline(
-                    err, f"applying metadata to {topic.name}-{record.partition}"
-                )
+                # takes the whole dir offline (and is logged as that).
+                where = f"applying metadata to {topic.name}-{record.partition}"
+                if not self.maybe_take_log_dir_offline(err, where):
+                    log.exception(
+                        "partition_metadata_apply_failed",
+                        topic=topic.name,
+                        partition=record.partition,
+                    )
         self._resync_fetchers()
         self._metadata_ready.set()
 
@@ -1160,8 +1161,8 @@ class ReplicaManager:
             except Exception as err:
                 # One failing partition or checkpoint must not stop ISR checks, produce expiry
                 # and checkpoints for every other partition: log it and carry on next tick.
-                log.exception("background_tick_failed")
-                self.maybe_take_log_dir_offline(err, "background work")
+                if not self.maybe_take_log_dir_offline(err, "background work"):
+                    log.exception("background_tick_failed")
 
     def _background_tick(
         self,
@@ -1209,8 +1210,8 @@ class ReplicaManager:
         try:
             fn()
         except Exception as err:
-            log.exception("background_step_failed", step=step)
-            self.maybe_take_log_dir_offline(err, step)
+            if not self.maybe_take_log_dir_offline(err, step):
+                log.exception("background_step_failed", step=step)
 
     def _each_partition(self, step: str, fn: Any) -> None:
         """Run one background step per partition; one partition's failure spares the others."""
@@ -1220,13 +1221,13 @@ class ReplicaManager:
             try:
                 fn(hosted)
             except Exception as err:
-                log.exception(
-                    "background_step_failed",
-                    step=step,
-                    topic=hosted.tp.topic,
-                    partition=hosted.tp.partition,
-                )
-                self.maybe_take_log_dir_offline(err, f"{step} of {hosted.tp}")
+                if not self.maybe_take_log_dir_offline(err, f"{step} of {hosted.tp}"):
+                    log.exception(
+                        "background_step_failed",
+                        step=step,
+                        topic=hosted.tp.topic,
+                        partition=hosted.tp.partition,
+                    )
 
     def _run_retention(self, hosted: Hosted, now: int) -> None:
         deleted = hosted.log.delete_retention(now)
