@@ -5,6 +5,13 @@ anything can read them), bind the gRPC port, register with the controller (the b
 cluster id come back), then follow the metadata log and heartbeat. SIGTERM is a controlled
 shutdown (DESIGN.md §6): ask the controller to move our leaderships away, wait until it says we may
 go, stop serving, flush and checkpoint every log, and leave the clean-shutdown marker.
+
+A data dir that fails while running (out of space, an I/O error) halts the broker, as Kafka halts
+when its last log dir fails: the replica manager stops serving at once, the failure is reported
+to the controller in a heartbeat (it fences us and moves our leaderships to in-sync replicas),
+and the process exits with status 1 and a one-line error, without writing to the dir again
+(no flush, no checkpoints, no clean-shutdown marker: the next start recovers the logs). A data
+dir that cannot be used at start-up is a one-line error and status 1 too, never a traceback.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from minibroker.broker.replica_manager import ReplicaManager
 from minibroker.broker.service import BrokerServicer
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir
-from minibroker.broker.storage.errors import DataDirError
+from minibroker.broker.storage.errors import DataDirError, disk_error_advice, is_log_dir_failure
 from minibroker.broker.storage.log_manager import LogManager
 from minibroker.client.common import log as logconf
 from minibroker.client.common import metrics as metrics_server
@@ -59,15 +66,16 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         data_dir = DataDir.open(config.data_dir, config.node_id)
     except (DataDirError, MiniBrokerError) as err:
         log.error("data_dir_unusable", error=str(err))
-        print(f"minibroker broker: {err}", file=sys.stderr)
+        _print_error(str(err))
         return 1
     started = time.monotonic()
     try:
         log_manager = LogManager.open(
             data_dir, LogConfig.from_configs(defaults=config.topic_defaults)
         )
-    except (DataDirError, MiniBrokerError) as err:
+    except (DataDirError, MiniBrokerError, OSError) as err:
         log.error("log_recovery_failed", error=str(err))
+        _print_error(_load_failure(data_dir, err))
         data_dir.close()
         return 1
     log.info(
@@ -83,14 +91,22 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         metrics_port = metrics_server.serve(metrics.registry, config["metrics.port"])
 
     rm = ReplicaManager(config, log_manager, metrics, config.controller)
-    rm.load_existing_logs()
+    try:
+        rm.load_existing_logs()
+    except Exception as err:
+        if not is_log_dir_failure(err):
+            raise
+        log.error("log_load_failed", error=str(err))
+        _print_error(_load_failure(data_dir, err))
+        data_dir.close()  # the logs stay unflushed: the process exits, the next start recovers
+        return 1
 
     server = grpc.aio.server(options=SERVER_OPTIONS)
     host, port = config.listen
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         log.error("listen_failed", address=f"{host}:{port}")
-        print(f"minibroker broker: cannot listen on {host}:{port}", file=sys.stderr)
+        _print_error(f"cannot listen on {host}:{port}")
         log_manager.close()
         data_dir.close()
         return 1
@@ -139,17 +155,25 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         await health_servicer.set(
             "minibroker.BrokerService", health_pb2.HealthCheckResponse.SERVING
         )
-        await stop.wait()
-        log.info("controlled_shutdown_started", leaderships=rm.led_partitions())
-        link.request_controlled_shutdown()
-        try:
-            await asyncio.wait_for(link.should_shut_down.wait(), CONTROLLED_SHUTDOWN_TIMEOUT_S)
-            log.info("controlled_shutdown_granted", leaderships=rm.led_partitions())
-        except TimeoutError:
-            log.warning("controlled_shutdown_timed_out", leaderships=rm.led_partitions())
+        await _first_of(stop, rm.log_dir_failed)
+        if rm.log_dir_failure is None:
+            log.info("controlled_shutdown_started", leaderships=rm.led_partitions())
+            link.request_controlled_shutdown()
+            try:
+                await asyncio.wait_for(
+                    _first_of(link.should_shut_down, rm.log_dir_failed),
+                    CONTROLLED_SHUTDOWN_TIMEOUT_S,
+                )
+            except TimeoutError:
+                log.warning("controlled_shutdown_timed_out", leaderships=rm.led_partitions())
+            else:
+                if rm.log_dir_failure is None:
+                    log.info("controlled_shutdown_granted", leaderships=rm.led_partitions())
+        if rm.log_dir_failure is not None:
+            status = await _halt_on_log_dir_failure(config, rm, link)
     except (FatalRegistrationError, DataDirError) as err:
         log.error("registration_refused", error=str(err))
-        print(f"minibroker broker: {err}", file=sys.stderr)
+        _print_error(str(err))
         status = 1
     finally:
         await health_servicer.enter_graceful_shutdown()
@@ -161,12 +185,84 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         await rm.stop()
         await server.stop(grace=1.0)
         await link.close()
-        log_manager.close()  # flush every log, write the checkpoints
-        if status == 0 and link.broker_epoch >= 0:
-            data_dir.mark_clean_shutdown(link.broker_epoch)
+        if rm.log_dir_failure is not None:
+            # Not one more write to a failed dir (no flush, no checkpoints, no marker): the
+            # files close when the process exits, and the next start recovers the logs.
+            status = 1
+        else:
+            status = _close_logs(log_manager, data_dir, status, link.broker_epoch)
         data_dir.close()
         log.info("broker_stopped", status=status)
     return status
+
+
+async def _halt_on_log_dir_failure(
+    config: BrokerConfig, rm: ReplicaManager, link: ControllerLink
+) -> int:
+    """The data dir failed: report it to the controller (which fences us and moves our
+    leaderships), wait for its answer up to `log.dir.failure.timeout.ms`, then give the
+    one-line error. The replica manager already stopped serving; the caller exits."""
+    failure = rm.log_dir_failure
+    if failure is None:
+        return 0
+    log = logconf.get_logger("minibroker.broker")
+    timeout_s = config["log.dir.failure.timeout.ms"] / 1000.0
+    if not link.should_shut_down.is_set():  # granted: we lead nothing, the heartbeats stopped
+        link.report_offline_log_dir(failure.log_dir)
+        try:
+            await asyncio.wait_for(link.offline_log_dirs_reported.wait(), timeout_s)
+        except TimeoutError:
+            # The controller is away: it fences us when our heartbeat stream ends (or, if it
+            # is down now, by the session timeout after it comes back).
+            log.error("log_dir_failure_not_reported", log_dir=failure.log_dir, timeout_s=timeout_s)
+    partitions = len(rm.partitions)
+    _print_error(
+        f"log dir {failure.log_dir} failed ({failure.operation}: {failure.error}); stopped "
+        f"serving its {partitions} partition{'s' if partitions != 1 else ''} and exiting: "
+        f"{failure.advice}"
+    )
+    return 1
+
+
+def _close_logs(log_manager: LogManager, data_dir: DataDir, status: int, broker_epoch: int) -> int:
+    """Flush every log, write the checkpoints and, after a clean exit, the clean-shutdown
+    marker. A disk failure on the way is a one-line error and status 1 (no marker)."""
+    log = logconf.get_logger("minibroker.broker")
+    try:
+        log_manager.close()
+        if status == 0 and broker_epoch >= 0:
+            data_dir.mark_clean_shutdown(broker_epoch)
+    except Exception as err:
+        if not is_log_dir_failure(err):
+            raise
+        log.error("log_close_failed", error=str(err))
+        _print_error(
+            f"log dir {data_dir.path} failed while closing the logs ({err}); the next start "
+            f"recovers them: {disk_error_advice(err)}"
+        )
+        return 1
+    return status
+
+
+def _load_failure(data_dir: DataDir, err: BaseException) -> str:
+    message = f"cannot load the logs in data dir {data_dir.path}: {err}"
+    return f"{message}; {disk_error_advice(err)}" if is_log_dir_failure(err) else message
+
+
+def _print_error(message: str) -> None:
+    """The one-line error on stderr. Best effort: stderr may be a file on the failed disk."""
+    with contextlib.suppress(OSError, ValueError):
+        print(f"minibroker broker: {message}", file=sys.stderr, flush=True)
+
+
+async def _first_of(*events: asyncio.Event) -> None:
+    """Wait until one of `events` is set."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
 
 
 async def _until_stopped(coro, stop: asyncio.Event):  # type: ignore[no-untyped-def]

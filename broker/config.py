@@ -102,6 +102,13 @@ BROKER_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
         "queued.max.requests", int, 1000, "bound on parked produce and fetch requests", at_least(1)
     ),
+    ConfigKey(
+        "log.dir.failure.timeout.ms",
+        int,
+        30000,
+        "when the data dir fails, how long to try telling the controller before exiting anyway",
+        at_least(1),
+    ),
 )
 
 _BROKER_KEY_NAMES = frozenset(k.name for k in BROKER_KEYS)

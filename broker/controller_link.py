@@ -5,11 +5,16 @@ I/O shell (grpc.aio), event-loop thread only. One channel to the controller. Eve
 the controller going away: it backs off and reconnects, and the broker keeps serving with its last
 metadata meanwhile (DESIGN.md §3). Nothing here decides anything about replication; metadata
 batches are handed to `on_metadata` and heartbeat answers are kept as plain state.
+
+A failed data dir is reported in the next heartbeat, sent at once (Kafka's OfflineLogDirs), and
+in every one after; `offline_log_dirs_reported` is set when the controller has answered one
+that carried it (it fenced this broker), or no longer knows this incarnation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -85,6 +90,11 @@ class ControllerLink:
         self.controller_reachable = False
         self._wake_heartbeat = asyncio.Event()
         self._closing = asyncio.Event()
+        self.offline_log_dirs: tuple[str, ...] = ()
+        self.offline_log_dirs_reported = asyncio.Event()
+        # Per heartbeat sent on the current stream, oldest first: whether it carried the
+        # offline dirs. The controller answers a stream's heartbeats one by one, in order.
+        self._sent_offline: collections.deque[bool] = collections.deque()
 
     # -- registration -----------------------------------------------------------------------
 
@@ -145,6 +155,11 @@ class ControllerLink:
         self.want_shut_down = True
         self._wake_heartbeat.set()
 
+    def report_offline_log_dir(self, path: str) -> None:
+        """Tell the controller in the next heartbeat, sent now, that the data dir failed."""
+        self.offline_log_dirs = (path,)
+        self._wake_heartbeat.set()
+
     async def heartbeat_loop(self) -> None:
         """Keep one heartbeat stream open; reopen it (re-registering if told to) when it breaks.
 
@@ -161,6 +176,11 @@ class ControllerLink:
                 self.controller_reachable = False
                 log.warning("heartbeat_stream_broken", status=err.code().name)
             except _ReRegister:
+                if self.offline_log_dirs:
+                    # The controller no longer knows this incarnation, so it leads nothing and
+                    # is in no ISR: nothing is left to report, and no new one may start here.
+                    self.offline_log_dirs_reported.set()
+                    return
                 self.registered.clear()
                 self.is_fenced = True
                 await self.register(stop)
@@ -174,28 +194,36 @@ class ControllerLink:
         self, stop: asyncio.Event
     ) -> AsyncIterator[pb.BrokerHeartbeatRequest]:
         while not stop.is_set():
-            yield pb.BrokerHeartbeatRequest(
+            offline = self.offline_log_dirs
+            request = pb.BrokerHeartbeatRequest(
                 broker_id=self.broker_id,
                 broker_epoch=self.broker_epoch,
                 # The last applied offset (Kafka: >= the registration offset means caught up).
                 current_metadata_offset=self._metadata_offset() - 1,
                 want_fence=False,
                 want_shut_down=self.want_shut_down,
+                offline_log_dirs=list(offline),
             )
+            # Cleared before the request goes, not after: a wake-up while it is being sent
+            # (a log dir failing then) must send the next heartbeat at once, not a period later.
+            self._wake_heartbeat.clear()
+            self._sent_offline.append(bool(offline))
+            yield request
             if self.should_shut_down.is_set():
                 return
-            self._wake_heartbeat.clear()
             try:
                 await asyncio.wait_for(self._wake_heartbeat.wait(), self._heartbeat_interval_s)
             except TimeoutError:
                 pass
 
     async def _run_heartbeat_stream(self, stop: asyncio.Event) -> None:
+        self._sent_offline.clear()  # a new stream: the old one's answers never come
         call = self._stub.Heartbeat(self._heartbeat_requests(stop))
         try:
             async for response in call:
                 self.controller_reachable = True
                 code = ErrorCode(response.error_code)
+                carried_offline = self._sent_offline.popleft() if self._sent_offline else False
                 if code in (ErrorCode.BROKER_ID_NOT_REGISTERED, ErrorCode.STALE_BROKER_EPOCH):
                     log.warning(
                         "heartbeat_rejected", error=code.name, message=response.error_message
@@ -204,6 +232,10 @@ class ControllerLink:
                 if code != ErrorCode.NONE:
                     log.warning("heartbeat_error", error=code.name, message=response.error_message)
                     continue
+                if carried_offline and response.is_fenced:
+                    if not self.offline_log_dirs_reported.is_set():
+                        log.info("offline_log_dirs_reported", log_dirs=list(self.offline_log_dirs))
+                    self.offline_log_dirs_reported.set()
                 if self.is_fenced != response.is_fenced:
                     log.info("broker_fence_state", fenced=response.is_fenced)
                 self.is_fenced = response.is_fenced

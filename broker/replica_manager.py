@@ -9,6 +9,13 @@ then waking waiters.
 Per partition, appends and truncations run synchronously on the event loop between two awaits,
 so nothing else can interleave between a core's `plan_append` and `on_leader_appended` (the core's
 contract). Writes go to the page cache; fsync follows the topic's flush policy.
+
+A failed disk operation (append, roll, flush, truncation, checkpoint, retention, a read) takes the
+data dir offline, as Kafka's LogDirFailureChannel does: the broker's one log dir holds every
+replica, so from then on it serves nothing (KAFKA_STORAGE_ERROR to produce, fetch and offset
+lookups, pending acks=all produces answered with it too), stops fetching and stops all background
+writes, and sets `log_dir_failed`; the composition root reports the dir to the controller, which
+moves the leaderships, and exits (Kafka halts when its last log dir fails).
 """
 
 from __future__ import annotations
@@ -51,7 +58,11 @@ from minibroker.broker.replication.events import (
 from minibroker.broker.replication.invariants import invariant
 from minibroker.broker.replication.partition import BrokerRegistrations, PartitionReplica
 from minibroker.broker.storage.config import LogConfig
-from minibroker.broker.storage.errors import InconsistentTopicIdError
+from minibroker.broker.storage.errors import (
+    InconsistentTopicIdError,
+    disk_error_advice,
+    is_log_dir_failure,
+)
 from minibroker.broker.storage.log import PartitionLog
 from minibroker.broker.storage.log_manager import LogManager
 from minibroker.client import batch as batchlib
@@ -75,6 +86,20 @@ class FollowerAppendFailedError(MiniBrokerError):
 
 
 FULL_PURGATORY_RECHECK_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class LogDirFailure:
+    """The data dir failed (Kafka's offline log dir): where, during what, and how."""
+
+    log_dir: str
+    operation: str  # what the broker was doing: "produce to events-0", "checkpoint_..."
+    error: str  # the storage error's text
+    advice: str  # what the operator should do (from the errno)
+
+    def serving_error(self) -> str:
+        """The message of every KAFKA_STORAGE_ERROR answered from now on."""
+        return f"the broker's log dir {self.log_dir} is offline ({self.operation}: {self.error})"
 
 
 def now_ms() -> int:
@@ -139,6 +164,9 @@ class ReplicaManager:
             backoff_ms=config["replica.fetch.backoff.ms"],
         )
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Set once, never cleared: a failed dir comes back only with a new broker process.
+        self.log_dir_failure: LogDirFailure | None = None
+        self.log_dir_failed = asyncio.Event()
 
     def attach(self, link: Any) -> None:
         self._link = link
@@ -173,6 +201,62 @@ class ReplicaManager:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    # -- log dir failure ------------------------------------------------------------------------
+
+    def maybe_take_log_dir_offline(self, err: BaseException, operation: str) -> bool:
+        """Take the data dir offline when `err` is a failure of it; True when it was one.
+
+        Kafka's rule: any I/O error of a log dir takes the dir offline, whatever the operation
+        (an append, a roll, a flush, a truncation, a checkpoint, a read). Retrying on a failing
+        disk would keep this broker leading while its followers could serve.
+        """
+        if not is_log_dir_failure(err):
+            return False
+        if self.log_dir_failure is None:
+            self._take_log_dir_offline(
+                LogDirFailure(
+                    str(self.log_manager.data_dir.path),
+                    operation,
+                    str(err),
+                    disk_error_advice(err),
+                )
+            )
+        return True
+
+    def _take_log_dir_offline(self, failure: LogDirFailure) -> None:
+        """Stop serving every replica: no fetching, no more writes; answer what waits."""
+        self.log_dir_failure = failure
+        log.error(
+            "log_dir_offline",
+            log_dir=failure.log_dir,
+            operation=failure.operation,
+            error=failure.error,
+            partitions=len(self.partitions),
+            leaderships=self.led_partitions(),
+        )
+        message = failure.serving_error()
+        for tp, hosted in self.partitions.items():
+            self.fetchers.unfollow(tp)
+            hosted.pending_fetch = None
+            hosted.pending_request = None
+            for future in hosted.produce_futures.values():
+                if not future.done():
+                    future.set_result(
+                        CompleteProduce(None, ErrorCode.KAFKA_STORAGE_ERROR, -1, -1, message)
+                    )
+            hosted.produce_futures.clear()
+            self._notify_fetches(tp)  # parked long polls answer now, with the storage error
+        self.log_dir_failed.set()
+
+    def _offline_error(self) -> tuple[ErrorCode, str] | None:
+        """(KAFKA_STORAGE_ERROR, why) once the data dir is offline, else None."""
+        return None if self.log_dir_failure is None else self._storage_error()
+
+    def _storage_error(self) -> tuple[ErrorCode, str]:
+        failure = self.log_dir_failure
+        why = failure.serving_error() if failure is not None else "the log dir failed"
+        return ErrorCode.KAFKA_STORAGE_ERROR, why
 
     # -- startup ------------------------------------------------------------------------------
 
@@ -213,6 +297,11 @@ class ReplicaManager:
         before = {topic_id: topic.name for topic_id, topic in self.image.topics_by_id.items()}
         apply_batch(self.image, batch)
         self._sync_brokers()
+        if self.log_dir_failure is not None:
+            # Nothing may touch the failed dir: the image follows (metadata answers stay
+            # current), the replicas do not.
+            self._metadata_ready.set()
+            return
         now = now_ms()
         # Topics that disappeared: stop and delete their replicas here.
         for topic_id, name in before.items():
@@ -220,14 +309,21 @@ class ReplicaManager:
                 for tp in [tp for tp, h in self.partitions.items() if h.topic_id == topic_id]:
                     self._remove_partition(tp, delete=True, reason=f"topic {name} deleted")
         for topic, record in self.image.partitions():
+            if self.log_dir_failure is not None:
+                break
             try:
                 self._apply_partition_record(topic, record, now)
-            except Exception:
-                # One partition's storage or state failure must not stop this broker from
-                # following metadata for every other partition: log it, keep going.
-                log.exception(
-                    "partition_metadata_apply_failed", topic=topic.name, partition=record.partition
-                )
+            except Exception as err:
+                # One partition's state failure must not stop this broker from following
+                # metadata for every other partition: log it, keep going. A disk failure
+                # takes the whole dir offline (and is logged as that).
+                where = f"applying metadata to {topic.name}-{record.partition}"
+                if not self.maybe_take_log_dir_offline(err, where):
+                    log.exception(
+                        "partition_metadata_apply_failed",
+                        topic=topic.name,
+                        partition=record.partition,
+                    )
         self._resync_fetchers()
         self._metadata_ready.set()
 
@@ -357,7 +453,9 @@ class ReplicaManager:
                     info = hosted.log.append_as_follower(effect.records)
                 except MiniBrokerError as err:
                     # The log is unchanged and the core's LEO did not move; the caller turns
-                    # this into a fetch error so the follower backs off before asking again.
+                    # this into a fetch error so the follower backs off before asking again
+                    # (or, on a disk failure, stops with the rest of the dir).
+                    self.maybe_take_log_dir_offline(err, f"follower append to {tp}")
                     raise FollowerAppendFailedError(str(err)) from err
                 self.metrics.replication_bytes_in.inc(len(effect.records))
                 queue[:0] = core.on_follower_appended(hosted.log.leo, info.batches)
@@ -378,6 +476,7 @@ class ReplicaManager:
                     self._apply(
                         hosted, core.on_log_truncated(hosted.log.leo, hosted.log.log_start_offset)
                     )
+                    self.maybe_take_log_dir_offline(err, f"truncation of {tp}")
                     raise FollowerAppendFailedError(f"truncation failed: {err}") from err
                 self.metrics.truncations.inc()
                 # `watch` reads these two events from the log (to_offset / start_offset).
@@ -495,6 +594,11 @@ class ReplicaManager:
         waits: list[tuple[wire.ProduceResult, asyncio.Future[CompleteProduce]]] = []
         deadline = now_ms() + max(timeout_ms, 0)
         for part in partitions:
+            offline = self._offline_error()
+            if offline is not None:
+                # Also for the partitions after the one whose append took the dir offline.
+                results.append(wire.ProduceResult(part.topic, part.partition, *offline))
+                continue
             result, future = self._produce_one(acks, deadline, part)
             results.append(result)
             if future is not None:
@@ -573,6 +677,7 @@ class ReplicaManager:
                 part.records, plan.leader_epoch, now, validated=batches
             )
         except MiniBrokerError as err:
+            self.maybe_take_log_dir_offline(err, f"produce to {tp}")
             result.error, result.message = err.code, str(err)
             return result, None
         invariant(
@@ -608,6 +713,7 @@ class ReplicaManager:
             log.warning(
                 "flush_failed", topic=hosted.tp.topic, partition=hosted.tp.partition, error=str(err)
             )
+            self.maybe_take_log_dir_offline(err, f"flush of {hosted.tp}")
 
     def _park(
         self, hosted: Hosted, base_offset: int, last_offset: int, deadline_ms: int
@@ -657,6 +763,10 @@ class ReplicaManager:
         tp = TopicPartition(req.topic, req.partition)
         result = wire.FetchPartitionResult(req.topic, req.partition)
         hosted = self.partitions.get(tp)
+        offline = self._offline_error()
+        if offline is not None:
+            result.error, result.message = offline
+            return result
         if hosted is None:
             known = self.image.topic(req.topic)
             if known is None or req.partition not in known.partitions:
@@ -689,9 +799,9 @@ class ReplicaManager:
             result.current_leader = (core.leader_id, core.leader_epoch)
             readable = answer.error == ErrorCode.NONE and answer.diverging_epoch is None
             if readable and answer.read_until_offset > answer.fetch_offset:
-                result.records = hosted.log.read(
-                    answer.fetch_offset, max_bytes, max_offset=answer.read_until_offset
-                ).records
+                self._read_records(
+                    hosted, result, answer.fetch_offset, max_bytes, answer.read_until_offset
+                )
             return result
         # A consumer: the leader, or an in-sync follower in the client's rack (KIP-392).
         allow_follower = bool(params.rack_id) and self._serves_rack(params.rack_id)
@@ -711,10 +821,27 @@ class ReplicaManager:
                 result.preferred_read_replica = preferred
                 return result
         if answer_c.read_until_offset > req.fetch_offset:
-            result.records = hosted.log.read(
-                req.fetch_offset, max_bytes, max_offset=answer_c.read_until_offset
-            ).records
+            self._read_records(
+                hosted, result, req.fetch_offset, max_bytes, answer_c.read_until_offset
+            )
         return result
+
+    def _read_records(
+        self,
+        hosted: Hosted,
+        result: wire.FetchPartitionResult,
+        offset: int,
+        max_bytes: int,
+        max_offset: int,
+    ) -> None:
+        """Fill `result.records`; a read the disk fails takes the dir offline and answers
+        KAFKA_STORAGE_ERROR."""
+        try:
+            result.records = hosted.log.read(offset, max_bytes, max_offset=max_offset).records
+        except Exception as err:
+            if not self.maybe_take_log_dir_offline(err, f"read from {hosted.tp}"):
+                raise
+            result.error, result.message = self._storage_error()
 
     def _serves_rack(self, rack: str) -> bool:
         return (
@@ -747,7 +874,7 @@ class ReplicaManager:
         self, tp: TopicPartition, leader_id: int
     ) -> wire.FetchPartitionRequest | None:
         hosted = self.partitions.get(tp)
-        if hosted is None:
+        if hosted is None or self.log_dir_failure is not None:
             return None
         position = hosted.core.next_fetch(now_ms())
         if position is None or position.leader_id != leader_id:
@@ -776,6 +903,8 @@ class ReplicaManager:
         tp = TopicPartition(result.topic, result.partition)
         hosted = self.partitions.get(tp)
         if hosted is None or hosted.pending_fetch is None or hosted.pending_request is not sent:
+            return
+        if self.log_dir_failure is not None:
             return
         request = hosted.pending_fetch
         if request.leader_id != leader_id:
@@ -813,6 +942,11 @@ class ReplicaManager:
             tp = TopicPartition(req.topic, req.partition)
             result = wire.ListOffsetsResult(req.topic, req.partition)
             hosted = self.partitions.get(tp)
+            offline = self._offline_error()
+            if offline is not None:
+                result.error, result.message = offline
+                results.append(result)
+                continue
             if hosted is None:
                 result.error = self._not_hosted_error(tp)
                 results.append(result)
@@ -822,7 +956,14 @@ class ReplicaManager:
             result.leader_epoch = answer.leader_epoch
             if answer.error == ErrorCode.NONE:
                 if answer.needs_timestamp_lookup:
-                    found = hosted.log.offset_for_timestamp(req.timestamp)
+                    try:
+                        found = hosted.log.offset_for_timestamp(req.timestamp)
+                    except Exception as err:
+                        if not self.maybe_take_log_dir_offline(err, f"timestamp lookup in {tp}"):
+                            raise
+                        result.error, result.message = self._storage_error()
+                        results.append(result)
+                        continue
                     found_offset = found[0] if found is not None else None
                     error, offset = answer.resolve(found_offset)
                     result.error, result.offset = error, offset
@@ -840,7 +981,10 @@ class ReplicaManager:
             tp = TopicPartition(req.topic, req.partition)
             result = wire.EpochEndOffsetResult(req.topic, req.partition)
             hosted = self.partitions.get(tp)
-            if hosted is None:
+            offline = self._offline_error()
+            if offline is not None:
+                result.error, result.message = offline
+            elif hosted is None:
                 result.error = self._not_hosted_error(tp)
             else:
                 answer = hosted.core.offset_for_leader_epoch(
@@ -1010,12 +1154,15 @@ class ReplicaManager:
                 await asyncio.wait_for(stop.wait(), tick_s)
             except TimeoutError:
                 pass
+            if self.log_dir_failure is not None:
+                return  # no more checkpoints, flushes or retention on a failed dir
             try:
                 self._background_tick(last, shrink_every, hw_every, rp_every, retention_every)
-            except Exception:
+            except Exception as err:
                 # One failing partition or checkpoint must not stop ISR checks, produce expiry
                 # and checkpoints for every other partition: log it and carry on next tick.
-                log.exception("background_tick_failed")
+                if not self.maybe_take_log_dir_offline(err, "background work"):
+                    log.exception("background_tick_failed")
 
     def _background_tick(
         self,
@@ -1058,23 +1205,29 @@ class ReplicaManager:
 
     def _guarded(self, step: str, fn: Any) -> None:
         """Run one background step; a failure is logged and the other steps still run."""
+        if self.log_dir_failure is not None:
+            return
         try:
             fn()
-        except Exception:
-            log.exception("background_step_failed", step=step)
+        except Exception as err:
+            if not self.maybe_take_log_dir_offline(err, step):
+                log.exception("background_step_failed", step=step)
 
     def _each_partition(self, step: str, fn: Any) -> None:
         """Run one background step per partition; one partition's failure spares the others."""
         for hosted in list(self.partitions.values()):
+            if self.log_dir_failure is not None:
+                return
             try:
                 fn(hosted)
-            except Exception:
-                log.exception(
-                    "background_step_failed",
-                    step=step,
-                    topic=hosted.tp.topic,
-                    partition=hosted.tp.partition,
-                )
+            except Exception as err:
+                if not self.maybe_take_log_dir_offline(err, f"{step} of {hosted.tp}"):
+                    log.exception(
+                        "background_step_failed",
+                        step=step,
+                        topic=hosted.tp.topic,
+                        partition=hosted.tp.partition,
+                    )
 
     def _run_retention(self, hosted: Hosted, now: int) -> None:
         deleted = hosted.log.delete_retention(now)

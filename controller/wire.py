@@ -56,6 +56,7 @@ def heartbeat_request(msg: pb.BrokerHeartbeatRequest) -> HeartbeatRequest:
         current_metadata_offset=msg.current_metadata_offset,
         want_fence=msg.want_fence,
         want_shut_down=msg.want_shut_down,
+        offline_log_dirs=tuple(msg.offline_log_dirs),
     )
 
 

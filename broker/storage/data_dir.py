@@ -16,18 +16,22 @@ another node or cluster, so it is refused too. A meta.properties that does not p
 naming the file and what to do; it is never rewritten.
 
 Concurrency contract: one DataDir per process per directory; the lock makes a second process
-fail at once with DataDirInUseError instead of corrupting the logs.
+fail at once with DataDirInUseError instead of corrupting the logs. A file of the dir that cannot
+be written or read at start-up (a full disk, a read-only dir) is a DataDirError naming the path
+and what to do, never a bare OSError.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import pathlib
 import re
 import shutil
+from collections.abc import Iterator
 
 from minibroker.broker.storage.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
@@ -36,7 +40,12 @@ from minibroker.broker.storage.checkpoint import (
     fsync_dir,
     write_atomic,
 )
-from minibroker.broker.storage.errors import DataDirError, DataDirInUseError, MetaPropertiesError
+from minibroker.broker.storage.errors import (
+    DataDirError,
+    DataDirInUseError,
+    MetaPropertiesError,
+    disk_error_advice,
+)
 from minibroker.client.common.log import get_logger
 from minibroker.client.types import TopicPartition
 
@@ -137,15 +146,19 @@ class DataDir:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise DataDirError(f"cannot create data dir {root}: {err.strerror}") from None
-        lock_fd = _lock(root)
+        with _unusable_if_failing(root, root / LOCK_FILE):
+            lock_fd = _lock(root)
         try:
-            stored_cluster_id = _check_meta(root, node_id, cluster_id)
-            had_clean, epoch = _consume_clean_shutdown_marker(root)
+            with _unusable_if_failing(root, root / META_PROPERTIES):
+                stored_cluster_id = _check_meta(root, node_id, cluster_id)
+            with _unusable_if_failing(root, root / CLEAN_SHUTDOWN_FILE):
+                had_clean, epoch = _consume_clean_shutdown_marker(root)
+            with _unusable_if_failing(root, root):
+                data_dir = cls(root, lock_fd, node_id, stored_cluster_id, had_clean, epoch)
+                data_dir._remove_deleted_partition_dirs()
         except BaseException:
             os.close(lock_fd)
             raise
-        data_dir = cls(root, lock_fd, node_id, stored_cluster_id, had_clean, epoch)
-        data_dir._remove_deleted_partition_dirs()
         return data_dir
 
     @property
@@ -163,7 +176,8 @@ class DataDir:
             raise MetaPropertiesError(
                 f"data dir {self.path} belongs to cluster {self._cluster_id}, not {cluster_id}"
             )
-        _write_meta(self.path, self.node_id, cluster_id)
+        with _unusable_if_failing(self.path, self.path / META_PROPERTIES):
+            _write_meta(self.path, self.node_id, cluster_id)
         self._cluster_id = cluster_id
 
     def partition_dirs(self) -> dict[TopicPartition, pathlib.Path]:
@@ -205,6 +219,21 @@ class DataDir:
                 shutil.rmtree(entry, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _unusable_if_failing(root: pathlib.Path, path: pathlib.Path) -> Iterator[None]:
+    """Turn an OSError of a data-dir file (a full disk, a read-only or unwritable dir, an I/O
+    error) into a DataDirError that says what failed, on which path, and what to do."""
+    try:
+        yield
+    except OSError as err:
+        what = err.strerror or str(err)
+        name = errno.errorcode.get(err.errno, str(err.errno)) if err.errno else "?"
+        raise DataDirError(
+            f"cannot use data dir {root}: {err.filename or path}: {what} ({name}); "
+            f"{disk_error_advice(err)}"
+        ) from None
+
+
 def _lock(root: pathlib.Path) -> int:
     lock_path = root / LOCK_FILE
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -219,8 +248,13 @@ def _lock(root: pathlib.Path) -> int:
     except OSError as err:
         os.close(fd)
         raise DataDirError(f"cannot lock data dir {root}: {err.strerror}") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as err:
+        os.close(fd)
+        err.filename = err.filename or str(lock_path)
+        raise
     return fd
 
 

@@ -10,6 +10,8 @@ The rules and where they come from:
 - registration, heartbeats, fencing, controlled shutdown: research §2.13 step 5-6, §2.15;
   what a registration may contain: `registration.py`; unregistration: Kafka's
   ReplicationControlManager.unregisterBroker;
+- a heartbeat reporting the broker's log dir offline (Kafka's OfflineLogDirs, KIP-858) fences
+  it at once, which moves its leaderships to in-sync replicas (`_log_dirs_offline`);
 - elections and the epochs they bump: research §2.7, §2.8 (`election.py`);
 - AlterPartition: research §2.6 (`isr.py`);
 - placement and topic validation: `placement.py`, `topics.py`;
@@ -47,7 +49,7 @@ from minibroker.controller.core.election import (
     remove_from_isr,
 )
 from minibroker.controller.core.isr import isr_delta, validate_alter_partition
-from minibroker.controller.core.liveness import Liveness
+from minibroker.controller.core.liveness import BrokerSession, Liveness
 from minibroker.controller.core.messages import (
     AlterPartitionReply,
     AlterPartitionRequest,
@@ -73,6 +75,10 @@ from minibroker.controller.core.registration import invalid_cluster_id, invalid_
 from minibroker.controller.core.topics import collision_key, invalid_topic_name
 
 R = TypeVar("R")
+
+# A heartbeat's offline-log-dir report (Kafka's OfflineLogDirs): one dir per broker, a path.
+MAX_OFFLINE_LOG_DIRS = 1
+MAX_LOG_DIR_PATH_BYTES = 4096
 
 
 class RandomSource(Protocol):
@@ -372,15 +378,23 @@ class ControllerCore:
                     f"(current {reg.broker_epoch})",
                 )
             )
+        problem = invalid_offline_log_dirs(req.offline_log_dirs)
+        if problem is not None:
+            return self._done(
+                HeartbeatReply(ErrorCode.INVALID_REQUEST, f"broker {req.broker_id}: {problem}")
+            )
         session = self.liveness.get(req.broker_id)
         if session is None or session.broker_epoch != reg.broker_epoch:
             session = self.liveness.start_session(req.broker_id, reg.broker_epoch, now_ms)
         self.liveness.touch(req.broker_id, stream_id, req.current_metadata_offset, now_ms)
         caught_up = req.current_metadata_offset >= reg.broker_epoch
+        if req.offline_log_dirs and not session.offline_log_dirs:
+            self._log_dirs_offline(req, session, now_ms)
+            reg = self.image.brokers[req.broker_id]
         if reg.fenced:
             if req.want_shut_down:
                 session.shutdown_granted = True
-            elif not req.want_fence and caught_up:
+            elif not req.want_fence and caught_up and not session.offline_log_dirs:
                 self._unfence(req.broker_id, now_ms)
         elif req.want_fence:
             self._fence(req.broker_id, now_ms, reason="broker asked to be fenced")
@@ -423,6 +437,28 @@ class ControllerCore:
                 should_shut_down=session.shutdown_granted,
             )
         )
+
+    def _log_dirs_offline(self, req: HeartbeatRequest, session: BrokerSession, now_ms: int) -> None:
+        """The broker's log dir failed (Kafka's handleDirectoriesOffline): it can serve no
+        replica, so fence it now rather than at the session timeout. Fencing takes it out of
+        every ISR (never emptying one) and elects new leaders among the in-sync replicas left,
+        so acknowledged acks=all writes, which every ISR member holds, stay readable.
+
+        The report can only speak for the sender: it names no broker, and the caller checked
+        that (broker id, broker epoch) is the current registration. Minibroker brokers have a
+        single log dir, so any valid report means the broker's only dir.
+        """
+        session.offline_log_dirs = req.offline_log_dirs
+        reg = self.image.brokers[req.broker_id]
+        dirs = ", ".join(req.offline_log_dirs)
+        self._event(
+            "log_dir_offline",
+            broker_id=req.broker_id,
+            broker_epoch=reg.broker_epoch,
+            log_dirs=list(req.offline_log_dirs),
+        )
+        if not reg.fenced:
+            self._fence(req.broker_id, now_ms, reason=f"log dir {dirs} offline")
 
     def _may_shut_down(self, broker_id: int) -> bool:
         """A broker in controlled shutdown may exit once it leads nothing and every other
@@ -798,10 +834,30 @@ class ControllerCore:
         return self._done(tuple(results))
 
 
+def invalid_offline_log_dirs(dirs: Sequence[str]) -> str | None:
+    """Why a heartbeat's offline-log-dir report is malformed, or None when it is fine.
+
+    A broker has one log dir, so a report names at most one: a non-empty path of at most
+    MAX_LOG_DIR_PATH_BYTES bytes (Linux's PATH_MAX).
+    """
+    if len(dirs) > MAX_OFFLINE_LOG_DIRS:
+        return f"reports {len(dirs)} offline log dirs, but a broker has {MAX_OFFLINE_LOG_DIRS}"
+    for path in dirs:
+        if not path:
+            return "reports an offline log dir with an empty path"
+        size = len(path.encode())
+        if size > MAX_LOG_DIR_PATH_BYTES:
+            return (
+                f"reports an offline log dir path of {size} bytes "
+                f"(at most {MAX_LOG_DIR_PATH_BYTES})"
+            )
+    return None
+
+
 def _config_str(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
 
 
-__all__ = ["ControllerCore", "ControllerSettings", "RandomSource"]
+__all__ = ["ControllerCore", "ControllerSettings", "RandomSource", "invalid_offline_log_dirs"]

@@ -24,6 +24,10 @@ class BrokerSession:
     # whether it was told it may (after which its stream ending is not a failure).
     shutdown_offset: int | None = None
     shutdown_granted: bool = False
+    # The log dirs this incarnation reported offline: once reported, it stays fenced for the
+    # rest of its session whatever later heartbeats say (a failed dir does not come back
+    # without a restart, which is a new incarnation and a new session).
+    offline_log_dirs: tuple[str, ...] = ()
 
 
 class Liveness:

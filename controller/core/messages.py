@@ -74,6 +74,9 @@ class HeartbeatRequest:
     current_metadata_offset: int
     want_fence: bool = False
     want_shut_down: bool = False
+    # Kafka's OfflineLogDirs: the broker's failed log dirs (paths; untrusted, checked by the
+    # core). Non-empty means the broker's only log dir failed and it can serve nothing.
+    offline_log_dirs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

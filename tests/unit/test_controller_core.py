@@ -70,7 +70,17 @@ class Harness:
             self.epochs[b] = reply.broker_epoch
         return reply
 
-    def heartbeat(self, b: int, offset: int | None = None, *, fence=False, shut=False, stream=None):
+    def heartbeat(
+        self,
+        b: int,
+        offset: int | None = None,
+        *,
+        fence=False,
+        shut=False,
+        stream=None,
+        offline=(),
+        epoch=None,
+    ):
         if stream is None:
             if b not in self.streams:
                 self._next_stream += 1
@@ -78,10 +88,11 @@ class Harness:
             stream = self.streams[b]
         req = HeartbeatRequest(
             b,
-            self.epochs.get(b, -1),
+            self.epochs.get(b, -1) if epoch is None else epoch,
             self.core.image.next_offset if offset is None else offset,
             fence,
             shut,
+            tuple(offline),
         )
         return self.take(self.core.heartbeat(req, stream, self.now))
 
@@ -401,6 +412,141 @@ def test_fenced_broker_asking_to_shut_down_may_go_at_once():
     h = Harness()
     h.register(1)
     assert h.heartbeat(1, offset=-1, shut=True).should_shut_down
+
+
+# -- offline log dirs (Kafka's OfflineLogDirs, KIP-858) -------------------------------------
+#
+# A broker whose only log dir failed reports it in its next heartbeat. The controller fences it
+# at once (no session timeout): it leaves every ISR (never emptying one) and its leaderships move
+# to in-sync replicas, so acknowledged acks=all writes stay readable. The report is untrusted:
+# it speaks only for the sender, whose broker epoch must be current, and a malformed one is
+# refused without any change.
+
+
+def test_offline_log_dir_fences_the_broker_and_moves_its_leaderships_to_isr_members():
+    h = Harness()
+    h.start(1, 2, 3)
+    h.create("t", 6, 3)
+    led_by_1 = [i for i in range(6) if h.part("t", i).leader == 1]
+    assert led_by_1
+    before = {i: h.part("t", i) for i in range(6)}
+    reply = h.heartbeat(1, offline=["/data/broker-1"])
+    assert reply.error == ErrorCode.NONE and reply.is_fenced
+    assert h.core.image.brokers[1].fenced
+    for i in range(6):
+        p = h.part("t", i)
+        assert 1 not in p.isr and p.partition_epoch == before[i].partition_epoch + 1
+        if i in led_by_1:
+            assert p.leader in before[i].isr and p.leader != 1
+            assert p.leader_epoch == before[i].leader_epoch + 1
+            assert "log dir /data/broker-1 offline" in p.reason
+        else:
+            assert p.leader == before[i].leader and p.leader_epoch == before[i].leader_epoch
+    offline = next(e for e in h.events if e.name == "log_dir_offline")
+    assert offline.fields == {
+        "broker_id": 1,
+        "broker_epoch": h.epochs[1],
+        "log_dirs": ["/data/broker-1"],
+    }
+    fence = next(e for e in h.events if e.name == "broker_fenced")
+    assert fence.fields["reason"] == "log dir /data/broker-1 offline"
+    # Replayed by a restarted controller, the log gives the same image (the fence is durable).
+    assert replay(h.log).brokers[1].fenced
+
+
+def test_offline_log_dir_of_the_last_isr_member_leaves_the_partition_offline_not_unclean():
+    h = Harness()
+    h.start(1, 2)
+    h.create("t", 1, 2)
+    p0 = h.part()
+    leader = p0.leader
+    h.alter(leader, p0, [leader])  # the follower fell behind: the leader alone has every write
+    h.heartbeat(leader, offline=["/data/leader"])
+    p = h.part()
+    # No out-of-sync replica leads (unclean is off): the partition waits for its last ISR member.
+    assert p.leader == NO_LEADER and p.isr == (leader,)
+
+
+def test_broker_with_an_offline_log_dir_stays_fenced_for_the_rest_of_its_session():
+    h = Harness()
+    h.start(1, 2)
+    h.heartbeat(1, offline=["/data/broker-1"])
+    n = len(h.log)
+    for _ in range(3):
+        h.now += 100
+        # Caught up, not asking to be fenced, and even without the report: it stays fenced.
+        assert h.heartbeat(1).is_fenced
+        assert h.heartbeat(1, offline=["/data/broker-1"]).is_fenced
+    assert h.core.image.brokers[1].fenced and len(h.log) == n
+    assert h.event_names().count("log_dir_offline") == 1
+    # Its stream ending (the broker exits) changes nothing more.
+    h.close_stream(1)
+    assert len(h.log) == n
+    # A restart is a new incarnation: once caught up it is unfenced again.
+    h.register(1, incarnation="restarted")
+    assert not h.heartbeat(1).is_fenced
+
+
+def test_offline_log_dir_with_a_stale_broker_epoch_is_ignored():
+    h = Harness()
+    h.start(1, 2)
+    h.create("t", 2, 2)
+    old_epoch = h.epochs[1]
+    h.close_stream(1)
+    h.register(1, incarnation="restarted")
+    h.heartbeat(1)
+    before = [h.part("t", i) for i in range(2)]
+    n = len(h.log)
+    reply = h.heartbeat(1, offline=["/data/broker-1"], epoch=old_epoch, stream=99)
+    assert reply.error == ErrorCode.STALE_BROKER_EPOCH
+    assert not h.core.image.brokers[1].fenced and len(h.log) == n
+    assert [h.part("t", i) for i in range(2)] == before
+    assert "log_dir_offline" not in h.event_names()
+    # The current incarnation is not marked either: its next heartbeat keeps it unfenced.
+    assert not h.heartbeat(1).is_fenced
+
+
+def test_offline_log_dir_report_speaks_only_for_the_sender():
+    h = Harness()
+    h.start(1, 2, 3)
+    h.create("t", 3, 3)
+    h.heartbeat(2, offline=["/data/broker-1"])  # a path that is not its own changes nothing else
+    assert h.core.image.brokers[2].fenced
+    assert not h.core.image.brokers[1].fenced and not h.core.image.brokers[3].fenced
+    for i in range(3):
+        assert {1, 3} <= set(h.part("t", i).isr)
+
+
+@pytest.mark.parametrize(
+    ("dirs", "needle"),
+    [
+        (["/a", "/b"], "reports 2 offline log dirs"),
+        ([""], "empty path"),
+        (["/" + "x" * 4096], "4097 bytes"),
+    ],
+)
+def test_malformed_offline_log_dir_report_is_refused_and_changes_nothing(dirs, needle):
+    h = Harness()
+    h.start(1, 2)
+    h.create("t", 1, 2)
+    before = h.part()
+    n = len(h.log)
+    reply = h.heartbeat(1, offline=dirs)
+    assert reply.error == ErrorCode.INVALID_REQUEST and needle in reply.message
+    assert len(h.log) == n and h.part() == before
+    assert not h.core.image.brokers[1].fenced
+    assert not h.heartbeat(1).is_fenced  # nothing was remembered either
+
+
+def test_offline_log_dir_during_controlled_shutdown_fences_at_once():
+    h = Harness()
+    h.start(1, 2, 3)
+    h.create("t", 3, 3)
+    h.heartbeat(1, shut=True)
+    assert h.core.image.brokers[1].in_controlled_shutdown
+    h.heartbeat(1, shut=True, offline=["/data/broker-1"])
+    assert h.core.image.brokers[1].fenced
+    assert h.heartbeat(1, shut=True, offline=["/data/broker-1"]).should_shut_down
 
 
 # -- topics --------------------------------------------------------------------------------
@@ -733,7 +879,8 @@ def test_describe_cluster():
 @given(st.lists(st.tuples(st.integers(0, 8), st.integers(1, 4), st.integers(0, 5)), max_size=60))
 def test_random_command_sequences_keep_invariants(commands):
     """I7 and I11 under any interleaving of registration, heartbeats, stream breaks, timeouts,
-    shutdowns, ISR changes and elections; the replayed log always equals the live image."""
+    shutdowns, offline log dirs, ISR changes and elections; the replayed log always equals the
+    live image."""
     h = Harness(auto_leader_rebalance_enable=True, leader_imbalance_check_interval_ms=5000)
     h.start(1, 2, 3, 4)
     h.create("t", 4, 3)
@@ -746,7 +893,8 @@ def test_random_command_sequences_keep_invariants(commands):
             h.register(b, incarnation=f"inc-{b}-{len(h.log)}")
         elif op == 2:
             if b in h.epochs:
-                h.heartbeat(b, shut=x == 0, fence=x == 1)
+                offline = [f"/data/broker-{b}"] if x == 2 else []
+                h.heartbeat(b, shut=x == 0, fence=x == 1, offline=offline)
         elif op == 3:
             h.tick(x * 700)
         elif op == 4:

@@ -6,6 +6,7 @@ second process, which must fail at once with a message naming the dir and the ho
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
@@ -14,10 +15,13 @@ import sys
 
 import pytest
 
+from minibroker.broker.storage import checkpoint as checkpoint_module
+from minibroker.broker.storage import data_dir as data_dir_module
 from minibroker.broker.storage.checkpoint import OffsetCheckpointFile
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir, parse_partition_dir
 from minibroker.broker.storage.errors import (
+    DataDirError,
     DataDirInUseError,
     InconsistentTopicIdError,
     MetaPropertiesError,
@@ -112,6 +116,52 @@ def test_clean_shutdown_marker_is_read_once(tmp_path: pathlib.Path) -> None:
     assert not (tmp_path / ".kafka_cleanshutdown").exists()
     with DataDir.open(tmp_path, node_id=1) as data_dir:
         assert not data_dir.had_clean_shutdown and data_dir.previous_broker_epoch == -1
+
+
+@pytest.mark.parametrize(
+    ("call", "code", "failing_file", "advice"),
+    [
+        ("pwrite", errno.ENOSPC, ".lock", "free space"),
+        ("write", errno.EFBIG, "meta.properties", "ulimit -f"),
+        ("open", errno.EROFS, ".lock", "make it writable"),
+        ("fsync", errno.EIO, "meta.properties", "check the disk"),
+    ],
+)
+def test_a_data_dir_that_cannot_be_written_is_a_clear_error_naming_the_file(
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+    call: str,
+    code: int,
+    failing_file: str,
+    advice: str,
+) -> None:
+    """A full disk, a read-only or failing one at start-up: DataDirError (the broker prints it
+    as one line) naming the dir, the file, the error and what to do; no bare OSError, and the
+    lock is not left held."""
+
+    class FailingOs:
+        """`os` for the data dir's modules, with `call` failing."""
+
+        def __getattr__(self, name: str) -> object:
+            if name != call:
+                return getattr(os, name)
+
+            def failing(*args: object, **kwargs: object) -> object:
+                raise OSError(code, os.strerror(code))
+
+            return failing
+
+    for module in (data_dir_module, checkpoint_module):
+        monkeypatch.setattr(module, "os", FailingOs())
+    with pytest.raises(DataDirError) as info:
+        DataDir.open(tmp_path / "d", 1)
+    message = str(info.value)
+    assert f"cannot use data dir {tmp_path / 'd'}" in message
+    assert str(tmp_path / "d" / failing_file) in message
+    assert os.strerror(code) in message and errno.errorcode[code] in message
+    assert advice in message
+    monkeypatch.undo()
+    DataDir.open(tmp_path / "d", 1).close()  # healed: it opens (the lock was released)
 
 
 def test_partition_dir_names() -> None:
