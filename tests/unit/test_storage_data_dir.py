@@ -120,6 +120,8 @@ def test_partition_dir_names() -> None:
     assert parse_partition_dir("orders-3.abc-delete") is None
     assert parse_partition_dir("meta.properties") is None
     assert parse_partition_dir("orders") is None
+    assert parse_partition_dir("orders-3\n") is None
+    assert parse_partition_dir("orders\n-3") is None
 
 
 def test_log_manager_creates_reopens_and_checkpoints(tmp_path: pathlib.Path) -> None:
