@@ -61,6 +61,7 @@ from minibroker.client.metadata.image import MetadataImage, TopicImage
 from minibroker.client.metadata.records import NO_LEADER, PartitionRecord
 from minibroker.client.metadata.wire import apply_batch
 from minibroker.client.topic_config import resolve_topic_config
+from minibroker.client.topic_name import invalid_topic_name
 from minibroker.client.types import TopicPartition
 from minibroker.proto import minibroker_pb2 as pb
 
@@ -881,9 +882,13 @@ class ReplicaManager:
         for name in names:
             topic = image.topic(name)
             if topic is None:
-                response.topics.append(
-                    pb.TopicMetadata(name=name, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                # Kafka's answer for a name that cannot exist: INVALID_TOPIC_EXCEPTION.
+                error = (
+                    ErrorCode.INVALID_TOPIC_EXCEPTION
+                    if invalid_topic_name(name)
+                    else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 )
+                response.topics.append(pb.TopicMetadata(name=name, error_code=error))
                 continue
             tm = pb.TopicMetadata(name=name, topic_id=topic.topic_id, configs=topic.configs)
             for index in sorted(topic.partitions):
