@@ -72,6 +72,7 @@ from minibroker.client.metadata.image import MetadataImage, TopicImage
 from minibroker.client.metadata.records import NO_LEADER, PartitionRecord
 from minibroker.client.metadata.wire import apply_batch
 from minibroker.client.topic_config import resolve_topic_config
+from minibroker.client.topic_name import invalid_topic_name
 from minibroker.client.types import TopicPartition
 from minibroker.proto import minibroker_pb2 as pb
 
@@ -149,6 +150,7 @@ class ReplicaManager:
         self._controller_address = controller_address
         self._link: Any = None  # ControllerLink, attached after construction
         self._metadata_ready = asyncio.Event()
+        self._strays_removed = False
         self._produce_seq = 0
         self._producer_ids: tuple[int, int] = (0, 0)  # next id, end (exclusive)
         self._next_producer_ids: tuple[int, int] | None = None  # (start, length), prefetched
@@ -324,8 +326,26 @@ class ReplicaManager:
                         topic=topic.name,
                         partition=record.partition,
                     )
+        if (
+            not self._strays_removed
+            and self.log_dir_failure is None
+            and self.image.next_offset >= batch.high_offset
+        ):
+            self._strays_removed = True
+            self._remove_strays()
         self._resync_fetchers()
         self._metadata_ready.set()
+
+    def _remove_strays(self) -> None:
+        """Delete the logs loaded from disk whose topic id the caught-up metadata does not know
+        (deleted while this broker was away; Kafka's stray replicas): never served again."""
+        for tp, hosted in list(self.partitions.items()):
+            if hosted.topic_id not in self.image.topics_by_id:
+                self._remove_partition(
+                    tp,
+                    delete=True,
+                    reason=f"stray: topic id {hosted.topic_id!r} is not in the metadata",
+                )
 
     def _apply_partition_record(self, topic: TopicImage, record: PartitionRecord, now: int) -> None:
         """Act on the controller's record of one partition (create, reconfigure, change role)."""
@@ -335,16 +355,16 @@ class ReplicaManager:
             if hosted is not None and hosted.topic_id == topic.topic_id:
                 self._remove_partition(tp, delete=True, reason="no longer a replica")
             return
-        if hosted is not None and hosted.topic_id and hosted.topic_id != topic.topic_id:
-            # A topic of the same name was deleted and re-created: the old log goes.
+        if hosted is not None and hosted.topic_id != topic.topic_id:
+            # A topic of the same name was deleted and re-created: the old log goes. So does a
+            # log without a topic id (Kafka: stray); its `partition.metadata` is written before
+            # any data, so it holds none of this topic's records.
             self._remove_partition(tp, delete=True, reason="topic re-created")
             hosted = None
         if hosted is None:
             partition_log = self._open_log(tp, topic.topic_id, topic.configs)
             hosted = self._host(tp, topic.topic_id, partition_log, topic.configs)
         else:
-            if not hosted.topic_id:
-                hosted.topic_id = topic.topic_id
             if hosted.topic_configs != topic.configs:
                 # A log opened from disk before metadata arrived ran with the broker's
                 # defaults; the topic's own configs (min.insync.replicas, ...) apply now.
@@ -1025,9 +1045,13 @@ class ReplicaManager:
         for name in names:
             topic = image.topic(name)
             if topic is None:
-                response.topics.append(
-                    pb.TopicMetadata(name=name, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                # Kafka's answer for a name that cannot exist: INVALID_TOPIC_EXCEPTION.
+                error = (
+                    ErrorCode.INVALID_TOPIC_EXCEPTION
+                    if invalid_topic_name(name)
+                    else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 )
+                response.topics.append(pb.TopicMetadata(name=name, error_code=error))
                 continue
             tm = pb.TopicMetadata(name=name, topic_id=topic.topic_id, configs=topic.configs)
             for index in sorted(topic.partitions):
@@ -1193,6 +1217,7 @@ class ReplicaManager:
             self._guarded("checkpoint_high_watermarks", self.log_manager.checkpoint_high_watermarks)
         if mono - last["rp"] >= rp_every:
             last["rp"] = mono
+            self._guarded("retry_log_deletes", self.log_manager.retry_deletes)
             self._guarded("maybe_flush", lambda: self.log_manager.maybe_flush(now))
             self._guarded("checkpoint_recovery_points", self.log_manager.checkpoint_recovery_points)
             self._guarded(

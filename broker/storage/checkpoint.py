@@ -9,6 +9,14 @@ and `log-start-offset-checkpoint`; `epoch startOffset` for a partition's
 Every write goes to `<file>.tmp`, is fsynced, renamed over the file and the directory fsynced, so a
 crash leaves either the old or the new content, never a mix (DESIGN.md §4).
 
+No topic name can make an offset checkpoint unreadable. The writer escapes every character
+outside Kafka's legal set as `%XX` (UTF-8 bytes; a legal name has no `%`, so legal names are
+written as they are, in Kafka's format), so an entry is always one line of three fields. The
+reader keeps every entry it can parse and skips, with a warning, one it cannot (a file written
+before names were matched in full holds `orders\n 0 5` on two lines): losing one entry is
+safe (HW from replication, recovery from 0, log start from the first segment), losing the file
+would cost every partition of the broker its HW, recovery point and log start.
+
 Concurrency contract: one writer per file (the owning PartitionLog or LogManager).
 """
 
@@ -16,10 +24,13 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 from collections.abc import Iterable, Mapping
 
 from minibroker.broker.replication.epoch_cache import EpochEntry
 from minibroker.broker.storage.errors import CorruptCheckpointError
+from minibroker.client.common.log import get_logger
+from minibroker.client.topic_name import LEGAL_CHARS
 from minibroker.client.types import TopicPartition
 
 CHECKPOINT_VERSION = 0
@@ -27,6 +38,10 @@ REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
+# A topic field as the writer makes it: legal characters and %XX escapes, nothing else.
+_TOPIC_FIELD = re.compile(r"(?:[a-zA-Z0-9._-]|%[0-9A-F]{2})+")
+
+_log = get_logger("minibroker.broker.storage")
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -73,8 +88,8 @@ def format_checkpoint(entries: Iterable[Iterable[object]]) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def parse_checkpoint(path: str | os.PathLike[str], text: str, fields: int) -> list[list[str]]:
-    """The entries of a checkpoint text, each split into `fields` strings."""
+def _split_header(path: str | os.PathLike[str], text: str) -> tuple[int, list[str]]:
+    """(the entry count, the entry lines) of a checkpoint text; raises for another format."""
     lines = text.splitlines()
     if len(lines) < 2:
         raise CorruptCheckpointError(f"checkpoint {path}: missing version or count line")
@@ -87,7 +102,13 @@ def parse_checkpoint(path: str | os.PathLike[str], text: str, fields: int) -> li
         count = int(lines[1].strip())
     except ValueError:
         raise CorruptCheckpointError(f"checkpoint {path}: bad count {lines[1]!r}") from None
-    rows = [line.split() for line in lines[2:] if line.strip()]
+    return count, [line for line in lines[2:] if line.strip()]
+
+
+def parse_checkpoint(path: str | os.PathLike[str], text: str, fields: int) -> list[list[str]]:
+    """The entries of a checkpoint text, each split into `fields` strings (all or nothing)."""
+    count, lines = _split_header(path, text)
+    rows = [line.split() for line in lines]
     if count != len(rows):
         raise CorruptCheckpointError(
             f"checkpoint {path}: expected {count} entries but found {len(rows)}"
@@ -109,6 +130,51 @@ def _read_text(path: pathlib.Path) -> str | None:
         raise CorruptCheckpointError(f"checkpoint {path}: not text") from None
 
 
+def escape_topic(topic: str) -> str:
+    """The topic as one checkpoint field: characters outside the legal set become `%XX`."""
+    if all(c in LEGAL_CHARS for c in topic) and topic:
+        return topic
+    return "".join(
+        c if c in LEGAL_CHARS else "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass"))
+        for c in topic
+    )
+
+
+def unescape_topic(field: str) -> str | None:
+    """The topic a field written by `escape_topic` names, or None when no writer made it."""
+    if _TOPIC_FIELD.fullmatch(field) is None:
+        return None
+    if "%" not in field:
+        return field
+    raw = bytearray()
+    i = 0
+    while i < len(field):
+        if field[i] == "%":
+            raw.append(int(field[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            raw.append(ord(field[i]))
+            i += 1
+    try:
+        return raw.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return None
+
+
+def _parse_offset_entry(line: str) -> tuple[TopicPartition, int] | None:
+    fields = line.split()
+    if len(fields) != 3:
+        return None
+    topic = unescape_topic(fields[0])
+    try:
+        partition, offset = int(fields[1]), int(fields[2])
+    except ValueError:
+        return None
+    if topic is None or partition < 0:
+        return None
+    return TopicPartition(topic, partition), offset
+
+
 class OffsetCheckpointFile:
     """`topic partition offset` per line: HW, recovery point or log start offset per partition."""
 
@@ -116,22 +182,38 @@ class OffsetCheckpointFile:
         self.path = pathlib.Path(path)
 
     def write(self, offsets: Mapping[TopicPartition, int]) -> None:
-        entries = [(tp.topic, tp.partition, offset) for tp, offset in sorted(offsets.items())]
+        entries = [
+            (escape_topic(tp.topic), tp.partition, offset) for tp, offset in sorted(offsets.items())
+        ]
         write_atomic(self.path, format_checkpoint(entries))
 
     def read(self) -> dict[TopicPartition, int]:
-        """The entries; empty when the file does not exist. Raises CorruptCheckpointError."""
+        """The entries; empty when the file does not exist.
+
+        Raises CorruptCheckpointError when the file is not a version-0 checkpoint at all. An
+        entry that does not parse is skipped (logged), and so is a count that does not match
+        the entries: the other entries are kept.
+        """
         text = _read_text(self.path)
         if text is None:
             return {}
+        count, lines = _split_header(self.path, text)
         result: dict[TopicPartition, int] = {}
-        for topic, partition, offset in parse_checkpoint(self.path, text, 3):
-            try:
-                result[TopicPartition(topic, int(partition))] = int(offset)
-            except ValueError:
-                raise CorruptCheckpointError(
-                    f"checkpoint {self.path}: bad entry {topic} {partition} {offset}"
-                ) from None
+        skipped: list[str] = []
+        for line in lines:
+            entry = _parse_offset_entry(line)
+            if entry is None:
+                skipped.append(line)
+            else:
+                result[entry[0]] = entry[1]
+        if skipped or count != len(result):
+            _log.warning(
+                "checkpoint_entries_skipped",
+                path=str(self.path),
+                expected=count,
+                loaded=len(result),
+                skipped=[line[:300] for line in skipped[:10]],
+            )
         return result
 
 

@@ -56,7 +56,7 @@ META_VERSION = 1
 NO_BROKER_EPOCH = -1
 DELETE_DIR_SUFFIX = "-delete"
 # Kafka's legal topic names; the partition dir is `<topic>-<partition>`.
-_PARTITION_DIR = re.compile(r"^([a-zA-Z0-9._-]+)-(\d+)$")
+_PARTITION_DIR = re.compile(r"([a-zA-Z0-9._-]+)-([0-9]+)")
 
 # Files a broker writes at the top of its data dir (with their `.tmp` forms): their presence
 # means the dir holds a broker's data.
@@ -77,7 +77,7 @@ def parse_partition_dir(name: str) -> TopicPartition | None:
     """`orders-3` -> TopicPartition("orders", 3); None for anything else."""
     if name.endswith(DELETE_DIR_SUFFIX):
         return None
-    match = _PARTITION_DIR.match(name)
+    match = _PARTITION_DIR.fullmatch(name)
     if match is None:
         return None
     return TopicPartition(match.group(1), int(match.group(2)))

@@ -51,16 +51,26 @@ from minibroker.broker.storage.checkpoint import (
 )
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.errors import CorruptCheckpointError, UnexpectedAppendOffsetError
-from minibroker.broker.storage.segment import LOG_SUFFIX, AppendEntry, LogSegment, SegmentMark
+from minibroker.broker.storage.segment import (
+    LOG_SUFFIX,
+    AppendEntry,
+    LogSegment,
+    SegmentMark,
+    segment_path,
+)
 from minibroker.client.batch import (
     ATTRIBUTES_OFFSET,
+    BATCH_LENGTH_MIN,
     CRC_OFFSET,
+    LOG_OVERHEAD,
     NO_PARTITION_LEADER_EPOCH,
     TIMESTAMP_TYPE_MASK,
     BatchHeader,
+    CorruptRecordError,
     assign_offsets,
     crc_of,
     iter_batches,
+    read_header,
     validate_producer_batches,
 )
 from minibroker.client.common.log import get_logger
@@ -73,8 +83,10 @@ from minibroker.client.types import TopicPartition
 
 _log = get_logger("minibroker.broker.storage")
 _INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
 _INT64 = struct.Struct(">q")
 _UINT32 = struct.Struct(">I")
+_SCAN_CHUNK = 8 * 1024 * 1024
 
 
 class AppendInfo(NamedTuple):
@@ -218,9 +230,13 @@ class PartitionLog:
 
         `recovery_point`, `log_start_offset` and `high_watermark` come from the data dir's
         checkpoints. After an unclean shutdown, segments from the one holding the recovery point
-        on are scanned batch by batch; the first torn or corrupt batch and everything after it
-        (later segments too) is removed. Any segment whose indexes are missing or inconsistent
-        is recovered the same way, whatever the shutdown.
+        on are recovered: scanned batch by batch, their indexes rebuilt, and the first torn or
+        corrupt batch and everything after it (later segments too) removed. Any segment whose
+        indexes are missing or inconsistent is recovered the same way, whatever the shutdown.
+        The other segments (all of them after a clean shutdown) are read and checked without
+        rebuilding anything, and a corrupt batch found there is handled as after a crash: the
+        log is recovered from that segment, so it is cut at the batch. The replicas re-fetch
+        what was cut; nothing that loads a log meets a corrupt batch.
         """
         path = pathlib.Path(directory)
         path.mkdir(parents=True, exist_ok=True)
@@ -307,6 +323,22 @@ class PartitionLog:
                 for later in segments[i:]:
                     later.delete()
                 break
+            if i < recover_from and not segment.needs_recovery:
+                trial = check.copy()
+                problem = _damage_in(path, segment, trial)
+                if problem is None:
+                    check = trial
+                    kept.append(segment)
+                    continue
+                _log.warning(
+                    "corrupt_batch_found_on_load",
+                    topic=topic_partition.topic,
+                    partition=topic_partition.partition,
+                    base_offset=segment.base_offset,
+                    problem=problem,
+                    had_clean_shutdown=had_clean_shutdown,
+                )
+                recover_from = i
             if i >= recover_from or segment.needs_recovery:
                 recovered += 1
                 truncated = segment.recover(check)
@@ -1102,6 +1134,12 @@ class _RecoveryCheck:
         self._cache = cache
         self._previous_epoch = NO_PARTITION_LEADER_EPOCH
 
+    def copy(self) -> _RecoveryCheck:
+        """The same check at the same point of the log (for a scan that may be redone)."""
+        twin = _RecoveryCheck(self._cache)
+        twin._previous_epoch = self._previous_epoch
+        return twin
+
     def __call__(self, header: BatchHeader) -> str | None:
         epoch = header.partition_leader_epoch
         if epoch < NO_PARTITION_LEADER_EPOCH:
@@ -1119,6 +1157,56 @@ class _RecoveryCheck:
                 return f"partitionLeaderEpoch {epoch}, the epoch cache says {cached}"
         self._previous_epoch = epoch
         return None
+
+
+def _damage_in(directory: pathlib.Path, segment: LogSegment, check: _RecoveryCheck) -> str | None:
+    """The first problem `LogSegment.recover` would cut the segment at, or None; read-only.
+
+    The same checks (whole batches, length, magic, CRC, offsets following on from the base
+    offset, the epoch `check`), read in large chunks, without touching the indexes. A batch
+    cut by the end of a chunk is read again whole at the start of the next one.
+    """
+    size = segment.size
+    expected = segment.base_offset
+    position = 0
+    want = _SCAN_CHUNK
+    fd = os.open(segment_path(directory, segment.base_offset, LOG_SUFFIX), os.O_RDONLY)
+    try:
+        while position < size:
+            requested = min(max(want, LOG_OVERHEAD), size - position)
+            chunk = os.pread(fd, requested, position)
+            want = _SCAN_CHUNK
+            at = 0
+            while len(chunk) - at >= LOG_OVERHEAD:
+                (length,) = _INT32.unpack_from(chunk, at + 8)
+                total = length + LOG_OVERHEAD
+                if length < BATCH_LENGTH_MIN or position + at + total > size:
+                    return f"bad batchLength {length} at position {position + at}"
+                if at + total > len(chunk):
+                    want = total
+                    break
+                try:
+                    header = read_header(chunk, at)
+                except CorruptRecordError as err:
+                    return f"{err.reason} at position {position + at}"
+                if header.base_offset != expected:
+                    problem = f"baseOffset {header.base_offset}, expected {expected}"
+                elif not segment.can_hold_offset(header.last_offset):
+                    problem = f"offset {header.last_offset} overflows the segment index"
+                else:
+                    problem = check(header)
+                if problem is not None:
+                    return f"{problem} at position {position + at}"
+                expected = header.next_offset
+                at += total
+            if at == 0 and (len(chunk) < requested or len(chunk) < LOG_OVERHEAD):
+                return f"torn batch at position {position}"  # the file ends before its size
+            position += at
+    finally:
+        os.close(fd)
+    if expected != segment.next_offset:
+        return f"batches end at offset {expected}, the segment at {segment.next_offset}"
+    return None
 
 
 def _stamp_log_append_time(

@@ -6,6 +6,13 @@ an unclean stop left, research/kafka-replication.md §2.13), creates and deletes
 `replication-offset-checkpoint` (HW), `recovery-point-offset-checkpoint` and
 `log-start-offset-checkpoint` atomically (checkpoint.py).
 
+Deleting a log renames its dir to `<topic>-<partition>.<uuid>-delete` (the topic cut so the name
+fits 255 bytes, as Kafka's LocalLog.logDeleteDirName does), then removes it; a dir with that
+suffix is never loaded and is removed at start. A rename or removal that fails is remembered and
+retried (`retry_deletes`), and no log of the same partition is created while the old dir still
+stands under its live name, so a topic deleted and re-created never serves the old records. A
+dir found on disk for a topic id other than the one asked for is never adopted either.
+
 Typical life (the broker's composition root):
 
     data_dir = DataDir.open(path, node_id, cluster_id)
@@ -21,10 +28,14 @@ Concurrency contract: not thread-safe; one owner thread (the broker's event loop
 from __future__ import annotations
 
 import os
+import pathlib
+import re
 import shutil
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from minibroker.broker.storage.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
@@ -35,7 +46,7 @@ from minibroker.broker.storage.checkpoint import (
     write_atomic,
 )
 from minibroker.broker.storage.config import LogConfig
-from minibroker.broker.storage.data_dir import DELETE_DIR_SUFFIX, DataDir, partition_dir_name
+from minibroker.broker.storage.data_dir import DELETE_DIR_SUFFIX, DataDir
 from minibroker.broker.storage.errors import CorruptCheckpointError, InconsistentTopicIdError
 from minibroker.broker.storage.log import DeletedSegment, PartitionLog
 from minibroker.client.common.log import get_logger
@@ -43,8 +54,49 @@ from minibroker.client.errors import KafkaStorageError
 from minibroker.client.types import TopicPartition
 
 PARTITION_METADATA = "partition.metadata"
+# NAME_MAX of Linux file systems (and of most others): a longer name fails with ENAMETOOLONG.
+MAX_FILE_NAME_BYTES = 255
+_DELETE_DIR = re.compile(
+    r"([a-zA-Z0-9._-]+)-([0-9]+)\.([0-9a-f]{32})" + re.escape(DELETE_DIR_SUFFIX)
+)
 
 _log = get_logger("minibroker.broker.storage")
+
+
+class DeleteDirName(NamedTuple):
+    """What a `<topic>-<partition>.<uuid>-delete` name says (the topic may be cut short)."""
+
+    topic_prefix: str
+    partition: int
+    unique_id: str
+
+
+def log_delete_dir_name(tp: TopicPartition, unique_id: str | None = None) -> str:
+    """The name a deleted partition dir is renamed to: `<topic>-<partition>.<uuid>-delete`.
+
+    Kafka's LocalLog.logDeleteDirName: the topic part is cut so the whole name fits
+    MAX_FILE_NAME_BYTES, since `<249-char topic>-<p>.<32 hex>-delete` would not.
+    """
+    suffix = f"-{tp.partition}.{unique_id or uuid.uuid4().hex}{DELETE_DIR_SUFFIX}"
+    budget = MAX_FILE_NAME_BYTES - len(suffix.encode())
+    return tp.topic.encode()[:budget].decode(errors="ignore") + suffix
+
+
+def parse_delete_dir_name(name: str) -> DeleteDirName | None:
+    """The parts of a name `log_delete_dir_name` made, or None."""
+    match = _DELETE_DIR.fullmatch(name)
+    if match is None:
+        return None
+    return DeleteDirName(match.group(1), int(match.group(2)), match.group(3))
+
+
+@dataclass
+class _PendingDelete:
+    """A partition dir whose deletion failed part of the way; `renamed` once it is a -delete."""
+
+    tp: TopicPartition
+    path: pathlib.Path
+    renamed: bool
 
 
 def _now_ms() -> int:
@@ -81,6 +133,10 @@ class LogManager:
         self.default_config = default_config
         self._logs: dict[TopicPartition, PartitionLog] = {}
         self._topic_ids: dict[TopicPartition, str | None] = {}
+        self._pending_deletes: list[_PendingDelete] = []
+        # Deleted since the checkpoints were last written: their stale entries must not reach
+        # a new log of the same partition if the broker crashes before the next checkpoint.
+        self._deleted_since_checkpoint: set[TopicPartition] = set()
         self._hw_file = OffsetCheckpointFile(data_dir.path / REPLICATION_OFFSET_CHECKPOINT)
         self._recovery_file = OffsetCheckpointFile(data_dir.path / RECOVERY_POINT_CHECKPOINT)
         self._log_start_file = OffsetCheckpointFile(data_dir.path / LOG_START_OFFSET_CHECKPOINT)
@@ -141,6 +197,11 @@ class LogManager:
     def topic_id(self, tp: TopicPartition) -> str | None:
         return self._topic_ids.get(tp)
 
+    @property
+    def pending_deletes(self) -> tuple[TopicPartition, ...]:
+        """Partitions with a dir whose deletion failed and is to be retried."""
+        return tuple(pending.tp for pending in self._pending_deletes)
+
     # -- create / delete ----------------------------------------------------------------------
 
     def get_or_create_log(
@@ -171,40 +232,137 @@ class LogManager:
             if config is not None:
                 log.update_config(config)
             return log
+        self._clear_the_way(tp)
         path = self.data_dir.partition_path(tp)
+        now = _now_ms() if now_ms is None else now_ms
+        if path.is_dir():
+            return self._adopt(tp, path, topic_id, config, now)
+        if tp in self._deleted_since_checkpoint:
+            self.checkpoint_all()
         path.mkdir(parents=True, exist_ok=True)
         if topic_id is not None:
             # Before the first data write, as Kafka does, so the dir is never anonymous.
             write_partition_metadata(path, topic_id)
         fsync_dir(self.data_dir.path)
         log = PartitionLog.open(
-            path,
-            tp,
-            config or self.default_config,
-            _now_ms() if now_ms is None else now_ms,
-            had_clean_shutdown=True,
+            path, tp, config or self.default_config, now, had_clean_shutdown=True
         )
         self._logs[tp] = log
         self._topic_ids[tp] = topic_id
         _log.info("log_created", topic=tp.topic, partition=tp.partition, topic_id=topic_id)
         return log
 
+    def _adopt(
+        self,
+        tp: TopicPartition,
+        path: pathlib.Path,
+        topic_id: str | None,
+        config: LogConfig | None,
+        now_ms: int,
+    ) -> PartitionLog:
+        """Load a partition dir that was not loaded at start (it appeared later, or its name
+        did not parse then), only if it belongs to the same topic id; recovered in full."""
+        stored = read_partition_metadata(path)
+        if stored != topic_id:
+            raise InconsistentTopicIdError(
+                f"partition dir {path} holds topic id {stored}, expected {topic_id}",
+                on_disk=stored or "",
+                expected=topic_id or "",
+            )
+        log = PartitionLog.open(path, tp, config or self.default_config, now_ms)
+        self._logs[tp] = log
+        self._topic_ids[tp] = stored
+        _log.warning("log_found_on_disk", topic=tp.topic, partition=tp.partition, leo=log.leo)
+        return log
+
     def delete_log(self, tp: TopicPartition) -> bool:
-        """Close and remove the partition dir; False when there is no such log."""
+        """Close the log of `tp` and delete its dir; False when there is neither.
+
+        Also deletes a dir of `tp` that is on disk but not loaded (one `get_or_create_log`
+        refused to adopt). Never raises for a file system failure: the delete is remembered,
+        retried by `retry_deletes` and before a log of `tp` is created again.
+        """
         log = self._logs.pop(tp, None)
         self._topic_ids.pop(tp, None)
-        if log is None:
-            return False
-        log.close()
-        # Rename first so a crash mid-delete never leaves a half-deleted log that loads.
-        doomed = self.data_dir.path / (
-            f"{partition_dir_name(tp)}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}"
-        )
-        os.replace(log.directory, doomed)
-        fsync_dir(self.data_dir.path)
-        shutil.rmtree(doomed, ignore_errors=True)
-        _log.info("log_deleted", topic=tp.topic, partition=tp.partition)
+        if log is not None:
+            directory = log.directory
+            try:
+                log.close()
+            except OSError as err:
+                # The descriptors are released anyway; the files go with the dir.
+                _log.warning(
+                    "log_close_failed", topic=tp.topic, partition=tp.partition, error=str(err)
+                )
+        else:
+            directory = self.data_dir.partition_path(tp)
+            already = any(p.path == directory for p in self._pending_deletes)
+            if already or not directory.is_dir():
+                return already
+        self._deleted_since_checkpoint.add(tp)
+        pending = _PendingDelete(tp, directory, renamed=False)
+        if self._delete_dir(pending) is not None:
+            self._pending_deletes.append(pending)
         return True
+
+    def retry_deletes(self) -> list[TopicPartition]:
+        """Try the deletes that failed again; returns the partitions with no dir left to delete."""
+        if not self._pending_deletes:
+            return []
+        done: list[TopicPartition] = []
+        still: list[_PendingDelete] = []
+        for pending in self._pending_deletes:
+            if self._delete_dir(pending) is None:
+                done.append(pending.tp)
+            else:
+                still.append(pending)
+        self._pending_deletes = still
+        waiting = {p.tp for p in still}
+        return list(dict.fromkeys(tp for tp in done if tp not in waiting))
+
+    def _clear_the_way(self, tp: TopicPartition) -> None:
+        """Finish a failed delete of `tp`'s live dir before a new log takes its name.
+
+        Raises KafkaStorageError when it still fails: serving a new log in the old dir would
+        serve the deleted records.
+        """
+        for pending in [p for p in self._pending_deletes if p.tp == tp and not p.renamed]:
+            err = self._delete_dir(pending)
+            if err is not None:
+                raise KafkaStorageError(
+                    f"cannot create the log of {tp}: the dir {pending.path} of its deleted "
+                    f"predecessor could not be deleted yet ({err}); retrying"
+                )
+            self._pending_deletes.remove(pending)
+
+    def _delete_dir(self, pending: _PendingDelete) -> OSError | None:
+        """One attempt to rename (once) and remove a partition dir; the error, or None."""
+        tp = pending.tp
+        try:
+            if not pending.renamed:
+                # Rename first so a crash mid-delete never leaves a half-deleted log that loads.
+                doomed = self.data_dir.path / log_delete_dir_name(tp)
+                try:
+                    os.replace(pending.path, doomed)
+                except FileNotFoundError:
+                    return None  # gone already
+                pending.path, pending.renamed = doomed, True
+                fsync_dir(self.data_dir.path)
+            try:
+                shutil.rmtree(pending.path)
+            except FileNotFoundError:
+                pass
+        except OSError as err:
+            _log.error(
+                "log_delete_failed",
+                topic=tp.topic,
+                partition=tp.partition,
+                path=str(pending.path),
+                renamed=pending.renamed,
+                error=str(err),
+            )
+            return err
+        _log.info("log_deleted", topic=tp.topic, partition=tp.partition)
+        return None
 
     def update_topic_config(self, topic: str, config: LogConfig) -> None:
         for tp, log in self._logs.items():
@@ -226,6 +384,7 @@ class LogManager:
         self.checkpoint_high_watermarks()
         self.checkpoint_recovery_points()
         self.checkpoint_log_start_offsets()
+        self._deleted_since_checkpoint.clear()
 
     def delete_retention(self, now_ms: int) -> dict[TopicPartition, list[DeletedSegment]]:
         """Run retention on every log; returns the segments deleted, per partition.

@@ -279,6 +279,10 @@ def test_rebalance_uses_per_broker_percentage():
         ("a b", False),
         ("ä", False),
         ("a/b", False),
+        ("orders\n", False),  # `$` would let a trailing newline through
+        ("orders\r", False),
+        ("\n", False),
+        ("x" * 248 + "\n", False),
     ],
 )
 def test_topic_names(name, ok):

@@ -20,6 +20,7 @@ PURE = [
     "client/records.py",
     "client/compression.py",
     "client/partitioner.py",
+    "client/topic_name.py",
     "client/accumulator.py",
     "client/metadata_cache.py",
     "client/metadata/records.py",

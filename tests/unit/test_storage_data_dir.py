@@ -170,6 +170,8 @@ def test_partition_dir_names() -> None:
     assert parse_partition_dir("orders-3.abc-delete") is None
     assert parse_partition_dir("meta.properties") is None
     assert parse_partition_dir("orders") is None
+    assert parse_partition_dir("orders-3\n") is None
+    assert parse_partition_dir("orders\n-3") is None
 
 
 def test_log_manager_creates_reopens_and_checkpoints(tmp_path: pathlib.Path) -> None:
@@ -354,3 +356,29 @@ def test_an_empty_dir_or_one_with_only_the_lock_file_is_formatted(
     with DataDir.open(locked, node_id=3):
         pass
     assert "node.id=3" in (locked / "meta.properties").read_text()
+
+
+def test_a_topic_named_under_the_old_rule_costs_no_other_partition_its_checkpoints(
+    tmp_path: pathlib.Path,
+) -> None:
+    # A topic created before names were matched in full: "weird\n" got through.
+    weird = TopicPartition("weird\n", 0)
+    with DataDir.open(tmp_path, node_id=1) as data_dir:
+        logs = LogManager.open(data_dir, LogConfig(segment_bytes=200))
+        for tp, topic_id in ((A0, "tid-a"), (weird, "tid-w")):
+            log = logs.get_or_create_log(tp, topic_id=topic_id)
+            for _ in range(6):
+                log.append_as_leader(batch(), leader_epoch=0, now_ms=0)
+            log.update_high_watermark(8)
+            assert log.maybe_increment_log_start_offset(5)
+        logs.close()
+        data_dir.mark_clean_shutdown(3)
+    # Its entries are kept too, each on one line.
+    assert OffsetCheckpointFile(tmp_path / "replication-offset-checkpoint").read()[weird] == 8
+    assert OffsetCheckpointFile(tmp_path / "log-start-offset-checkpoint").read()[weird] == 5
+    with DataDir.open(tmp_path, node_id=1) as data_dir:
+        logs = LogManager.open(data_dir, LogConfig(segment_bytes=200))
+        again = logs.get_log(A0)
+        assert again is not None
+        assert (again.high_watermark, again.log_start_offset, again.recovery_point) == (8, 5, 12)
+        logs.close()

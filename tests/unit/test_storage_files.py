@@ -9,11 +9,15 @@ from __future__ import annotations
 import pathlib
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from minibroker.broker.replication.epoch_cache import EpochEntry
 from minibroker.broker.storage.checkpoint import (
     LeaderEpochCheckpointFile,
     OffsetCheckpointFile,
+    escape_topic,
+    unescape_topic,
     write_atomic,
 )
 from minibroker.broker.storage.config import LogConfig, topic_defaults_from_broker
@@ -63,11 +67,65 @@ def test_corrupt_epoch_checkpoint_is_reported(tmp_path: pathlib.Path, text: str)
         LeaderEpochCheckpointFile(path).read()
 
 
-def test_corrupt_offset_checkpoint_is_reported(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("text", ["", "1\n0\n", "0\nx\n", "\xff\n"])
+def test_offset_checkpoint_of_another_format_is_reported(tmp_path: pathlib.Path, text: str) -> None:
     path = tmp_path / "recovery-point-offset-checkpoint"
-    path.write_text("0\n1\ntopic zero 5\n")
+    path.write_bytes(text.encode("latin-1"))
     with pytest.raises(CorruptCheckpointError):
         OffsetCheckpointFile(path).read()
+
+
+@pytest.mark.parametrize(
+    "bad_line",
+    [
+        "topic zero 5",  # not a number
+        "topic 0",  # a field missing
+        "topic 0 5 9",  # a field too many
+        "topic -1 5",  # no such partition
+        "a/b 0 5",  # not a topic name
+    ],
+)
+def test_one_bad_offset_checkpoint_entry_costs_only_itself(
+    tmp_path: pathlib.Path, bad_line: str
+) -> None:
+    path = tmp_path / "recovery-point-offset-checkpoint"
+    path.write_text(f"0\n3\na 0 42\n{bad_line}\nb 1 7\n")
+    assert OffsetCheckpointFile(path).read() == {
+        TopicPartition("a", 0): 42,
+        TopicPartition("b", 1): 7,
+    }
+
+
+def test_a_topic_name_ending_in_a_newline_leaves_the_other_entries_readable(
+    tmp_path: pathlib.Path,
+) -> None:
+    # What the writer produced for a topic created under the old name rule (`^...$` let
+    # "orders\n" through): the entry spans two lines and the count no longer matches them.
+    path = tmp_path / "replication-offset-checkpoint"
+    path.write_text("0\n3\na 0 42\norders\n 0 5\nb 1 7\n")
+    assert OffsetCheckpointFile(path).read() == {
+        TopicPartition("a", 0): 42,
+        TopicPartition("b", 1): 7,
+    }
+
+
+@pytest.mark.parametrize("topic", ["orders\n", "a b", "tab\tbed", "x\u2028y", "ä", "%41", "a\r"])
+def test_offset_checkpoint_round_trips_any_topic_name(tmp_path: pathlib.Path, topic: str) -> None:
+    path = tmp_path / "log-start-offset-checkpoint"
+    file = OffsetCheckpointFile(path)
+    offsets = {TopicPartition(topic, 3): 11, TopicPartition("plain", 0): 4}
+    file.write(offsets)
+    text = path.read_text()
+    assert len(text.splitlines()) == 2 + len(offsets)  # one line per entry, whatever the name
+    assert "plain 0 4\n" in text  # legal names are written as they are (Kafka's format)
+    assert file.read() == offsets
+
+
+@given(st.text(st.characters(exclude_categories=["Cs"]), min_size=1))
+def test_escaped_topic_is_one_field_and_comes_back(topic: str) -> None:
+    field = escape_topic(topic)
+    assert field.split() == [field] and field.isascii() and field.isprintable()
+    assert unescape_topic(field) == topic
 
 
 def test_write_atomic_replaces_the_whole_file(tmp_path: pathlib.Path) -> None:
