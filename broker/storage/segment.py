@@ -64,6 +64,26 @@ def segment_path(directory: pathlib.Path, base_offset: int, suffix: str) -> path
     return directory / f"{base_offset:020d}{suffix}"
 
 
+def roll_clock(timestamp: int, now_ms: int, retention_ms: int) -> int:
+    """When a batch counts as written for segment.ms: its timestamp, taken into
+    [now - retention.ms, now] (no lower bound when retention.ms is -1); now when it has none.
+
+    Kafka measures a segment's age from its first batch's timestamp to the new batch's, so a
+    producer stamping each batch segment.ms after the last rolled a segment per batch, and one
+    stamped far ahead held its segment open for good. Bounded this way, each time roll moves
+    the segment's clock start forward by more than segment.ms inside [log's first clock -
+    retention.ms, now]: at most (retention.ms + elapsed broker time) / segment.ms time rolls
+    after each segment that was started otherwise (by size, truncation, an explicit roll).
+    A batch older than retention.ms is due for deletion anyway, so telling such batches apart
+    by segment gains nothing.
+    """
+    if timestamp < 0 or timestamp > now_ms:
+        return now_ms
+    if retention_ms >= 0 and timestamp < now_ms - retention_ms:
+        return now_ms - retention_ms
+    return timestamp
+
+
 @dataclass(frozen=True, slots=True)
 class BatchPosition:
     """Where one batch sits in the `.log`, from its header only."""
@@ -198,7 +218,10 @@ class LogSegment:
                 first = self._walk_one(0)
             except CorruptRecordError:
                 return False
-            self._rolling_based_timestamp = first.max_timestamp if first else None
+            # At most the time of opening: a first batch stamped ahead must not hold it open.
+            self._rolling_based_timestamp = (
+                min(first.max_timestamp, self.created_ms) if first else None
+            )
         return True
 
     # -- facts --------------------------------------------------------------------------------
@@ -227,10 +250,11 @@ class LogSegment:
             return self._max_timestamp
         return int(os.fstat(self._fd).st_mtime * 1000)
 
-    def time_waited_for_roll(self, now_ms: int, max_timestamp_in_messages: int) -> int:
-        """Kafka's rule: new batch time - first batch time, or wall time since creation."""
+    def time_waited_for_roll(self, now_ms: int, clock: int) -> int:
+        """Kafka's rule on `roll_clock` times: the new batches' clock - the segment's clock
+        start (its first append's), or wall time since creation when it has none."""
         if self._rolling_based_timestamp is not None and self._rolling_based_timestamp >= 0:
-            return max_timestamp_in_messages - self._rolling_based_timestamp
+            return clock - self._rolling_based_timestamp
         return now_ms - self.created_ms
 
     def can_hold_offset(self, offset: int) -> bool:
@@ -238,11 +262,18 @@ class LogSegment:
 
     # -- append -------------------------------------------------------------------------------
 
-    def append(self, data: bytes | bytearray | memoryview, batches: Sequence[AppendEntry]) -> None:
+    def append(
+        self,
+        data: bytes | bytearray | memoryview,
+        batches: Sequence[AppendEntry],
+        roll_timestamp: int | None = None,
+    ) -> None:
         """Append whole batches (already validated and stamped) that start at `next_offset`.
 
-        All or nothing: on failure (of the `.log` write or of an index group write) the segment
-        is rolled back to its state before the call and KafkaStorageError is raised.
+        `roll_timestamp` starts the segment's segment.ms clock when this is its first append
+        (default: the first batch's maxTimestamp, Kafka's rule). All or nothing: on failure (of
+        the `.log` write or of an index group write) the segment is rolled back to its state
+        before the call and KafkaStorageError is raised.
         """
         if not batches:
             return
@@ -257,7 +288,9 @@ class LogSegment:
                 while view:
                     view = view[os.write(self._fd, view) :]
             if position0 == 0 and self._rolling_based_timestamp is None:
-                self._rolling_based_timestamp = batches[0][3]
+                self._rolling_based_timestamp = (
+                    batches[0][3] if roll_timestamp is None else roll_timestamp
+                )
             for relative, size, last_offset, max_timestamp in batches:
                 self._index_batch(position0 + relative, size, last_offset, max_timestamp)
         except BaseException as err:
@@ -476,7 +509,7 @@ class LogSegment:
                     stopped = True
                     break
                 if self._rolling_based_timestamp is None:
-                    self._rolling_based_timestamp = header.max_timestamp
+                    self._rolling_based_timestamp = min(header.max_timestamp, self.created_ms)
                 self._index_batch(
                     position + relative, header.size, header.last_offset, header.max_timestamp
                 )
