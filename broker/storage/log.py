@@ -194,6 +194,7 @@ class PartitionLog:
         self.config = config
         self._segments = segments
         self._bases = [s.base_offset for s in segments]
+        segments[-1].set_active(True)
         self._epoch_cache = epoch_cache
         self._epoch_file = LeaderEpochCheckpointFile(directory / LEADER_EPOCH_CHECKPOINT)
         self._log_start_offset = log_start_offset
@@ -656,6 +657,7 @@ class PartitionLog:
             segment.discard()
         del self._segments[segment_count:]
         del self._bases[segment_count:]
+        self._segments[-1].set_active(True)
         self._segments[-1].rollback(active_mark)
         if cache_before is not None:
             self._restore_epoch_cache(cache_before)
@@ -748,6 +750,7 @@ class PartitionLog:
         )
         self._segments.append(segment)
         self._bases.append(new_base_offset)
+        old.set_active(False)
         _log.info(
             "segment_rolled",
             topic=self.topic_partition.topic,
@@ -915,6 +918,7 @@ class PartitionLog:
 
     def _after_truncation(self) -> int:
         """Bring the cache and the offsets down to the LEO after (part of) a truncation."""
+        self._segments[-1].set_active(True)
         leo = self.leo
         if self._epoch_cache.truncate_from_end(leo):
             self._persist_epoch_cache_after_shrink()
