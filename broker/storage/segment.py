@@ -450,7 +450,9 @@ class LogSegment:
     def _pread(self, position: int, length: int) -> bytes:
         if length <= 0:
             return b""
-        fd = self._file()
+        fd = self._fd
+        if fd < 0:
+            fd = self._reopen()
         data = os.pread(fd, length, position)
         if len(data) == length:
             return data
@@ -525,6 +527,9 @@ class LogSegment:
         larger (KIP-74). None when `start_offset` is past this segment's end; empty bytes when
         the first batch is not below `max_position`.
         """
+        if self._fd >= 0 and not self._active:
+            # Reads are what keep an inactive segment's file worth caching.
+            INACTIVE_SEGMENT_FILES.touch(self)
         first = self.translate_offset(start_offset)
         if first is None:
             return None
@@ -698,11 +703,7 @@ class LogSegment:
         """The `.log` descriptor, opened again if the cache closed it. Never keep the number
         across a call into another segment: the cache may close it meanwhile."""
         fd = self._fd
-        if fd < 0:
-            return self._reopen()
-        if not self._active:
-            INACTIVE_SEGMENT_FILES.touch(self)
-        return fd
+        return fd if fd >= 0 else self._reopen()
 
     def _reopen(self) -> int:
         if self._released:
