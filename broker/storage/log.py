@@ -56,6 +56,7 @@ from minibroker.broker.storage.segment import (
     AppendEntry,
     LogSegment,
     SegmentMark,
+    roll_clock,
     segment_path,
 )
 from minibroker.client.batch import (
@@ -200,6 +201,7 @@ class PartitionLog:
         self.config = config
         self._segments = segments
         self._bases = [s.base_offset for s in segments]
+        segments[-1].set_active(True)
         self._epoch_cache = epoch_cache
         self._epoch_file = LeaderEpochCheckpointFile(directory / LEADER_EPOCH_CHECKPOINT)
         self._log_start_offset = log_start_offset
@@ -682,6 +684,7 @@ class PartitionLog:
             segment.discard()
         del self._segments[segment_count:]
         del self._bases[segment_count:]
+        self._segments[-1].set_active(True)
         self._segments[-1].rollback(active_mark)
         if cache_before is not None:
             self._restore_epoch_cache(cache_before)
@@ -699,45 +702,49 @@ class PartitionLog:
         max_timestamp: int,
         now_ms: int,
     ) -> None:
-        """Write validated batches, rolling first when Kafka's roll rules say so."""
+        """Write validated batches, rolling first when Kafka's roll rules say so.
+
+        Time rolls compare `roll_clock` times (segment.py), not raw timestamps.
+        """
         active = self._segments[-1]
         total = len(data)
+        config = self.config
+        clock = roll_clock(max_timestamp, now_ms, config.retention_ms)
         if active.size == 0:
-            fits = total <= self.config.segment_bytes
+            first_clock = roll_clock(entries[0][3], now_ms, config.retention_ms)
+            fits = total <= config.segment_bytes and clock - first_clock <= config.segment_ms
         else:
-            fits = not self._should_roll(active, total, max_timestamp, entries, now_ms)
+            first_clock = None
+            fits = not (
+                active.size > config.segment_bytes - total
+                or active.time_waited_for_roll(now_ms, clock) > config.segment_ms
+                or not active.can_hold_offset(entries[-1][2])
+            )
         if fits:
             # The common case: everything goes to the active segment in one write.
-            active.append(data, entries)
+            active.append(data, entries, first_clock)
         else:
             self._write_runs(memoryview(data), entries, now_ms)
 
-    def _should_roll(
-        self,
-        active: LogSegment,
-        size: int,
-        max_timestamp: int,
-        entries: Sequence[AppendEntry],
-        now_ms: int,
-    ) -> bool:
-        """Kafka's LogSegment.shouldRoll for a non-empty active segment (research §2.14)."""
-        return (
-            active.size > self.config.segment_bytes - size
-            or active.time_waited_for_roll(now_ms, max_timestamp) > self.config.segment_ms
-            or not active.can_hold_offset(entries[-1][2])
-        )
-
     def _write_runs(self, view: memoryview, entries: Sequence[AppendEntry], now_ms: int) -> None:
-        """The general case: roll first, and split an append bigger than a segment."""
-        segment_bytes = self.config.segment_bytes
+        """The general case: roll first, and split an append bigger than a segment.
+
+        Kafka's LogSegment.shouldRoll (research §2.14), with the time rule applied per batch:
+        a batch whose clock is more than segment.ms past the segment's clock start begins the
+        next segment and starts its clock, so every time roll moves the clock forward.
+        """
+        config = self.config
+        segment_bytes = config.segment_bytes
+        clocks = [roll_clock(e[3], now_ms, config.retention_ms) for e in entries]
         end = entries[-1][0] + entries[-1][1]
         i = 0
         while i < len(entries):
             active = self._segments[-1]
             start = entries[i][0]
-            rest = entries[i:]
-            if active.size > 0 and self._should_roll(
-                active, end - start, max(e[3] for e in rest), rest, now_ms
+            if active.size > 0 and (
+                active.size > segment_bytes - (end - start)
+                or active.time_waited_for_roll(now_ms, clocks[i]) > config.segment_ms
+                or not active.can_hold_offset(entries[-1][2])
             ):
                 self._roll(_base_offset(view, start), now_ms)
                 active = self._segments[-1]
@@ -748,9 +755,17 @@ class PartitionLog:
                 j = i + 1
                 while j < len(entries) and entries[j][0] + entries[j][1] - start <= segment_bytes:
                     j += 1
+            for k in range(i + 1, j):
+                if active.size == 0:
+                    waited = clocks[k] - clocks[i]
+                else:
+                    waited = active.time_waited_for_roll(now_ms, clocks[k])
+                if waited > config.segment_ms:
+                    j = k
+                    break
             run_end = entries[j - 1][0] + entries[j - 1][1]
             run = [(p - start, size, last, ts) for p, size, last, ts in entries[i:j]]
-            active.append(view[start:run_end], run)
+            active.append(view[start:run_end], run, clocks[i])
             i = j
 
     def _roll(self, new_base_offset: int, now_ms: int) -> LogSegment:
@@ -762,6 +777,7 @@ class PartitionLog:
         )
         self._segments.append(segment)
         self._bases.append(new_base_offset)
+        old.set_active(False)
         _log.info(
             "segment_rolled",
             topic=self.topic_partition.topic,
@@ -929,6 +945,7 @@ class PartitionLog:
 
     def _after_truncation(self) -> int:
         """Bring the cache and the offsets down to the LEO after (part of) a truncation."""
+        self._segments[-1].set_active(True)
         leo = self.leo
         if self._epoch_cache.truncate_from_end(leo):
             self._persist_epoch_cache_after_shrink()

@@ -16,15 +16,25 @@ log undo several appends and a roll the same way. When even the cut of the `.log
 segment remembers that its file may be longer than `size` and cuts it before the next append,
 flush or close (reads never look past `size`).
 
-Concurrency contract: not thread-safe; one owner (the PartitionLog) calls it from one thread.
+Open files: only the active segment keeps its `.log` open (its indexes live in memory and their
+files are opened per write). An inactive segment's `.log` is opened when it is read (or cut or
+fsynced) and its descriptor is kept in `INACTIVE_SEGMENT_FILES`, a process-wide LRU of at most
+`INACTIVE_SEGMENT_FILES_MAX` descriptors: so a broker holds one descriptor per partition plus a
+fixed number, however many segments it has (Kafka keeps every segment's file open and maps its
+indexes lazily).
+
+Concurrency contract: not thread-safe; one owner (the PartitionLog) calls it from one thread, and
+every segment of the process runs on that thread (the descriptor cache is shared).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pathlib
 import struct
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -48,6 +58,10 @@ TIME_INDEX_SUFFIX = ".timeindex"
 _WALK_HEADER = struct.Struct(">qiibIhiqq")
 _WALK_READ_AHEAD = 8192
 _RECOVERY_CHUNK = 8 * 1024 * 1024
+# Descriptors of inactive segments' `.log` files kept open per process (README: the file
+# budget). A consumer or follower reading old data reads a segment many times in a row; 64
+# covers that for dozens of partitions at once, and a miss costs one open().
+INACTIVE_SEGMENT_FILES_MAX = 64
 _log = get_logger("minibroker.broker.storage")
 
 # One batch as `append` needs it: (position in the appended bytes, size, last offset, max ts).
@@ -62,6 +76,73 @@ BatchCheck = Callable[[BatchHeader], "str | None"]
 
 def segment_path(directory: pathlib.Path, base_offset: int, suffix: str) -> pathlib.Path:
     return directory / f"{base_offset:020d}{suffix}"
+
+
+class InactiveSegmentFiles:
+    """The open `.log` descriptors of inactive segments: at most `capacity`, the least recently
+    used closed first (the segment opens its file again when it next needs it).
+
+    The active segment's descriptor is never here: it stays open. Single-threaded.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._lru: OrderedDict[LogSegment, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @capacity.setter
+    def capacity(self, capacity: int) -> None:
+        """At least 1 (the file being used stays open); a smaller one closes files at once."""
+        self._capacity = max(capacity, 1)
+        self._trim()
+
+    def touch(self, segment: LogSegment) -> None:
+        self._lru.move_to_end(segment)
+
+    def add(self, segment: LogSegment) -> None:
+        """`segment` holds an open descriptor now; close others' past the capacity (never the
+        one just added: its caller is about to use it)."""
+        self._lru[segment] = None
+        self._lru.move_to_end(segment)
+        self._trim()
+
+    def _trim(self) -> None:
+        while len(self._lru) > self._capacity:
+            oldest = next(iter(self._lru))
+            del self._lru[oldest]
+            oldest._close_file()
+
+    def forget(self, segment: LogSegment) -> None:
+        self._lru.pop(segment, None)
+
+
+INACTIVE_SEGMENT_FILES = InactiveSegmentFiles(INACTIVE_SEGMENT_FILES_MAX)
+
+
+def roll_clock(timestamp: int, now_ms: int, retention_ms: int) -> int:
+    """When a batch counts as written for segment.ms: its timestamp, taken into
+    [now - retention.ms, now] (no lower bound when retention.ms is -1); now when it has none.
+
+    Kafka measures a segment's age from its first batch's timestamp to the new batch's, so a
+    producer stamping each batch segment.ms after the last rolled a segment per batch, and one
+    stamped far ahead held its segment open for good. Bounded this way, each time roll moves
+    the segment's clock start forward by more than segment.ms inside [log's first clock -
+    retention.ms, now]: at most (retention.ms + elapsed broker time) / segment.ms time rolls
+    after each segment that was started otherwise (by size, truncation, an explicit roll).
+    A batch older than retention.ms is due for deletion anyway, so telling such batches apart
+    by segment gains nothing.
+    """
+    if timestamp < 0 or timestamp > now_ms:
+        return now_ms
+    if retention_ms >= 0 and timestamp < now_ms - retention_ms:
+        return now_ms - retention_ms
+    return timestamp
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +180,10 @@ class LogSegment:
         # True after `open` when the indexes or the tail failed their checks: the owner must
         # call `recover` before using the segment.
         self.needs_recovery = False
-        self._fd = fd
+        self._fd = fd  # -1 while closed (inactive and not cached, or released)
+        # The active segment keeps its descriptor; an inactive one shares the cache.
+        self._active = True
+        self._released = False
         self._size = size
         self._next_offset = base_offset
         self._max_timestamp = -1
@@ -144,10 +228,14 @@ class LogSegment:
     ) -> LogSegment:
         """An existing segment. Sets `needs_recovery` when its indexes or tail look wrong."""
         fd = os.open(segment_path(directory, base_offset, LOG_SUFFIX), os.O_RDWR | os.O_APPEND)
-        size = os.fstat(fd).st_size
-        index_path = segment_path(directory, base_offset, INDEX_SUFFIX)
-        time_path = segment_path(directory, base_offset, TIME_INDEX_SUFFIX)
-        index = OffsetIndex.load(index_path, base_offset, size)
+        try:
+            size = os.fstat(fd).st_size
+            index_path = segment_path(directory, base_offset, INDEX_SUFFIX)
+            time_path = segment_path(directory, base_offset, TIME_INDEX_SUFFIX)
+            index = OffsetIndex.load(index_path, base_offset, size)
+        except BaseException:
+            os.close(fd)
+            raise
         segment = cls(
             directory,
             base_offset,
@@ -158,8 +246,14 @@ class LogSegment:
             index_interval_bytes,
             now_ms,
         )
-        if index is None or not segment._load_tail():
-            segment.needs_recovery = True
+        try:
+            if index is None or not segment._load_tail():
+                segment.needs_recovery = True
+        except BaseException:
+            segment.release()
+            raise
+        # Inactive until the log makes it its active segment: the descriptor goes to the cache.
+        segment.set_active(False)
         return segment
 
     def _load_tail(self) -> bool:
@@ -198,7 +292,10 @@ class LogSegment:
                 first = self._walk_one(0)
             except CorruptRecordError:
                 return False
-            self._rolling_based_timestamp = first.max_timestamp if first else None
+            # At most the time of opening: a first batch stamped ahead must not hold it open.
+            self._rolling_based_timestamp = (
+                min(first.max_timestamp, self.created_ms) if first else None
+            )
         return True
 
     # -- facts --------------------------------------------------------------------------------
@@ -225,12 +322,17 @@ class LogSegment:
         """Retention's clock: the largest timestamp, or the file's mtime when there is none."""
         if self._max_timestamp >= 0:
             return self._max_timestamp
-        return int(os.fstat(self._fd).st_mtime * 1000)
+        try:
+            return int(os.stat(self._log_path()).st_mtime * 1000)
+        except OSError:
+            # Retention is no place to report a disk error (the next write will): keep it.
+            return self.created_ms
 
-    def time_waited_for_roll(self, now_ms: int, max_timestamp_in_messages: int) -> int:
-        """Kafka's rule: new batch time - first batch time, or wall time since creation."""
+    def time_waited_for_roll(self, now_ms: int, clock: int) -> int:
+        """Kafka's rule on `roll_clock` times: the new batches' clock - the segment's clock
+        start (its first append's), or wall time since creation when it has none."""
         if self._rolling_based_timestamp is not None and self._rolling_based_timestamp >= 0:
-            return max_timestamp_in_messages - self._rolling_based_timestamp
+            return clock - self._rolling_based_timestamp
         return now_ms - self.created_ms
 
     def can_hold_offset(self, offset: int) -> bool:
@@ -238,11 +340,18 @@ class LogSegment:
 
     # -- append -------------------------------------------------------------------------------
 
-    def append(self, data: bytes | bytearray | memoryview, batches: Sequence[AppendEntry]) -> None:
+    def append(
+        self,
+        data: bytes | bytearray | memoryview,
+        batches: Sequence[AppendEntry],
+        roll_timestamp: int | None = None,
+    ) -> None:
         """Append whole batches (already validated and stamped) that start at `next_offset`.
 
-        All or nothing: on failure (of the `.log` write or of an index group write) the segment
-        is rolled back to its state before the call and KafkaStorageError is raised.
+        `roll_timestamp` starts the segment's segment.ms clock when this is its first append
+        (default: the first batch's maxTimestamp, Kafka's rule). All or nothing: on failure (of
+        the `.log` write or of an index group write) the segment is rolled back to its state
+        before the call and KafkaStorageError is raised.
         """
         if not batches:
             return
@@ -251,13 +360,16 @@ class LogSegment:
         mark = self.mark()
         position0 = self._size
         try:
-            written = os.write(self._fd, data)
+            fd = self._file()
+            written = os.write(fd, data)
             if written < len(data):
                 view = memoryview(data)[written:]
                 while view:
-                    view = view[os.write(self._fd, view) :]
+                    view = view[os.write(fd, view) :]
             if position0 == 0 and self._rolling_based_timestamp is None:
-                self._rolling_based_timestamp = batches[0][3]
+                self._rolling_based_timestamp = (
+                    batches[0][3] if roll_timestamp is None else roll_timestamp
+                )
             for relative, size, last_offset, max_timestamp in batches:
                 self._index_batch(position0 + relative, size, last_offset, max_timestamp)
         except BaseException as err:
@@ -304,7 +416,7 @@ class LogSegment:
         self.index.rollback_to(index_entries)
         self.time_index.rollback_to(time_index_entries)
         try:
-            os.ftruncate(self._fd, size)
+            os.ftruncate(self._file(), size)
             self._tail_dirty = False
         except OSError as err:
             self._tail_dirty = True
@@ -313,7 +425,7 @@ class LogSegment:
     def _repair_tail(self) -> None:
         """Cut what a failed write left past `size`; KafkaStorageError if that fails again."""
         try:
-            os.ftruncate(self._fd, self._size)
+            os.ftruncate(self._file(), self._size)
         except OSError as err:
             raise KafkaStorageError(
                 f"{self._log_path()} still holds the bytes of a failed write: {err}"
@@ -338,13 +450,16 @@ class LogSegment:
     def _pread(self, position: int, length: int) -> bytes:
         if length <= 0:
             return b""
-        data = os.pread(self._fd, length, position)
+        fd = self._fd
+        if fd < 0:
+            fd = self._reopen()
+        data = os.pread(fd, length, position)
         if len(data) == length:
             return data
         parts = [data]
         got = len(data)
         while got < length:
-            more = os.pread(self._fd, length - got, position + got)
+            more = os.pread(fd, length - got, position + got)
             if not more:
                 break
             parts.append(more)
@@ -412,6 +527,9 @@ class LogSegment:
         larger (KIP-74). None when `start_offset` is past this segment's end; empty bytes when
         the first batch is not below `max_position`.
         """
+        if self._fd >= 0 and not self._active:
+            # Reads are what keep an inactive segment's file worth caching.
+            INACTIVE_SEGMENT_FILES.touch(self)
         first = self.translate_offset(start_offset)
         if first is None:
             return None
@@ -476,7 +594,7 @@ class LogSegment:
                     stopped = True
                     break
                 if self._rolling_based_timestamp is None:
-                    self._rolling_based_timestamp = header.max_timestamp
+                    self._rolling_based_timestamp = min(header.max_timestamp, self.created_ms)
                 self._index_batch(
                     position + relative, header.size, header.last_offset, header.max_timestamp
                 )
@@ -511,7 +629,7 @@ class LogSegment:
                 truncated_bytes=truncated,
                 reason=problem or "torn batch",
             )
-            os.ftruncate(self._fd, position)
+            os.ftruncate(self._file(), position)
             self._size = position
         self._next_offset = expected
         self.index.write_pending()
@@ -534,7 +652,7 @@ class LogSegment:
         # The batches between the last index entry that stays and the cut, read first.
         _, start = self.index.lookup(batch.base_offset - 1)
         kept_tail = list(self.walk(start, batch.position))
-        os.ftruncate(self._fd, batch.position)
+        os.ftruncate(self._file(), batch.position)
         self._tail_dirty = False
         removed = self._size - batch.position
         self._size = batch.position
@@ -565,13 +683,52 @@ class LogSegment:
         """fsync the `.log` and both indexes."""
         if self._tail_dirty:
             self._repair_tail()
-        os.fsync(self._fd)
+        os.fsync(self._file())
         self.index.flush()
         self.time_index.flush()
 
+    def set_active(self, active: bool) -> None:
+        """The log's active segment keeps its `.log` open; an inactive one hands its
+        descriptor to the cache, which may close it (it is opened again when needed)."""
+        if active == self._active:
+            return
+        self._active = active
+        if self._fd >= 0:
+            if active:
+                INACTIVE_SEGMENT_FILES.forget(self)
+            else:
+                INACTIVE_SEGMENT_FILES.add(self)
+
+    def _file(self) -> int:
+        """The `.log` descriptor, opened again if the cache closed it. Never keep the number
+        across a call into another segment: the cache may close it meanwhile."""
+        fd = self._fd
+        return fd if fd >= 0 else self._reopen()
+
+    def _reopen(self) -> int:
+        if self._released:
+            raise OSError(errno.EBADF, f"{self._log_path()} is closed")
+        fd = os.open(self._log_path(), os.O_RDWR | os.O_APPEND)
+        self._fd = fd
+        if not self._active:
+            INACTIVE_SEGMENT_FILES.add(self)
+        return fd
+
+    def _close_file(self) -> None:
+        """Close the descriptor; the next use opens the file again (the cache's eviction)."""
+        if self._fd >= 0:
+            if not self._active:
+                INACTIVE_SEGMENT_FILES.forget(self)
+            # Forget the number first: close releases it even when it reports an error.
+            fd, self._fd = self._fd, -1
+            try:
+                os.close(fd)
+            except OSError as err:
+                _log.warning("segment_close_failed", path=str(self._log_path()), error=str(err))
+
     def close(self) -> None:
         """Write pending index entries and close; the descriptor is closed even on failure."""
-        if self._fd < 0:
+        if self._released:
             return
         try:
             if self._tail_dirty:
@@ -581,8 +738,11 @@ class LogSegment:
             self.release()
 
     def release(self) -> None:
-        """Close the file descriptor without writing anything (a load that failed)."""
+        """Close the file descriptor for good without writing anything (a load that failed)."""
+        self._released = True
         if self._fd >= 0:
+            if not self._active:
+                INACTIVE_SEGMENT_FILES.forget(self)
             # Forget the number first: close releases it even when it reports an error.
             fd, self._fd = self._fd, -1
             os.close(fd)
@@ -610,7 +770,7 @@ class LogSegment:
     def discard(self) -> None:
         """`delete` for undoing a roll: never raises; a `.log` that stays is at least empty."""
         try:
-            os.ftruncate(self._fd, 0)
+            os.ftruncate(self._file(), 0)
         except OSError:
             pass
         try:

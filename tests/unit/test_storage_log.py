@@ -346,11 +346,12 @@ def test_roll_before_an_append_that_would_overflow_segment_bytes(tmp_path: pathl
 
 
 def test_roll_on_segment_ms_uses_batch_timestamps(tmp_path: pathlib.Path) -> None:
+    # The broker's clock (2_000) is past every timestamp: the batches' own times count.
     log = open_log(tmp_path, segment_ms=100)
-    log.append_as_leader(batch(1, ts=1_000), leader_epoch=0, now_ms=0)
-    log.append_as_leader(batch(1, ts=1_100), leader_epoch=0, now_ms=0)  # waited 100: no roll
+    log.append_as_leader(batch(1, ts=1_000), leader_epoch=0, now_ms=2_000)
+    log.append_as_leader(batch(1, ts=1_100), leader_epoch=0, now_ms=2_000)  # waited 100
     assert len(log.segments) == 1
-    log.append_as_leader(batch(1, ts=1_101), leader_epoch=0, now_ms=0)  # waited 101: roll
+    log.append_as_leader(batch(1, ts=1_101), leader_epoch=0, now_ms=2_000)  # waited 101: roll
     assert [s.base_offset for s in log.segments] == [0, 2]
 
 

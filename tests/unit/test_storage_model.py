@@ -4,7 +4,8 @@ A hypothesis state machine drives random leader and follower appends, reads (wit
 an HW limit), rolls on a tiny segment.bytes, truncations, HW moves, retention and clean or
 unclean re-opens, and after every step checks the log against a list of batches: same LEO, log
 start and HW, the same bytes read back in order, contiguous segments, and an epoch cache that
-names the epoch of every batch.
+names the epoch of every batch. Inactive segments share a cache of 2 open files, so their files
+are closed and opened again all the time.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from minibroker.broker.storage import segment as segment_module
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.log import PartitionLog
 from minibroker.client.batch import iter_batches, parse_header, set_base_offset
@@ -35,6 +37,8 @@ SCRATCH = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 class LogModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
+        self.cache = segment_module.INACTIVE_SEGMENT_FILES
+        self.saved_capacity, self.cache.capacity = self.cache.capacity, 2
         self.root = pathlib.Path(tempfile.mkdtemp(prefix="mb-model-", dir=SCRATCH))
         self.config = LogConfig(segment_bytes=420, index_interval_bytes=90, retention_ms=-1)
         self.log = PartitionLog.open(self.root / "model-0", TP, self.config, now_ms=0)
@@ -46,6 +50,7 @@ class LogModel(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self.log.close()
+        self.cache.capacity = self.saved_capacity
         shutil.rmtree(self.root, ignore_errors=True)
 
     # -- model helpers --------------------------------------------------------------------
@@ -193,6 +198,14 @@ class LogModel(RuleBasedStateMachine):
         for before, after in itertools.pairwise(segments):
             assert before.next_offset == after.base_offset
             assert before.size > 0
+
+    @invariant()
+    def only_the_active_segment_keeps_its_file(self) -> None:
+        segments = self.log.segments
+        assert [s._active for s in segments] == [False] * (len(segments) - 1) + [True]
+        cached = [s for s in segments[:-1] if s._fd >= 0]
+        assert all(s in self.cache._lru for s in cached)
+        assert len(self.cache) <= 2
 
     @invariant()
     def epoch_cache_names_every_batch(self) -> None:

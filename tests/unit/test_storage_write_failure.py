@@ -152,7 +152,8 @@ def read_all(log: PartitionLog) -> list[tuple[int, bytes]]:
 def memory_state(log: PartitionLog) -> tuple[object, ...]:
     """Everything an append may change, as the log holds it (not the files)."""
     segments = [
-        (s.base_offset, s.mark(), s.index.entries(), s.time_index.entries()) for s in log.segments
+        (s.base_offset, s.mark(), s.index.entries(), s.time_index.entries(), s._active)
+        for s in log.segments
     ]
     return (
         log.leo,
@@ -179,7 +180,9 @@ def data_files(directory: pathlib.Path) -> dict[str, bytes]:
 
 
 def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+    """Open descriptors, less those the inactive-segment cache holds: an operation on one log
+    may close the cached file of another (both logs share the cache), which is not a leak."""
+    return len(os.listdir("/proc/self/fd")) - len(segment_module.INACTIVE_SEGMENT_FILES)
 
 
 def check_index_files(log: PartitionLog) -> None:
@@ -613,6 +616,7 @@ def _apply(log: PartitionLog, op: tuple[str, int, int], epoch_base: int) -> Call
     index_interval_bytes=st.sampled_from([0, 100]),
     pending_entries_max=st.sampled_from([1, 3, index_module.PENDING_ENTRIES_MAX]),
     flush_messages=st.sampled_from([1, 2**63 - 1]),
+    cached_files=st.sampled_from([1, segment_module.INACTIVE_SEGMENT_FILES_MAX]),
 )
 def test_any_failure_point_of_any_operation(
     tmp_path: pathlib.Path,
@@ -624,16 +628,19 @@ def test_any_failure_point_of_any_operation(
     index_interval_bytes: int,
     pending_entries_max: int,
     flush_messages: int,
+    cached_files: int,
 ) -> None:
     """A failed append changes nothing; a failed truncation, retention or roll leaves a
-    consistent log; healed, the same operations give the directory a log without failures has."""
+    consistent log; healed, the same operations give the directory a log without failures has.
+    With `cached_files` 1, inactive segments' files are closed and opened again all the time, so
+    those opens fail too."""
     root = tmp_path / f"run-{os.getpid()}-{id(operations)}"
     config = LogConfig(
         segment_bytes=segment_batches * len(batch(2)),
         index_interval_bytes=index_interval_bytes,
         flush_messages=flush_messages,
     )
-    with _two_logs(root, config, pending_entries_max) as (log, reference):
+    with _two_logs(root, config, pending_entries_max, cached_files) as (log, reference):
         epoch_base = 1
         for op in operations:
             _apply(reference, op, epoch_base)()
@@ -666,14 +673,25 @@ def test_any_failure_point_of_any_operation(
 
 @contextmanager
 def _two_logs(
-    root: pathlib.Path, config: LogConfig, pending_entries_max: int
+    root: pathlib.Path, config: LogConfig, pending_entries_max: int, cached_files: int
 ) -> Iterator[tuple[PartitionLog, PartitionLog]]:
     """Two fresh logs; index groups of `pending_entries_max` entries (small: index files are
-    written during appends too)."""
+    written during appends too); `cached_files` descriptors of inactive segments."""
     saved = index_module.PENDING_ENTRIES_MAX
+    cache = segment_module.INACTIVE_SEGMENT_FILES
+    saved_capacity = cache.capacity
     index_module.PENDING_ENTRIES_MAX = pending_entries_max
+    cache.capacity = cached_files
+    logs: list[PartitionLog] = []
     try:
-        yield open_log(root / "a" / "orders-0", config), open_log(root / "b" / "orders-0", config)
+        logs = [
+            open_log(root / "a" / "orders-0", config),
+            open_log(root / "b" / "orders-0", config),
+        ]
+        yield logs[0], logs[1]
     finally:
         index_module.PENDING_ENTRIES_MAX = saved
+        cache.capacity = saved_capacity
+        for log in logs:
+            log.close()
         shutil.rmtree(root, ignore_errors=True)
