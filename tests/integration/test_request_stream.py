@@ -82,8 +82,10 @@ class ScriptedBroker(pb_grpc.BrokerServiceServicer):
                 throttle_time_ms=request.replica_id, correlation_id=request.correlation_id
             )
             async with write_lock:
+                # Recorded under the lock and before the write: the order is the write order,
+                # and the caller cannot have its answer before it is recorded here.
+                self.answered.append(request.replica_id)
                 await context.write(response)
-            self.answered.append(request.replica_id)
 
         try:
             while True:
