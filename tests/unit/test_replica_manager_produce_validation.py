@@ -62,10 +62,12 @@ def now_ms() -> int:
 @pytest.fixture
 async def make_leader(tmp_path: Path) -> AsyncIterator[MakeLeader]:
     """Builds replica managers on broker ME leading both partitions of TOPIC (as broker/app.py
-    builds one, then made leader by the controller's metadata records); stops them all after."""
+    builds one, then made leader by the controller's metadata records; with `leader` another
+    broker, ME follows it); stops them all after. The other broker is never registered, so no
+    fetcher runs: a test hands the follower its leader's answers."""
     opened: list[tuple[ReplicaManager, LogManager, DataDir]] = []
 
-    async def make(topic_configs: dict[str, str] | None = None) -> ReplicaManager:
+    async def make(topic_configs: dict[str, str] | None = None, leader: int = ME) -> ReplicaManager:
         directory = tmp_path / f"broker-{len(opened)}"
         config = build_config({"node.id": ME, "log.dirs": str(directory)})
         data_dir = DataDir.open(config.data_dir, config.node_id)
@@ -82,16 +84,16 @@ async def make_leader(tmp_path: Path) -> AsyncIterator[MakeLeader]:
             record = PartitionRecord(
                 topic_id=TOPIC_ID,
                 partition=tp.partition,
-                replicas=(ME,),
-                isr=(ME,),
-                leader=ME,
+                replicas=tuple(sorted({ME, leader})),
+                isr=tuple(sorted({ME, leader})),
+                leader=leader,
                 leader_epoch=1,
                 partition_epoch=1,
             )
             entries.append(LogEntry(len(entries), 0, record))
         await rm.apply_metadata_batch(batch_to_pb(entries, high_offset=len(entries)))
-        assert rm.partitions[BAD].core.role is Role.LEADER
-        assert rm.partitions[GOOD].core.role is Role.LEADER
+        role = Role.LEADER if leader == ME else Role.FOLLOWER
+        assert rm.partitions[BAD].core.role is rm.partitions[GOOD].core.role is role
         return rm
 
     try:
@@ -169,3 +171,30 @@ async def test_timestamp_bounds_come_from_topic_configs(make_leader: MakeLeader)
     append_time = await make_leader({"message.timestamp.type": "LogAppendTime"})
     result = await produce_one(append_time, good_batch(now + 8 * DAY_MS))
     assert result.error == ErrorCode.NONE, result.message
+
+
+async def test_the_follower_path_stores_the_leaders_bytes_unchecked(
+    make_leader: MakeLeader,
+) -> None:
+    """Followers append what their leader stored, as Kafka's do: a batch this leader would refuse
+    (a timestamp 8 days ahead, e.g. written under a laxer config) is still replicated."""
+    rm = await make_leader(leader=ME + 1)
+    sent = rm.follower_fetch_state(BAD, ME + 1)
+    assert sent is not None
+    records = good_batch(
+        now_ms() + 8 * DAY_MS,
+        2,
+        base_offset=sent.fetch_offset,
+        partition_leader_epoch=sent.current_leader_epoch,
+    )
+    answer = wire.FetchPartitionResult(
+        topic=TOPIC,
+        partition=BAD.partition,
+        high_watermark=2,
+        log_start_offset=0,
+        log_end_offset=2,
+        records=records,
+    )
+    await rm.apply_follower_fetch(ME + 1, sent, answer)
+    assert rm.partitions[BAD].log.leo == 2
+    assert log_bytes(rm, BAD)[61:] == records[61:]
