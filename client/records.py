@@ -48,7 +48,7 @@ from minibroker.client.batch import (
     crc_of,
     read_header,
 )
-from minibroker.client.compression import compress, decompress
+from minibroker.client.compression import compress, decompress, decompress_bounded
 from minibroker.client.errors import CorruptMessageError, InvalidRecordError, InvalidTimestampError
 
 INT32_MIN = -(1 << 31)
@@ -735,6 +735,12 @@ def parse_control_key(key: bytes | None) -> tuple[int, int]:
 # Kafka 4's `message.timestamp.after.max.ms` default (KIP-1030): one hour ahead of the broker.
 DEFAULT_TIMESTAMP_AFTER_MAX_MS = 3_600_000
 NO_TIMESTAMP = -1  # RecordBatch.NO_TIMESTAMP: a record without a timestamp
+# The records of a compressed batch may decompress to at most this many times the topic's
+# max.message.bytes (itself counted as at least its 1 MiB default): 64 MiB by default. Kafka
+# streams through a batch and needs no bound; the leader here materialises the records, so a
+# few compressed bytes that expand to gigabytes must be refused, not allocated.
+UNCOMPRESSED_LIMIT_FACTOR = 64
+_DEFAULT_MAX_MESSAGE_BYTES = 1048588
 
 
 class RecordValidation(NamedTuple):
@@ -748,14 +754,17 @@ class RecordValidation(NamedTuple):
     log_append_time: bool = False
     timestamp_before_max_ms: int = INT64_MAX
     timestamp_after_max_ms: int = DEFAULT_TIMESTAMP_AFTER_MAX_MS
+    max_uncompressed_bytes: int = UNCOMPRESSED_LIMIT_FACTOR * _DEFAULT_MAX_MESSAGE_BYTES
 
     @classmethod
     def from_topic_config(cls, typed: Mapping[str, Any]) -> RecordValidation:
         """From a topic's resolved configs (`client.topic_config.resolve_topic_config`)."""
+        max_message_bytes = max(typed["max.message.bytes"], _DEFAULT_MAX_MESSAGE_BYTES)
         return cls(
             typed["message.timestamp.type"] == "LogAppendTime",
             typed["message.timestamp.before.max.ms"],
             typed["message.timestamp.after.max.ms"],
+            UNCOMPRESSED_LIMIT_FACTOR * max_message_bytes,
         )
 
 
@@ -811,9 +820,9 @@ def _validate_batch(
     if codec_id == Compression.NONE:
         data = bytes(buf[pos + HEADER_SIZE : pos + header.size])
     else:
-        compression = Compression(codec_id)
+        section = memoryview(buf)[pos + HEADER_SIZE : pos + header.size]
         try:
-            data = decompress(compression, memoryview(buf)[pos + HEADER_SIZE : pos + header.size])
+            data = decompress_bounded(Compression(codec_id), section, rules.max_uncompressed_bytes)
         except CorruptRecordError as err:
             raise CorruptMessageError(f"{where}: {err.reason}") from None
     try:

@@ -11,6 +11,7 @@ INVALID_TIMESTAMP for a timestamp out of range.
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from minibroker.client.batch import (
     LOG_OVERHEAD,
     Compression,
 )
+from minibroker.client.compression import compress
 from minibroker.client.errors import ErrorCode
 from minibroker.client.records import encode_batch, encode_varint, encode_varlong
 
@@ -137,6 +139,12 @@ def _records(offset_deltas: list[int]) -> bytes:
     return b"".join(raw_record(d) for d in offset_deltas)
 
 
+@functools.cache
+def _zstd_bomb() -> bytes:
+    """A few KiB of zstd that expand to 100 MiB of zeros: more than any leader should hold."""
+    return compress(Compression.ZSTD, bytes(100 << 20))
+
+
 # name -> (build(now_ms) -> batch bytes, the error code the leader must answer)
 CASES: dict[str, tuple[Callable[[int], bytes], ErrorCode]] = {
     "count 10, 3 records": (
@@ -166,6 +174,16 @@ CASES: dict[str, tuple[Callable[[int], bytes], ErrorCode]] = {
     "zstd flag on gzip records": (
         lambda now: with_header(
             good_batch(now, compression=Compression.GZIP), attributes=int(Compression.ZSTD)
+        ),
+        ErrorCode.CORRUPT_MESSAGE,
+    ),
+    "zstd bomb (100 MiB of zeros)": (
+        lambda now: batch_of(
+            _zstd_bomb(),
+            3,
+            base_timestamp=now,
+            max_timestamp=now,
+            attributes=int(Compression.ZSTD),
         ),
         ErrorCode.CORRUPT_MESSAGE,
     ),

@@ -28,9 +28,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minibroker.broker.config import build_config
-from minibroker.client.batch import HEADER_SIZE, Compression, validate_producer_batches
+from minibroker.client.batch import (
+    HEADER_SIZE,
+    Compression,
+    CorruptRecordError,
+    validate_producer_batches,
+)
 from minibroker.client.common.config import ConfigError
-from minibroker.client.compression import compress
+from minibroker.client.compression import compress, decompress, decompress_bounded
 from minibroker.client.errors import (
     CorruptMessageError,
     ErrorCode,
@@ -163,6 +168,46 @@ def test_a_record_may_claim_more_headers_than_fit_only_as_an_error() -> None:
     struct.pack_into(">i", body, 8, len(body) - 12)
     with pytest.raises(InvalidRecordError, match="headersCount"):
         validate(fix_crc(body))
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounded decompression: a few compressed bytes must not become gigabytes on the leader.
+
+CODECS = [c for c in Compression if c is not Compression.NONE]
+
+
+@pytest.mark.parametrize("compression", CODECS)
+def test_bounded_decompression_matches_decompress(compression: Compression) -> None:
+    # Incompressible and very compressible inputs: the second needs the buffer to grow twice
+    # (64 KiB, then 1 MiB, then the 4 MiB limit).
+    for data in [bytes(range(256)) * 40, b"", b"\x00" * (3 << 20)]:
+        packed = compress(compression, data)
+        assert decompress_bounded(compression, packed, 4 << 20) == data
+        assert decompress_bounded(compression, packed, len(data)) == data  # exactly at the limit
+        assert decompress(compression, packed) == data
+
+
+@pytest.mark.parametrize("compression", CODECS)
+def test_bounded_decompression_refuses_more_than_the_limit(compression: Compression) -> None:
+    packed = compress(compression, b"\x00" * (3 << 20))
+    with pytest.raises(CorruptRecordError, match="more than"):
+        decompress_bounded(compression, packed, (3 << 20) - 1)
+    with pytest.raises(CorruptRecordError, match="decompression failed"):
+        decompress_bounded(compression, b"not compressed at all" * 10, 1 << 20)
+
+
+def test_a_batch_that_decompresses_past_the_limit_is_corrupt() -> None:
+    big = encode_batch(
+        [(NOW, None, b"\x00" * 300_000, []) for _ in range(8)], compression=Compression.ZSTD
+    )
+    assert len(big) < 2_000  # 2.4 MB of records in a batch of a few hundred bytes
+    validate(big, RecordValidation(max_uncompressed_bytes=4 << 20))
+    with pytest.raises(CorruptMessageError, match="decompress to more than 1048576 bytes"):
+        validate(big, RecordValidation(max_uncompressed_bytes=1 << 20))
+    # The default is 64 times max.message.bytes (counted as at least its 1 MiB default).
+    assert RecordValidation().max_uncompressed_bytes == 64 * 1048588
+    configs = resolve_topic_config({"max.message.bytes": str(4 << 20)})
+    assert RecordValidation.from_topic_config(configs).max_uncompressed_bytes == 64 * (4 << 20)
 
 
 # ---------------------------------------------------------------------------------------------
