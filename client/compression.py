@@ -16,6 +16,9 @@ and the choices that make our bytes readable by Kafka and Kafka's bytes readable
   `lz4.compress` links blocks, so the streaming Compressor with `block_linked=False` is used.
 - zstd: one standard zstd frame.
 
+`decompress_bounded` is `decompress` with a ceiling on the output, for bytes from the network
+that are decompressed before anything else checks them (a leader validating a produced batch).
+
 Levels default to Kafka's (KIP-390: `compression.gzip.level` 6 via Deflater's default,
 `compression.zstd.level` 3) except lz4, where Kafka's default level 9 is LZ4-HC; we default to
 the fast compressor (level 1), which Kafka's reader decodes all the same, because the producer

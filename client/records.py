@@ -16,6 +16,8 @@ The producer's accumulator uses `BatchBuilder`: each record is varint-encoded wh
 so closing a batch is one join, at most one compression and one CRC. Consumers use
 `iter_records` / `iter_decoded_batches` over a fetch response, which may end in a partial batch.
 Malformed input of any kind raises `CorruptRecordError` with the batch's position and a reason.
+A partition leader runs `validate_producer_records` over what producers send (Kafka's
+LogValidator), so that every batch it stores decodes here.
 
 Objects here are not thread-safe; a BatchBuilder belongs to one producer task.
 """
@@ -779,10 +781,11 @@ def validate_producer_records(
     `batches` is what `client.batch.validate_producer_batches` returned for `buf` (headers,
     CRCs and counts are already checked). This is the rest of Kafka's LogValidator, per batch:
     baseOffset 0; a base sequence with a producer id; no LogAppendTime from a producer; a known
-    codec that decompresses; records that parse exactly to the end of the batch, as many as
-    `recordsCount`, with offset deltas 0..n-1; maxTimestamp the records' largest; and, for
-    CreateTime topics, every timestamp within the topic's before/after bounds of `now_ms`
-    (-1, no timestamp, is not checked, as in Kafka; other negative timestamps are refused).
+    codec that decompresses (to at most `rules.max_uncompressed_bytes`); records that parse
+    exactly to the end of the batch, as many as `recordsCount`, with offset deltas 0..n-1;
+    maxTimestamp the records' largest; and, for CreateTime topics, every timestamp within the
+    topic's before/after bounds of `now_ms` (-1, no timestamp, is not checked, as in Kafka;
+    other negative timestamps are refused).
 
     Raises InvalidRecordError (INVALID_RECORD: records that do not parse or do not match their
     header), CorruptMessageError (CORRUPT_MESSAGE: unknown codec, decompression failure) or
