@@ -8,14 +8,27 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from typing import Any
 
-from minibroker.broker.config import BROKER_KEYS, build_config
+from minibroker.broker.config import BROKER_ALIASES, BROKER_KEYS, build_config
 from minibroker.client.common.config import ConfigError, command_line_layers, describe
+from minibroker.client.topic_config import TOPIC_CONFIG_KEYS
 
 EPILOG = (
     "Settings (--set key=value or the --config file; topic configs such as "
-    "min.insync.replicas set the broker's defaults for topics):\n" + describe(BROKER_KEYS)
+    "min.insync.replicas set the broker's defaults for topics):\n"
+    + describe(BROKER_KEYS)
+    + "\n\n"
+    + textwrap.fill(
+        "Defaults for topic configs (a topic's own setting wins), under the topic name or "
+        "Kafka's broker name: "
+        + ", ".join(f"{alias} for {name}" for alias, name in BROKER_ALIASES.items())
+        + ".",
+        width=100,
+    )
+    + "\n"
+    + describe(TOPIC_CONFIG_KEYS)
 )
 
 

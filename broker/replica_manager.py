@@ -71,6 +71,7 @@ from minibroker.client.errors import ErrorCode, MiniBrokerError
 from minibroker.client.metadata.image import MetadataImage, TopicImage
 from minibroker.client.metadata.records import NO_LEADER, PartitionRecord
 from minibroker.client.metadata.wire import apply_batch
+from minibroker.client.records import RecordValidation, validate_producer_records
 from minibroker.client.topic_config import resolve_topic_config
 from minibroker.client.topic_name import invalid_topic_name
 from minibroker.client.types import TopicPartition
@@ -125,6 +126,8 @@ class Hosted:
     # The topic configs the core and log were last configured with (None: broker defaults only,
     # for a log opened from disk before metadata arrived).
     topic_configs: dict[str, str] | None = None
+    # What produced records are checked against (timestamp type and bounds), from those configs.
+    record_validation: RecordValidation = field(default_factory=RecordValidation)
 
 
 class ReplicaManager:
@@ -289,6 +292,7 @@ class ReplicaManager:
         core.producer_state.rebuild(_batch_headers(partition_log))
         hosted = Hosted(tp, topic_id, partition_log, core)
         hosted.topic_configs = dict(raw_configs)
+        hosted.record_validation = RecordValidation.from_topic_config(configs)
         self.partitions[tp] = hosted
         return hosted
 
@@ -399,6 +403,7 @@ class ReplicaManager:
         hosted.log.update_config(self._log_config(raw_configs))
         self._apply(hosted, hosted.core.update_config(self._replica_config(configs), now))
         hosted.topic_configs = dict(raw_configs)
+        hosted.record_validation = RecordValidation.from_topic_config(configs)
 
     def _resync_fetchers(self) -> None:
         """Point fetchers at leaders whose address arrived or changed since the partition's
@@ -667,12 +672,15 @@ class ReplicaManager:
             result.message = f"broker {self.broker_id} is not the leader of {tp}"
             result.leader = (core.leader_id, core.leader_epoch)
             return result, None
+        now = now_ms()
         try:
             # Headers for the core's idempotence and acks checks; the log reuses this validation
             # when it appends (one CRC32C pass per batch).
             batches = batchlib.validate_producer_batches(
                 part.records, hosted.log.config.max_message_bytes
             )
+            # Then the records themselves (Kafka's LogValidator), on this leader path only.
+            validate_producer_records(part.records, batches, now, hosted.record_validation)
         except batchlib.CorruptRecordError as err:
             self.metrics.invalid_crc.inc()
             result.error, result.message = ErrorCode.CORRUPT_MESSAGE, str(err)
@@ -691,7 +699,6 @@ class ReplicaManager:
                         hosted, plan.base_offset, plan.last_offset, deadline_ms
                     )
             return result, None
-        now = now_ms()
         try:
             info = hosted.log.append_as_leader(
                 part.records, plan.leader_epoch, now, validated=batches

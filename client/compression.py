@@ -16,6 +16,9 @@ and the choices that make our bytes readable by Kafka and Kafka's bytes readable
   `lz4.compress` links blocks, so the streaming Compressor with `block_linked=False` is used.
 - zstd: one standard zstd frame.
 
+`decompress_bounded` is `decompress` with a ceiling on the output, for bytes from the network
+that are decompressed before anything else checks them (a leader validating a produced batch).
+
 Levels default to Kafka's (KIP-390: `compression.gzip.level` 6 via Deflater's default,
 `compression.zstd.level` 3) except lz4, where Kafka's default level 9 is LZ4-HC; we default to
 the fast compressor (level 1), which Kafka's reader decodes all the same, because the producer
@@ -89,6 +92,91 @@ def decompress(
             f"{compression.label} decompression failed: {err}", position
         ) from None
     raise CorruptRecordError(f"unknown compression codec id {int(compression)}", position)
+
+
+# decompress_bounded's first output buffer: this many times the compressed size, at least
+# _FIRST_OUTPUT_MIN; each retry makes it _OUTPUT_GROWTH times larger, up to the limit.
+_FIRST_OUTPUT_RATIO = 16
+_FIRST_OUTPUT_MIN = 64 * 1024
+_OUTPUT_GROWTH = 16
+# What cramjam's *_into functions say when the output buffer is too small (and only then).
+_OUTPUT_FULL = "failed to write whole buffer"
+
+
+def decompress_bounded(
+    compression: Compression,
+    data: bytes | bytearray | memoryview,
+    limit: int,
+    position: int = 0,
+) -> bytes:
+    """`decompress`, refusing output larger than `limit` bytes without ever holding more.
+
+    A few hundred compressed bytes can expand to gigabytes (a "decompression bomb"), so a
+    broker that looks inside batches from the network decompresses into buffers it sizes itself:
+    first 16x the input (at least 64 KiB), then 16x larger each time the codec runs out of room,
+    up to `limit`. Snappy states its sizes up front, so they are checked before decompressing.
+    Malformed input, or input that would pass `limit`, raises CorruptRecordError at `position`.
+    """
+    if compression is Compression.SNAPPY:
+        return _xerial_snappy_decode_bounded(data, limit, position)
+    codec = _INTO_CODECS.get(compression)
+    if codec is None:
+        raise CorruptRecordError(f"unknown compression codec id {int(compression)}", position)
+    size = min(limit, max(_FIRST_OUTPUT_MIN, _FIRST_OUTPUT_RATIO * len(data)))
+    while True:
+        out = bytearray(size)
+        try:
+            written = codec.decompress_into(data, out)
+        except cramjam.DecompressionError as err:
+            if _OUTPUT_FULL not in str(err):
+                raise CorruptRecordError(
+                    f"{compression.label} decompression failed: {err}", position
+                ) from None
+            if size >= limit:
+                raise CorruptRecordError(
+                    f"{compression.label} records decompress to more than {limit} bytes", position
+                ) from None
+            size = min(limit, size * _OUTPUT_GROWTH)
+            continue
+        return bytes(memoryview(out)[:written])
+
+
+_INTO_CODECS = {
+    Compression.GZIP: cramjam.gzip,
+    Compression.LZ4: cramjam.lz4,
+    Compression.ZSTD: cramjam.zstd,
+}
+
+
+def _xerial_snappy_decode_bounded(
+    data: bytes | bytearray | memoryview, limit: int, position: int
+) -> bytes:
+    """`xerial_snappy_decode` after checking the sizes its blocks declare add up to <= limit."""
+    view = memoryview(data)
+    try:
+        if len(view) < len(XERIAL_HEADER) or view[: len(XERIAL_MAGIC)] != XERIAL_MAGIC:
+            total = cramjam.snappy.decompress_raw_len(view)
+        else:
+            total = 0
+            pos = len(XERIAL_HEADER)
+            end = len(view)
+            while pos + 4 <= end:
+                (length,) = _INT32.unpack_from(view, pos)
+                pos += 4
+                if length < 0 or length > end - pos:
+                    break  # xerial_snappy_decode names the problem
+                total += cramjam.snappy.decompress_raw_len(view[pos : pos + length])
+                pos += length
+    except cramjam.DecompressionError as err:
+        raise CorruptRecordError(f"snappy decompression failed: {err}", position) from None
+    if total > limit:
+        raise CorruptRecordError(
+            f"snappy records decompress to {total} bytes, more than {limit}", position
+        )
+    try:
+        return xerial_snappy_decode(view, position)
+    except cramjam.DecompressionError as err:
+        raise CorruptRecordError(f"snappy decompression failed: {err}", position) from None
 
 
 def xerial_snappy_encode(data: bytes | bytearray | memoryview) -> bytes:

@@ -16,6 +16,8 @@ The producer's accumulator uses `BatchBuilder`: each record is varint-encoded wh
 so closing a batch is one join, at most one compression and one CRC. Consumers use
 `iter_records` / `iter_decoded_batches` over a fetch response, which may end in a partial batch.
 Malformed input of any kind raises `CorruptRecordError` with the batch's position and a reason.
+A partition leader runs `validate_producer_records` over what producers send (Kafka's
+LogValidator), so that every batch it stores decodes here.
 
 Objects here are not thread-safe; a BatchBuilder belongs to one producer task.
 """
@@ -23,10 +25,10 @@ Objects here are not thread-safe; a BatchBuilder belongs to one producer task.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import index
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from minibroker.client.batch import (
     ATTRIBUTES_OFFSET,
@@ -48,7 +50,8 @@ from minibroker.client.batch import (
     crc_of,
     read_header,
 )
-from minibroker.client.compression import compress, decompress
+from minibroker.client.compression import compress, decompress, decompress_bounded
+from minibroker.client.errors import CorruptMessageError, InvalidRecordError, InvalidTimestampError
 
 INT32_MIN = -(1 << 31)
 INT32_MAX = (1 << 31) - 1
@@ -726,3 +729,259 @@ def parse_control_key(key: bytes | None) -> tuple[int, int]:
     if key is None or len(key) < 4:
         raise CorruptRecordError("control record key is shorter than 4 bytes")
     return _INT16.unpack_from(key, 0)[0], _INT16.unpack_from(key, 2)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Leader-side validation of produced records (Kafka's LogValidator)
+
+# Kafka 4's `message.timestamp.after.max.ms` default (KIP-1030): one hour ahead of the broker.
+DEFAULT_TIMESTAMP_AFTER_MAX_MS = 3_600_000
+NO_TIMESTAMP = -1  # RecordBatch.NO_TIMESTAMP: a record without a timestamp
+# The records of a compressed batch may decompress to at most this many times the topic's
+# max.message.bytes (itself counted as at least its 1 MiB default): 64 MiB by default. Kafka
+# streams through a batch and needs no bound; the leader here materialises the records, so a
+# few compressed bytes that expand to gigabytes must be refused, not allocated.
+UNCOMPRESSED_LIMIT_FACTOR = 64
+_DEFAULT_MAX_MESSAGE_BYTES = 1048588
+
+
+class RecordValidation(NamedTuple):
+    """The topic settings a leader checks produced records against.
+
+    `log_append_time` is `message.timestamp.type=LogAppendTime`: the broker stamps its own clock,
+    so the producer's timestamps are not checked. The two bounds are
+    `message.timestamp.before.max.ms` / `after.max.ms` (KIP-937), in ms either side of now.
+    """
+
+    log_append_time: bool = False
+    timestamp_before_max_ms: int = INT64_MAX
+    timestamp_after_max_ms: int = DEFAULT_TIMESTAMP_AFTER_MAX_MS
+    max_uncompressed_bytes: int = UNCOMPRESSED_LIMIT_FACTOR * _DEFAULT_MAX_MESSAGE_BYTES
+
+    @classmethod
+    def from_topic_config(cls, typed: Mapping[str, Any]) -> RecordValidation:
+        """From a topic's resolved configs (`client.topic_config.resolve_topic_config`)."""
+        max_message_bytes = max(typed["max.message.bytes"], _DEFAULT_MAX_MESSAGE_BYTES)
+        return cls(
+            typed["message.timestamp.type"] == "LogAppendTime",
+            typed["message.timestamp.before.max.ms"],
+            typed["message.timestamp.after.max.ms"],
+            UNCOMPRESSED_LIMIT_FACTOR * max_message_bytes,
+        )
+
+
+def validate_producer_records(
+    buf: bytes | bytearray | memoryview,
+    batches: Iterable[tuple[int, BatchHeader]],
+    now_ms: int,
+    rules: RecordValidation,
+) -> None:
+    """Check the records of a produce request's batches before the leader appends them.
+
+    `batches` is what `client.batch.validate_producer_batches` returned for `buf` (headers,
+    CRCs and counts are already checked). This is the rest of Kafka's LogValidator, per batch:
+    baseOffset 0; a base sequence with a producer id; no LogAppendTime from a producer; a known
+    codec that decompresses (to at most `rules.max_uncompressed_bytes`); records that parse
+    exactly to the end of the batch, as many as `recordsCount`, with offset deltas 0..n-1;
+    maxTimestamp the records' largest; and, for CreateTime topics, every timestamp within the
+    topic's before/after bounds of `now_ms` (-1, no timestamp, is not checked, as in Kafka;
+    other negative timestamps are refused).
+
+    Raises InvalidRecordError (INVALID_RECORD: records that do not parse or do not match their
+    header), CorruptMessageError (CORRUPT_MESSAGE: unknown codec, decompression failure) or
+    InvalidTimestampError (INVALID_TIMESTAMP). Leader produce path only: a follower stores the
+    leader's bytes as they are, and a consumer's decoder accepts every batch this accepts.
+    """
+    for pos, header in batches:
+        _validate_batch(buf, pos, header, now_ms, rules)
+
+
+def _validate_batch(
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    header: BatchHeader,
+    now_ms: int,
+    rules: RecordValidation,
+) -> None:
+    where = f"batch at position {pos}"
+    if header.base_offset != 0:
+        raise InvalidRecordError(
+            f"{where}: baseOffset is {header.base_offset}; a producer's batch starts at 0"
+        )
+    if header.producer_id >= 0 and header.base_sequence < 0:
+        raise InvalidRecordError(
+            f"{where}: invalid sequence number {header.base_sequence} with producer id "
+            f"{header.producer_id}"
+        )
+    if header.attributes & TIMESTAMP_TYPE_MASK:
+        raise InvalidTimestampError(
+            f"{where}: the producer set the timestamp type to LogAppendTime; only the broker does"
+        )
+    codec_id = header.attributes & COMPRESSION_MASK
+    if codec_id > Compression.ZSTD:
+        raise CorruptMessageError(f"{where}: unknown compression codec id {codec_id}")
+    if codec_id == Compression.NONE:
+        data = bytes(buf[pos + HEADER_SIZE : pos + header.size])
+    else:
+        section = memoryview(buf)[pos + HEADER_SIZE : pos + header.size]
+        try:
+            data = decompress_bounded(Compression(codec_id), section, rules.max_uncompressed_bytes)
+        except CorruptRecordError as err:
+            raise CorruptMessageError(f"{where}: {err.reason}") from None
+    try:
+        min_delta, max_delta = _check_records(data, header.records_count)
+    except CorruptRecordError as err:
+        raise InvalidRecordError(f"{where}: {err.reason}") from None
+    if rules.log_append_time:
+        return  # the broker's clock replaces every timestamp (storage stamps it)
+    base = header.base_timestamp
+    if base + max_delta != header.max_timestamp:
+        raise InvalidRecordError(
+            f"{where}: maxTimestamp {header.max_timestamp} is not the records' largest "
+            f"timestamp {base + max_delta}"
+        )
+    lowest = base + min_delta
+    if lowest >= 0:
+        # Every timestamp lies in [lowest, highest]: checking the two ends checks them all.
+        _check_timestamp(lowest, now_ms, rules, where)
+        _check_timestamp(base + max_delta, now_ms, rules, where)
+        return
+    # Some record has no timestamp (-1) or a negative one: look at each (rare, so re-parsed).
+    timestamps = _parse_records(data, header, pos, _timestamp_of)
+    for timestamp in timestamps:
+        if timestamp != NO_TIMESTAMP:
+            _check_timestamp(timestamp, now_ms, rules, where)
+
+
+def _timestamp_of(offset: int, timestamp: int, key: object, value: object, headers: object) -> int:
+    return timestamp
+
+
+def _check_timestamp(timestamp: int, now_ms: int, rules: RecordValidation, where: str) -> None:
+    if timestamp < 0:
+        raise InvalidTimestampError(
+            f"{where}: timestamp {timestamp} is negative (only -1, no timestamp, may be)"
+        )
+    before, after = rules.timestamp_before_max_ms, rules.timestamp_after_max_ms
+    if now_ms - timestamp > before or timestamp - now_ms > after:
+        earliest = "any time" if before >= INT64_MAX else str(now_ms - before)
+        raise InvalidTimestampError(
+            f"{where}: timestamp {timestamp} is out of range: the broker accepts [{earliest}, "
+            f"{now_ms + after}] at {now_ms} (message.timestamp.before.max.ms={before}, "
+            f"message.timestamp.after.max.ms={after})"
+        )
+
+
+def _check_records(data: bytes, count: int) -> tuple[int, int]:
+    """Walk `count` records that must fill `data` exactly; returns the smallest and largest
+    timestamp delta. Raises CorruptRecordError (position 0) naming the first problem.
+
+    `_parse_records`'s walk without building anything: each record's fields are checked as the
+    consumer's decoder reads them (so a batch that passes here decodes there), and its offset
+    delta must be its index. The usual one- and two-byte varints are decoded inline. A key or
+    value that overruns its record is caught by the end-of-record check (the fields then take
+    more bytes than the record declares), which saves two tests per record.
+    """
+    end = len(data)
+    if count * MIN_RECORD_BYTES > end:
+        raise CorruptRecordError(f"recordsCount {count} cannot fit in {end} bytes of records")
+    read_varint = _read_varint
+    pos = 0
+    i = 0
+    # Timestamp deltas are varlongs: these start outside their range.
+    min_delta = INT64_MAX + 1
+    max_delta = INT64_MIN - 1
+    try:
+        for i in range(count):
+            b = data[pos]
+            if b < 0x80:
+                length = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                c = data[pos + 1]
+                if c < 0x80:  # records of 64 B to 8 KiB: a two-byte length
+                    n = (b & 0x7F) | (c << 7)
+                    length = (n >> 1) ^ -(n & 1)
+                    pos += 2
+                else:
+                    length, pos = read_varint(data, pos)
+            record_end = pos + length
+            if length < MIN_RECORD_BODY_BYTES or record_end > end:
+                raise CorruptRecordError(f"record {i} declares {length} bytes, {end - pos} left")
+            b = data[pos + 1]  # after attributes, unused in v2 records
+            if b < 0x80:
+                delta = (b >> 1) ^ -(b & 1)
+                pos += 2
+            else:
+                delta, pos = _read_varlong(data, pos + 1)
+            if delta < min_delta:
+                min_delta = delta
+            if delta > max_delta:
+                max_delta = delta
+            # The offset delta must be i, whose zig-zag form is 2i: one byte below 64, two
+            # below 8192 (compared without decoding), longer ones decoded.
+            b = data[pos]
+            if b < 0x80:
+                if b != i << 1:
+                    raise CorruptRecordError(f"record {i} has offset delta {_zigzag(b)}, not {i}")
+                pos += 1
+            else:
+                c = data[pos + 1]
+                if c < 0x80:
+                    n = (b & 0x7F) | (c << 7)
+                    if n != i << 1:
+                        raise CorruptRecordError(
+                            f"record {i} has offset delta {_zigzag(n)}, not {i}"
+                        )
+                    pos += 2
+                else:
+                    offset_delta, pos = read_varint(data, pos)
+                    if offset_delta != i:
+                        raise CorruptRecordError(f"record {i} has offset delta {offset_delta}")
+            if data[pos] == 1:  # zig-zag -1: a null key, the usual case
+                pos += 1
+            else:
+                key_length, pos = read_varint(data, pos)
+                if key_length > 0:
+                    pos += key_length
+                elif key_length < -1:
+                    raise CorruptRecordError(f"record {i} key length {key_length}")
+            b = data[pos]
+            if b < 0x80:
+                value_length = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                c = data[pos + 1]
+                if c < 0x80:
+                    n = (b & 0x7F) | (c << 7)
+                    value_length = (n >> 1) ^ -(n & 1)
+                    pos += 2
+                else:
+                    value_length, pos = read_varint(data, pos)
+            if value_length > 0:
+                pos += value_length
+            elif value_length < -1:
+                raise CorruptRecordError(f"record {i} value length {value_length}")
+            if data[pos] == 0:
+                pos += 1
+            else:
+                header_count, pos = read_varint(data, pos)
+                _, pos = _parse_headers(data, pos, record_end, header_count, i, 0)
+            if pos != record_end:
+                raise CorruptRecordError(
+                    f"record {i} declares {length} bytes but its fields take "
+                    f"{length + pos - record_end}"
+                )
+    except IndexError:
+        raise CorruptRecordError(
+            f"record {i} runs past the end of the {end} bytes of records (recordsCount {count})"
+        ) from None
+    except _VarintTooLong as err:
+        raise CorruptRecordError(f"record {i}: {err}") from None
+    if pos != end:
+        raise CorruptRecordError(f"{end - pos} bytes left after the {count} declared records")
+    return min_delta, max_delta
+
+
+def _zigzag(n: int) -> int:
+    return (n >> 1) ^ -(n & 1)

@@ -73,6 +73,22 @@ TOPIC_CONFIG_KEYS: tuple[ConfigKey, ...] = (
         "CreateTime or LogAppendTime",
         one_of("CreateTime", "LogAppendTime"),
     ),
+    ConfigKey(
+        "message.timestamp.before.max.ms",
+        int,
+        2**63 - 1,
+        "refuse a CreateTime record stamped more than this before the leader's clock "
+        "(INVALID_TIMESTAMP; default: no limit, as in Kafka)",
+        at_least(0),
+    ),
+    ConfigKey(
+        "message.timestamp.after.max.ms",
+        int,
+        3_600_000,
+        "refuse a CreateTime record stamped more than this after the leader's clock "
+        "(INVALID_TIMESTAMP; one hour, Kafka 4's default)",
+        at_least(0),
+    ),
     ConfigKey("cleanup.policy", str, "delete", "only delete is supported", one_of("delete")),
 )
 
