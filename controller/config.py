@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minibroker.client.common.config import ConfigError, ConfigKey, at_least, resolve
+from minibroker.client.common.limits import LIMIT_KEYS, ServerLimits
 from minibroker.client.topic_config import TOPIC_CONFIG_KEYS, TOPIC_CONFIG_NAMES
 from minibroker.controller.core.controller import ControllerSettings
 
@@ -92,6 +93,7 @@ CONTROLLER_KEYS: tuple[ConfigKey, ...] = (
         "keep-alive period of WatchMetadata streams (an empty batch with the high offset)",
         at_least(10),
     ),
+    *LIMIT_KEYS,
 )
 
 ALL_KEYS: tuple[ConfigKey, ...] = CONTROLLER_KEYS + TOPIC_CONFIG_KEYS
@@ -103,6 +105,10 @@ class ControllerConfig:
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
+
+    @property
+    def limits(self) -> ServerLimits:
+        return ServerLimits.from_config(self.values)
 
     @property
     def topic_defaults(self) -> dict[str, Any]:
@@ -130,6 +136,7 @@ def build_config(*layers: Mapping[str, Any]) -> ControllerConfig:
             "broker.session.timeout.ms must be larger than broker.heartbeat.interval.ms "
             f"({values['broker.session.timeout.ms']} <= {values['broker.heartbeat.interval.ms']})"
         )
+    ServerLimits.from_config(values)  # cross-key rules
     return ControllerConfig(values)
 
 
