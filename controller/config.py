@@ -16,6 +16,10 @@ from minibroker.client.common.config import ConfigError, ConfigKey, at_least, re
 from minibroker.client.common.limits import LIMIT_KEYS, ServerLimits
 from minibroker.client.topic_config import TOPIC_CONFIG_KEYS, TOPIC_CONFIG_NAMES
 from minibroker.controller.core.controller import ControllerSettings
+from minibroker.controller.core.partition_limits import (
+    DEFAULT_MAX_BROKER_PARTITIONS,
+    DEFAULT_MAX_PARTITIONS,
+)
 
 CONTROLLER_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
@@ -93,6 +97,22 @@ CONTROLLER_KEYS: tuple[ConfigKey, ...] = (
         "keep-alive period of WatchMetadata streams (an empty batch with the high offset)",
         at_least(10),
     ),
+    ConfigKey(
+        "max.partitions",
+        int,
+        DEFAULT_MAX_PARTITIONS,
+        "partitions in the cluster (each counted once); topic creation past it is refused "
+        "with POLICY_VIOLATION (KIP-578)",
+        at_least(1),
+    ),
+    ConfigKey(
+        "max.broker.partitions",
+        int,
+        DEFAULT_MAX_BROKER_PARTITIONS,
+        "partition replicas one broker may host; topic creation past it is refused with "
+        "POLICY_VIOLATION (KIP-578)",
+        at_least(1),
+    ),
     *LIMIT_KEYS,
 )
 
@@ -124,6 +144,8 @@ class ControllerConfig:
             leader_imbalance_check_interval_ms=self["leader.imbalance.check.interval.seconds"]
             * 1000,
             leader_imbalance_per_broker_percentage=self["leader.imbalance.per.broker.percentage"],
+            max_partitions=self["max.partitions"],
+            max_broker_partitions=self["max.broker.partitions"],
             topic_defaults=self.topic_defaults,
         )
 
