@@ -18,6 +18,9 @@ import grpc
 
 from minibroker.client.common.limits import ConnectionsPerIp, ServerLimits, peer_host
 
+# Health checks answer from memory and must answer while the server is busiest.
+_NOT_QUEUED = "/grpc.health.v1.Health/"
+
 
 class RequestBudget:
     """Bytes of requests read and not yet answered, against `queued.max.request.bytes`.
@@ -101,7 +104,7 @@ class LimitsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 handler.request_deserializer,
                 handler.response_serializer,
             )
-        if self._budget is not None:
+        if self._budget is not None and not handler_call_details.method.startswith(_NOT_QUEUED):
             # grpc reads the request after this returns: wait here while the budget is full.
             await self._budget.wait_for_room()
         if handler.response_streaming:
