@@ -38,17 +38,23 @@ from minibroker.broker.storage.log_manager import LogManager
 from minibroker.client.common import log as logconf
 from minibroker.client.common import metrics as metrics_server
 from minibroker.client.common import runtime
+from minibroker.client.common.grpc_limits import LimitsInterceptor, RequestBudget
+from minibroker.client.common.limits import ServerLimits
 from minibroker.client.errors import MiniBrokerError
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
+# Fetch responses are bounded by the fetch's own max bytes; requests by socket.request.max.bytes.
 SERVER_OPTIONS = [
-    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
     ("grpc.max_send_message_length", 256 * 1024 * 1024),
     ("grpc.so_reuseport", 0),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 1000),
 ]
 CONTROLLED_SHUTDOWN_TIMEOUT_S = 30.0
+
+
+def server_options(limits: ServerLimits) -> list[tuple[str, int]]:
+    return SERVER_OPTIONS + limits.grpc_options()
 
 
 def main(
@@ -101,7 +107,12 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         data_dir.close()  # the logs stay unflushed: the process exits, the next start recovers
         return 1
 
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    limits = config.limits
+    budget = RequestBudget(limits.queued_max_request_bytes)
+    interceptor = LimitsInterceptor(limits, budget)
+    server = grpc.aio.server(
+        options=server_options(limits), interceptors=[interceptor] if interceptor.enabled else []
+    )
     host, port = config.listen
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
@@ -124,7 +135,10 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         metadata_offset=rm.metadata_offset,
     )
     rm.attach(link)
-    pb_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(rm), server)
+    servicer = BrokerServicer(
+        rm, stream_idle_ms=limits.connections_max_idle_ms, produce_budget=budget
+    )
+    pb_grpc.add_BrokerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     await server.start()

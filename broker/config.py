@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minibroker.client.common.config import ConfigError, ConfigKey, at_least, resolve
+from minibroker.client.common.limits import LIMIT_KEYS, ServerLimits
 from minibroker.client.topic_config import TOPIC_CONFIG_KEYS
 
 # Kafka's broker-level names for topic-level defaults.
@@ -111,6 +112,7 @@ BROKER_KEYS: tuple[ConfigKey, ...] = (
         "when the data dir fails, how long to try telling the controller before exiting anyway",
         at_least(1),
     ),
+    *LIMIT_KEYS,
 )
 
 _BROKER_KEY_NAMES = frozenset(k.name for k in BROKER_KEYS)
@@ -147,6 +149,10 @@ class BrokerConfig:
     @property
     def rack(self) -> str:
         return str(self.values["broker.rack"])
+
+    @property
+    def limits(self) -> ServerLimits:
+        return ServerLimits.from_config(self.values)
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
@@ -185,5 +191,6 @@ def build_config(*layers: Mapping[str, Any]) -> BrokerConfig:
         raise ConfigError("node.id is required (--node-id N, N >= 0)")
     if not values["log.dirs"]:
         raise ConfigError("a data dir is required (--data-dir DIR)")
+    ServerLimits.from_config(values)  # cross-key rules
     topic_defaults = resolve(TOPIC_CONFIG_KEYS, *topic_layers)
     return BrokerConfig(values=values, topic_defaults=topic_defaults)

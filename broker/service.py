@@ -2,7 +2,9 @@
 
 I/O shell, event-loop thread only. Expected domain errors are already turned into per-partition
 error codes by the replica manager; anything else escaping a handler is a bug, logged with its
-traceback and answered as a gRPC INTERNAL error.
+traceback and answered as a gRPC INTERNAL error. The request streams apply two of the server's
+limits themselves (client/common/limits.py): `connections.max.idle.ms` (a stream with no request
+for that long is ended) and, on ProduceStream, `queued.max.request.bytes`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from minibroker.broker import wire
+from minibroker.client.common.grpc_limits import RequestBudget
 from minibroker.client.common.log import get_logger
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
@@ -25,8 +28,16 @@ log = get_logger(__name__)
 
 
 class BrokerServicer(pb_grpc.BrokerServiceServicer):
-    def __init__(self, replica_manager: ReplicaManager) -> None:
+    def __init__(
+        self,
+        replica_manager: ReplicaManager,
+        *,
+        stream_idle_ms: int | None = None,
+        produce_budget: RequestBudget | None = None,
+    ) -> None:
         self._rm = replica_manager
+        self._idle_s = None if stream_idle_ms is None else stream_idle_ms / 1000
+        self._budget = produce_budget
 
     async def Produce(
         self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext
@@ -39,10 +50,14 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
         return await self._fetch_one(request)
 
     async def ProduceStream(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        await _serve_stream(context, self._produce_one, "produce")
+        await _serve_stream(
+            context, self._produce_one, "produce", idle_s=self._idle_s, budget=self._budget
+        )
 
     async def FetchStream(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        await _serve_stream(context, self._fetch_one, "fetch")
+        # Fetch requests carry no records, and the follower fetches that complete an acks=all
+        # produce must never wait behind produce requests: they are not held to the budget.
+        await _serve_stream(context, self._fetch_one, "fetch", idle_s=self._idle_s)
 
     async def _produce_one(self, request: pb.ProduceRequest) -> pb.ProduceResponse:
         results = await self._rm.produce(
@@ -83,26 +98,55 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
 
 
 async def _serve_stream(
-    context: grpc.aio.ServicerContext, handle: Callable[[Any], Awaitable[Any]], what: str
+    context: grpc.aio.ServicerContext,
+    handle: Callable[[Any], Awaitable[Any]],
+    what: str,
+    *,
+    idle_s: float | None = None,
+    budget: RequestBudget | None = None,
 ) -> None:
     """Answer every request read from a Produce/FetchStream call, each in its own task (an
     acks=all produce or a long-poll fetch must not hold up the requests behind it), echoing its
     correlation_id. The stream ends when the client half-closes it (after the answers still
     owed) or cancels it (the handlers are cancelled with it). A handler that raises is a bug: it
     is logged and the stream ends with that error (gRPC UNKNOWN), which fails every request
-    pending on it at once, as a broken connection would."""
+    pending on it at once, as a broken connection would.
+
+    `idle_s`: a stream with no request read and none unanswered for this long ends with status
+    OK (Kafka closes a connection idle for connections.max.idle.ms; the client opens a new
+    stream with its next request). `budget`: the next request is read only while the budget has
+    room, and its bytes count against it until it is answered."""
     write_lock = asyncio.Lock()
     tasks: set[asyncio.Task[None]] = set()
     failure: list[BaseException] = []
     reader = asyncio.current_task()
     assert reader is not None
+    loop = asyncio.get_running_loop()
+    # The idle check runs on a timer and looks at these, so no timer is made per request.
+    last_active = loop.time()
+    waiting_for_budget = False
+    idled_out = False
+    idle_timer: asyncio.TimerHandle | None = None
+
+    def check_idle() -> None:
+        nonlocal idle_timer, idled_out
+        assert idle_s is not None
+        idle_for = loop.time() - last_active
+        if tasks or waiting_for_budget or idle_for < idle_s:
+            idle_timer = loop.call_later(max(idle_s - idle_for, idle_s / 10), check_idle)
+            return
+        idle_timer = None
+        idled_out = True
+        reader.cancel()
 
     async def answer(request: Any) -> None:
+        nonlocal last_active
         try:
             response = await handle(request)
             response.correlation_id = request.correlation_id
             async with write_lock:
                 await context.write(response)
+            last_active = loop.time()
         except asyncio.CancelledError:
             raise
         except Exception as err:
@@ -110,14 +154,27 @@ async def _serve_stream(
             failure.append(err)
             reader.cancel()
 
+    if idle_s is not None:
+        idle_timer = loop.call_later(idle_s, check_idle)
     try:
         while True:
+            if budget is not None and budget.full:
+                waiting_for_budget = True
+                await budget.wait_for_room()
+                waiting_for_budget = False
+                last_active = loop.time()
             request = await context.read()
             if request is grpc.aio.EOF:
                 break
+            last_active = loop.time()
             task = asyncio.create_task(answer(request))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
+            if budget is not None:
+                # Given back however the task ends, even cancelled before it ever ran.
+                size = request.ByteSize()
+                budget.take(size)
+                task.add_done_callback(lambda _, size=size: budget.give_back(size))
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
     except asyncio.CancelledError:
@@ -125,7 +182,13 @@ async def _serve_stream(
         # request's timeout: raise the handler's error instead, so the call ends UNKNOWN.
         if failure:
             raise failure[0] from None
+        if idled_out:
+            reader.uncancel()
+            log.info("stream_idle_closed", rpc=what, peer=context.peer(), idle_s=idle_s)
+            return
         raise
     finally:
+        if idle_timer is not None:
+            idle_timer.cancel()
         for task in tasks:
             task.cancel()

@@ -140,7 +140,10 @@ ReplicaNotAvailableError = _define(ErrorCode.REPLICA_NOT_AVAILABLE, "The replica
 MessageTooLargeError = _define(ErrorCode.MESSAGE_TOO_LARGE, "The batch is larger than allowed.")
 NetworkExceptionError = _define(ErrorCode.NETWORK_EXCEPTION, "The connection to a peer failed.")
 InvalidTopicError = _define(ErrorCode.INVALID_TOPIC_EXCEPTION, "The topic name is invalid.")
-RecordListTooLargeError = _define(ErrorCode.RECORD_LIST_TOO_LARGE, "The batch exceeds the segment.")
+RecordListTooLargeError = _define(
+    ErrorCode.RECORD_LIST_TOO_LARGE,
+    "The batch exceeds the segment, or the request the broker's socket.request.max.bytes.",
+)
 NotEnoughReplicasError = _define(
     ErrorCode.NOT_ENOUGH_REPLICAS, "The ISR is smaller than min.insync.replicas."
 )

@@ -20,17 +20,29 @@ covers the whole request, including a write that cannot finish (a broker that st
 grants no more HTTP/2 window; one that accepts TCP but never speaks HTTP/2 never lets the stream's
 headers out, and grpc.aio does not wake such a write when the call is cancelled), and a caller
 that is cancelled leaves the stream and everyone else's requests on it alone.
+
+Brokers end a stream that carried no request for `connections.max.idle.ms` (600 s by default);
+like Kafka's clients, whose own connections.max.idle.ms (540 s) is shorter than the broker's, a
+request after `idle_ms` of quiet goes on a new stream instead of racing the broker's close. A
+request larger than the broker's `socket.request.max.bytes` ends the stream with
+RESOURCE_EXHAUSTED naming its size: only the requests of that size get that status, the others
+pending with it fail as UNAVAILABLE (retriable), since they were not the problem.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import deque
 from typing import Any
 
 import grpc
 
 _ID_MASK = 0x7FFFFFFF  # correlation ids are int32 on the wire
+# Kafka's client default for connections.max.idle.ms, below the broker's 600000.
+CLIENT_IDLE_MS = 540_000
+# grpc core's words when a message is over the receiver's limit: "... (<size> vs. <limit>)".
+_TOO_LARGE = re.compile(r"larger than max \((\d+) vs\. (\d+)\)")
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
@@ -41,11 +53,14 @@ class _OpenStream:
     """One bidirectional call, the requests waiting to be written on it (in order) and the
     requests waiting for an answer on it (every queued request is also pending)."""
 
-    __slots__ = ("call", "outbox", "pending", "reader", "wakeup", "writer")
+    __slots__ = ("call", "last_used", "messages", "outbox", "pending", "reader", "wakeup", "writer")
 
-    def __init__(self, call: Any) -> None:
+    def __init__(self, call: Any, now: float) -> None:
         self.call = call
+        self.last_used = now
         self.pending: dict[int, asyncio.Future[Any]] = {}
+        # The request of each pending id (the caller holds it anyway until answered).
+        self.messages: dict[int, Any] = {}
         self.outbox: deque[Any] = deque()
         # Set while the writer waits for an empty outbox to fill.
         self.wakeup: asyncio.Future[None] | None = None
@@ -55,29 +70,61 @@ class _OpenStream:
     def fail_all(self, err: BaseException) -> None:
         self.outbox.clear()
         pending, self.pending = self.pending, {}
-        for future in pending.values():
-            if not future.done():
+        messages, self.messages = self.messages, {}
+        too_large = _too_large_size(err)
+        for cid, future in pending.items():
+            if future.done():
+                continue
+            message = messages.get(cid)
+            if too_large is not None and message is not None and message.ByteSize() != too_large:
+                future.set_exception(
+                    rpc_error(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"stream closed by the peer because another request on it was too "
+                        f"large: {err.details() if isinstance(err, grpc.aio.AioRpcError) else err}",
+                    )
+                )
+            else:
                 future.set_exception(err)
+
+
+def _too_large_size(err: BaseException) -> int | None:
+    """The size of the message a RESOURCE_EXHAUSTED status names as over the limit, or None."""
+    if not isinstance(err, grpc.aio.AioRpcError):
+        return None
+    if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    found = _TOO_LARGE.search(err.details() or "")
+    return int(found.group(1)) if found else None
 
 
 class RequestStream:
     """Requests to one broker on one stream method (e.g. `stub.FetchStream`)."""
 
-    def __init__(self, method: Any, address: str) -> None:
+    def __init__(self, method: Any, address: str, *, idle_ms: int = CLIENT_IDLE_MS) -> None:
         self._method = method
         self.address = address
+        self._idle_s = idle_ms / 1000
         self._open: _OpenStream | None = None
         self._next_id = 0
         self._closed = False
 
     async def request(self, message: Any, timeout_s: float) -> Any:
         """Send `message` (its correlation_id is set here) and return the broker's answer."""
-        stream = self._open if self._open is not None else self._start()
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        stream = self._open
+        if stream is not None and not stream.pending and now - stream.last_used >= self._idle_s:
+            self.reset()  # idle: the broker may be closing it right now
+            stream = None
+        if stream is None:
+            stream = self._start()
+        stream.last_used = now
         self._next_id = cid = (self._next_id + 1) & _ID_MASK
         message.correlation_id = cid
-        loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         stream.pending[cid] = future
+        stream.messages[cid] = message
         stream.outbox.append(message)
         wakeup = stream.wakeup
         if wakeup is not None and not wakeup.done():
@@ -88,6 +135,8 @@ class RequestStream:
         finally:
             timer.cancel()
             stream.pending.pop(cid, None)
+            stream.messages.pop(cid, None)
+            stream.last_used = loop.time()
 
     def reset(self) -> None:
         """Close the current stream now (its pending requests fail with CANCELLED); the next
@@ -113,8 +162,8 @@ class RequestStream:
     def _start(self) -> _OpenStream:
         if self._closed:
             raise rpc_error(grpc.StatusCode.CANCELLED, "the client is closed")
-        stream = _OpenStream(self._method())
         loop = asyncio.get_running_loop()
+        stream = _OpenStream(self._method(), loop.time())
         stream.reader = loop.create_task(self._read(stream))
         stream.writer = loop.create_task(self._write(stream))
         self._open = stream

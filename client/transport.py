@@ -18,9 +18,9 @@ import grpc
 
 from minibroker.client.errors import (
     ErrorCode,
-    MessageTooLargeError,
     MiniBrokerError,
     NetworkExceptionError,
+    RecordListTooLargeError,
     RequestTimedOutError,
     UnknownServerError,
     UnknownTopicOrPartitionError,
@@ -86,7 +86,15 @@ def error_from_rpc(err: grpc.aio.AioRpcError | grpc.RpcError, address: str) -> M
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return RequestTimedOutError(f"request to {address} timed out")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return MessageTooLargeError(f"{address} refused the request size: {details}")
+        if "larger than max" in (details or ""):
+            # grpc's message size check: ours on send, or the peer's (socket.request.max.bytes).
+            return RecordListTooLargeError(
+                f"{address} refused a message over its size limit (a broker's "
+                f"socket.request.max.bytes; a producer's requests are up to max_request_size): "
+                f"{details}"
+            )
+        # A connection limit (max.connections.per.ip): like a closed connection, retriable.
+        return NetworkExceptionError(f"{address} refused the call: {details}")
     return UnknownServerError(f"{address} failed the call ({code}): {details}")
 
 

@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from minibroker.client.common import metrics as common_metrics
+from minibroker.client.common.grpc_limits import LimitsInterceptor, RequestBudget
 from minibroker.client.common.log import get_logger
 from minibroker.client.metadata.image import MetadataImage
 from minibroker.client.metadata.records import LogEntry
@@ -44,8 +45,8 @@ COMMAND_QUEUE_BOUND = 10_000
 TICK_INTERVAL_S = 0.1
 MAX_ENTRIES_PER_BATCH = 1000
 GROUP_COMMIT_MAX = 256  # commands per fsync
+# The request size, idle and connection limits come from the config (client/common/limits.py).
 SERVER_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     # Ping idle peers so a vanished host (no RST) still breaks its heartbeat stream.
     ("grpc.keepalive_time_ms", 2000),
@@ -155,7 +156,12 @@ class ControllerApp:
             asyncio.create_task(self._tick_loop(), name="controller-ticks"),
         ]
         host, port = _split_listen(self.config["listeners"])
-        server = grpc.aio.server(options=SERVER_OPTIONS)
+        limits = self.config.limits
+        interceptor = LimitsInterceptor(limits, RequestBudget(limits.queued_max_request_bytes))
+        server = grpc.aio.server(
+            options=SERVER_OPTIONS + limits.grpc_options(),
+            interceptors=[interceptor] if interceptor.enabled else [],
+        )
         pb_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self.port = server.add_insecure_port(f"{host}:{port}")

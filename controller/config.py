@@ -13,8 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from minibroker.client.common.config import ConfigError, ConfigKey, at_least, resolve
+from minibroker.client.common.limits import LIMIT_KEYS, ServerLimits
 from minibroker.client.topic_config import TOPIC_CONFIG_KEYS, TOPIC_CONFIG_NAMES
 from minibroker.controller.core.controller import ControllerSettings
+from minibroker.controller.core.partition_limits import (
+    DEFAULT_MAX_BROKER_PARTITIONS,
+    DEFAULT_MAX_PARTITIONS,
+)
 
 CONTROLLER_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
@@ -92,6 +97,23 @@ CONTROLLER_KEYS: tuple[ConfigKey, ...] = (
         "keep-alive period of WatchMetadata streams (an empty batch with the high offset)",
         at_least(10),
     ),
+    ConfigKey(
+        "max.partitions",
+        int,
+        DEFAULT_MAX_PARTITIONS,
+        "partitions in the cluster (each counted once); topic creation past it is refused "
+        "with POLICY_VIOLATION (KIP-578)",
+        at_least(1),
+    ),
+    ConfigKey(
+        "max.broker.partitions",
+        int,
+        DEFAULT_MAX_BROKER_PARTITIONS,
+        "partition replicas one broker may host; topic creation past it is refused with "
+        "POLICY_VIOLATION (KIP-578)",
+        at_least(1),
+    ),
+    *LIMIT_KEYS,
 )
 
 ALL_KEYS: tuple[ConfigKey, ...] = CONTROLLER_KEYS + TOPIC_CONFIG_KEYS
@@ -103,6 +125,10 @@ class ControllerConfig:
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
+
+    @property
+    def limits(self) -> ServerLimits:
+        return ServerLimits.from_config(self.values)
 
     @property
     def topic_defaults(self) -> dict[str, Any]:
@@ -118,6 +144,8 @@ class ControllerConfig:
             leader_imbalance_check_interval_ms=self["leader.imbalance.check.interval.seconds"]
             * 1000,
             leader_imbalance_per_broker_percentage=self["leader.imbalance.per.broker.percentage"],
+            max_partitions=self["max.partitions"],
+            max_broker_partitions=self["max.broker.partitions"],
             topic_defaults=self.topic_defaults,
         )
 
@@ -130,6 +158,7 @@ def build_config(*layers: Mapping[str, Any]) -> ControllerConfig:
             "broker.session.timeout.ms must be larger than broker.heartbeat.interval.ms "
             f"({values['broker.session.timeout.ms']} <= {values['broker.heartbeat.interval.ms']})"
         )
+    ServerLimits.from_config(values)  # cross-key rules
     return ControllerConfig(values)
 
 

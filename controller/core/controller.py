@@ -15,12 +15,14 @@ The rules and where they come from:
 - elections and the epochs they bump: research §2.7, §2.8 (`election.py`);
 - AlterPartition: research §2.6 (`isr.py`);
 - placement and topic validation: `placement.py`, `topics.py`;
+- partition limits (KIP-578's max.partitions, max.broker.partitions): `partition_limits.py`;
 - automatic preferred-leader rebalance: research §2.16 (`rebalance.py`).
 """
 
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -69,6 +71,16 @@ from minibroker.controller.core.messages import (
     RegisterRequest,
     UnregisterBrokerReply,
 )
+from minibroker.controller.core.partition_limits import (
+    DEFAULT_MAX_BROKER_PARTITIONS,
+    DEFAULT_MAX_PARTITIONS,
+    PartitionLimits,
+    assignment_problem,
+    brokers_with_room,
+    cluster_problem,
+    hosted_replicas,
+    replica_room_problem,
+)
 from minibroker.controller.core.placement import BrokerSlot, PlacementError, place_replicas
 from minibroker.controller.core.rebalance import partitions_to_rebalance
 from minibroker.controller.core.registration import invalid_cluster_id, invalid_registration
@@ -99,6 +111,8 @@ class ControllerSettings:
     leader_imbalance_check_interval_ms: int = 30_000
     leader_imbalance_per_broker_percentage: int = 10
     producer_id_block_size: int = 1000
+    max_partitions: int = DEFAULT_MAX_PARTITIONS
+    max_broker_partitions: int = DEFAULT_MAX_BROKER_PARTITIONS
     # Broker-level defaults for topic configs (typed), under the topic config names.
     topic_defaults: Mapping[str, Any] = field(default_factory=dict)
 
@@ -122,6 +136,9 @@ class ControllerCore:
         for reg in self.image.brokers.values():
             self.liveness.start_session(reg.broker_id, reg.broker_epoch, now_ms)
         self.next_rebalance_ms = now_ms + settings.leader_imbalance_check_interval_ms
+        self.partition_limits = PartitionLimits(
+            settings.max_partitions, settings.max_broker_partitions
+        )
         self._entries: list[LogEntry] = []
         self._events: list[Event] = []
 
@@ -712,6 +729,12 @@ class ControllerCore:
         counts: dict[str, int] = {}
         for t in topics:
             counts[t.name] = counts.get(t.name, 0) + 1
+        # Replicas per broker, kept up to date as this request creates topics.
+        hosted = hosted_replicas(
+            p.replicas
+            for topic in self.image.topics_by_id.values()
+            for p in topic.partitions.values()
+        )
         results = []
         for t in topics:
             if counts[t.name] > 1:
@@ -723,10 +746,12 @@ class ControllerCore:
                     )
                 )
                 continue
-            results.append(self._create_one(t, validate_only, now_ms))
+            results.append(self._create_one(t, validate_only, now_ms, hosted))
         return self._done(tuple(results))
 
-    def _create_one(self, t: CreatableTopic, validate_only: bool, now_ms: int) -> CreateTopicResult:
+    def _create_one(
+        self, t: CreatableTopic, validate_only: bool, now_ms: int, hosted: Counter[int]
+    ) -> CreateTopicResult:
         def fail(code: ErrorCode, message: str) -> CreateTopicResult:
             return CreateTopicResult(t.name, code, message)
 
@@ -776,10 +801,22 @@ class ControllerCore:
             validate_topic_configs(t.configs)
         except ConfigError as err:
             return fail(ErrorCode.INVALID_CONFIG, f"topic {t.name!r}: {err}")
+        # Counted before any placement is built: a million partitions cost nothing to refuse.
+        limits = self.partition_limits
+        existing = self.image.partition_count()
+        with_room = brokers_with_room(usable, hosted, limits)
+        problem = cluster_problem(existing, num_partitions, limits) or replica_room_problem(
+            num_partitions, rf, usable, with_room, hosted, limits
+        )
+        if problem:
+            return fail(ErrorCode.POLICY_VIOLATION, f"topic {t.name!r}: {problem}")
         try:
-            assignment = place_replicas(usable, num_partitions, rf, self.image.partition_count())
+            assignment = place_replicas(with_room, num_partitions, rf, existing)
         except PlacementError as err:
             return fail(ErrorCode.INVALID_REPLICATION_FACTOR, str(err))
+        problem = assignment_problem(assignment, hosted, limits)
+        if problem:
+            return fail(ErrorCode.POLICY_VIOLATION, f"topic {t.name!r}: {problem}")
         effective = {
             k: _config_str(v)
             for k, v in resolve_topic_config(t.configs, self.settings.topic_defaults).items()
@@ -788,6 +825,7 @@ class ControllerCore:
             "" if validate_only else str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
         )
         if not validate_only:
+            hosted.update(hosted_replicas(assignment))
             self._append(TopicRecord(t.name, topic_id, dict(t.configs)), now_ms)
             for index, replicas in enumerate(assignment):
                 record = PartitionRecord(

@@ -16,6 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PURE = [
     "broker/replication",
     "client/errors.py",
+    "client/common/limits.py",
     "client/batch.py",
     "client/records.py",
     "client/compression.py",
