@@ -289,7 +289,7 @@ class ReplicaManager:
             high_watermark=partition_log.high_watermark,
             name=str(tp),
         )
-        core.producer_state.rebuild(_batch_headers(partition_log))
+        core.producer_state.rebuild(partition_log.producer_batch_headers())
         hosted = Hosted(tp, topic_id, partition_log, core)
         hosted.topic_configs = dict(raw_configs)
         hosted.record_validation = RecordValidation.from_topic_config(configs)
@@ -1330,15 +1330,3 @@ def _alter_partition_result(
                 leader_recovery_state=LeaderRecoveryState(p.leader_recovery_state),
             )
     return AlterPartitionResult(proposal_id, ErrorCode.UNKNOWN_SERVER_ERROR)
-
-
-def _batch_headers(partition_log: PartitionLog) -> Iterable[batchlib.BatchHeader]:
-    """Every batch header of the log, oldest first (rebuilding the idempotent-producer state)."""
-    offset = partition_log.log_start_offset
-    while offset < partition_log.leo:
-        info = partition_log.read(offset, 8 * 1024 * 1024)
-        if not info.records:
-            return
-        for _pos, header in batchlib.iter_batches(info.records):
-            yield header
-        offset = info.next_offset

@@ -40,6 +40,7 @@ import os
 import pathlib
 import struct
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -88,6 +89,11 @@ _INT32 = struct.Struct(">i")
 _INT64 = struct.Struct(">q")
 _UINT32 = struct.Struct(">I")
 _SCAN_CHUNK = 8 * 1024 * 1024
+# How many of each producer's newest batches loading hands over for the idempotent-producer
+# state: at least as many as that state remembers per producer (BATCHES_PER_PRODUCER in the
+# replication layer; a unit test holds the two together). A producer's older batches cannot
+# change its state, so they need not be kept.
+PRODUCER_BATCHES_KEPT = 5
 
 
 class AppendInfo(NamedTuple):
@@ -212,6 +218,9 @@ class PartitionLog:
         # The checkpoint file may differ from `_epoch_cache` (a write failed): it is rewritten
         # before the next batch goes to disk, so that it always names every batch's epoch.
         self._epoch_cache_dirty = False
+        # What the load's pass over the batches found for the producer state (newest batches
+        # of each producer id, oldest first); dropped when handed over or the log changes.
+        self._loaded_producer_batches: list[BatchHeader] | None = None
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -239,6 +248,11 @@ class PartitionLog:
         rebuilding anything, and a corrupt batch found there is handled as after a crash: the
         log is recovered from that segment, so it is cut at the batch. The replicas re-fetch
         what was cut; nothing that loads a log meets a corrupt batch.
+
+        That check or recovery is the load's only pass over the batches: it also rebuilds a
+        missing epoch checkpoint and gathers what `producer_batch_headers` hands over, so a log
+        that needs no recovery is read once (besides each segment's index tail and first
+        header, read when the segment is opened).
         """
         path = pathlib.Path(directory)
         path.mkdir(parents=True, exist_ok=True)
@@ -326,12 +340,12 @@ class PartitionLog:
                     later.delete()
                 break
             if i < recover_from and not segment.needs_recovery:
-                trial = check.copy()
-                problem = _damage_in(path, segment, trial)
+                problem = _damage_in(path, segment, check)
                 if problem is None:
-                    check = trial
+                    check.commit()
                     kept.append(segment)
                     continue
+                check.discard()  # the segment is read again by its recovery
                 _log.warning(
                     "corrupt_batch_found_on_load",
                     topic=topic_partition.topic,
@@ -341,17 +355,15 @@ class PartitionLog:
                     had_clean_shutdown=had_clean_shutdown,
                 )
                 recover_from = i
-            if i >= recover_from or segment.needs_recovery:
-                recovered += 1
-                truncated = segment.recover(check)
-                truncated_bytes += truncated
-                kept.append(segment)
-                if truncated:
-                    for later in segments[i + 1 :]:
-                        later.delete()
-                    break
-            else:
-                kept.append(segment)
+            recovered += 1
+            truncated = segment.recover(check)
+            check.commit()
+            truncated_bytes += truncated
+            kept.append(segment)
+            if truncated:
+                for later in segments[i + 1 :]:
+                    later.delete()
+                break
 
         leo = kept[-1].next_offset if kept else log_start_offset
         if kept and leo < log_start_offset:
@@ -359,6 +371,7 @@ class PartitionLog:
             for segment in kept:
                 segment.delete()
             kept = []
+            check.forget()
         if not kept:
             kept = [LogSegment.create(path, log_start_offset, config.index_interval_bytes, now_ms)]
         leo = kept[-1].next_offset
@@ -374,9 +387,10 @@ class PartitionLog:
             leo if had_clean_shutdown else min(recovery_point, leo),
             now_ms,
         )
+        log._loaded_producer_batches = check.producer_batches()
         changed = False
         if not trusted_cache:
-            changed = log._rebuild_epoch_cache()
+            changed = log._rebuild_epoch_cache(check.epoch_starts)
         changed = bool(cache.truncate_from_end(leo)) or changed
         changed = bool(cache.truncate_from_start(start)) or changed
         if changed or (stored is None and len(cache)):
@@ -392,16 +406,36 @@ class PartitionLog:
             )
         return log
 
-    def _rebuild_epoch_cache(self) -> bool:
-        """Rebuild the cache from the batch headers (the checkpoint was missing or corrupt)."""
+    def _rebuild_epoch_cache(self, epoch_starts: Sequence[tuple[int, int]]) -> bool:
+        """Rebuild the cache (the checkpoint was missing or corrupt) from where the load's pass
+        saw each epoch start."""
         changed = self._epoch_cache.clear()
-        for segment in self._segments:
-            for batch in segment.walk(0, segment.size):
-                epoch = batch.partition_leader_epoch
-                latest = self._epoch_cache.latest_epoch
-                if epoch >= 0 and (latest is None or epoch > latest):
-                    changed = self._epoch_cache.assign(epoch, batch.base_offset) or changed
+        for epoch, start_offset in epoch_starts:
+            changed = self._epoch_cache.assign(epoch, start_offset) or changed
         return changed
+
+    def producer_batch_headers(self) -> list[BatchHeader]:
+        """The batches the idempotent-producer state is rebuilt from, oldest first.
+
+        The newest PRODUCER_BATCHES_KEPT batches of each producer id among the batches from
+        the log start on; replaying them gives the same state as replaying every batch. Right
+        after `open` this is what the load's own pass found, handed over once without reading
+        anything; later, or once the log has changed, the log is read.
+        """
+        loaded, self._loaded_producer_batches = self._loaded_producer_batches, None
+        start = self._log_start_offset
+        if loaded is not None:
+            return [header for header in loaded if header.last_offset >= start]
+        newest = _NewestBatches()
+        offset = start
+        while offset < self.leo:
+            info = self.read(offset, _SCAN_CHUNK)
+            if not info.records:
+                break
+            for _position, header in iter_batches(info.records):
+                newest.add(header)
+            offset = info.next_offset
+        return newest.headers()
 
     # -- facts --------------------------------------------------------------------------------
 
@@ -649,6 +683,7 @@ class PartitionLog:
         Order: the epoch checkpoint before the first batch of a new epoch (KIP-279), then the
         batches, then the `flush.messages` fsync. Any failure undoes every step.
         """
+        self._loaded_producer_batches = None
         if self._epoch_cache_dirty:
             try:
                 self._persist_epoch_cache()
@@ -916,6 +951,7 @@ class PartitionLog:
         if offset < self._segments[0].base_offset:
             self.truncate_fully_and_start_at(offset)
             return True
+        self._loaded_producer_batches = None
         old_leo = self.leo
         keep = bisect.bisect_right(self._bases, offset)
         try:
@@ -962,6 +998,7 @@ class PartitionLog:
         """
         if offset < 0:
             raise OffsetOutOfRangeError(f"cannot restart {self.topic_partition} at {offset}")
+        self._loaded_producer_batches = None
         old_leo = self.leo
         now = _wall_clock_ms()
         try:
@@ -1139,41 +1176,132 @@ class PartitionLog:
         )
 
 
+class _NewestBatches:
+    """The newest PRODUCER_BATCHES_KEPT batch headers of each producer id, given in log order
+    (batches without a producer id are left out: they do not touch the producer state)."""
+
+    __slots__ = ("_by_producer",)
+
+    def __init__(self) -> None:
+        self._by_producer: dict[int, deque[BatchHeader]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._by_producer)
+
+    def add(self, header: BatchHeader) -> None:
+        producer_id = header.producer_id
+        if producer_id < 0:
+            return
+        kept = self._by_producer.get(producer_id)
+        if kept is None:
+            kept = self._by_producer[producer_id] = deque(maxlen=PRODUCER_BATCHES_KEPT)
+        kept.append(header)
+
+    def extend(self, later: _NewestBatches) -> None:
+        """Add `later`'s batches, which all follow this one's in the log."""
+        for producer_id, batches in later._by_producer.items():
+            kept = self._by_producer.get(producer_id)
+            if kept is None:
+                self._by_producer[producer_id] = batches
+            else:
+                kept.extend(batches)
+
+    def headers(self) -> list[BatchHeader]:
+        """Every kept header, oldest first."""
+        kept = [header for batches in self._by_producer.values() for header in batches]
+        kept.sort(key=_base_offset_of)
+        return kept
+
+
+def _base_offset_of(header: BatchHeader) -> int:
+    return header.base_offset
+
+
 class _RecoveryCheck:
-    """Checks on recovered batches beyond CRC and offsets: the epoch fields.
+    """The load's pass over the batches it keeps: checks beyond CRC and offsets (the epoch
+    fields), and what the rest of the load needs from those batches.
 
     `partitionLeaderEpoch` sits outside the CRC, so a flipped byte there would pass it. Epochs
     never go back along a log, and when the checkpointed cache is present it names the epoch
     of every batch (it is written before the batch), so a batch that disagrees is corrupt.
+
+    `_damage_in` and `LogSegment.recover` call it on each batch in log order, as the last test
+    before keeping it, so a batch it passes is kept unless the segment turns out to need
+    recovery after all; what it learns (where each epoch starts, each producer's newest
+    batches) is therefore staged per segment: `commit` once the segment is kept (checked whole,
+    or recovered), `discard` when it is to be read again.
     """
 
     def __init__(self, cache: EpochCache | None) -> None:
-        self._cache = cache
+        # The cache does not change while the log loads: its columns are copied once.
+        entries = cache.entries if cache is not None else ()
+        self._starts = [entry.start_offset for entry in entries]
+        self._epochs = [entry.epoch for entry in entries]
         self._previous_epoch = NO_PARTITION_LEADER_EPOCH
-
-    def copy(self) -> _RecoveryCheck:
-        """The same check at the same point of the log (for a scan that may be redone)."""
-        twin = _RecoveryCheck(self._cache)
-        twin._previous_epoch = self._previous_epoch
-        return twin
+        self._committed_epoch = NO_PARTITION_LEADER_EPOCH
+        self._staged_epoch_starts: list[tuple[int, int]] = []
+        self._epoch_starts: list[tuple[int, int]] = []
+        self._staged_producers = _NewestBatches()
+        self._producers = _NewestBatches()
 
     def __call__(self, header: BatchHeader) -> str | None:
         epoch = header.partition_leader_epoch
         if epoch < NO_PARTITION_LEADER_EPOCH:
             return f"invalid partitionLeaderEpoch {epoch}"
-        if epoch < self._previous_epoch:
-            return f"partitionLeaderEpoch {epoch} after {self._previous_epoch}"
-        if self._cache is not None and self._cache:
-            cached = self._cache.epoch_for_offset(header.base_offset)
+        previous = self._previous_epoch
+        if epoch < previous:
+            return f"partitionLeaderEpoch {epoch} after {previous}"
+        starts = self._starts
+        if starts:
+            at = bisect.bisect_right(starts, header.base_offset)
             # The last offset too: a log start raised into this batch restarts its epoch's
             # entry inside it (truncate_from_start).
-            if cached is not None and epoch not in (
-                cached,
-                self._cache.epoch_for_offset(header.last_offset),
-            ):
-                return f"partitionLeaderEpoch {epoch}, the epoch cache says {cached}"
-        self._previous_epoch = epoch
+            cached = self._epochs[at - 1] if at else epoch
+            if epoch != cached:
+                last = bisect.bisect_right(starts, header.last_offset)
+                if epoch != self._epochs[last - 1]:
+                    return f"partitionLeaderEpoch {epoch}, the epoch cache says {cached}"
+        if epoch > previous:
+            self._staged_epoch_starts.append((epoch, header.base_offset))
+            self._previous_epoch = epoch
+        producer_id = header.producer_id
+        if producer_id >= 0:  # `_NewestBatches.add` inlined: this runs once per batch
+            staged = self._staged_producers._by_producer
+            kept = staged.get(producer_id)
+            if kept is None:
+                kept = staged[producer_id] = deque(maxlen=PRODUCER_BATCHES_KEPT)
+            kept.append(header)
         return None
+
+    def commit(self) -> None:
+        """The batches passed since the last commit or discard stay in the log."""
+        self._committed_epoch = self._previous_epoch
+        self._epoch_starts += self._staged_epoch_starts
+        self._staged_epoch_starts.clear()
+        if self._staged_producers:
+            self._producers.extend(self._staged_producers)
+            self._staged_producers = _NewestBatches()
+
+    def discard(self) -> None:
+        """The batches passed since the last commit or discard will be checked again."""
+        self._previous_epoch = self._committed_epoch
+        self._staged_epoch_starts.clear()
+        self._staged_producers = _NewestBatches()
+
+    def forget(self) -> None:
+        """Every batch passed is gone from the log."""
+        self.discard()
+        self._epoch_starts.clear()
+        self._producers = _NewestBatches()
+
+    @property
+    def epoch_starts(self) -> list[tuple[int, int]]:
+        """(epoch, offset of its first batch) for each epoch of the kept batches, in order."""
+        return self._epoch_starts
+
+    def producer_batches(self) -> list[BatchHeader]:
+        """The newest PRODUCER_BATCHES_KEPT kept batches of each producer id, oldest first."""
+        return self._producers.headers()
 
 
 def _damage_in(directory: pathlib.Path, segment: LogSegment, check: _RecoveryCheck) -> str | None:
@@ -1206,6 +1334,7 @@ def _damage_in(directory: pathlib.Path, segment: LogSegment, check: _RecoveryChe
                     header = read_header(chunk, at)
                 except CorruptRecordError as err:
                     return f"{err.reason} at position {position + at}"
+                problem: str | None
                 if header.base_offset != expected:
                     problem = f"baseOffset {header.base_offset}, expected {expected}"
                 elif not segment.can_hold_offset(header.last_offset):
@@ -1254,6 +1383,7 @@ def _base_offset(view: memoryview, position: int) -> int:
 
 
 __all__ = [
+    "PRODUCER_BATCHES_KEPT",
     "AppendInfo",
     "DeletedSegment",
     "EpochEntry",

@@ -4,7 +4,9 @@ After a stop the log must come back as a prefix of what was written: no torn or 
 kept, and no whole good batch before the damage dropped. Damage is made by cutting a segment at
 a random byte and by flipping random bytes, including the header fields the CRC does not cover
 (baseOffset, partitionLeaderEpoch). A clean shutdown skips recovery, but damage found while
-loading is handled the same way as after a crash (issue 11 item 6): the log is cut at it.
+loading is handled the same way as after a crash (issue 11 item 6): the log is cut at it. That
+check (or the recovery) is the load's only read of the log: the idempotent-producer state and a
+lost epoch checkpoint are rebuilt from the same pass, from exactly the batches that remain.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minibroker.broker.replica_manager import _batch_headers
 from minibroker.broker.replication.epoch_cache import EpochEntry
 from minibroker.broker.replication.producer_state import ProducerStateManager
 from minibroker.broker.storage.checkpoint import LeaderEpochCheckpointFile
@@ -27,6 +28,7 @@ from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import CLEAN_SHUTDOWN_FILE, DataDir
 from minibroker.broker.storage.log import PartitionLog
 from minibroker.broker.storage.log_manager import LogManager
+from minibroker.broker.storage.segment import LogSegment
 from minibroker.client.batch import HEADER_SIZE, iter_batches, read_header
 from minibroker.client.records import encode_batch
 from minibroker.client.types import TopicPartition
@@ -244,6 +246,20 @@ def test_log_start_beyond_the_end_restarts_the_log_there(tmp_path: pathlib.Path)
     assert [s.base_offset for s in again.segments] == [log.leo + 10]
 
 
+def test_log_start_beyond_the_end_without_an_epoch_checkpoint_starts_with_no_epochs(
+    tmp_path: pathlib.Path,
+) -> None:
+    # The epochs the load saw belong to batches that are all gone (Kafka clears the cache).
+    log, _ = build_log(tmp_path, seed=3)
+    assert log.epoch_cache.entries
+    (tmp_path / "events-3" / "leader-epoch-checkpoint").unlink()
+    again = PartitionLog.open(
+        tmp_path / "events-3", TP, CONFIG, now_ms=0, log_start_offset=log.leo + 10
+    )
+    assert again.epoch_cache.entries == ()
+    assert again.producer_batch_headers() == []
+
+
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10**6), chunk=st.integers(13, 400), cut=st.floats(0, 1))
 def test_recovery_reads_batches_that_straddle_its_read_chunks(
@@ -317,7 +333,7 @@ def test_a_corrupt_batch_after_a_clean_shutdown_is_cut_and_the_broker_loads(
         assert segment.stat().st_size == middle
         # The producer state is rebuilt from what remains: the next sequence is 6.
         state = ProducerStateManager()
-        state.rebuild(_batch_headers(log))
+        state.rebuild(log.producer_batch_headers())
         entry = state.entry(PID)
         assert entry is not None and entry.last_seq == 5
         logs.close()
@@ -413,3 +429,232 @@ def test_each_kind_of_damage_after_a_clean_shutdown_is_cut(
     )
     assert batches_of(again) == written[:damaged], field
     assert len(again.segments) == 1
+
+
+def test_an_epoch_going_back_is_cut_without_an_epoch_checkpoint(tmp_path: pathlib.Path) -> None:
+    # With the checkpoint lost, only "epochs never go back" can tell that a batch's
+    # partitionLeaderEpoch (outside the CRC) was damaged; the cache is rebuilt from what stays.
+    log = PartitionLog.open(tmp_path / "events-3", TP, CONFIG, now_ms=0)
+    written = []
+    for i in range(12):
+        data = encode_batch(
+            [(1_000 + i, None, b"v%d" % i, ())], base_offset=log.leo, partition_leader_epoch=i // 3
+        )
+        log.append_as_follower(data, now_ms=0)
+        written.append(data)
+    log.flush()
+    log.close()
+    (tmp_path / "events-3" / "leader-epoch-checkpoint").unlink()
+    damaged = 7  # epoch 2, written as 0
+    first_segment = segment_layout(tmp_path)[0][0]
+    data = bytearray(first_segment.read_bytes())
+    position = sum(len(b) for b in written[:damaged])
+    assert position + len(written[damaged]) <= len(data)
+    data[position + 15] ^= 0x02
+    first_segment.write_bytes(bytes(data))
+    again = reopen(tmp_path, clean=True)
+    assert batches_of(again) == written[:damaged]
+    assert again.epoch_cache.entries == (EpochEntry(0, 0), EpochEntry(1, 3), EpochEntry(2, 6))
+
+
+# -- one pass: loading reads each byte once, the producer state comes from that pass ------------
+
+
+class CountingOs:
+    """Stands in for `os` in the storage modules and counts the bytes `pread` returns from
+    `.log` files (the index files are read by other calls)."""
+
+    def __init__(self) -> None:
+        self.log_bytes = 0
+        self._logs: set[int] = set()
+
+    def open(self, path: str | os.PathLike[str], flags: int, *args: int) -> int:
+        fd = os.open(path, flags, *args)
+        if os.fspath(path).endswith(".log"):
+            self._logs.add(fd)
+        return fd
+
+    def close(self, fd: int) -> None:
+        self._logs.discard(fd)
+        os.close(fd)
+
+    def pread(self, fd: int, length: int, position: int) -> bytes:
+        data = os.pread(fd, length, position)
+        if fd in self._logs:
+            self.log_bytes += len(data)
+        return data
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+
+@pytest.fixture
+def counting(monkeypatch: pytest.MonkeyPatch) -> CountingOs:
+    from minibroker.broker.storage import log as log_module
+    from minibroker.broker.storage import segment as segment_module
+
+    counter = CountingOs()
+    for module in (log_module, segment_module):
+        monkeypatch.setattr(module, "os", counter)
+    return counter
+
+
+def build_producer_log(root: pathlib.Path, seed: int, batches: int = 40) -> list[bytes]:
+    """A log of idempotent batches from three producers (often more than the five kept of
+    each, producer epoch bumps among them) and some plain ones, with growing leader epochs;
+    flushed and closed (each test says whether the shutdown was clean)."""
+    rng = random.Random(seed)
+    log = PartitionLog.open(root / "events-3", TP, CONFIG, now_ms=0)
+    producers = {7: [0, 0], 8: [0, 0], 9: [3, 0]}  # producer id -> [producer epoch, next seq]
+    written: list[bytes] = []
+    epoch = 0
+    for _ in range(batches):
+        if rng.random() < 0.1:
+            epoch += 1
+        count = rng.randint(1, 3)
+        pid = rng.choice([-1, 7, 8, 9, 9])
+        fields = {}
+        if pid >= 0:
+            state = producers[pid]
+            if rng.random() < 0.1:
+                state[:] = [state[0] + 1, 0]
+            fields = {"producer_id": pid, "producer_epoch": state[0], "base_sequence": state[1]}
+            state[1] += count
+        data = encode_batch(
+            [(1_000 + len(written) + i, None, b"v%d" % i, ()) for i in range(count)],
+            base_offset=log.leo,
+            partition_leader_epoch=epoch,
+            **fields,
+        )
+        log.append_as_follower(data, now_ms=0)
+        written.append(data)
+    log.flush()
+    log.close()
+    return written
+
+
+def producers_of(state: ProducerStateManager) -> dict[int, tuple[int, list[object]]]:
+    return {pid: (e.producer_epoch, list(e.batches)) for pid, e in state.producers.items()}
+
+
+def replayed_in_full(log: PartitionLog) -> ProducerStateManager:
+    """The producer state rebuilt from every batch the log holds from its start, read anew
+    from the files."""
+    headers = []
+    for segment in log.segments:
+        data = (log.directory / f"{segment.base_offset:020d}.log").read_bytes()[: segment.size]
+        headers += [h for _, h in iter_batches(data) if h.last_offset >= log.log_start_offset]
+    state = ProducerStateManager()
+    state.rebuild(headers)
+    return state
+
+
+def test_the_producer_state_keeps_as_many_batches_as_the_load_pass_hands_over() -> None:
+    from minibroker.broker.replication.producer_state import BATCHES_PER_PRODUCER
+    from minibroker.broker.storage.log import PRODUCER_BATCHES_KEPT
+
+    assert PRODUCER_BATCHES_KEPT >= BATCHES_PER_PRODUCER
+
+
+@pytest.mark.parametrize("clean", [True, False])
+@pytest.mark.parametrize("epoch_checkpoint", [True, False])
+def test_loading_reads_each_byte_of_the_log_once_and_rebuilds_the_producers_from_it(
+    tmp_path: pathlib.Path, counting: CountingOs, clean: bool, epoch_checkpoint: bool
+) -> None:
+    # The load checks every batch (a clean shutdown too, issue 11 item 6), recovers from the
+    # recovery point after a crash, rebuilds a lost epoch checkpoint and hands the producer
+    # state its batches, all from one read of each byte. Opening the segments reads a little
+    # (the tail after the last index entry, the first header): measured alone, then taken off.
+    written = build_producer_log(tmp_path, seed=3)
+    directory = tmp_path / "events-3"
+    if not epoch_checkpoint:
+        (directory / "leader-epoch-checkpoint").unlink()
+    layout = segment_layout(tmp_path)
+    assert len(layout) >= 4
+    opening = counting.log_bytes
+    for path, _ in layout:
+        LogSegment.open(directory, int(path.name[:20]), CONFIG.index_interval_bytes, 0).release()
+    opening = counting.log_bytes - opening
+    leo = read_header(written[-1]).next_offset
+    recovery_point = int(layout[2][0].name[:20]) + 1  # unclean: the last two segments recover
+
+    before = counting.log_bytes
+    log = PartitionLog.open(
+        directory, TP, CONFIG, now_ms=0, recovery_point=recovery_point, had_clean_shutdown=clean
+    )
+    state = ProducerStateManager()
+    state.rebuild(log.producer_batch_headers())
+    read = counting.log_bytes - before
+
+    assert read - opening == sum(size for _, size in layout)
+    assert batches_of(log) == written and log.leo == leo
+    assert producers_of(state) == producers_of(replayed_in_full(log))
+    assert {pid for pid in state.producers} == {7, 8, 9}
+    log.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10**6), flip=st.data(), clean=st.booleans())
+def test_the_producer_state_holds_exactly_the_batches_that_remain_after_a_cut(
+    seed: int, flip: st.DataObject, clean: bool
+) -> None:
+    # Damage anywhere, the log start anywhere: what the load hands the producer state is what
+    # a replay of the whole remaining log from its start gives; nothing of a cut batch.
+    root = pathlib.Path(tempfile.mkdtemp(prefix="mb-pid-", dir=SCRATCH))
+    try:
+        written = build_producer_log(root, seed)
+        layout = segment_layout(root)
+        seg = flip.draw(st.integers(0, len(layout) - 1))
+        path, size = layout[seg]
+        data = bytearray(path.read_bytes())
+        data[flip.draw(st.integers(0, size - 1))] ^= flip.draw(st.integers(1, 255))
+        path.write_bytes(bytes(data))
+        leo = read_header(written[-1]).next_offset
+        log_start = flip.draw(st.integers(0, leo))
+        log = PartitionLog.open(
+            root / "events-3",
+            TP,
+            CONFIG,
+            now_ms=0,
+            recovery_point=flip.draw(st.integers(0, leo)),
+            log_start_offset=log_start,
+            high_watermark=leo,
+            had_clean_shutdown=clean,
+        )
+        state = ProducerStateManager()
+        state.rebuild(log.producer_batch_headers())
+        assert producers_of(state) == producers_of(replayed_in_full(log))
+        log.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_log_changed_since_loading_rebuilds_its_producers_from_a_read(
+    tmp_path: pathlib.Path,
+) -> None:
+    # What the load pass found is handed over only while the log is as it was loaded.
+    written = build_producer_log(tmp_path, seed=5)
+    log = PartitionLog.open(tmp_path / "events-3", TP, CONFIG, now_ms=0, had_clean_shutdown=True)
+    log.append_as_follower(
+        encode_batch(
+            [(5_000, None, b"late", ())],
+            base_offset=log.leo,
+            partition_leader_epoch=log.latest_epoch or 0,
+            producer_id=11,
+            producer_epoch=0,
+            base_sequence=0,
+        ),
+        now_ms=0,
+    )
+    state = ProducerStateManager()
+    state.rebuild(log.producer_batch_headers())
+    assert 11 in state.producers
+    assert producers_of(state) == producers_of(replayed_in_full(log))
+    log.close()
+
+    log = PartitionLog.open(tmp_path / "events-3", TP, CONFIG, now_ms=0, had_clean_shutdown=True)
+    log.truncate_to(read_header(written[len(written) // 2]).base_offset)
+    state.rebuild(log.producer_batch_headers())
+    assert producers_of(state) == producers_of(replayed_in_full(log))
+    assert 11 not in state.producers
+    log.close()
