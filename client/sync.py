@@ -360,4 +360,14 @@ class Admin:
             self._lt.stop()
 
 
-__all__ = ["Admin", "Consumer", "Producer"]
+def run_on_client_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` on the process's one client loop (the blocking clients' loop) and wait for it.
+
+    For code that drives the async API from a thread of its own, such as a Spark task: a private
+    loop per call that is then closed leaves grpc.aio completions aimed at a closed loop (see
+    `_LoopThread.shared`). Never call it from a coroutine on that loop.
+    """
+    return _LoopThread.shared().run(coro)
+
+
+__all__ = ["Admin", "Consumer", "Producer", "run_on_client_loop"]

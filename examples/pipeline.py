@@ -16,9 +16,14 @@ latest record per key (the record with the largest `events` wins), as with a com
 The same code runs on Spark's Kafka connector: swap the format for "kafka" and the option
 `bootstrap.servers` for `kafka.bootstrap.servers`.
 
-Runs until interrupted (a processing-time trigger), or with `--available-now` processes what is
-in the input topic and exits. The environment needs PYSPARK_PYTHON pointing at a Python that has
-minibroker[spark] installed (this script sets it to its own interpreter when unset).
+Runs until stopped (a processing-time trigger), or with `--available-now` processes what is in
+the input topic and exits. SIGTERM (`docker compose stop`) or Ctrl-C stops the query between
+micro-batches and exits 0; the checkpoint then holds every finished batch, and a restart resumes
+after the last one (a batch that was cut short is run again). `--generate N` tops the input topic
+up to N records of sample events, so a restart finds them there and writes none.
+
+The environment needs PYSPARK_PYTHON pointing at a Python that has minibroker[spark] installed
+(this script sets it to its own interpreter when unset).
 """
 
 from __future__ import annotations
@@ -26,11 +31,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
+import time
 from typing import Any
 
 DEFAULT_BOOTSTRAP = os.environ.get("MINIBROKER_BOOTSTRAP_SERVER", "127.0.0.1:9092")
 EVENT_SCHEMA = "seq long, user string, amount long"
+# How long a stop request waits for the running micro-batch to finish before it interrupts it
+# (the compose file gives the pipeline 20 s after SIGTERM before SIGKILL).
+STOP_WAIT_S = 10.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,7 +62,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--max-offsets-per-trigger", type=int, default=0)
     parser.add_argument(
-        "--generate", type=int, default=0, help="first write this many sample events"
+        "--generate",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first top the input topic up to N records with sample events (only the missing "
+        "ones are written, so a restart writes none)",
     )
     parser.add_argument("--master", default=os.environ.get("SPARK_MASTER", "local[*]"))
     return parser.parse_args(argv)
@@ -69,16 +85,26 @@ def ensure_topics(bootstrap: str, names: list[str]) -> None:
                 admin.create_topic(name, 3, min(3, brokers))
 
 
-def generate(bootstrap: str, topic: str, count: int) -> None:
-    from minibroker.client import Producer
+def generate(bootstrap: str, topic: str, count: int) -> int:
+    """Write sample events until `topic` holds `count` records; returns how many were written.
 
+    The records already there are counted from the partitions' end offsets (every record ever
+    written, whatever retention deleted since), and the missing events continue their `seq`.
+    """
+    from minibroker.client import Consumer, Producer, TopicPartition
+
+    with Consumer(bootstrap) as consumer:
+        partitions = consumer.partitions_for_topic(topic)
+        ends = consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
     users = ("alice", "bob", "carol", "dave", "erin")
+    first = sum(ends.values())
     with Producer(bootstrap) as producer:
-        for i in range(count):
+        for i in range(first, count):
             user = users[i % len(users)]
             value = json.dumps({"seq": i, "user": user, "amount": (i * 7) % 100})
             producer.send(topic, value.encode(), key=user.encode())
         producer.flush()
+    return max(0, count - first)
 
 
 def build_session(master: str) -> Any:
@@ -133,11 +159,79 @@ def totals_query(spark: Any, args: argparse.Namespace) -> Any:
     )
 
 
+class GracefulStop:
+    """SIGTERM (`docker compose stop`) or SIGINT (Ctrl-C) -> stop the query between batches.
+
+    Spark's checkpoint is consistent whenever a query stops (a batch is committed only after its
+    output was written; an uncommitted one runs again, on the same offsets, after a restart).
+    But `query.stop()` while the foreachBatch function is writing cancels that write, and Spark
+    then logs the Python error and a StackOverflowError from the stream thread. So a running
+    batch is left to finish: its foreachBatch function calls `after_batch`, which stops the query
+    before the next batch can start; when no batch is running the main thread stops it at once.
+    A second signal interrupts at once (KeyboardInterrupt).
+    """
+
+    def __init__(self, wait_s: float = STOP_WAIT_S) -> None:
+        self.requested = threading.Event()
+        self.signal_name = ""
+        self.wait_s = wait_s
+        self.query: Any = None
+        self._lock = threading.Lock()
+        self._stopper: threading.Thread | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        # Runs in the main thread between two bytecodes: only set a flag.
+        if self.requested.is_set():
+            raise KeyboardInterrupt
+        self.signal_name = signal.Signals(signum).name
+        self.requested.set()
+
+    def _stop_query(self) -> None:
+        """Start `query.stop()` once, in its own thread (it waits for the stream thread)."""
+        with self._lock:
+            if self._stopper is None:
+                self._stopper = threading.Thread(target=self.query.stop, name="stop-query")
+                self._stopper.start()
+
+    def _wait_stopped(self, deadline: float) -> None:
+        while self.query.isActive and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def after_batch(self) -> None:
+        """End of the foreachBatch function: once stopping, no next batch starts."""
+        if self.requested.is_set() and self.query is not None:
+            self._stop_query()
+            # stop() marks the query terminated before it waits for this batch to return, and
+            # the stream thread starts no new batch after that.
+            self._wait_stopped(time.monotonic() + self.wait_s)
+
+    def stop(self) -> None:
+        """Main thread, after a signal: stop now if idle, else let the running batch end it."""
+        deadline = time.monotonic() + self.wait_s
+        while self.query.isActive and time.monotonic() < deadline:
+            if not self.query.status.get("isTriggerActive"):
+                break
+            time.sleep(0.05)
+        # Idle, or the batch did not end in time (then it is interrupted and runs again later).
+        self._stop_query()
+        assert self._stopper is not None
+        self._stopper.join()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    stop = GracefulStop()
+    stop.install()
     ensure_topics(args.bootstrap_servers, [args.input, args.output])
     if args.generate:
-        generate(args.bootstrap_servers, args.input, args.generate)
+        written = generate(args.bootstrap_servers, args.input, args.generate)
+        print(f"generate: wrote {written} sample events to {args.input}", flush=True)
+    if stop.requested.is_set():
+        return 0
     spark = build_session(args.master)
     try:
         bootstrap, output = args.bootstrap_servers, args.output
@@ -150,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             batch.write.format("minibroker").option("bootstrap.servers", bootstrap).option(
                 "topic", output
             ).mode("append").save()
+            stop.after_batch()
 
         writer = (
             totals_query(spark, args)
@@ -161,24 +256,27 @@ def main(argv: list[str] | None = None) -> int:
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(processingTime=f"{args.trigger_seconds} seconds")
-        query = writer.start()
+        stop.query = query = writer.start()
         print(
             f"pipeline: {args.input} -> per-user totals -> {args.output} "
             f"(checkpoint {args.checkpoint})",
             flush=True,
         )
-        try:
-            while query.isActive:
-                query.awaitTermination(10)
-                progress = query.lastProgress
-                if progress and progress.get("numInputRows"):
-                    print(
-                        f"batch {progress['batchId']}: {progress['numInputRows']} events, "
-                        f"{progress.get('processedRowsPerSecond', 0):.0f} rows/s",
-                        flush=True,
-                    )
-        except KeyboardInterrupt:
-            query.stop()
+        reported = -1
+        # Short waits: the signal handler only sets a flag, and this thread acts on it.
+        while query.isActive and not stop.requested.is_set():
+            query.awaitTermination(0.5)
+            progress = query.lastProgress
+            if progress and progress["batchId"] != reported and progress.get("numInputRows"):
+                reported = progress["batchId"]
+                print(
+                    f"batch {progress['batchId']}: {progress['numInputRows']} events, "
+                    f"{progress.get('processedRowsPerSecond', 0):.0f} rows/s",
+                    flush=True,
+                )
+        if stop.requested.is_set():
+            stop.stop()
+            print(f"pipeline: stopped on {stop.signal_name}", flush=True)
         if query.exception() is not None:
             print(f"pipeline failed: {query.exception()}", file=sys.stderr)
             return 1

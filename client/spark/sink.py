@@ -1,7 +1,7 @@
 """The minibroker sink: `df.write.format("minibroker")` and `df.writeStream.format(...)`.
 
-Does network I/O: each Spark task opens one AsyncProducer (on an event loop in the task's
-thread), sends its rows, flushes, and returns a commit message only when every record was
+Does network I/O: each Spark task opens one AsyncProducer (on the process's client loop, see
+`produce`), sends its rows, flushes, and returns a commit message only when every record was
 acknowledged; otherwise the task fails with the broker's error. Rows arrive as Arrow record
 batches (DataSourceArrowWriter), so columns are converted to Python values a batch at a time.
 
@@ -42,7 +42,6 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from minibroker.client.common.runtime import new_event_loop
 from minibroker.client.producer import AsyncProducer
 from minibroker.client.spark.options import (
     OptionError,
@@ -50,6 +49,7 @@ from minibroker.client.spark.options import (
     get_option,
     producer_config,
 )
+from minibroker.client.sync import run_on_client_loop
 from minibroker.client.types import RecordMetadata
 
 log = logging.getLogger("minibroker.spark")
@@ -128,7 +128,8 @@ class ProduceResult(WriterCommitMessage):
 
 
 class _Acks:
-    """Collects acknowledgements (done-callbacks on the task's event loop)."""
+    """Collects acknowledgements (done-callbacks on the client loop; read by the task's thread
+    once the loop has answered)."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -165,74 +166,96 @@ def _headers(value: list[dict[str, Any]] | None) -> list[tuple[str, Any]] | None
 def produce(opts: SinkOptions, batches: Iterator[Any]) -> ProduceResult:
     """Send every row with one producer, flush, and fail unless all were acknowledged.
 
-    Runs an AsyncProducer on an event loop in the task's own thread: about 4x the rate of the
+    The producer is an AsyncProducer on the process's one client loop (the blocking clients'
+    loop, a daemon thread), handed a whole Arrow batch at a time: about 4x the rate of the
     blocking facade, whose per-record hand-over between threads dominates (measured here).
+    Not a private loop per task: Spark reuses a Python worker for task after task, and a loop
+    closed at the end of a task while grpc.aio still had completions for it makes the next loop
+    log "RuntimeError: Event loop is closed" (and drop the other completions it was handed).
     """
     ctx = TaskContext.get()
     batch_id_text = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
-    loop = new_event_loop()
+    task = _Task(opts)
+    finished = False
     try:
-        sent, acks = loop.run_until_complete(_produce(opts, batches))
+        run_on_client_loop(task.start())
+        # Spark's batches are read, and their columns converted, in the task's own thread, while
+        # the loop thread keeps sending the records already handed over.
+        for batch in batches:
+            if batch.num_rows:
+                run_on_client_loop(task.send(_rows(opts, batch)))
+        run_on_client_loop(task.flush())
+        finished = True
     finally:
-        loop.close()
-    if acks.count != sent:
-        raise RuntimeError(f"only {acks.count} of {sent} records were acknowledged")
+        # A failing task does not wait for the rest of its buffer to be delivered.
+        run_on_client_loop(task.close(None if finished else 0))
+    if task.acks.count != task.sent:
+        raise RuntimeError(f"only {task.acks.count} of {task.sent} records were acknowledged")
     return ProduceResult(
         partition_id=ctx.partitionId() if ctx is not None else -1,
         attempt=ctx.attemptNumber() if ctx is not None else 0,
         batch_id=int(batch_id_text) if batch_id_text else None,
-        records=sent,
-        last_offsets=acks.last_offsets,
+        records=task.sent,
+        last_offsets=task.acks.last_offsets,
     )
 
 
-async def _produce(opts: SinkOptions, batches: Iterator[Any]) -> tuple[int, _Acks]:
-    acks = _Acks()
-    sent = 0
-    producer = AsyncProducer(opts.bootstrap_servers, **opts.producer)
-    await producer.start()
-    finished = False
-    try:
-        # Reading the next Arrow batch from Spark blocks this loop briefly; the sender task
-        # runs whenever a send waits for buffer space and at the `sleep(0)` below.
-        for batch in batches:
-            n = batch.num_rows
-            if n == 0:
-                continue
-            names = batch.schema.names
-            cols = {name.lower(): batch.column(i).to_pylist() for i, name in enumerate(names)}
-            values = cols["value"]
-            keys = cols.get("key") or [None] * n
-            parts = cols.get("partition") or [None] * n
-            heads = cols.get("headers") or [None] * n
-            if opts.topic is not None:
-                topics: list[str | None] = [opts.topic] * n
-            else:
-                topics = cols["topic"]
-            send = producer.send
-            on_done = acks.on_done
-            for i in range(n):
-                topic = topics[i]
-                if topic is None:
-                    raise OptionError(
-                        "null topic present in the data; set the topic option or fill the "
-                        "topic column"
-                    )
-                future = await send(topic, values[i], keys[i], parts[i], _headers(heads[i]))
-                future.add_done_callback(on_done)
-                sent += 1
-                if sent % _YIELD_EVERY_ROWS == 0:
-                    acks.raise_if_failed()
-                    await asyncio.sleep(0)
-        await producer.flush()
+# One Arrow batch as rows: (topic, value, key, partition, headers).
+_Row = tuple[str | None, Any, Any, int | None, list[tuple[str, Any]] | None]
+
+
+def _rows(opts: SinkOptions, batch: Any) -> list[_Row]:
+    n = batch.num_rows
+    cols = {name.lower(): batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)}
+    values = cols["value"]
+    keys = cols.get("key") or [None] * n
+    parts = cols.get("partition") or [None] * n
+    heads = cols.get("headers") or [None] * n
+    topics: list[str | None] = [opts.topic] * n if opts.topic is not None else cols["topic"]
+    return [(topics[i], values[i], keys[i], parts[i], _headers(heads[i])) for i in range(n)]
+
+
+class _Task:
+    """One task's producer and its acknowledgements; its coroutines run on the client loop."""
+
+    def __init__(self, opts: SinkOptions) -> None:
+        self.opts = opts
+        self.acks = _Acks()
+        self.sent = 0
+        self.producer: AsyncProducer | None = None
+
+    async def start(self) -> None:
+        # Made on the loop it runs on: its channels and tasks belong to that loop.
+        self.producer = AsyncProducer(self.opts.bootstrap_servers, **self.opts.producer)
+        await self.producer.start()
+
+    async def send(self, rows: list[_Row]) -> None:
+        assert self.producer is not None
+        send = self.producer.send
+        on_done = self.acks.on_done
+        for topic, value, key, partition, headers in rows:
+            if topic is None:
+                raise OptionError(
+                    "null topic present in the data; set the topic option or fill the topic column"
+                )
+            # Waits while the producer's buffer is full; the sender task runs meanwhile.
+            future = await send(topic, value, key, partition, headers)
+            future.add_done_callback(on_done)
+            self.sent += 1
+            if self.sent % _YIELD_EVERY_ROWS == 0:
+                self.acks.raise_if_failed()
+                await asyncio.sleep(0)
+
+    async def flush(self) -> None:
+        assert self.producer is not None
+        await self.producer.flush()
         # Done-callbacks run one loop iteration after their future completes.
         await asyncio.sleep(0)
-        acks.raise_if_failed()
-        finished = True
-    finally:
-        # A failing task does not wait for the rest of its buffer to be delivered.
-        await producer.close(None if finished else 0)
-    return sent, acks
+        self.acks.raise_if_failed()
+
+    async def close(self, timeout_ms: int | None) -> None:
+        if self.producer is not None:
+            await self.producer.close(timeout_ms)
 
 
 def _summary(messages: list[WriterCommitMessage | None]) -> tuple[int, int]:

@@ -1,6 +1,7 @@
-"""deploy/docker-compose.yml and deploy/Dockerfile, checked without Docker (CI runs no engine).
+"""deploy/docker-compose.yml and deploy/Dockerfile, checked without Docker.
 
-Two layers. The structure tests read the compose file, the Dockerfile and .dockerignore and check
+test_docker.py runs both under a real engine; these checks run everywhere, in a second. Two
+layers. The structure tests read the compose file, the Dockerfile and .dockerignore and check
 what Docker would otherwise find out at `up` time: the services and the spark profile, host
 networking with no port mappings, restart "no", named volumes mounted at the data dirs the
 commands use, health checks, racks, start-up order, ports equal to the local launcher's and every
@@ -112,7 +113,7 @@ def duration_s(text: str) -> float:
 
 @dataclass(frozen=True)
 class Dockerfile:
-    stages: dict[str, str]  # stage name -> the image it starts FROM
+    stages: dict[str, str]  # stage name -> the image it starts FROM, in the file's order
     users: dict[str, str]  # stage name -> the last USER of the stage
     copies: dict[str, str]  # COPY from the build context: source -> destination in the image
     exposed: set[int]
@@ -153,6 +154,26 @@ def read_dockerfile() -> Dockerfile:
     return Dockerfile(stages, users, copies, exposed, text)
 
 
+def base_image(dockerfile: Dockerfile, stage: str) -> str:
+    """The image a stage is ultimately built on (following FROM <earlier stage>)."""
+    while stage in dockerfile.stages:
+        stage = dockerfile.stages[stage]
+    return stage
+
+
+def header_builds(dockerfile: Dockerfile) -> dict[str | None, str]:
+    """The header's `docker build` commands: target (None without --target) -> the tag."""
+    builds: dict[str | None, str] = {}
+    for line in dockerfile.text.splitlines():
+        command = line.lstrip("#").strip()
+        if not (line.startswith("#") and command.startswith("docker build")):
+            continue
+        argv = shlex.split(command, comments=True)
+        target = argv[argv.index("--target") + 1] if "--target" in argv else None
+        builds[target] = argv[argv.index("-t") + 1]
+    return builds
+
+
 # -- structure -------------------------------------------------------------------------------------
 
 
@@ -180,20 +201,36 @@ def test_images_are_built_from_the_dockerfile(
     compose: dict[str, Any], services: dict[str, dict[str, Any]]
 ) -> None:
     dockerfile = read_dockerfile()
-    assert dockerfile.stages["server"].startswith("python:3.11-slim")
+    assert base_image(dockerfile, "server").startswith("python:3.11-slim")
+    built: dict[str, str] = {}  # image -> the target that builds it
     for name, service in services.items():
-        build = service["build"]
+        build = service.get("build")
+        if build is None:
+            continue
         assert (COMPOSE_FILE.parent / build["context"]).resolve() == ROOT, name
         assert (ROOT / build["dockerfile"]).resolve() == DOCKERFILE, name
         assert build["target"] in dockerfile.stages, f"{name}: no stage {build['target']!r}"
         assert dockerfile.users[build["target"]] not in ("root", "0"), (
             f"{name}: stage {build['target']} runs as root"
         )
-    # One image for every server process, so they can never drift apart.
+        assert service["image"] not in built, f"{service['image']} is built twice"
+        built[service["image"]] = build["target"]
+    # One image for every server process, so they can never drift apart, built once.
     assert {services[n]["image"] for n in SERVER_SERVICES} == {services["controller"]["image"]}
-    assert {services[n]["build"]["target"] for n in SERVER_SERVICES} == {"server"}
-    assert services[SPARK_SERVICE]["build"]["target"] == "spark"
+    assert built[services["controller"]["image"]] == "server"
+    assert built[services[SPARK_SERVICE]["image"]] == "spark"
     assert compose.get("name") == "minibroker", "a fixed project name keeps volume names stable"
+
+
+def test_a_build_without_target_gives_the_server_image(services: dict[str, dict[str, Any]]) -> None:
+    """`docker build` builds the last stage: that must be the server, as the header says."""
+    dockerfile = read_dockerfile()
+    assert list(dockerfile.stages)[-1] == "server"
+    builds = header_builds(dockerfile)
+    assert builds == {
+        None: services["controller"]["image"],
+        "spark": services[SPARK_SERVICE]["image"],
+    }, "the header's `docker build` lines must tag the images the compose file runs"
 
 
 def test_dockerfile_installs_the_package_without_dev_extras() -> None:
@@ -201,7 +238,10 @@ def test_dockerfile_installs_the_package_without_dev_extras() -> None:
     assert "[dev]" not in dockerfile.text
     assert re.search(r"pip install /wheels/minibroker-\*\.whl", dockerfile.text)
     assert re.search(r"\[spark\]", dockerfile.text), "the spark image needs the spark extra"
-    assert "jre-headless" in dockerfile.text, "pyspark needs a JRE in the spark image"
+    # pyspark needs a Java runtime: a jlink image of the JDK, copied into the spark stage.
+    assert re.search(r"jlink --output /opt/java\b", dockerfile.text)
+    assert "COPY --from=jre /opt/java /opt/java" in dockerfile.text
+    assert "JAVA_HOME=/opt/java" in dockerfile.text
     ignored = [
         line.strip()
         for line in DOCKERIGNORE.read_text().splitlines()

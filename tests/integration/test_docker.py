@@ -1,0 +1,450 @@
+"""deploy/docker-compose.yml under a real Docker engine, driven the way a user drives it.
+
+Only `docker` and `docker compose` start, kill and stop anything; the host talks to the cluster
+with the client library at the compose file's addresses, as `minibroker` commands would:
+
+- every `docker build` line in the Dockerfile's header builds the image it names (a build
+  without --target is the server image);
+- `up --build -d --wait`; an RF 3 topic; an acks=all producer runs while the container of a
+  partition leader is killed: a new leader is elected, and every acknowledged record is read back,
+  none twice; `start` brings the broker back into every ISR; `stop` of a leader is a controlled
+  shutdown with exit 0;
+- the spark profile's pipeline writes its totals, `stop` ends it with exit 0 and no traceback in
+  its log, and a restart adds no sample events (the totals stay exact);
+- `down -v` leaves no container and no volume of the project.
+
+Needs an engine that answers, Compose v2, a CLI that builds with BuildKit and the compose file's
+ports free on this host (it uses the host's network). Without them the tests are skipped with the
+reason; with MINIBROKER_REQUIRE_DOCKER=1 (set by .ci/run) they fail instead. The project gets a
+name of its own, so nothing else on the machine is touched, and it is taken down (`down -v`)
+whatever happens. Images are kept (their build cache makes the next run's build take seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import secrets
+import shlex
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from minibroker.client import Admin, Consumer, Producer, TopicPartition
+
+pytestmark = [pytest.mark.integration, pytest.mark.docker]
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "deploy" / "docker-compose.yml"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+REQUIRE = "MINIBROKER_REQUIRE_DOCKER"
+BROKERS = {1: "broker-1", 2: "broker-2", 3: "broker-3"}
+BOOTSTRAP = "127.0.0.1:9092,127.0.0.1:9093,127.0.0.1:9094"
+# Every port a container of the compose file listens on (host network): listen, then metrics.
+PORTS = (9092, 9093, 9094, 9192, 10092, 10093, 10094, 10192)
+# Log lines that must never appear in the pipeline's log.
+BAD_LOG = ("Traceback", "Exception in", "StackOverflowError", " ERROR ", "Event loop is closed")
+
+# The user's environment, minus what would change which file, project or profiles Compose uses.
+ENV = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in ("COMPOSE_FILE", "COMPOSE_PROJECT_NAME", "COMPOSE_PROFILES")
+}
+ENV["DOCKER_BUILDKIT"] = "1"  # plain `docker build` on Docker 20.10-22 (the default since 23)
+
+
+def docker(
+    *args: str, timeout: float = 120, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        ["docker", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+        cwd=ROOT,
+        check=False,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"`docker {shlex.join(args)}` exited with {result.returncode}:\n"
+            f"{result.stdout}{result.stderr}"
+        )
+    return result
+
+
+def unusable() -> str | None:
+    """Why the Docker tests cannot run here, or None."""
+    if shutil.which("docker") is None:
+        return "no `docker` command on PATH"
+    try:
+        info = docker("info", "--format", "{{.ServerVersion}}", timeout=30, check=False)
+    except subprocess.TimeoutExpired:
+        return "`docker info` did not answer within 30 s"
+    if info.returncode != 0 or not info.stdout.strip():
+        first = (info.stderr.strip().splitlines() or ["no output"])[0]
+        return f"no Docker engine answers (`docker info`: {first})"
+    compose = docker("compose", "version", "--short", timeout=30, check=False)
+    if compose.returncode != 0 or not compose.stdout.strip().lstrip("v").startswith("2."):
+        return (
+            "Compose v2 (`docker compose`) is missing: "
+            + (compose.stdout + compose.stderr).strip()[:200]
+        )
+    # A BuildKit-only flag, and an output that makes no image.
+    probe = subprocess.run(
+        ["docker", "build", "-q", "--output", "type=tar,dest=/dev/null", "-"],
+        input="FROM scratch\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ENV,
+        check=False,
+    )
+    if probe.returncode != 0:
+        return f"this docker CLI cannot build with BuildKit: {probe.stderr.strip()[:200]}"
+    busy = [port for port in PORTS if port_in_use(port)]
+    if busy:
+        return (
+            f"ports {busy} are in use on 127.0.0.1 (a local `minibroker cluster`?); the compose "
+            "cluster runs on the host's network and needs them"
+        )
+    return None
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """Poll until `predicate()` is truthy; an AssertionError ends the wait, other errors retry."""
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except AssertionError:
+            raise
+        except Exception as err:
+            last = err
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last error: {last!r})")
+
+
+class Compose:
+    """`docker compose -f deploy/docker-compose.yml -p PROJECT ...`."""
+
+    def __init__(self, project: str) -> None:
+        self.project = project
+        self.timings: dict[str, float] = {}
+
+    def run(self, *args: str, timeout: float = 600) -> str:
+        base = ("compose", "-f", str(COMPOSE_FILE), "-p", self.project)
+        return docker(*base, *args, timeout=timeout).stdout
+
+    def up(self, *services: str, profiles: tuple[str, ...] = ()) -> float:
+        """`up --build -d --wait`: rebuilds what changed, returns the seconds it took."""
+        flags = [arg for profile in profiles for arg in ("--profile", profile)]
+        started = time.monotonic()
+        self.run(*flags, "up", "--build", "-d", "--wait", *services)
+        return time.monotonic() - started
+
+    def ps(self) -> dict[str, dict[str, Any]]:
+        out = self.run("--profile", "spark", "ps", "-a", "--format", "json").strip()
+        # One JSON object per line (Compose >= 2.21) or one JSON array (older v2).
+        rows = json.loads(out) if out.startswith("[") else [json.loads(x) for x in out.splitlines()]
+        return {row["Service"]: row for row in rows}
+
+    def exit_code(self, service: str) -> int:
+        container = self.ps()[service]["ID"]
+        return int(docker("inspect", "-f", "{{.State.ExitCode}}", container).stdout)
+
+    def healthy(self, service: str) -> bool:
+        return self.ps().get(service, {}).get("Health") == "healthy"
+
+    def logs(self, service: str) -> str:
+        return self.run("--profile", "spark", "logs", "--no-color", "--no-log-prefix", service)
+
+    def leftovers(self) -> list[str]:
+        label = f"label=com.docker.compose.project={self.project}"
+        containers = docker("ps", "-a", "-q", "--filter", label).stdout.split()
+        volumes = docker("volume", "ls", "-q", "--filter", label).stdout.split()
+        return [f"container {c}" for c in containers] + [f"volume {v}" for v in volumes]
+
+    def down(self) -> None:
+        self.run("--profile", "spark", "down", "-v", "--remove-orphans", "--timeout", "30")
+
+
+def remove_replaced_test_images() -> None:
+    """Drop the untagged images earlier runs of these tests built.
+
+    Compose labels an image with the project that built it, so every run (a project of its own)
+    tags a new image ID, and the previous run's image is left untagged. Its layers are the new
+    one's, so only the entry goes; images of other projects are left alone.
+    """
+    label = "com.docker.compose.project"
+    found = docker("images", "-q", "--filter", "dangling=true", "--filter", f"label={label}")
+    for image in sorted(set(found.stdout.split())):
+        project = docker(
+            "image", "inspect", "-f", f'{{{{index .Config.Labels "{label}"}}}}', image, check=False
+        ).stdout.strip()
+        if project.startswith("minibroker-test-"):
+            docker("rmi", image, check=False)
+
+
+@pytest.fixture(scope="module")
+def compose() -> Iterator[Compose]:
+    reason = unusable()
+    if reason is not None:
+        if os.environ.get(REQUIRE) == "1":
+            pytest.fail(f"{REQUIRE}=1 but Docker cannot run here: {reason}")
+        pytest.skip(reason)
+    # A project of its own (container and volume names start with it), unique per run.
+    project = f"minibroker-test-{os.getpid()}-{secrets.token_hex(3)}"
+    c = Compose(project)
+    try:
+        yield c
+    finally:
+        c.down()
+        remove_replaced_test_images()
+        print(f"\ndocker test timings (s): {json.dumps(c.timings)}")
+        assert not c.leftovers(), f"`down -v` left {c.leftovers()}"
+
+
+def describe(admin: Admin, topic: str) -> list[Any]:
+    (description,) = admin.describe_topics([topic], include_offsets=False)
+    return list(description.partitions)
+
+
+def read_values(bootstrap: str, topic: str) -> list[bytes]:
+    """Every record of `topic` up to the end offsets taken first, in partition order."""
+    with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        consumer.assign(tps)
+        ends = consumer.end_offsets(tps)
+        seen = dict.fromkeys(tps, 0)
+        values: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while any(seen[tp] < ends[tp] for tp in tps):
+            assert time.monotonic() < deadline, f"read {seen} of {ends}"
+            for r in consumer.poll(timeout_ms=300):
+                tp = TopicPartition(r.topic, r.partition)
+                if r.offset < ends[tp]:
+                    values.append(r.value)
+                    seen[tp] = r.offset + 1
+        return values
+
+
+class AcksAllProducer:
+    """Sends numbered records with acks=all in a thread, 50 at a time, and keeps the numbers of
+    those acknowledged."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.acked: set[int] = set()
+        self.failed = 0
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="acks-all-producer", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            with Producer(BOOTSTRAP, acks="all") as producer:
+                n = 0
+                while not self.stop.is_set():
+                    sent = [
+                        (i, producer.send(self.topic, str(i).encode(), key=str(i).encode()))
+                        for i in range(n, n + 50)
+                    ]
+                    n += 50
+                    producer.flush()
+                    for i, future in sent:
+                        if future.exception() is None:
+                            self.acked.add(i)
+                        else:
+                            self.failed += 1
+                    self.stop.wait(0.02)  # pacing, so the records stay a few tens of thousands
+        except BaseException as err:  # reported by the test
+            self.error = err
+
+    def __enter__(self) -> AcksAllProducer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=180)
+
+    def acked_count(self) -> int:
+        assert self.error is None, f"the producer failed: {self.error!r}"
+        return len(self.acked)
+
+
+# -- the tests -------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(900)
+def test_each_docker_build_line_of_the_header_builds_its_image(compose: Compose) -> None:
+    """The commands the Dockerfile's header gives, run as written (with tags of the test's own):
+    without --target the server image, with --target spark the pipeline's."""
+    lines = [
+        line.lstrip("#").strip()
+        for line in DOCKERFILE.read_text().splitlines()
+        if line.lstrip("#").strip().startswith("docker build")
+    ]
+    assert len(lines) == 2, lines
+    for line in lines:
+        argv = shlex.split(line, comments=True)
+        target = argv[argv.index("--target") + 1] if "--target" in argv else None
+        tag = f"{compose.project}-{target or 'default'}:test"
+        argv[argv.index("-t") + 1] = tag
+        started = time.monotonic()
+        docker(*argv[1:], timeout=900)
+        compose.timings[f"docker build {target or '(no target)'}"] = time.monotonic() - started
+        try:
+            config = json.loads(docker("image", "inspect", "-f", "{{json .Config}}", tag).stdout)
+        finally:
+            docker("rmi", tag, check=False)  # its layers are shared with the compose images
+        env = dict(e.split("=", 1) for e in config["Env"])
+        assert config["User"] == "minibroker", line
+        if target is None:
+            assert config["Cmd"] == ["minibroker", "--help"], f"`{line}` built {config['Cmd']}"
+            assert "JAVA_HOME" not in env, f"`{line}` built an image with a JRE"
+        else:
+            assert target == "spark"
+            assert config["Cmd"][:2] == ["python", "/opt/minibroker/examples/pipeline.py"]
+            assert "JAVA_HOME" in env
+
+
+@pytest.mark.timeout(600)
+def test_leader_kill_loses_nothing_acknowledged_and_the_broker_rejoins(compose: Compose) -> None:
+    compose.timings["up --build -d --wait"] = compose.up()
+    topic = "docker-failover"
+    with Admin(BOOTSTRAP) as admin:
+        registered = {b.broker_id: (b.host, b.port) for b in admin.describe_cluster().brokers}
+        assert registered == {
+            1: ("127.0.0.1", 9092),
+            2: ("127.0.0.1", 9093),
+            3: ("127.0.0.1", 9094),
+        }
+        admin.create_topic(topic, 3, 3, {"min.insync.replicas": "2"})
+        wait_until(
+            lambda: all(set(p.isr) == {1, 2, 3} for p in describe(admin, topic)), 60, "full ISRs"
+        )
+        before = {p.partition: p for p in describe(admin, topic)}
+        victim = before[0].leader
+        led = [p for p in before.values() if p.leader == victim]
+
+        with AcksAllProducer(topic) as producer:
+            wait_until(lambda: producer.acked_count() >= 1000, 60, "1000 records acknowledged")
+            killed_at = time.monotonic()
+            compose.run("kill", BROKERS[victim])
+
+            def elected() -> bool:
+                now = {p.partition: p for p in describe(admin, topic)}
+                return all(
+                    now[p.partition].leader not in (victim, -1)
+                    and now[p.partition].leader_epoch > p.leader_epoch
+                    and victim not in now[p.partition].isr
+                    for p in led
+                )
+
+            wait_until(elected, 60, f"new leaders for the partitions broker {victim} led")
+            compose.timings["kill issued -> new leaders seen"] = time.monotonic() - killed_at
+            assert compose.ps()[BROKERS[victim]]["State"] == "exited", "restart must stay 'no'"
+            # Records acknowledged after the election: the producer carried on.
+            after = producer.acked_count()
+            wait_until(lambda: producer.acked_count() >= after + 1000, 60, "acks after failover")
+        acked = producer.acked_count()
+
+        compose.run("start", BROKERS[victim])
+        started_at = time.monotonic()
+        wait_until(lambda: compose.healthy(BROKERS[victim]), 60, f"{BROKERS[victim]} healthy")
+        wait_until(
+            lambda: all(set(p.isr) == {1, 2, 3} for p in describe(admin, topic)),
+            60,
+            f"broker {victim} back in every ISR",
+        )
+        compose.timings["start -> back in every ISR"] = time.monotonic() - started_at
+
+        values = read_values(BOOTSTRAP, topic)
+        numbers = [int(v) for v in values]
+        assert len(numbers) == len(set(numbers)), "a record was stored twice"
+        lost = producer.acked - set(numbers)
+        assert not lost, f"{len(lost)} acknowledged records lost, e.g. {sorted(lost)[:10]}"
+        compose.timings["records acknowledged"] = acked
+        compose.timings["records failed (not acknowledged)"] = producer.failed
+
+        # A graceful stop of a broker that leads partitions: controlled shutdown, exit 0.
+        leaders = {p.leader for p in describe(admin, topic)}
+        stopped = min(leaders)
+        compose.run("stop", BROKERS[stopped])
+        assert compose.exit_code(BROKERS[stopped]) == 0, compose.logs(BROKERS[stopped])[-3000:]
+        assert '"controlled_shutdown_granted"' in compose.logs(BROKERS[stopped])
+        now = describe(admin, topic)
+        assert all(p.leader not in (stopped, -1) for p in now), now
+        compose.run("start", BROKERS[stopped])
+        wait_until(lambda: compose.healthy(BROKERS[stopped]), 60, f"{BROKERS[stopped]} healthy")
+
+
+def latest_totals(bootstrap: str, topic: str) -> dict[str, int]:
+    """The pipeline's output as its readers see it: per user, the largest event count."""
+    latest: dict[str, int] = {}
+    for value in read_values(bootstrap, topic):
+        total = json.loads(value)
+        latest[total["user"]] = max(latest.get(total["user"], 0), total["events"])
+    return latest
+
+
+@pytest.mark.timeout(900)
+def test_spark_pipeline_stops_with_exit_0_and_restarts_without_new_samples(
+    compose: Compose,
+) -> None:
+    compose.up()
+    started = time.monotonic()
+    compose.up("pipeline", profiles=("spark",))
+    compose.timings["spark profile up (build + start)"] = time.monotonic() - started
+
+    def caught_up() -> bool:
+        state = compose.ps()["pipeline"]["State"]
+        assert state == "running", f"pipeline {state}:\n{compose.logs('pipeline')[-3000:]}"
+        totals = latest_totals(BOOTSTRAP, "demo-results")
+        return sum(totals.values()) >= 1000
+
+    wait_until(caught_up, 300, "totals over the 1000 sample events")
+    compose.timings["pipeline up -> totals written"] = time.monotonic() - started
+    for run in (1, 2):
+        compose.run("--profile", "spark", "stop", "pipeline")
+        log = compose.logs("pipeline")
+        assert compose.exit_code("pipeline") == 0, log[-3000:]
+        bad = [line for line in log.splitlines() if any(b in line for b in BAD_LOG)]
+        assert not bad, "\n".join(bad[:20])
+        assert log.count("pipeline: stopped on SIGTERM") == run, log[-3000:]
+        if run == 1:
+            compose.run("--profile", "spark", "start", "pipeline")
+            # The container's log holds both runs: wait for the second query to start.
+            wait_until(
+                lambda: compose.logs("pipeline").count("pipeline: demo-events ->") == 2,
+                300,
+                "the restarted query",
+            )
+            second_run = compose.logs("pipeline").split("generate:")[-1]
+            assert second_run.startswith(" wrote 0 sample events"), "the restart wrote samples"
+    assert sum(latest_totals(BOOTSTRAP, "demo-results").values()) == 1000
+
+
+def test_down_removes_every_container_and_volume(compose: Compose) -> None:
+    compose.up()
+    assert compose.leftovers(), "nothing to remove: the project is not up"
+    compose.down()
+    assert compose.leftovers() == []
