@@ -214,7 +214,10 @@ async def test_the_broker_ends_an_idle_stream_and_the_client_carries_on(
         # Quiet from now on: the broker ends the stream (status OK) ...
         await until(lambda: closed, "the broker to end the idle stream")
         assert closed[0]["rpc"] == "fetch"
-        # ... and the client's next request goes on a new stream, without an error.
+        # ... and once the client has read the end of it (a request written before then races
+        # the close and fails UNAVAILABLE, retriable, as on a Kafka connection closed idle), its
+        # next request goes on a new stream, without an error.
+        await until(lambda: stream._open is None, "the client to read the end of the stream")
         assert (await stream.request(fetch(2), LONG_S)).throttle_time_ms == 2
     finally:
         await stream.close()
