@@ -47,7 +47,7 @@ mypy: install
 	cd $(MYPY_VIEW) && ../../$(BIN)/mypy --config-file ../../pyproject.toml minibroker examples
 
 # protoc's -I VIRTUAL=DISK mapping compiles proto/x.proto as minibroker/proto/x.proto, so the
-# generated imports read `from minibroker.proto import x_pb2` (research/aesthetics.md §4.4).
+# generated imports read `from minibroker.proto import x_pb2` (docs/design.md §1).
 GEN := .proto-gen
 proto: install
 	rm -rf $(GEN) && mkdir $(GEN)

@@ -3,8 +3,8 @@
 I/O shell, event-loop thread only. Start-up order: lock the data dir and recover the logs (before
 anything can read them), bind the gRPC port, register with the controller (the broker epoch and
 cluster id come back), then follow the metadata log and heartbeat. SIGTERM is a controlled
-shutdown (DESIGN.md §6): ask the controller to move our leaderships away, wait until it says we may
-go, stop serving, flush and checkpoint every log, and leave the clean-shutdown marker.
+shutdown (docs/protocol.md §16): ask the controller to move our leaderships away, wait until it
+says we may go, stop serving, flush and checkpoint every log, and leave the clean-shutdown marker.
 
 A data dir that fails while running (out of space, an I/O error) halts the broker, as Kafka halts
 when its last log dir fails: the replica manager stops serving at once, the failure is reported

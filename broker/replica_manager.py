@@ -2,9 +2,9 @@
 
 I/O shell, event-loop thread only. It is the only module that joins `broker/storage` (the
 partition logs), `broker/replication` (the pure `PartitionReplica` cores) and the network (the
-controller link, fetchers, purgatories). Its loop is always the same (STYLE.md): turn a request or
-a fact into a core call, then apply the returned effects in order — storage first, then RPCs,
-then waking waiters.
+controller link, fetchers, purgatories). Its loop is always the same (docs/design.md §2): turn a
+request or a fact into a core call, then apply the returned effects in order — storage first,
+then RPCs, then waking waiters.
 
 Per partition, appends and truncations run synchronously on the event loop between two awaits,
 so nothing else can interleave between a core's `plan_append` and `on_leader_appended` (the core's

@@ -2,7 +2,7 @@
 
 I/O shell, event-loop thread only. Every command goes through `ControllerApp.submit`, which runs
 it on the single command task and answers only after its records are fsynced. The heartbeat
-stream is the liveness fast path (DESIGN.md §3): when it ends for any reason other than a
+stream is the liveness fast path (docs/design.md §3.4): when it ends for any reason other than a
 granted controlled shutdown, the broker is fenced at once.
 """
 
