@@ -1,4 +1,4 @@
-"""minibroker.broker: one broker process (DESIGN.md §1-§5).
+"""minibroker.broker: one broker process (docs/design.md §3.3-§5).
 
 What it owns, by folder:
   storage/       the bytes on disk: data dir, segments, indexes, checkpoints, recovery

@@ -3,8 +3,8 @@
 I/O shell, event-loop thread only. Start-up order: lock the data dir and recover the logs (before
 anything can read them), bind the gRPC port, register with the controller (the broker epoch and
 cluster id come back), then follow the metadata log and heartbeat. SIGTERM is a controlled
-shutdown (DESIGN.md §6): ask the controller to move our leaderships away, wait until it says we may
-go, stop serving, flush and checkpoint every log, and leave the clean-shutdown marker.
+shutdown (docs/protocol.md §16): ask the controller to move our leaderships away, wait until it
+says we may go, stop serving, flush and checkpoint every log, and leave the clean-shutdown marker.
 
 A data dir that fails while running (out of space, an I/O error) halts the broker, as Kafka halts
 when its last log dir fails: the replica manager stops serving at once, the failure is reported
@@ -22,6 +22,8 @@ import os
 import pathlib
 import sys
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -42,6 +44,8 @@ from minibroker.client.common.grpc_limits import LimitsInterceptor, RequestBudge
 from minibroker.client.common.limits import ServerLimits
 from minibroker.client.errors import MiniBrokerError
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
 
 # Fetch responses are bounded by the fetch's own max bytes; requests by socket.request.max.bytes.
 SERVER_OPTIONS = [
@@ -279,7 +283,7 @@ async def _first_of(*events: asyncio.Event) -> None:
             waiter.cancel()
 
 
-async def _until_stopped(coro, stop: asyncio.Event):  # type: ignore[no-untyped-def]
+async def _until_stopped(coro: Awaitable[T], stop: asyncio.Event) -> T | None:
     """Run `coro` unless `stop` is set first (then cancel it and return None)."""
     task = asyncio.ensure_future(coro)
     stopper = asyncio.ensure_future(stop.wait())

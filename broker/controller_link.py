@@ -3,8 +3,8 @@ AlterPartition and producer-id allocation.
 
 I/O shell (grpc.aio), event-loop thread only. One channel to the controller. Every loop survives
 the controller going away: it backs off and reconnects, and the broker keeps serving with its last
-metadata meanwhile (DESIGN.md §3). Nothing here decides anything about replication; metadata
-batches are handed to `on_metadata` and heartbeat answers are kept as plain state.
+metadata meanwhile (docs/design.md §3.2). Nothing here decides anything about replication;
+metadata batches are handed to `on_metadata` and heartbeat answers are kept as plain state.
 
 A failed data dir is reported in the next heartbeat, sent at once (Kafka's OfflineLogDirs), and
 in every one after; `offline_log_dirs_reported` is set when the controller has answered one

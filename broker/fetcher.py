@@ -1,5 +1,5 @@
 """Follower fetchers: one long-lived task per (this broker, leader broker) pair that fetches every
-partition this broker follows from that leader in one long-poll Fetch request (DESIGN.md §5).
+partition this broker follows from that leader in one long-poll Fetch request (docs/design.md §5).
 
 I/O shell (grpc.aio), event-loop thread only. It owns no replication decisions: the replica
 manager says what to fetch for each partition (`follower_fetch_state`) and applies each

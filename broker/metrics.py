@@ -1,4 +1,4 @@
-"""Broker metrics with Kafka's names (research/kafka-replication.md §5), in Prometheus form.
+"""Broker metrics with Kafka's JMX names (docs/design.md §7.3), in Prometheus form.
 
 I/O shell only in that `serve` opens the /metrics port (through client.common.metrics). Kafka's
 JMX name `kafka.server:type=ReplicaManager,name=UnderReplicatedPartitions` becomes

@@ -2,9 +2,9 @@
 
 I/O shell, event-loop thread only. It is the only module that joins `broker/storage` (the
 partition logs), `broker/replication` (the pure `PartitionReplica` cores) and the network (the
-controller link, fetchers, purgatories). Its loop is always the same (STYLE.md): turn a request or
-a fact into a core call, then apply the returned effects in order — storage first, then RPCs,
-then waking waiters.
+controller link, fetchers, purgatories). Its loop is always the same (docs/design.md §2): turn a
+request or a fact into a core call, then apply the returned effects in order — storage first,
+then RPCs, then waking waiters.
 
 Per partition, appends and truncations run synchronously on the event loop between two awaits,
 so nothing else can interleave between a core's `plan_append` and `on_leader_appended` (the core's
@@ -122,7 +122,8 @@ class Hosted:
     # fetcher hands back this very object, so a late answer to an older request (a stopping
     # fetcher's, or one from before the position was re-planned) is dropped.
     pending_request: wire.FetchPartitionRequest | None = None
-    produce_futures: dict[int, asyncio.Future[CompleteProduce]] = field(default_factory=dict)
+    # Keyed by the token handed to the core, which gives it back opaque (CompleteProduce.token).
+    produce_futures: dict[object, asyncio.Future[CompleteProduce]] = field(default_factory=dict)
     # The topic configs the core and log were last configured with (None: broker defaults only,
     # for a log opened from disk before metadata arrived).
     topic_configs: dict[str, str] | None = None
@@ -470,7 +471,7 @@ class ReplicaManager:
                 hosted.log.update_high_watermark(effect.high_watermark)
                 self.hw_signals.notify(tp)
             elif isinstance(effect, CompleteProduce):
-                future = hosted.produce_futures.pop(effect.token, None)  # type: ignore[arg-type]
+                future = hosted.produce_futures.pop(effect.token, None)
                 if future is not None and not future.done():
                     future.set_result(effect)
             elif isinstance(effect, AppendAsFollower):
@@ -1058,7 +1059,9 @@ class ReplicaManager:
                     if invalid_topic_name(name)
                     else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 )
-                response.topics.append(pb.TopicMetadata(name=name, error_code=error))
+                response.topics.append(
+                    pb.TopicMetadata(name=name, error_code=wire.pb_error_code(error))
+                )
                 continue
             tm = pb.TopicMetadata(name=name, topic_id=topic.topic_id, configs=topic.configs)
             for index in sorted(topic.partitions):
@@ -1068,7 +1071,7 @@ class ReplicaManager:
                 ]
                 tm.partitions.append(
                     pb.PartitionMetadata(
-                        error_code=(
+                        error_code=wire.pb_error_code(
                             ErrorCode.LEADER_NOT_AVAILABLE
                             if record.leader == NO_LEADER
                             else ErrorCode.NONE
@@ -1100,7 +1103,7 @@ class ReplicaManager:
                         self._next_producer_ids = await self._link.allocate_producer_ids()
                     except Exception as err:
                         return pb.InitProducerIdResponse(
-                            error_code=ErrorCode.NOT_CONTROLLER,
+                            error_code=wire.pb_error_code(ErrorCode.NOT_CONTROLLER),
                             error_message=f"cannot allocate producer ids: {err}",
                             producer_id=-1,
                             producer_epoch=-1,
@@ -1112,7 +1115,7 @@ class ReplicaManager:
             if self._next_producer_ids is None and end - next_id <= PRODUCER_ID_PREFETCH_LEFT:
                 self.prefetch_producer_ids()
         return pb.InitProducerIdResponse(
-            error_code=ErrorCode.NONE, producer_id=next_id, producer_epoch=0
+            error_code=wire.pb_error_code(ErrorCode.NONE), producer_id=next_id, producer_epoch=0
         )
 
     def prefetch_producer_ids(self) -> None:

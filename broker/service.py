@@ -10,6 +10,7 @@ for that long is ended) and, on ProduceStream, `queued.max.request.bytes`.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +98,11 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
         return wire.encode_replicas(self._rm.broker_id, states)
 
 
+def _give_back(budget: RequestBudget, size: int, _task: object) -> None:
+    """A done callback: return a request's bytes to the budget however its task ended."""
+    budget.give_back(size)
+
+
 async def _serve_stream(
     context: grpc.aio.ServicerContext,
     handle: Callable[[Any], Awaitable[Any]],
@@ -174,7 +180,7 @@ async def _serve_stream(
                 # Given back however the task ends, even cancelled before it ever ran.
                 size = request.ByteSize()
                 budget.take(size)
-                task.add_done_callback(lambda _, size=size: budget.give_back(size))
+                task.add_done_callback(functools.partial(_give_back, budget, size))
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
     except asyncio.CancelledError:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from minibroker.client.errors import ErrorCode
 from minibroker.proto import minibroker_pb2 as pb
@@ -144,6 +144,15 @@ class ReplicaState:
 
 
 # -- decode ----------------------------------------------------------------------------------
+
+
+def pb_error_code(code: int) -> pb.ErrorCode:
+    """A Kafka error code as the value of a protobuf `ErrorCode` field.
+
+    The numbers are the same (tests/unit/test_proto.py) and protobuf takes any int for an enum
+    field; only the generated stubs type the field as `pb.ErrorCode`, which no Python value is.
+    """
+    return cast("pb.ErrorCode", int(code))
 
 
 def decode_produce(request: pb.ProduceRequest) -> list[ProducePartition]:

@@ -19,7 +19,7 @@ Rules (Kafka's RecordAccumulator and Sender, aiokafka's shape):
 - The builder (made by `new_builder`, which knows the batch size limit) decides when a batch is
   full; `batch_size` is recorded for the shell. The producer's default is 1 MiB rather than
   Kafka's 16 KiB because each gRPC call costs ~0.4 ms of CPU whatever it carries
-  (research/perf-baseline.md §7); batches only grow that large when records arrive faster than
+  (docs/design.md §9); batches only grow that large when records arrive faster than
   the partition's previous batch is acknowledged.
 """
 

@@ -253,7 +253,7 @@ class AsyncAdmin:
         names = list(names)
         request = pb.DeleteTopicsRequest(topic_names=names, timeout_ms=self.request_timeout_ms)
         resp = await self._controller_call("DeleteTopics", request)
-        failures = []
+        failures: list[tuple[str, MiniBrokerError]] = []
         for r in resp.results:
             if r.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                 failures.append(

@@ -1,12 +1,13 @@
 """Kafka v2 record-batch headers: parse, validate and restamp batches without decoding records.
 
 Pure: no I/O (works on bytes, bytearray and memoryview). This is what the broker runs on the
-produce, replicate, fetch and recovery paths (DESIGN.md §4, §9): one header parse, one CRC32C, an
+produce, replicate, fetch and recovery paths (docs/design.md §4, §9): one header parse, one CRC32C,
+an
 in-place rewrite of `baseOffset` and `partitionLeaderEpoch`. Both fields sit before the CRC'd
 region, so restamping never recomputes the CRC. The full record codec (keys, values, headers,
 compression) lives in `minibroker.client.records`.
 
-Layout (all big-endian, research/kafka-replication.md §3):
+Layout (all big-endian, docs/protocol.md §23):
 
     0  baseOffset int64         8  batchLength int32       12 partitionLeaderEpoch int32
     16 magic int8               17 crc uint32 (CRC-32C over [21, end))

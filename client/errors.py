@@ -1,7 +1,7 @@
 """Kafka's error codes and the exception hierarchy every minibroker component shares.
 
 Pure: no I/O. The numbers are Kafka's (clients/.../protocol/Errors.java) and match the
-`ErrorCode` enum of proto/minibroker.proto; tests/unit/test_errors.py keeps the two in step.
+`ErrorCode` enum of proto/minibroker.proto; tests/unit/test_proto.py keeps the two in step.
 Each code maps to one exception class; `retriable` says whether a client should refresh metadata
 and try again (Kafka's RetriableException subclasses).
 """
@@ -93,10 +93,29 @@ RETRIABLE: frozenset[ErrorCode] = frozenset(
 )
 
 
+# The exception class for each code, filled by `MiniBrokerError.__init_subclass__` as the classes
+# below are defined; `error_for` looks codes up here.
+_BY_CODE: dict[ErrorCode, type[MiniBrokerError]] = {}
+
+
 class MiniBrokerError(Exception):
-    """Base of every error minibroker raises on purpose. `code` is the Kafka error code."""
+    """Base of every error minibroker raises on purpose. `code` is the Kafka error code.
+
+    Each class of this module that sets `code` is THE class for that code (`error_for`), and
+    derives from RetriableError exactly when the code is in RETRIABLE (checked as it is defined).
+    Subclasses that refine a code without setting it (LogTruncationError) are not registered.
+    """
 
     code: ErrorCode = ErrorCode.UNKNOWN_SERVER_ERROR
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        code = cls.__dict__.get("code")
+        if cls.__module__ != __name__ or code is None:
+            return
+        if issubclass(cls, RetriableError) != (code in RETRIABLE):
+            raise TypeError(f"{cls.__name__}: RetriableError base must match RETRIABLE for {code}")
+        _BY_CODE.setdefault(code, cls)
 
     def __init__(self, message: str = "", *, code: ErrorCode | None = None) -> None:
         if code is not None:
@@ -112,117 +131,301 @@ class RetriableError(MiniBrokerError):
     """An error a client may retry after refreshing metadata."""
 
 
-_BY_CODE: dict[ErrorCode, type[MiniBrokerError]] = {}
+class OffsetOutOfRangeError(MiniBrokerError):
+    """The offset is outside the log."""
+
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
 
 
-def _define(code: ErrorCode, doc: str) -> type[MiniBrokerError]:
-    base = RetriableError if code in RETRIABLE else MiniBrokerError
-    name = "".join(part.capitalize() for part in code.name.split("_")) + "Error"
-    cls = type(name, (base,), {"code": code, "__doc__": doc, "__module__": __name__})
-    _BY_CODE[code] = cls
-    return cls
+class CorruptMessageError(RetriableError):
+    """A record batch failed its checks."""
+
+    code = ErrorCode.CORRUPT_MESSAGE
 
 
-OffsetOutOfRangeError = _define(ErrorCode.OFFSET_OUT_OF_RANGE, "The offset is outside the log.")
-CorruptMessageError = _define(ErrorCode.CORRUPT_MESSAGE, "A record batch failed its checks.")
-UnknownTopicOrPartitionError = _define(
-    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "The topic or partition does not exist."
-)
-InvalidFetchSizeError = _define(ErrorCode.INVALID_FETCH_SIZE, "The fetch size is invalid.")
-LeaderNotAvailableError = _define(ErrorCode.LEADER_NOT_AVAILABLE, "The partition has no leader.")
-NotLeaderOrFollowerError = _define(
-    ErrorCode.NOT_LEADER_OR_FOLLOWER,
-    "This broker is not the leader (or a follower) of the partition.",
-)
-RequestTimedOutError = _define(ErrorCode.REQUEST_TIMED_OUT, "The request timed out.")
-BrokerNotAvailableError = _define(ErrorCode.BROKER_NOT_AVAILABLE, "The broker is not available.")
-ReplicaNotAvailableError = _define(ErrorCode.REPLICA_NOT_AVAILABLE, "The replica is not available.")
-MessageTooLargeError = _define(ErrorCode.MESSAGE_TOO_LARGE, "The batch is larger than allowed.")
-NetworkExceptionError = _define(ErrorCode.NETWORK_EXCEPTION, "The connection to a peer failed.")
-InvalidTopicError = _define(ErrorCode.INVALID_TOPIC_EXCEPTION, "The topic name is invalid.")
-RecordListTooLargeError = _define(
-    ErrorCode.RECORD_LIST_TOO_LARGE,
-    "The batch exceeds the segment, or the request the broker's socket.request.max.bytes.",
-)
-NotEnoughReplicasError = _define(
-    ErrorCode.NOT_ENOUGH_REPLICAS, "The ISR is smaller than min.insync.replicas."
-)
-NotEnoughReplicasAfterAppendError = _define(
-    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-    "Appended, but the ISR fell below min.insync.replicas before the write was committed.",
-)
-InvalidRequiredAcksError = _define(ErrorCode.INVALID_REQUIRED_ACKS, "acks must be 0, 1 or all.")
-InvalidTimestampError = _define(ErrorCode.INVALID_TIMESTAMP, "The timestamp is invalid.")
-UnsupportedVersionError = _define(ErrorCode.UNSUPPORTED_VERSION, "The format is not supported.")
-TopicAlreadyExistsError = _define(ErrorCode.TOPIC_ALREADY_EXISTS, "The topic already exists.")
-InvalidPartitionsError = _define(ErrorCode.INVALID_PARTITIONS, "The partition count is invalid.")
-InvalidReplicationFactorError = _define(
-    ErrorCode.INVALID_REPLICATION_FACTOR, "The replication factor is invalid."
-)
-InvalidReplicaAssignmentError = _define(
-    ErrorCode.INVALID_REPLICA_ASSIGNMENT, "The replica assignment is invalid."
-)
-InvalidConfigError = _define(ErrorCode.INVALID_CONFIG, "A configuration is unknown or invalid.")
-NotControllerError = _define(ErrorCode.NOT_CONTROLLER, "This is not the active controller.")
-InvalidRequestError = _define(ErrorCode.INVALID_REQUEST, "The request is invalid.")
-PolicyViolationError = _define(ErrorCode.POLICY_VIOLATION, "The request violates a policy.")
-OutOfOrderSequenceError = _define(
-    ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, "The broker saw a gap in the producer's sequence."
-)
-DuplicateSequenceError = _define(
-    ErrorCode.DUPLICATE_SEQUENCE_NUMBER, "The batch duplicates one the broker already has."
-)
-InvalidProducerEpochError = _define(ErrorCode.INVALID_PRODUCER_EPOCH, "The producer is fenced.")
-InvalidProducerIdMappingError = _define(
-    ErrorCode.INVALID_PRODUCER_ID_MAPPING, "The producer id is unknown."
-)
-OperationNotAttemptedError = _define(
-    ErrorCode.OPERATION_NOT_ATTEMPTED, "The operation was not attempted."
-)
-KafkaStorageError = _define(ErrorCode.KAFKA_STORAGE_ERROR, "The broker's disk failed.")
-UnknownProducerIdError = _define(ErrorCode.UNKNOWN_PRODUCER_ID, "The producer id is unknown.")
-FencedLeaderEpochError = _define(
-    ErrorCode.FENCED_LEADER_EPOCH, "The request's leader epoch is older than the broker's."
-)
-UnknownLeaderEpochError = _define(
-    ErrorCode.UNKNOWN_LEADER_EPOCH, "The request's leader epoch is newer than the broker's."
-)
-StaleBrokerEpochError = _define(ErrorCode.STALE_BROKER_EPOCH, "The broker epoch is stale.")
-OffsetNotAvailableError = _define(
-    ErrorCode.OFFSET_NOT_AVAILABLE,
-    "The new leader's high watermark has not caught up yet; retry shortly.",
-)
-PreferredLeaderNotAvailableError = _define(
-    ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE, "The preferred leader is not in the ISR or not alive."
-)
-EligibleLeadersNotAvailableError = _define(
-    ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE, "No replica can be elected leader."
-)
-ElectionNotNeededError = _define(
-    ErrorCode.ELECTION_NOT_NEEDED, "The leader is already the one asked."
-)
-InvalidRecordError = _define(ErrorCode.INVALID_RECORD, "A record is invalid.")
-InvalidUpdateVersionError = _define(
-    ErrorCode.INVALID_UPDATE_VERSION, "The partition epoch is stale (compare-and-set failed)."
-)
-UnknownTopicIdError = _define(ErrorCode.UNKNOWN_TOPIC_ID, "The topic id is unknown.")
-DuplicateBrokerRegistrationError = _define(
-    ErrorCode.DUPLICATE_BROKER_REGISTRATION, "Another live process is registered with this node id."
-)
-BrokerIdNotRegisteredError = _define(
-    ErrorCode.BROKER_ID_NOT_REGISTERED, "The broker is not registered."
-)
-InconsistentClusterIdError = _define(
-    ErrorCode.INCONSISTENT_CLUSTER_ID, "The data dir belongs to another cluster."
-)
-IneligibleReplicaError = _define(
-    ErrorCode.INELIGIBLE_REPLICA, "A proposed ISR member is fenced, shutting down or stale."
-)
-NewLeaderElectedError = _define(ErrorCode.NEW_LEADER_ELECTED, "A new leader was elected.")
-UnknownServerError = _define(ErrorCode.UNKNOWN_SERVER_ERROR, "An unexpected server error.")
+class UnknownTopicOrPartitionError(RetriableError):
+    """The topic or partition does not exist."""
+
+    code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
 
-class LogTruncationError(OffsetOutOfRangeError):  # type: ignore[misc,valid-type]
+class InvalidFetchSizeError(MiniBrokerError):
+    """The fetch size is invalid."""
+
+    code = ErrorCode.INVALID_FETCH_SIZE
+
+
+class LeaderNotAvailableError(RetriableError):
+    """The partition has no leader."""
+
+    code = ErrorCode.LEADER_NOT_AVAILABLE
+
+
+class NotLeaderOrFollowerError(RetriableError):
+    """This broker is not the leader (or a follower) of the partition."""
+
+    code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+class RequestTimedOutError(RetriableError):
+    """The request timed out."""
+
+    code = ErrorCode.REQUEST_TIMED_OUT
+
+
+class BrokerNotAvailableError(RetriableError):
+    """The broker is not available."""
+
+    code = ErrorCode.BROKER_NOT_AVAILABLE
+
+
+class ReplicaNotAvailableError(RetriableError):
+    """The replica is not available."""
+
+    code = ErrorCode.REPLICA_NOT_AVAILABLE
+
+
+class MessageTooLargeError(MiniBrokerError):
+    """The batch is larger than allowed."""
+
+    code = ErrorCode.MESSAGE_TOO_LARGE
+
+
+class NetworkExceptionError(RetriableError):
+    """The connection to a peer failed."""
+
+    code = ErrorCode.NETWORK_EXCEPTION
+
+
+class InvalidTopicError(MiniBrokerError):
+    """The topic name is invalid."""
+
+    code = ErrorCode.INVALID_TOPIC_EXCEPTION
+
+
+class RecordListTooLargeError(MiniBrokerError):
+    """The batch exceeds the segment, or the request the broker's socket.request.max.bytes."""
+
+    code = ErrorCode.RECORD_LIST_TOO_LARGE
+
+
+class NotEnoughReplicasError(RetriableError):
+    """The ISR is smaller than min.insync.replicas."""
+
+    code = ErrorCode.NOT_ENOUGH_REPLICAS
+
+
+class NotEnoughReplicasAfterAppendError(RetriableError):
+    """Appended, but the ISR fell below min.insync.replicas before the write was committed."""
+
+    code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+
+
+class InvalidRequiredAcksError(MiniBrokerError):
+    """acks must be 0, 1 or all."""
+
+    code = ErrorCode.INVALID_REQUIRED_ACKS
+
+
+class InvalidTimestampError(MiniBrokerError):
+    """The timestamp is invalid."""
+
+    code = ErrorCode.INVALID_TIMESTAMP
+
+
+class UnsupportedVersionError(MiniBrokerError):
+    """The format is not supported."""
+
+    code = ErrorCode.UNSUPPORTED_VERSION
+
+
+class TopicAlreadyExistsError(MiniBrokerError):
+    """The topic already exists."""
+
+    code = ErrorCode.TOPIC_ALREADY_EXISTS
+
+
+class InvalidPartitionsError(MiniBrokerError):
+    """The partition count is invalid."""
+
+    code = ErrorCode.INVALID_PARTITIONS
+
+
+class InvalidReplicationFactorError(MiniBrokerError):
+    """The replication factor is invalid."""
+
+    code = ErrorCode.INVALID_REPLICATION_FACTOR
+
+
+class InvalidReplicaAssignmentError(MiniBrokerError):
+    """The replica assignment is invalid."""
+
+    code = ErrorCode.INVALID_REPLICA_ASSIGNMENT
+
+
+class InvalidConfigError(MiniBrokerError):
+    """A configuration is unknown or invalid."""
+
+    code = ErrorCode.INVALID_CONFIG
+
+
+class NotControllerError(RetriableError):
+    """This is not the active controller."""
+
+    code = ErrorCode.NOT_CONTROLLER
+
+
+class InvalidRequestError(MiniBrokerError):
+    """The request is invalid."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
+class PolicyViolationError(MiniBrokerError):
+    """The request violates a policy."""
+
+    code = ErrorCode.POLICY_VIOLATION
+
+
+class OutOfOrderSequenceError(MiniBrokerError):
+    """The broker saw a gap in the producer's sequence."""
+
+    code = ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+class DuplicateSequenceError(MiniBrokerError):
+    """The batch duplicates one the broker already has."""
+
+    code = ErrorCode.DUPLICATE_SEQUENCE_NUMBER
+
+
+class InvalidProducerEpochError(MiniBrokerError):
+    """The producer is fenced."""
+
+    code = ErrorCode.INVALID_PRODUCER_EPOCH
+
+
+class InvalidProducerIdMappingError(MiniBrokerError):
+    """The producer id is unknown."""
+
+    code = ErrorCode.INVALID_PRODUCER_ID_MAPPING
+
+
+class OperationNotAttemptedError(MiniBrokerError):
+    """The operation was not attempted."""
+
+    code = ErrorCode.OPERATION_NOT_ATTEMPTED
+
+
+class KafkaStorageError(RetriableError):
+    """The broker's disk failed."""
+
+    code = ErrorCode.KAFKA_STORAGE_ERROR
+
+
+class UnknownProducerIdError(MiniBrokerError):
+    """The producer id is unknown."""
+
+    code = ErrorCode.UNKNOWN_PRODUCER_ID
+
+
+class FencedLeaderEpochError(RetriableError):
+    """The request's leader epoch is older than the broker's."""
+
+    code = ErrorCode.FENCED_LEADER_EPOCH
+
+
+class UnknownLeaderEpochError(RetriableError):
+    """The request's leader epoch is newer than the broker's."""
+
+    code = ErrorCode.UNKNOWN_LEADER_EPOCH
+
+
+class StaleBrokerEpochError(MiniBrokerError):
+    """The broker epoch is stale."""
+
+    code = ErrorCode.STALE_BROKER_EPOCH
+
+
+class OffsetNotAvailableError(RetriableError):
+    """The new leader's high watermark has not caught up yet; retry shortly."""
+
+    code = ErrorCode.OFFSET_NOT_AVAILABLE
+
+
+class PreferredLeaderNotAvailableError(RetriableError):
+    """The preferred leader is not in the ISR or not alive."""
+
+    code = ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE
+
+
+class EligibleLeadersNotAvailableError(RetriableError):
+    """No replica can be elected leader."""
+
+    code = ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
+
+
+class ElectionNotNeededError(MiniBrokerError):
+    """The leader is already the one asked."""
+
+    code = ErrorCode.ELECTION_NOT_NEEDED
+
+
+class InvalidRecordError(MiniBrokerError):
+    """A record is invalid."""
+
+    code = ErrorCode.INVALID_RECORD
+
+
+class InvalidUpdateVersionError(MiniBrokerError):
+    """The partition epoch is stale (compare-and-set failed)."""
+
+    code = ErrorCode.INVALID_UPDATE_VERSION
+
+
+class UnknownTopicIdError(MiniBrokerError):
+    """The topic id is unknown."""
+
+    code = ErrorCode.UNKNOWN_TOPIC_ID
+
+
+class DuplicateBrokerRegistrationError(MiniBrokerError):
+    """Another live process is registered with this node id."""
+
+    code = ErrorCode.DUPLICATE_BROKER_REGISTRATION
+
+
+class BrokerIdNotRegisteredError(MiniBrokerError):
+    """The broker is not registered."""
+
+    code = ErrorCode.BROKER_ID_NOT_REGISTERED
+
+
+class InconsistentClusterIdError(MiniBrokerError):
+    """The data dir belongs to another cluster."""
+
+    code = ErrorCode.INCONSISTENT_CLUSTER_ID
+
+
+class IneligibleReplicaError(MiniBrokerError):
+    """A proposed ISR member is fenced, shutting down or stale."""
+
+    code = ErrorCode.INELIGIBLE_REPLICA
+
+
+class NewLeaderElectedError(MiniBrokerError):
+    """A new leader was elected."""
+
+    code = ErrorCode.NEW_LEADER_ELECTED
+
+
+class UnknownServerError(MiniBrokerError):
+    """An unexpected server error."""
+
+    code = ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+class LogTruncationError(OffsetOutOfRangeError):
     """The log was truncated below the consumer's position: records it already returned are
     gone from the partition's new leader (an unclean election). Kafka's LogTruncationException
     (KIP-320), raised from poll() when auto_offset_reset is 'none'.

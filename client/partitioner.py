@@ -8,7 +8,7 @@ written by both agrees on placement.
 Null keys use sticky partitioning (KIP-480): the producer keeps sending to one partition until the
 batch there is closed, then picks another one at random. Batches fill up faster than round robin
 would fill them, which matters here because each RPC costs far more than the bytes it carries
-(research/perf-baseline.md §7). Not thread-safe: one producer's event loop owns it.
+(docs/design.md §9). Not thread-safe: one producer's event loop owns it.
 """
 
 from __future__ import annotations

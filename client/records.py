@@ -2,7 +2,7 @@
 
 Pure: no I/O. Header-level work (parsing, CRC32C validation, restamping offsets and epochs) lives
 in `minibroker.client.batch` and is called from here, never re-implemented; compression framing
-lives in `minibroker.client.compression`. Layout (research/kafka-replication.md §3, Kafka's
+lives in `minibroker.client.compression`. Layout (docs/protocol.md §23, Kafka's
 DefaultRecordBatch and DefaultRecord): a 61-byte header, then `recordsCount` records, each
 
     length varint | attributes int8 | timestampDelta varlong | offsetDelta varint |

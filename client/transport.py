@@ -1,8 +1,8 @@
 """Client transport: one grpc.aio channel per broker address, metadata refresh, RPC errors.
 
 Does network I/O (grpc.aio). `ClusterClient` is shared by one producer, consumer or admin: it owns
-a channel per address (many requests in flight on each, DESIGN.md §9), a `MetadataCache`, and the
-one metadata refresh in flight at a time (concurrent callers wait for the same answer).
+a channel per address (many requests in flight on each, docs/design.md §9), a `MetadataCache`,
+and the one metadata refresh in flight at a time (concurrent callers wait for the same answer).
 `metadata_from_pb` is the only place that turns a Metadata response into the cache's dataclasses.
 Event-loop thread only; `close()` must run on the loop that created the channels.
 """

@@ -1,4 +1,4 @@
-"""Controller metrics with Kafka's names and meanings (research §5, DESIGN.md §7).
+"""Controller metrics with Kafka's names and meanings (docs/design.md §7.3).
 
 Does no I/O itself (the app serves the registry with `client.common.metrics.serve`). Gauges are
 refreshed from the image by the command loop after each change, on the event-loop thread, so the

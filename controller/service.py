@@ -2,7 +2,7 @@
 
 I/O shell, event-loop thread only. Every command goes through `ControllerApp.submit`, which runs
 it on the single command task and answers only after its records are fsynced. The heartbeat
-stream is the liveness fast path (DESIGN.md §3): when it ends for any reason other than a
+stream is the liveness fast path (docs/design.md §3.4): when it ends for any reason other than a
 granted controlled shutdown, the broker is fenced at once.
 """
 
@@ -10,18 +10,27 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import TYPE_CHECKING
 
 import grpc
 
 from minibroker.client.errors import ErrorCode, MiniBrokerError
 from minibroker.controller import wire
-from minibroker.controller.core.messages import Outcome
+from minibroker.controller.core.messages import HeartbeatReply, HeartbeatRequest, Outcome
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from minibroker.controller.app import ControllerApp
+    from minibroker.controller.core.controller import ControllerCore
+
+
+def _heartbeat(
+    req: HeartbeatRequest, stream_id: int, core: ControllerCore, now_ms: int
+) -> Outcome[HeartbeatReply]:
+    """The command for one heartbeat, with its request bound (a loop's lambda would not be)."""
+    return core.heartbeat(req, stream_id, now_ms)
 
 
 class ControllerServicer(pb_grpc.ControllerServiceServicer):
@@ -46,9 +55,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         try:
             async for request in request_iterator:
                 req = wire.heartbeat_request(request)
-                reply = await self._app.submit(
-                    lambda core, now, req=req: core.heartbeat(req, stream_id, now)
-                )
+                reply = await self._app.submit(partial(_heartbeat, req, stream_id))
                 if reply.error == ErrorCode.NONE:
                     speaker = (req.broker_id, req.broker_epoch)
                 yield wire.heartbeat_reply(reply)

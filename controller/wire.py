@@ -6,6 +6,8 @@ calls the core through the app, and encodes the reply; core code never sees `_pb
 
 from __future__ import annotations
 
+from typing import cast
+
 from minibroker.client.errors import ErrorCode, InvalidRequestError, MiniBrokerError
 from minibroker.controller.core.election import Election
 from minibroker.controller.core.isr import AlterPartitionProposal, IsrMember
@@ -27,6 +29,15 @@ from minibroker.controller.core.messages import (
 from minibroker.proto import minibroker_pb2 as pb
 
 
+def pb_error_code(code: int) -> pb.ErrorCode:
+    """A Kafka error code as the value of a protobuf `ErrorCode` field.
+
+    The numbers are the same (tests/unit/test_proto.py) and protobuf takes any int for an enum
+    field; only the generated stubs type the field as `pb.ErrorCode`, which no Python value is.
+    """
+    return cast("pb.ErrorCode", int(code))
+
+
 def register_request(msg: pb.BrokerRegistrationRequest) -> RegisterRequest:
     return RegisterRequest(
         broker_id=msg.broker_id,
@@ -42,7 +53,7 @@ def register_request(msg: pb.BrokerRegistrationRequest) -> RegisterRequest:
 
 def register_reply(reply: RegisterReply) -> pb.BrokerRegistrationResponse:
     return pb.BrokerRegistrationResponse(
-        error_code=int(reply.error),
+        error_code=pb_error_code(reply.error),
         error_message=reply.message,
         broker_epoch=reply.broker_epoch,
         cluster_id=reply.cluster_id,
@@ -62,7 +73,7 @@ def heartbeat_request(msg: pb.BrokerHeartbeatRequest) -> HeartbeatRequest:
 
 def heartbeat_reply(reply: HeartbeatReply) -> pb.BrokerHeartbeatResponse:
     return pb.BrokerHeartbeatResponse(
-        error_code=int(reply.error),
+        error_code=pb_error_code(reply.error),
         error_message=reply.message,
         is_caught_up=reply.is_caught_up,
         is_fenced=reply.is_fenced,
@@ -87,7 +98,9 @@ def alter_partition_request(msg: pb.AlterPartitionRequest) -> AlterPartitionRequ
 
 
 def alter_partition_reply(reply: AlterPartitionReply) -> pb.AlterPartitionResponse:
-    out = pb.AlterPartitionResponse(error_code=int(reply.error), error_message=reply.message)
+    out = pb.AlterPartitionResponse(
+        error_code=pb_error_code(reply.error), error_message=reply.message
+    )
     by_topic: dict[str, pb.AlterPartitionTopicResponse] = {}
     for r in reply.results:
         topic = by_topic.get(r.topic_id)
@@ -95,7 +108,7 @@ def alter_partition_reply(reply: AlterPartitionReply) -> pb.AlterPartitionRespon
             topic = out.topics.add(topic_id=r.topic_id)
             by_topic[r.topic_id] = topic
         part = topic.partitions.add(
-            partition=r.partition, error_code=int(r.error), error_message=r.message
+            partition=r.partition, error_code=pb_error_code(r.error), error_message=r.message
         )
         if r.record is not None:
             part.leader_id = r.record.leader
@@ -112,7 +125,7 @@ def alter_partition_reply(reply: AlterPartitionReply) -> pb.AlterPartitionRespon
 
 def producer_ids_reply(block: ProducerIdBlock) -> pb.AllocateProducerIdsResponse:
     return pb.AllocateProducerIdsResponse(
-        error_code=int(block.error),
+        error_code=pb_error_code(block.error),
         error_message=block.message,
         producer_id_start=block.producer_id_start,
         producer_id_len=block.producer_id_len,
@@ -132,7 +145,7 @@ def create_topics_reply(results: tuple[CreateTopicResult, ...]) -> pb.CreateTopi
             pb.CreatableTopicResult(
                 name=r.name,
                 topic_id=r.topic_id,
-                error_code=int(r.error),
+                error_code=pb_error_code(r.error),
                 error_message=r.message,
                 num_partitions=r.num_partitions,
                 replication_factor=r.replication_factor,
@@ -147,7 +160,10 @@ def delete_topics_reply(results: tuple[DeleteTopicResult, ...]) -> pb.DeleteTopi
     return pb.DeleteTopicsResponse(
         results=[
             pb.DeletableTopicResult(
-                name=r.name, topic_id=r.topic_id, error_code=int(r.error), error_message=r.message
+                name=r.name,
+                topic_id=r.topic_id,
+                error_code=pb_error_code(r.error),
+                error_message=r.message,
             )
             for r in results
         ]
@@ -171,12 +187,12 @@ def election(msg: pb.ElectLeadersRequest) -> tuple[Election, list[tuple[str, int
 
 def elect_leaders_reply(results: tuple[ElectionResult, ...]) -> pb.ElectLeadersResponse:
     return pb.ElectLeadersResponse(
-        error_code=int(ErrorCode.NONE),
+        error_code=pb_error_code(ErrorCode.NONE),
         results=[
             pb.ElectionResult(
                 topic=r.topic,
                 partition=r.partition,
-                error_code=int(r.error),
+                error_code=pb_error_code(r.error),
                 error_message=r.message,
             )
             for r in results
@@ -190,11 +206,14 @@ def elect_leaders_error(
     """The whole request refused: the top-level error, repeated for every partition it named
     (Kafka's ElectLeadersRequest.getErrorResponse)."""
     return pb.ElectLeadersResponse(
-        error_code=int(err.code),
+        error_code=pb_error_code(err.code),
         error_message=str(err),
         results=[
             pb.ElectionResult(
-                topic=tp.topic, partition=p, error_code=int(err.code), error_message=str(err)
+                topic=tp.topic,
+                partition=p,
+                error_code=pb_error_code(err.code),
+                error_message=str(err),
             )
             for tp in msg.topic_partitions
             for p in tp.partitions
@@ -203,12 +222,14 @@ def elect_leaders_error(
 
 
 def unregister_broker_reply(reply: UnregisterBrokerReply) -> pb.UnregisterBrokerResponse:
-    return pb.UnregisterBrokerResponse(error_code=int(reply.error), error_message=reply.message)
+    return pb.UnregisterBrokerResponse(
+        error_code=pb_error_code(reply.error), error_message=reply.message
+    )
 
 
 def describe_cluster_reply(desc: ClusterDescription) -> pb.DescribeClusterResponse:
     return pb.DescribeClusterResponse(
-        error_code=int(ErrorCode.NONE),
+        error_code=pb_error_code(ErrorCode.NONE),
         cluster_id=desc.cluster_id,
         controller_id=desc.controller_id,
         metadata_offset=desc.metadata_offset,

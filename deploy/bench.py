@@ -1,4 +1,4 @@
-"""`minibroker bench ...`: benchmarks in the shape of Kafka's perf-test tools (DESIGN.md §9).
+"""`minibroker bench ...`: benchmarks in the shape of Kafka's perf-test tools (docs/design.md §9).
 
 Assembles the bench subcommands of each component; each bench module exposes
 `register(bench_subparsers)`. Benchmarks are separate from tests: they measure, never assert.

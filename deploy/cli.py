@@ -1,7 +1,7 @@
 """The one `minibroker` command: assembles the subcommands of every component.
 
 This is the only module (with the rest of `minibroker.deploy`) allowed to import broker,
-controller and client alike (DESIGN.md §1). Each command module exposes
+controller and client alike (docs/design.md §1). Each command module exposes
 `register(subparsers) -> None`, which adds its parser and sets `func(args) -> int`.
 """
 

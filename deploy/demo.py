@@ -180,10 +180,11 @@ def latest_totals(bootstrap: str) -> dict[str, dict[str, int]]:
         deadline = time.monotonic() + 30
         while remaining and time.monotonic() < deadline:
             for record in consumer.poll(timeout_ms=300):
-                total = json.loads(record.value)
-                user = total["user"]
-                if total["events"] >= totals.get(user, {}).get("events", -1):
-                    totals[user] = total
+                if record.value is not None:  # every record the pipeline writes has a value
+                    total = json.loads(record.value)
+                    user = total["user"]
+                    if total["events"] >= totals.get(user, {}).get("events", -1):
+                        totals[user] = total
                 tp = TopicPartition(record.topic, record.partition)
                 if record.offset >= ends[tp] - 1:
                     remaining.discard(tp)
@@ -354,9 +355,10 @@ def _demo(args: argparse.Namespace) -> int:
             deadline = time.monotonic() + 120
             while remaining and time.monotonic() < deadline:
                 for record in consumer.poll(timeout_ms=500):
-                    if record.value in seen:
-                        duplicates += 1
-                    seen[record.value] = (record.partition, record.offset)
+                    if record.value is not None:  # every record the feeder writes has a value
+                        if record.value in seen:
+                            duplicates += 1
+                        seen[record.value] = (record.partition, record.offset)
                     tp_r = TopicPartition(record.topic, record.partition)
                     if record.offset >= ends[tp_r] - 1:
                         remaining.discard(tp_r)

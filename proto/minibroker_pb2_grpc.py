@@ -542,7 +542,7 @@ class ControllerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request_iterator, context):
-        """A long-lived stream per broker: a break fences the broker at once (DESIGN.md §3).
+        """A long-lived stream per broker: a break fences the broker at once (docs/design.md §3.4).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,5 +1,5 @@
 """The pyproject package list matches the folders on disk (a missing subpackage would be left out
-of the wheel silently; research/aesthetics.md §4.3)."""
+of the wheel silently; docs/design.md §1)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The leader-epoch cache of one replica: the ordered map `leader_epoch -> start_offset`.
 
 Pure: no I/O, no clock. These are the in-memory rules of Kafka's LeaderEpochFileCache
-(research/kafka-replication.md §2.12 and §2.10 step 4); the storage layer
+(docs/protocol.md §13); the storage layer
 (`minibroker.broker.storage.log.PartitionLog`) persists the entries to `leader-epoch-checkpoint`
 whenever a mutating call reports a change, and keeps the cache in step with the log.
 
@@ -28,7 +28,7 @@ class EpochEntry(NamedTuple):
 
 
 class EpochCache:
-    """Kafka's LeaderEpochFileCache without the file (research §2.12)."""
+    """Kafka's LeaderEpochFileCache without the file (docs/protocol.md §13)."""
 
     __slots__ = ("_entries",)
 
@@ -70,7 +70,7 @@ class EpochCache:
         return f"EpochCache([{inner}])"
 
     def end_offset_for(self, requested_epoch: int, leo: int) -> tuple[int, int]:
-        """(epoch, end offset) for `requested_epoch` (research §2.10 step 4, `endOffsetFor`).
+        """(epoch, end offset) for `requested_epoch` (Kafka's `endOffsetFor`, docs/protocol.md §13).
 
         * undefined requested epoch -> (-1, -1);
         * the latest cached epoch -> (requested, leo);

@@ -2,7 +2,7 @@
 
 Pure: no I/O. Every value that crosses between `PartitionReplica` (partition.py) and the replica
 manager that drives it is one of these dataclasses, so the shell never reaches into core state
-and the core never sees a protobuf, a future or a file (research/aesthetics.md §3.3).
+and the core never sees a protobuf, a future or a file (docs/design.md §2).
 
 Inputs are facts ("this fetch arrived", "the controller answered"). Effects are decisions the
 shell must carry out, in list order, before it feeds the core its next input for the same
@@ -109,7 +109,7 @@ class FetchResponse:
     """One partition of the leader's Fetch answer, as the follower fetcher decoded it.
 
     For OFFSET_OUT_OF_RANGE the leader must still fill `log_start_offset` and `log_end_offset`
-    (they stand in for Kafka's ListOffsets round trip, research §2.10 step 8).
+    (they stand in for Kafka's ListOffsets round trip, docs/protocol.md §11 step 7).
     """
 
     error: ErrorCode = ErrorCode.NONE
@@ -141,7 +141,7 @@ class FollowerFetchAnswer:
     """The leader's answer to one FollowerFetch.
 
     On NONE without `diverging_epoch` the shell reads records from `fetch_offset` up to (not
-    including) `read_until_offset` (the leader LEO taken before the read, research §2.11) on
+    including) `read_until_offset` (the leader LEO taken before the read, docs/protocol.md §6) on
     batch boundaries and at most the partition's max bytes. HW, log start and LEO are the values
     to put in the response. `effects` must be applied like any other effect list.
     """

@@ -1,7 +1,7 @@
 """Follower-side decisions for one partition: what to fetch next and what a fetch answer means.
 
 Pure: no I/O. Kafka's AbstractFetcherThread / ReplicaFetcherThread rules with truncate-on-fetch
-(research §2.10): the follower always fetches from its own LEO with `last_fetched_epoch` = the
+(docs/protocol.md §11): the follower always fetches from its own LEO with `last_fetched_epoch` = the
 latest epoch in its epoch cache, and the leader's `diverging_epoch` answer drives truncation.
 Truncation never uses the local HW (KIP-101), and a follower only acts on answers to the fetch
 it sent in its current leader epoch (KIP-320: a stale answer is dropped, never truncated on).
@@ -54,7 +54,7 @@ class TruncationDecision:
 def truncation_for_diverging_epoch(
     leader_epoch: int, leader_end_offset: int, cache: EpochCacheView, leo: int
 ) -> TruncationDecision:
-    """research §2.10 step 5 (`AbstractFetcherThread.getOffsetTruncationState`)."""
+    """Kafka's `AbstractFetcherThread.getOffsetTruncationState` (docs/protocol.md §11 step 4)."""
     if leader_end_offset == UNDEFINED_EPOCH_OFFSET:
         # Nothing to compare against: keep the log (the fetch offset is the LEO).
         return TruncationDecision(leo, completed=True)
@@ -71,7 +71,7 @@ def truncation_for_diverging_epoch(
 
 @dataclass(frozen=True, slots=True)
 class OutOfRangeDecision:
-    """What to do after OFFSET_OUT_OF_RANGE (research §2.10 step 8). Never fatal (KAFKA-7414)."""
+    """What to do after OFFSET_OUT_OF_RANGE, never fatal (KAFKA-7414; docs/protocol.md §11)."""
 
     truncate_to: int | None = None  # leader LEO below ours: possible after an unclean election
     truncate_fully_and_start_at: int | None = None  # our LEO is below the leader's log start
@@ -93,7 +93,7 @@ def decision_for_out_of_range(
 
 
 def follower_high_watermark(leader_high_watermark: int, log_start_offset: int, leo: int) -> int:
-    """Follower HW = leader's HW clamped to [log start, LEO] (may move down, research §2.2)."""
+    """The leader's HW clamped to [log start, LEO]; it may move down (docs/protocol.md §6)."""
     return max(log_start_offset, min(leader_high_watermark, leo))
 
 

@@ -1,8 +1,8 @@
-"""Always-on invariant checks for the replication cores and the simulation (DESIGN.md §8).
+"""Always-on invariant checks for the replication cores and the simulation (docs/design.md §8).
 
 Pure: no I/O. `invariant(cond, msg)` is the helper Python's `assert` cannot be (asserts vanish
 under `-O`); the core calls it where a broken rule would corrupt data. The `check_*` functions
-state the research §4.1 invariants over plain values so both the cores and the simulation
+state the invariants of docs/design.md §8 over plain values so both the cores and the simulation
 checkers (tests/sim) share one definition.
 """
 

@@ -3,21 +3,22 @@
 Pure: no I/O, no clock, no randomness: time arrives as `now_ms`, storage facts arrive as calls
 (`on_leader_appended`, `on_follower_appended`, `on_log_truncated`), decisions leave as effects
 (events.py). This is Kafka's `Partition.scala` leader/follower logic without its locks, remote
-writes and metrics (STYLE.md), following research §2.1-2.12.
+writes and metrics (docs/design.md §2), following docs/protocol.md §2-§13.
 
 Roles and transitions (`apply_partition_state`, driven by the controller's PartitionRecord):
 
     NONE/FOLLOWER --(record names this broker leader, higher leader epoch)--> LEADER
     NONE/LEADER   --(record names another broker or no leader)-------------> FOLLOWER
     any           --(record's replicas exclude this broker)-----------------> NONE
-A record with a lower partition epoch than the one applied is ignored (research §2.8); the same
+A record with a lower partition epoch than the one applied is ignored (docs/protocol.md §10); the
+same
 leader epoch with a higher partition epoch is an ISR/assignment update only.
 
-Leader rules: offsets and the epoch stamp for appends (`plan_append`), the acks=all rule
-(§2.1), follower fetches (§2.3, §2.10 step 3, §2.11), the HW rule (§2.2, strict min ISR,
-monotonic, maximal ISR with a pending expansion, committed ISR with a pending shrink), ISR
-shrink on a timer (§2.4) and expansion on fetch (§2.5), AlterPartition answers (§2.6),
-OFFSET_NOT_AVAILABLE while a new leader's HW lags its epoch start (§2.9).
+Leader rules (sections of docs/protocol.md): offsets and the epoch stamp for appends
+(`plan_append`), the acks=all rule (§2), follower fetches (§7, §11 step 3, §12), the HW rule
+(§6: strict min ISR, monotonic, maximal ISR with a pending expansion, committed ISR with a
+pending shrink), ISR shrink on a timer and expansion on fetch (§8), AlterPartition answers (§9),
+OFFSET_NOT_AVAILABLE while a new leader's HW lags its epoch start (§10).
 Follower rules: follower.py, reached through `next_fetch`/`on_fetch_response`.
 
 Shell contract (the replica manager):
@@ -97,7 +98,7 @@ EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 
 # AlterPartition errors after which the leader keeps its pending state and waits for metadata
-# (research §2.6): retrying cannot help, and the next PartitionRecord settles the ISR.
+# (docs/protocol.md §9): retrying cannot help, and the next PartitionRecord settles the ISR.
 _WAIT_FOR_METADATA = frozenset(
     {
         ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
@@ -110,7 +111,7 @@ _WAIT_FOR_METADATA = frozenset(
 )
 # AlterPartition errors after which the leader drops the proposal (no retry).
 _REVERT = frozenset({ErrorCode.OPERATION_NOT_ATTEMPTED, ErrorCode.INELIGIBLE_REPLICA})
-# Follower fetch errors that stop fetching until new metadata arrives (research §2.10 step 9).
+# Follower fetch errors that stop fetching until new metadata arrives (docs/protocol.md §11).
 _FOLLOWER_FATAL = frozenset({ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.KAFKA_STORAGE_ERROR})
 
 
@@ -189,7 +190,7 @@ class RemoteReplica:
     broker_epoch: int = UNKNOWN_BROKER_EPOCH
 
     def reset(self, now_ms: int, leader_leo: int, is_new_leader: bool, in_isr: bool) -> None:
-        """research §2.9 step 3 (`Replica.resetReplicaState`)."""
+        """Kafka's `Replica.resetReplicaState` on becoming leader (docs/protocol.md §7)."""
         # An ISR member gets a fresh lag allowance; a non-member gets none, so it cannot hold
         # the HW back through the "caught up" clause before it has fetched.
         self.last_caught_up_time_ms = now_ms if in_isr else NEVER_MS
@@ -211,7 +212,8 @@ class RemoteReplica:
         leader_leo: int,
         broker_epoch: int,
     ) -> None:
-        """research §2.3 (`Replica.updateFetchStateOrThrow`); leader_leo taken before the read."""
+        """Kafka's `Replica.updateFetchStateOrThrow` (docs/protocol.md §7); leader_leo taken before
+        the read."""
         if fetch_offset >= leader_leo:
             self.last_caught_up_time_ms = max(self.last_caught_up_time_ms, now_ms)
         elif fetch_offset >= self.last_fetch_leader_leo:
@@ -292,7 +294,8 @@ class PartitionReplica:
         name: str = "",
     ) -> None:
         """`leo`, `log_start_offset` and `high_watermark` come from the opened log (the HW from
-        replication-offset-checkpoint); the HW is clamped to [log start, LEO] (research §2.13)."""
+        replication-offset-checkpoint, docs/design.md §4.5); the HW is clamped to [log start, LEO].
+        """
         self.broker_id = broker_id
         self.name = name
         self.config = config or ReplicaConfig()
@@ -354,7 +357,7 @@ class PartitionReplica:
         return min(p.deadline_ms for p in self._pending_produces)
 
     def check_invariants(self) -> None:
-        """Local invariants (research §4.1 I6, I11); the simulation calls this after each step."""
+        """Local invariants (docs/design.md §8.7, §8.8); the simulation checks them every step."""
         where = f"{self.name} broker {self.broker_id}: "
         check_offsets(self.log_start_offset, self.high_watermark, self.leo, where)
         if self.role is Role.LEADER:
@@ -373,9 +376,9 @@ class PartitionReplica:
         return self._maybe_advance_high_watermark(now_ms)
 
     def apply_partition_state(self, state: PartitionState, now_ms: int) -> list[Effect]:
-        """Apply the controller's record for this partition (research §2.8-2.10)."""
+        """Apply the controller's record for this partition (docs/protocol.md §10, §11)."""
         if state.partition_epoch < self.partition_epoch or state.leader_epoch < self.leader_epoch:
-            return []  # stale delivery: never go back (research §4.1 I7)
+            return []  # stale delivery: never go back (docs/design.md §8.4)
         if (
             state.partition_epoch == self.partition_epoch
             and state.leader_epoch == self.leader_epoch
@@ -472,7 +475,7 @@ class PartitionReplica:
     def plan_append(
         self, acks: int, batches: Sequence[AppendBatchHeader]
     ) -> AppendPlan | ProduceRejected:
-        """Decide a produce for this partition before anything is written (research §2.1).
+        """Decide a produce for this partition before anything is written (docs/protocol.md §2).
 
         `batches` are the validated headers in request order (client/batch.BatchHeader).
         Returns an AppendPlan (stamp and append it, then call
@@ -554,7 +557,7 @@ class PartitionReplica:
         return []
 
     def expire_produces(self, now_ms: int) -> list[Effect]:
-        """Answer parked produces whose deadline passed with REQUEST_TIMED_OUT (§2.1 step 5)."""
+        """Answer parked produces past their deadline: REQUEST_TIMED_OUT (docs/protocol.md §2)."""
         expired = [p for p in self._pending_produces if p.deadline_ms <= now_ms]
         if not expired:
             return []
@@ -612,7 +615,7 @@ class PartitionReplica:
     # -- leader: fetches and offsets ----------------------------------------------------
 
     def _check_current_leader_epoch(self, current_leader_epoch: int) -> ErrorCode | None:
-        """KIP-320 fencing (research §2.11): -1 is not checked."""
+        """KIP-320 fencing (docs/protocol.md §12): -1 is not checked."""
         if current_leader_epoch < 0:
             return None
         if current_leader_epoch < self.leader_epoch:
@@ -631,7 +634,7 @@ class PartitionReplica:
         )
 
     def handle_follower_fetch(self, fetch: FollowerFetch, now_ms: int) -> FollowerFetchAnswer:
-        """A follower's fetch for this partition (research §2.3, §2.10 step 3, §2.11)."""
+        """A follower's fetch for this partition (docs/protocol.md §7, §11 step 3, §12)."""
         epoch_error = self._check_current_leader_epoch(fetch.current_leader_epoch)
         if epoch_error is not None:
             return self._fetch_error(
@@ -660,7 +663,7 @@ class PartitionReplica:
                 f"stale broker epoch {fetch.broker_epoch} for replica {fetch.replica_id}",
             )
 
-        # HW, log start and LEO are taken before the read (research §2.11).
+        # HW, log start and LEO are taken before the read (docs/protocol.md §6).
         high_watermark, log_start_offset, leo = self.high_watermark, self.log_start_offset, self.leo
         if fetch.last_fetched_epoch != UNDEFINED_EPOCH:
             epoch, end_offset = self.epoch_cache.end_offset_for(fetch.last_fetched_epoch, leo)
@@ -673,7 +676,7 @@ class PartitionReplica:
                 return self._fetch_error(ErrorCode.OFFSET_OUT_OF_RANGE, "below the log start")
             if epoch < fetch.last_fetched_epoch or end_offset < fetch.fetch_offset:
                 # Divergence: answer with where the follower's epoch ends here; the follower's
-                # state is not updated by such a fetch (research §2.3).
+                # state is not updated by such a fetch (docs/protocol.md §7).
                 return FollowerFetchAnswer(
                     ErrorCode.NONE,
                     high_watermark=high_watermark,
@@ -707,7 +710,7 @@ class PartitionReplica:
     def check_consumer_fetch(
         self, current_leader_epoch: int, fetch_offset: int, *, allow_follower: bool = False
     ) -> ConsumerFetchAnswer:
-        """A consumer read, capped at this replica's HW (research §2.2, §2.9; KIP-392 when
+        """A consumer read, capped at this replica's HW (docs/protocol.md §6, §10; KIP-392 when
         `allow_follower`)."""
         epoch_error = self._check_current_leader_epoch(current_leader_epoch)
         if epoch_error is not None:
@@ -731,8 +734,9 @@ class PartitionReplica:
                 message=f"offset {fetch_offset} outside [{self.log_start_offset}, {self.leo}]",
             )
         if fetch_offset > self.high_watermark and self._high_watermark_lags_epoch_start():
-            # DESIGN §5: a consumer ahead of a new leader's lagging HW retries instead of
-            # waiting on an empty answer; it read that far from the previous leader.
+            # KIP-207 (docs/protocol.md §10): a consumer ahead of a new leader's lagging HW
+            # retries instead of waiting on an empty answer; it read that far from the previous
+            # leader.
             return ConsumerFetchAnswer(
                 ErrorCode.OFFSET_NOT_AVAILABLE,
                 high_watermark=self.high_watermark,
@@ -746,7 +750,7 @@ class PartitionReplica:
         return self.role is Role.LEADER and self.leader_epoch_start_offset > self.high_watermark
 
     def list_offsets(self, current_leader_epoch: int, timestamp: int) -> ListOffsetsAnswer:
-        """ListOffsets for a client (research §2.9 step 6, KIP-207)."""
+        """ListOffsets for a client (KIP-207; docs/protocol.md §10)."""
         epoch_error = self._check_current_leader_epoch(current_leader_epoch)
         if epoch_error is not None:
             return ListOffsetsAnswer(epoch_error)
@@ -776,7 +780,7 @@ class PartitionReplica:
     ) -> EpochEndOffsetAnswer:
         """OffsetForLeaderEpoch for a consumer validating its position after a leader change
         (KIP-320): fenced like a fetch, answered by the leader only, from the epoch cache
-        (`endOffsetFor`, research §2.10 step 4)."""
+        (`endOffsetFor`, docs/protocol.md §13)."""
         epoch_error = self._check_current_leader_epoch(current_leader_epoch)
         if epoch_error is not None:
             return EpochEndOffsetAnswer(epoch_error)
@@ -788,7 +792,7 @@ class PartitionReplica:
     # -- leader: high watermark and ISR ---------------------------------------------------
 
     def _maybe_advance_high_watermark(self, now_ms: int) -> list[Effect]:
-        """research §2.2 (`Partition.maybeIncrementLeaderHW`)."""
+        """Kafka's `Partition.maybeIncrementLeaderHW` (docs/protocol.md §6)."""
         if self.role is not Role.LEADER:
             return []
         if len(self.isr) < self.effective_min_isr:
@@ -836,7 +840,8 @@ class PartitionReplica:
         return proposal
 
     def _maybe_expand_isr(self, remote: RemoteReplica) -> list[Effect]:
-        """research §2.5: add a follower that reached the HW and this epoch's start."""
+        """Kafka's `Partition.maybeExpandIsr`: add a follower that reached the HW and this epoch's
+        start (docs/protocol.md §8)."""
         state = self.isr_state
         if not isinstance(state, CommittedIsr) or remote.replica_id in state.isr:
             return []
@@ -853,7 +858,8 @@ class PartitionReplica:
         return remote is not None and remote.is_caught_up(self.leo, now_ms, lag_max)
 
     def maybe_shrink_isr(self, now_ms: int) -> list[Effect]:
-        """research §2.4: run every replica.lag.time.max.ms / 2; never with one in flight."""
+        """Kafka's `Partition.maybeShrinkIsr` (docs/protocol.md §8): run every
+        replica.lag.time.max.ms / 2; never with an AlterPartition in flight."""
         if self.role is not Role.LEADER:
             return []
         effects = self._maybe_advance_high_watermark(now_ms)
@@ -874,7 +880,7 @@ class PartitionReplica:
         return effects
 
     def on_alter_partition_result(self, result: AlterPartitionResult, now_ms: int) -> list[Effect]:
-        """The controller answered a ProposeIsr (research §2.6, leader side)."""
+        """The controller answered a ProposeIsr (docs/protocol.md §9, the leader's side)."""
         state = self.isr_state
         if (
             self.role is not Role.LEADER
@@ -939,7 +945,7 @@ class PartitionReplica:
     def on_fetch_response(
         self, request: FetchPosition, response: FetchResponse, now_ms: int
     ) -> list[Effect]:
-        """The leader answered `request` (research §2.10 steps 5, 7-9)."""
+        """The leader answered `request` (docs/protocol.md §11 steps 4-8)."""
         follower = self.follower
         if (
             self.role is not Role.FOLLOWER
@@ -1062,7 +1068,7 @@ class PartitionReplica:
         return []
 
     def on_log_start_offset_advanced(self, log_start_offset: int) -> None:
-        """Retention or DeleteRecords raised the log start (never above the HW, §2.14)."""
+        """Retention raised the log start, never above the HW (docs/design.md §4.4)."""
         invariant(
             log_start_offset <= self.high_watermark,
             f"{self.name}: log start {log_start_offset} above the HW {self.high_watermark}",

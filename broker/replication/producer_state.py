@@ -1,7 +1,7 @@
 """Idempotent-producer state of one partition: dedupe retried batches, reject gaps and zombies.
 
-Pure: no I/O. Kafka's ProducerStateManager / ProducerAppendInfo, minus transactions (DESIGN.md
-§5, research §2.1 step 7). Per producer id it keeps the producer epoch and the last
+Pure: no I/O. Kafka's ProducerStateManager / ProducerAppendInfo, minus transactions (KIP-98;
+docs/protocol.md §5). Per producer id it keeps the producer epoch and the last
 `BATCHES_PER_PRODUCER` (5) batches' (first seq, last seq, first offset, last offset), which is
 exactly what a client with `max.in.flight.requests.per.connection` <= 5 can retry.
 

@@ -1,4 +1,4 @@
-"""minibroker.broker.storage: Kafka's on-disk log layout for one broker (DESIGN.md §4).
+"""minibroker.broker.storage: Kafka's on-disk log layout for one broker (docs/design.md §4).
 
 Does file I/O only; makes no replication decision. One job per module:
   data_dir.py     meta.properties, the `.lock`, the clean-shutdown marker, partition dirs

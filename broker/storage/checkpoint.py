@@ -1,13 +1,13 @@
 """Kafka's checkpoint files, written atomically: offsets per partition and the epoch cache.
 
-Does file I/O (small files only). Text format (research/kafka-replication.md §2.13): line 1 the
+Does file I/O (small files only). Text format (docs/design.md §4.3): line 1 the
 version `0`, line 2 the entry count, then one entry per line with fields separated by spaces:
 `topic partition offset` for `replication-offset-checkpoint`, `recovery-point-offset-checkpoint`
 and `log-start-offset-checkpoint`; `epoch startOffset` for a partition's
 `leader-epoch-checkpoint`.
 
 Every write goes to `<file>.tmp`, is fsynced, renamed over the file and the directory fsynced, so a
-crash leaves either the old or the new content, never a mix (DESIGN.md §4).
+crash leaves either the old or the new content, never a mix (docs/design.md §4.3).
 
 No topic name can make an offset checkpoint unreadable. The writer escapes every character
 outside Kafka's legal set as `%XX` (UTF-8 bytes; a legal name has no `%`, so legal names are

@@ -1,6 +1,6 @@
 """The broker's data dir: identity, exclusive lock, clean-shutdown marker, partition dirs.
 
-Does file I/O in the data dir (DESIGN.md §4, research/kafka-replication.md §2.13):
+Does file I/O in the data dir (docs/design.md §4.1; Kafka's LogManager and MetaProperties):
 
     meta.properties        version, node.id, cluster.id (Java properties text; Kafka's KRaft
                            format is version 1, the one that names `node.id`)

@@ -1,6 +1,6 @@
 """A segment's sparse indexes: `.index` (offset -> file position) and `.timeindex` (time -> offset).
 
-Does file I/O on the index files. Layout (research/kafka-replication.md §2.14), big-endian:
+Does file I/O on the index files. Layout (Kafka's OffsetIndex and TimeIndex), big-endian:
 
     .index      8-byte entries: int32 relative offset (a batch's LAST offset - segment base),
                 int32 file position of that batch in the `.log`

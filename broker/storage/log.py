@@ -479,7 +479,7 @@ class PartitionLog:
         return self._epoch_cache.latest_epoch
 
     def end_offset_for_epoch(self, requested_epoch: int) -> tuple[int, int]:
-        """(epoch, end offset) for a follower's `last_fetched_epoch` (research §2.10 step 4)."""
+        """(epoch, end offset) for a follower's `last_fetched_epoch` (docs/protocol.md §13)."""
         return self._epoch_cache.end_offset_for(requested_epoch, self.leo)
 
     def update_config(self, config: LogConfig) -> None:
@@ -764,7 +764,7 @@ class PartitionLog:
     def _write_runs(self, view: memoryview, entries: Sequence[AppendEntry], now_ms: int) -> None:
         """The general case: roll first, and split an append bigger than a segment.
 
-        Kafka's LogSegment.shouldRoll (research §2.14), with the time rule applied per batch:
+        Kafka's LogSegment.shouldRoll (docs/design.md §4.4), with the time rule applied per batch:
         a batch whose clock is more than segment.ms past the segment's clock start begins the
         next segment and starts its clock, so every time roll moves the clock forward.
         """

@@ -1,7 +1,7 @@
 """`LogManager`: every partition log of one data dir, and the data dir's offset checkpoints.
 
 Does file I/O under the data dir: opens every `<topic>-<partition>/` at start (recovering what
-an unclean stop left, research/kafka-replication.md §2.13), creates and deletes partition dirs
+an unclean stop left, docs/design.md §4.5), creates and deletes partition dirs
 (with their `partition.metadata`: `version: 0` / `topic_id: <id>`), and writes
 `replication-offset-checkpoint` (HW), `recovery-point-offset-checkpoint` and
 `log-start-offset-checkpoint` atomically (checkpoint.py).

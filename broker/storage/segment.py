@@ -1,7 +1,8 @@
 """One log segment: `<baseOffset:020d>.log` with its `.index` and `.timeindex`.
 
 Does file I/O: appends with one `os.write`, reads with `os.pread`, `ftruncate`, `fsync`. The
-`.log` holds whole v2 record batches back to back, nothing else (research §3). Offsets inside a
+`.log` holds whole v2 record batches back to back, nothing else (docs/protocol.md §23). Offsets
+inside a
 segment are contiguous: the first batch starts at `base_offset` and each batch starts right after
 the previous one, so `base_offset` <= every offset here < the next segment's base offset.
 

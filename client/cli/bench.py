@@ -35,6 +35,7 @@ import os
 import struct
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from minibroker.client.cli.common import (
@@ -317,8 +318,9 @@ async def _consume_latencies(
     topic: str,
     num_records: int,
     timeout_ms: int,
-    ready: Any,
-    all_sent: Any,
+    *,
+    ready: Callable[[], object],
+    all_sent: Callable[[], bool],
 ) -> tuple[list[float], int]:
     """Read `topic` from its end until `num_records` of ours arrived (or `timeout_ms` passed
     without a record once everything was sent); latency = receipt - the send time in the value.
@@ -397,10 +399,11 @@ async def bench_e2e(args: argparse.Namespace, out: TextIO) -> str:
 
     if getattr(args, "same_process", False):
         ready_event = asyncio.Event()
-        reader: asyncio.Future[tuple[list[float], int]] = asyncio.ensure_future(
+        # Any: this branch's reader gives the latencies, the other's the child's message.
+        reader: asyncio.Future[Any] = asyncio.ensure_future(
             _consume_latencies(*consumer_args, ready=ready_event.set, all_sent=sent_event.is_set)
         )
-        waiter = asyncio.ensure_future(ready_event.wait())
+        waiter: asyncio.Future[Any] = asyncio.ensure_future(ready_event.wait())
         await asyncio.wait([waiter, reader], return_when=asyncio.FIRST_COMPLETED)
         if reader.done():
             reader.result()  # the consumer failed before it was ready: raise its error

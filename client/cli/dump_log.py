@@ -161,7 +161,9 @@ def dump_segment(
                 raise DumpError(f"corrupt batch at position {pos}: {err.reason}") from None
             try:
                 compression_of(header)
-                records = decode_records(buf, 0, header) if print_data_log else None
+                records: list[DecodedRecord] | None = (
+                    decode_records(buf, 0, header) if print_data_log else None
+                )
             except CorruptRecordError as err:
                 raise DumpError(f"corrupt batch at position {pos}: {err.reason}") from None
             batch = DecodedBatch(pos, header, records or [])

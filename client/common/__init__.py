@@ -2,5 +2,5 @@
 configuration files and overrides, structured logging, the event-loop runner, metrics serving.
 
 Lives under client/ because broker and controller may depend on client and not on each other
-(DESIGN.md §1). Nothing here knows about replication.
+(docs/design.md §1). Nothing here knows about replication.
 """

@@ -70,7 +70,7 @@ def _refuse_message(host: str, limit: int) -> str:
     )
 
 
-class LimitsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class LimitsInterceptor(grpc.aio.ServerInterceptor):
     """Applies `max.connections.per.ip` and, for single-message requests, the request budget."""
 
     def __init__(self, limits: ServerLimits, budget: RequestBudget | None) -> None:

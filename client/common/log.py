@@ -1,4 +1,4 @@
-"""structlog set-up for every minibroker process (DESIGN.md §7).
+"""structlog set-up for every minibroker process (docs/design.md §7.2).
 
 Does I/O: writes log lines to stderr (or a file given by the launcher). One event per state
 transition, with its facts as key-value pairs; JSON lines when stderr is not a TTY (the launcher's

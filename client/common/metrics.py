@@ -1,4 +1,4 @@
-"""Prometheus metrics serving for a process (DESIGN.md §7).
+"""Prometheus metrics serving for a process (docs/design.md §7.3).
 
 Does I/O: `serve(port)` starts prometheus-client's HTTP server thread on 127.0.0.1 (port 0
 picks a free port; the bound port is returned). Each process keeps its own registry so tests

@@ -15,7 +15,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 
-try:  # uvloop is 1.1-1.3x faster under grpc.aio here (research/perf-baseline.md)
+try:  # uvloop is 1.1-1.3x faster under grpc.aio here (docs/design.md §9)
     import uvloop
 except ImportError:  # pragma: no cover - installed on every supported platform
     uvloop = None  # type: ignore[assignment]

@@ -43,7 +43,7 @@ class BrokerRegistration:
 
     @property
     def is_active(self) -> bool:
-        """May lead and be in an ISR (research §2.7 'acceptable')."""
+        """May lead and be in an ISR: 'acceptable' in docs/protocol.md §17."""
         return not self.fenced and not self.in_controlled_shutdown
 
 

@@ -64,7 +64,7 @@ class TopicRecord:
 class PartitionRecord:
     """The FULL state of one partition, written at creation and on every change.
 
-    Invariants (research §4.1 I7, I11): isr is a non-empty subset of replicas; leader is
+    Invariants (docs/design.md §8.8): isr is a non-empty subset of replicas; leader is
     NO_LEADER or a member of isr; leader_epoch and partition_epoch only grow along the log, and
     every leader_epoch change comes with a partition_epoch change.
     """

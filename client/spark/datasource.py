@@ -2,7 +2,7 @@
 
 Does no I/O itself: it parses options (Spark passes them as a case-insensitive mapping of
 strings) and hands out the readers and writers of `source` and `sink`. Spark re-creates it from
-the class and options in whichever process needs it (research/pyspark-datasource.md §3).
+the class and options in whichever process needs it (docs/design.md §11).
 """
 
 from __future__ import annotations

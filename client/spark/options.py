@@ -1,7 +1,8 @@
 """Options of the minibroker Spark source and sink, and the offset planning they drive.
 
 Pure: no I/O, no pyspark. Option names and meanings are those of Spark's Kafka connector
-(research/pyspark-datasource.md §8), so a job ports in both directions: `bootstrap.servers` (also
+(Spark's Structured Streaming + Kafka Integration Guide), so a job ports in both directions:
+`bootstrap.servers` (also
 `kafka.bootstrap.servers`), exactly one of `assign` / `subscribe` / `subscribePattern`,
 `startingOffsets` / `endingOffsets` (`earliest`, `latest`, or JSON with -2 = earliest and -1 =
 latest), `startingTimestamp` / `startingOffsetsByTimestamp` (and the `ending` ones),

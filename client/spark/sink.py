@@ -17,7 +17,7 @@ is sent again when Spark retries the task or replays a micro-batch (a new produc
 new producer id), exactly as with Spark's Kafka sink. `abort` cannot take records back.
 
 Concurrency: `write` runs in executor workers on unpickled copies of the writer; `commit` and
-`abort` run in other processes on other copies (research/pyspark-datasource.md §3, §5).
+`abort` run in other processes on other copies (docs/design.md §11).
 """
 
 from __future__ import annotations

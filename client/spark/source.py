@@ -2,7 +2,7 @@
 
 Does network I/O through `minibroker.client.spark.cluster`. Runs in several processes: Spark
 calls each method in a different Python process on a different unpickled copy of the reader
-(research/pyspark-datasource.md §3), so every fact a `read()` needs travels in its
+(docs/design.md §11), so every fact a `read()` needs travels in its
 `RangePartition`, and clients are opened lazily where they are used and never pickled.
 
 Committed data only: a batch's `latest` end and every micro-batch end are high watermarks

@@ -1,2 +1,2 @@
-"""The controller's rules as a sans-I/O state machine (DESIGN.md §2, §6): elections, placement,
+"""The controller's rules as a sans-I/O state machine (docs/design.md §2, §6): elections, placement,
 ISR validation, broker liveness and preferred-leader rebalancing. Nothing here does I/O."""

@@ -1,4 +1,4 @@
-"""ControllerCore: the whole control plane as one sans-I/O state machine (DESIGN.md §2, §6).
+"""ControllerCore: the whole control plane as one sans-I/O state machine (docs/design.md §2, §6).
 
 Pure: no I/O, no clock, no randomness of its own (`now_ms` comes in with every command, a
 random source for topic ids at construction). The state is a `MetadataImage` plus broker
@@ -6,17 +6,18 @@ liveness. Every command returns an `Outcome`: the reply, the log entries written
 applied to the image) and the events to log. The caller must make the entries durable before it
 sends the reply (see `Outcome`). Single-threaded: one caller feeds commands one at a time.
 
-The rules and where they come from:
-- registration, heartbeats, fencing, controlled shutdown: research §2.13 step 5-6, §2.15;
+The rules and where they come from (sections of docs/protocol.md):
+- registration, heartbeats, fencing, controlled shutdown: §15, §16 (Kafka's
+  ClusterControlManager, BrokerHeartbeatManager);
   what a registration may contain: `registration.py`; unregistration: Kafka's
   ReplicationControlManager.unregisterBroker;
 - a heartbeat reporting the broker's log dir offline (Kafka's OfflineLogDirs, KIP-858) fences
   it at once, which moves its leaderships to in-sync replicas (`_log_dirs_offline`);
-- elections and the epochs they bump: research §2.7, §2.8 (`election.py`);
-- AlterPartition: research §2.6 (`isr.py`);
+- elections and the epochs they bump: §17 (`election.py`);
+- AlterPartition: §9 (`isr.py`);
 - placement and topic validation: `placement.py`, `topics.py`;
 - partition limits (KIP-578's max.partitions, max.broker.partitions): `partition_limits.py`;
-- automatic preferred-leader rebalance: research §2.16 (`rebalance.py`).
+- automatic preferred-leader rebalance: §19 (`rebalance.py`).
 """
 
 from __future__ import annotations
@@ -333,7 +334,7 @@ class ControllerCore:
             previous_broker_epoch=existing.broker_epoch if existing else -1,
         )
         if existing is not None:
-            # Every new incarnation counts as an unclean restart (research §2.13 step 6): its log
+            # Every new incarnation counts as an unclean restart (docs/protocol.md §15): its log
             # may have lost unflushed data, so it leaves every ISR and must catch up again.
             self._remove_broker(req.broker_id, now_ms, reason=f"broker {req.broker_id} restarted")
         self.liveness.start_session(req.broker_id, broker_epoch, now_ms)
@@ -379,7 +380,7 @@ class ControllerCore:
     def heartbeat(
         self, req: HeartbeatRequest, stream_id: int, now_ms: int
     ) -> Outcome[HeartbeatReply]:
-        """One heartbeat on stream `stream_id` (research §2.15's state table)."""
+        """One heartbeat on stream `stream_id` (the state table of docs/protocol.md §16)."""
         reg = self.image.brokers.get(req.broker_id)
         if reg is None:
             return self._done(
@@ -479,7 +480,7 @@ class ControllerCore:
 
     def _may_shut_down(self, broker_id: int) -> bool:
         """A broker in controlled shutdown may exit once it leads nothing and every other
-        active broker has seen the records that moved its leaderships (research §2.15), so
+        active broker has seen the records that moved its leaderships (docs/protocol.md §16), so
         followers are already fetching from the new leaders when it goes."""
         session = self.liveness.get(broker_id)
         if session is None or session.shutdown_offset is None or self._leads_any(broker_id):
@@ -496,7 +497,7 @@ class ControllerCore:
         self, broker_id: int, broker_epoch: int, stream_id: int, now_ms: int
     ) -> Outcome[None]:
         """A heartbeat stream ended. If it spoke for the current incarnation, the broker is
-        gone: fence it at once (DESIGN.md §3 fast path) unless it was allowed to shut down."""
+        gone: fence it at once (the fast path of docs/design.md §3.4) unless it may shut down."""
         if not self.liveness.close_stream(broker_id, broker_epoch, stream_id):
             return self._done(None)
         reg = self.image.brokers.get(broker_id)

@@ -2,7 +2,7 @@
 
 Pure: a function from the current partition record, a target ISR, the election kind and an
 "is this broker acceptable" predicate to the next partition record, or None for "no change"
-(research §2.7, §2.8; DESIGN.md §6). Acceptable = registered, unfenced, not in controlled shutdown.
+(docs/protocol.md §17). Acceptable = registered, unfenced, not in controlled shutdown.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def elect_leader(
     election: Election,
     acceptable: Callable[[int], bool],
 ) -> tuple[int, bool]:
-    """(leader, unclean) chosen for `current` with ISR `target_isr` (research §2.7)."""
+    """(leader, unclean) chosen for `current` with ISR `target_isr` (Kafka's
+    PartitionChangeBuilder.electLeader; docs/protocol.md §17)."""
     replicas = current.replicas
 
     def valid(broker_id: int) -> bool:
@@ -109,7 +110,7 @@ def build_partition_change(
 
 
 class InvariantViolation(RuntimeError):
-    """A partition change would break an invariant of research §4.1 (a controller bug)."""
+    """A partition change would break an invariant of docs/design.md §8.8 (a controller bug)."""
 
 
 def check_partition_change(old: PartitionRecord | None, new: PartitionRecord) -> None:

@@ -1,6 +1,7 @@
 """AlterPartition validation: the leader's ISR proposal against the controller's record.
 
-Pure. The checks run in Kafka's order (research §2.6, `RCM.validateAlterPartitionData`), so a
+Pure. The checks run in Kafka's order (ReplicationControlManager.validateAlterPartitionData;
+docs/protocol.md §9), so a
 request that is wrong in several ways gets the error a Kafka leader would get. The partition
 epoch is the compare-and-set version: of two proposals made at the same epoch only the first
 can pass; the second sees INVALID_UPDATE_VERSION and changes nothing.

@@ -1,8 +1,8 @@
 """Broker liveness: heartbeat sessions, the session timeout and the heartbeat-stream fast path.
 
-Pure bookkeeping (research §2.15, DESIGN.md §3). Nothing here is durable: after a controller
-restart every known broker starts with contact time = now (KAFKA-18138), so one that died while
-the controller was down is still fenced by the timeout. A session is *alive* while its
+Pure bookkeeping (docs/protocol.md §16, docs/design.md §3.4). Nothing here is durable: after a
+controller restart every known broker starts with contact time = now (KAFKA-18138), so one that
+died while the controller was down is still fenced by the timeout. A session is *alive* while its
 heartbeat stream is open and it has been heard from within `broker.session.timeout.ms`.
 """
 

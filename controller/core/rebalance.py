@@ -1,7 +1,8 @@
 """Automatic preferred-leader rebalancing.
 
-Pure. minibroker follows the ZooKeeper-era controller's per-broker rule because the issue names
-`leader.imbalance.per.broker.percentage`, which only that path reads (research §2.16; KRaft
+Pure. minibroker follows the ZooKeeper-era controller's per-broker rule (Kafka's
+KafkaController.checkAndTriggerAutoLeaderRebalance) because it offers
+`leader.imbalance.per.broker.percentage`, which only that path reads (docs/protocol.md §19; KRaft
 instead elects the preferred leader of every imbalanced partition): for each broker B, the ratio
 of partitions whose preferred replica is B but whose leader is not B, over all partitions whose
 preferred replica is B. When that ratio exceeds the percentage, every such partition whose

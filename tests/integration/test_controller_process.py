@@ -1,5 +1,5 @@
-"""The controller as a real process (DESIGN.md §3): registration, fencing by stream break and by
-session timeout, controlled shutdown, elections, WatchMetadata with snapshots, bad requests, and
+"""The controller as a real process (docs/design.md §3): registration, fencing by stream break and
+by session timeout, controlled shutdown, elections, WatchMetadata with snapshots, bad requests, and
 kill -9 at any moment losing nothing that was acknowledged. Test code acts as the brokers.
 """
 

@@ -10,7 +10,7 @@ What the tests prove:
   heartbeat (Kafka's OfflineLogDirs), and the controller fences it at once (the session timeout
   is set far longer than the test's deadlines) and elects another ISR member;
 - the acks=all producer's writes succeed again through the new leader, and every acknowledged
-  record is read back once, at the offset it was acknowledged with (DESIGN.md §8 invariants 1
+  record is read back once, at the offset it was acknowledged with (docs/design.md §8 invariants 1
   and 5);
 - the failed broker exits with status 1 and a one-line error in its log naming the dir, what
   failed and what to do, with no traceback, and `minibroker cluster status` shows it stopped;

@@ -233,7 +233,7 @@ def test_a_full_fetch_purgatory_neither_answers_at_once_nor_busy_loops(
 
 
 def test_follower_long_polls_are_woken_by_leader_appends(tmp_path: pathlib.Path) -> None:
-    """Followers' long polls park on the leader until it appends (DESIGN.md §5): with
+    """Followers' long polls park on the leader until it appends (docs/design.md §5): with
     replica.fetch.wait.max.ms at 10 s, acks=all writes, each of which waits for both followers to
     fetch it, complete write after write well within that wait. After the first write the
     followers' next polls are freshly parked, so a follower woken only at its max wait would hold

@@ -1,6 +1,6 @@
 """Replication end to end: real brokers and a controller on 127.0.0.1, broken on purpose.
 
-Each test checks DESIGN.md §8's invariants on what it sees:
+Each test checks docs/design.md §8's invariants on what it sees:
   1. acks=all writes are never lost while at most RF - min.insync replicas fail at once, and are
      read back at the offsets they were acknowledged with;
   2. replicas hold identical bytes up to the HW once truncation settles;
@@ -132,7 +132,7 @@ def wait_for_progress(producer: BackgroundProducer, more: int, timeout_s: float 
 def test_acks_all_survives_leader_kill_follower_pause_and_a_second_kill(
     cluster: LocalCluster,
 ) -> None:
-    """DESIGN §8 invariants 1-3 through SIGKILL of the leader, its restart, a SIGSTOP of a
+    """docs/design.md §8 invariants 1-3 through SIGKILL of the leader, its restart, a SIGSTOP of a
     follower past replica.lag.time.max.ms, SIGCONT, and a SIGKILL of a second broker."""
     tp = TopicPartition("chaos", 0)
     with Admin(cluster.bootstrap) as admin:
@@ -211,7 +211,7 @@ def test_acks_all_survives_leader_kill_follower_pause_and_a_second_kill(
 
 def test_min_insync_violation_rejects_acks_all_and_stores_nothing(cluster: LocalCluster) -> None:
     """With the ISR below min.insync.replicas an acks=all produce gets NOT_ENOUGH_REPLICAS
-    before anything is appended (research §2.1 step 2): the leader's LEO does not move."""
+    before anything is appended (docs/protocol.md §2 step 3): the leader's LEO does not move."""
     with Admin(cluster.bootstrap) as admin:
         admin.create_topic("strict", 1, 3, {"min.insync.replicas": "2"})
         wait_until(lambda: len(describe(admin, "strict").isr) == 3, 20, "a full ISR")
@@ -310,7 +310,7 @@ def test_diverged_follower_truncates_and_rejoins(cluster: LocalCluster) -> None:
 
 
 def test_rolling_restart_with_controlled_shutdown_fails_no_write(cluster: LocalCluster) -> None:
-    """DESIGN §6: SIGTERM moves a broker's leaderships away before it stops, so a rolling
+    """docs/design.md §6: SIGTERM moves a broker's leaderships away before it stops, so a rolling
     restart of every broker under acks=all load loses nothing and fails no write."""
     tp = TopicPartition("rolling", 0)
     with Admin(cluster.bootstrap) as admin:
@@ -384,8 +384,9 @@ def test_consumer_fetches_from_a_follower_in_its_rack(tmp_path: pathlib.Path) ->
 
 
 def test_brokers_keep_serving_while_the_controller_is_down(cluster: LocalCluster) -> None:
-    """DESIGN §3: brokers keep their last metadata while the controller is away, so produce and
-    fetch go on; a restarted controller (durable log) fences nobody and elections resume."""
+    """docs/design.md §3.2: brokers keep their last metadata while the controller is away, so
+    produce and fetch go on; a restarted controller (durable log) fences nobody and elections
+    resume."""
     tp = TopicPartition("steady", 0)
     with Admin(cluster.bootstrap) as admin:
         admin.create_topic("steady", 1, 3, {"min.insync.replicas": "2"})
@@ -422,8 +423,8 @@ def test_brokers_keep_serving_while_the_controller_is_down(cluster: LocalCluster
 def test_automatic_rebalance_returns_leadership_to_the_preferred_replica(
     tmp_path: pathlib.Path,
 ) -> None:
-    """DESIGN §6: after a preferred leader restarts and rejoins the ISR, the controller's periodic
-    check moves leadership back to it (leader.imbalance.check.interval.seconds)."""
+    """docs/protocol.md §19: after a preferred leader restarts and rejoins the ISR, the controller's
+    periodic check moves leadership back to it (leader.imbalance.check.interval.seconds)."""
     settings = {"leader.imbalance.check.interval.seconds": "2", "replica.lag.time.max.ms": "1500"}
     with (
         local_cluster(str(tmp_path / "rebalance"), brokers=3, settings=settings) as cluster,

@@ -1,6 +1,6 @@
 """`RequestStream` (client/stream.py) against an in-process grpc.aio server on 127.0.0.1.
 
-What a Kafka connection promises its callers (DESIGN.md, NetworkClient semantics): pipelined
+What a Kafka connection promises its callers (Kafka's NetworkClient; docs/design.md §10): pipelined
 requests on one stream each get their own answer whatever order the broker answers in; a request
 that outlives its timeout fails with DEADLINE_EXCEEDED and takes the stream down with it (every
 other request in flight on it fails, the next one opens a new stream); a broken or ended stream

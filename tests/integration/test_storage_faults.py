@@ -6,7 +6,7 @@
   (Metadata: INVALID_TOPIC_EXCEPTION, as Kafka does), and the broker keeps serving;
 * a broker whose segment rotted between a clean shutdown and its restart comes up, cuts its
   log at the corrupt batch and re-fetches the rest from the leader, so the replicas hold
-  identical bytes again (DESIGN.md §8 invariant 2).
+  identical bytes again (docs/design.md §8 invariant 2).
 """
 
 from __future__ import annotations

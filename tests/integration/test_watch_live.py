@@ -1,6 +1,6 @@
 """`minibroker watch` against a real local cluster, through kills and restarts.
 
-What a person watching a failover must see (DESIGN.md §3, §6, §7): the killed broker as stopped
+What a person watching a failover must see (docs/design.md §3, §6, §7): the killed broker as stopped
 and fenced, the election that replaced it with its epochs, under-replicated and offline partitions
 named as such, the controller's outage and return (the metadata stream reconnects and keeps
 delivering records), and the truncation a restarted ex-leader does when it rejoins after an
@@ -126,7 +126,7 @@ async def test_once_frame_after_the_leader_is_killed(tmp_path: pathlib.Path) -> 
         while True:
             text, model = await once()
             now = row(model, "orders", 0)
-            # Right after the election the new leader's HW may lag the old one's (DESIGN.md §5)
+            # Right after the election the new leader's HW may lag the old one's (docs/design.md §5)
             # until its followers fetch again; wait for both.
             if now is not None and now.leader not in (leader, -1) and now.high_watermark == 20:
                 break

@@ -1,5 +1,5 @@
 """A deterministic, seeded simulation of the replication cores and the controller core
-(DESIGN.md §2, §3, §6, §8; STYLE.md tier 2).
+(docs/design.md §2, §3, §6, §8; the second test layer of §8).
 
 In one process: every broker's partition cores (`PartitionReplica`) over an in-memory log model
 (real v2 batch bytes, the real EpochCache, an "unflushed tail lost on crash" model), and the real
@@ -20,20 +20,20 @@ on broker/replica_manager.py and broker/controller_link.py:
 - faults: a network that delays, drops and reorders; broker crashes within the fault budget;
   SIGSTOP-like pauses (nothing runs on a paused broker; its heartbeats stop, so a long pause is
   a session timeout and a zombie leader); heartbeat streams that break under a live broker;
-  brokers asking to be fenced and preferred elections (bursts of leader moves, research §4.2
-  scenario 3); controlled shutdowns (SIGTERM) and restarts; controller crashes and restarts;
+  brokers asking to be fenced and preferred elections (bursts of leader moves, KIP-279's
+  scenario); controlled shutdowns (SIGTERM) and restarts; controller crashes and restarts;
   automatic rebalance ticks; offline periods (every ISR member of a partition paused past the
   session timeout, so the partition must stay offline: unclean election is disabled and an
   out-of-sync replica must never lead).
 
-Producers write with acks=all (plain and idempotent); consumers read from leaders. The DESIGN §8
-invariants are checked after every event (`Checker`), plus the controller's: every record the
+Producers write with acks=all (plain and idempotent); consumers read from leaders. The invariants of
+docs/design.md §8 are checked after every event (`Checker`), plus the controller's: every record the
 controller makes durable moves epochs forward, a new leader comes from the previous ISR and holds
-every acknowledged batch, no unclean election happens, a session timeout fences only a broker
-that went silent, a running controller grants a controlled shutdown, a restarted controller
-rebuilds the same image. First a safety phase with faults, then a liveness phase with every
-fault healed that must converge (full ISRs, preferred leaders back, identical logs holding every
-acknowledged batch, every broker's metadata image equal to the controller's).
+every acknowledged batch, no unclean election happens, a session timeout fences only a broker that
+went silent, a running controller grants a controlled shutdown, a restarted controller rebuilds the
+same image. First a safety phase with faults, then a liveness phase with every fault healed that
+must converge (full ISRs, preferred leaders back, identical logs holding every acknowledged batch,
+every broker's metadata image equal to the controller's).
 
 Everything random comes from one `random.Random(seed)`; virtual time is an integer `now_ms`.
 Used by tests/sim/test_replication_sim.py; tests/unit/test_replication_scenarios.py uses MemLog.
@@ -121,7 +121,7 @@ class MemLog:
 
     `flushed` counts the leading batches that are durable; a crash keeps them and a random
     part of the rest (`crash`). The epoch cache entries are durable on assign (Kafka writes the
-    checkpoint synchronously) and trimmed to the log end at recovery (research §2.13 step 4).
+    checkpoint synchronously) and trimmed to the log end at recovery (docs/design.md §4.5).
     """
 
     def __init__(self) -> None:
@@ -990,7 +990,7 @@ class Simulation:
 
         self.send(lambda: self._on_broker(broker, None, arrive))
 
-    # An idempotent producer (DESIGN §5, §8.5): retries the same batch (same producer id,
+    # An idempotent producer (docs/design.md §5, §8.5): retries the same batch (same producer id,
     # epoch and sequence) after errors and lost answers, to whichever broker leads now.
 
     def _produce_idempotent(self, pid: int) -> None:
@@ -1091,7 +1091,7 @@ class Simulation:
 
     # -- faults ---------------------------------------------------------------------------
 
-    # The fault budget (DESIGN §8.1: an acked write survives while at most
+    # The fault budget (docs/design.md §8.1: an acked write survives while at most
     # replication.factor - min.insync.replicas replicas are impaired at once). Data is lost
     # only when a partition's ISR ends up holding nothing but "lossy" replicas: crashed ones
     # that may have lost an acknowledged tail and have not registered again (registering takes
@@ -1101,8 +1101,8 @@ class Simulation:
     #   healthy members besides it in each ISR it is in;
     # - faults that lose nothing (pauses past the session timeout, broken heartbeat streams,
     #   asking to be fenced, controlled shutdowns, offline periods) only shrink ISRs, which is
-    #   safe while no replica is lossy, so they wait until none is (research §4.2 scenario 6,
-    #   the pre-KIP-966 "last replica standing", is what they would cause otherwise).
+    #   safe while no replica is lossy, so they wait until none is (KIP-966's
+    #   "last replica standing" scenario is what they would cause otherwise).
 
     def _healthy(self, broker_id: int) -> bool:
         """Running, registered as this process, unfenced, not shutting down or paused."""
@@ -1153,7 +1153,7 @@ class Simulation:
         broker.registered = False
         broker.watch = None
         # The heartbeat stream breaks. Usually the kernel resets the connection and the
-        # controller fences at once (DESIGN §3 fast path); after a power loss or a network
+        # controller fences at once (docs/design.md §3.4); after a power loss or a network
         # partition nothing arrives and only the session timeout fences the broker.
         self._break_heartbeat_stream(broker, notice=self.rng.random() < 0.7)
         self.at(self.rng.randint(100, 1_500), lambda: self.restart(broker))
@@ -1169,13 +1169,13 @@ class Simulation:
         incarnation = broker.incarnation
         self._send_heartbeat(broker)
         if self.rng.random() < 0.3:
-            # research §4.2 scenario 9: the controller fails over in the middle of the change.
+            # The controller fails over in the middle of the change (docs/design.md §8, layer 2).
             self.at(self.rng.randint(1, 60), self.crash_controller)
 
         def timed_out() -> None:
             if not broker.alive or broker.incarnation != incarnation:
                 return
-            # Liveness (research §2.15): a controller that has run for most of the wait, with
+            # Liveness (docs/protocol.md §16): a controller that has run for most of the wait, with
             # this broker running too, grants the shutdown once the broker leads nothing and
             # its peers have seen that (a paused peer is fenced within a session timeout).
             steady_ms = self.now_ms - 1_500
@@ -1257,7 +1257,7 @@ class Simulation:
         if rng.random() < self.opt.move_leader_rate:
             pid = rng.randrange(self.opt.partitions)
             self._move_leader(pid)
-            # Successive elections inside one fetch interval (research §4.2 scenario 3): the
+            # Successive elections inside one fetch interval (KIP-279's scenario): the
             # next leader may never have seen the last one's writes.
             for _ in range(rng.randint(0, 2)):
                 self.at(rng.randint(2, 20), partial(self._move_leader, pid))
@@ -1336,7 +1336,7 @@ class Simulation:
 
 
 # ------------------------------------------------------------------------------------------
-# Invariant checkers (DESIGN §8, research §4.1)
+# Invariant checkers (docs/design.md §8)
 
 
 class Checker:
@@ -1371,7 +1371,7 @@ class Checker:
         self.on_log_shortened(broker.broker_id, pid, leo)
 
     def on_controller_entries(self, entries: list[LogEntry]) -> None:
-        """Every record the controller made durable (research §4.1 I7, I11; DESIGN §6)."""
+        """Every record the controller made durable (docs/design.md §8.8, docs/protocol.md §17)."""
         sim = self.sim
         for entry in entries:
             record = entry.record
@@ -1420,7 +1420,7 @@ class Checker:
     def on_controller_event(self, event: Event) -> None:
         """A session timeout fences only a broker that stopped heartbeating: dead, paused,
         re-registering, or an older incarnation. A controller restart must not mass-fence
-        live brokers (research §2.15, KAFKA-18138; §4.2 scenario 9)."""
+        live brokers (docs/protocol.md §16, KAFKA-18138)."""
         if event.name != "broker_fenced" or not event.fields["reason"].startswith("session"):
             return
         sim = self.sim
@@ -1447,7 +1447,7 @@ class Checker:
 
     def on_producer_error(self, pid: int, error: ErrorCode) -> None:
         """The idempotent producer must never be told its retry is out of order or fenced:
-        that would mean the dedupe state lost a committed batch (DESIGN §8.5)."""
+        that would mean the dedupe state lost a committed batch (docs/design.md §8.5)."""
         invariant(
             error not in (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, ErrorCode.INVALID_PRODUCER_EPOCH),
             f"p{pid}: idempotent producer got {error.name}",
@@ -1640,7 +1640,7 @@ class Checker:
                 check_epoch_cache_matches_batches(
                     log.epoch_cache.entries, log.triples(), f"b{broker_id} p{pid}: "
                 )
-            # DESIGN §8.5: every idempotent batch is stored once, acked or not.
+            # docs/design.md §8.5: every idempotent batch is stored once, acked or not.
             producer_id = sim.producers[pid].producer_id
             sequences = [
                 h.base_sequence for h in leader_log.headers if h.producer_id == producer_id

@@ -1,13 +1,13 @@
 """The simulation's controller process: the real `ControllerCore` behind a simulated journal.
 
-This is the controller shell of `controller/app.py` reduced to what the simulation needs, with
-the same ordering rules (Outcome contract, DESIGN.md §3): a command runs on the core at once, its
+This is the controller shell of `controller/app.py` reduced to what the simulation needs, with the
+same ordering rules (Outcome contract, docs/design.md §3.1): a command runs on the core at once, its
 entries become durable at the next group commit (`flush`), and only then are they published to
-watchers and the command answered. A crash loses the entries not yet flushed (nobody saw them),
-and a restart rebuilds the core from the durable journal the way `ControllerApp.start` does:
-the latest snapshot, then the entries after it. The rebuilt image is compared with a replay of the
-whole journal and with the image the durable entries built, so a restart that changes the state
-fails the run.
+watchers and the command answered. A crash loses the entries not yet flushed (nobody saw them), and
+a restart rebuilds the core from the durable journal the way `ControllerApp.start` does: the latest
+snapshot, then the entries after it. The rebuilt image is compared with a replay of the whole
+journal and with the image the durable entries built, so a restart that changes the state fails the
+run.
 
 Pure apart from the core's own rules: no clock (now_ms comes in), randomness from the
 simulation's generator. Single-threaded, driven by tests/sim/replsim.py.

@@ -1,5 +1,5 @@
-"""Seeded whole-cluster simulation of the replication cores and the controller core (DESIGN.md
-§2, §6, §8; STYLE.md tier 2).
+"""Seeded whole-cluster simulation of the replication cores and the controller core
+(docs/design.md §2, §6, §8; the second test layer of §8).
 
 Each seed runs a safety phase (drops, delays, reordering, crashes that lose unflushed tails,
 paused brokers and session timeouts, broken heartbeat streams, leader moves through the real
@@ -47,12 +47,12 @@ def test_replication_invariants_hold(seed: int) -> None:
 
 @pytest.mark.sim
 def test_offline_partition_never_elects_the_live_out_of_sync_replica() -> None:
-    """DESIGN §6 with unclean.leader.election.enable=false: broker 3 leaves every ISR (it asks
-    to be fenced) and is unfenced again at its next heartbeat; at the same moment brokers 1 and
+    """docs/protocol.md §17 with unclean.leader.election.enable=false: broker 3 leaves every ISR (it
+    asks to be fenced) and is unfenced again at its next heartbeat; at the same moment brokers 1 and
     2, the whole ISR, stop past the session timeout. Every partition goes offline with broker 3
     up, unfenced and out of sync, and must stay offline until an ISR member returns; then the
     cluster converges with nothing acknowledged lost. The checker fails the run if any record
-    elects a leader from outside the previous ISR (research §2.7, §4.2 scenario 5)."""
+    elects a leader from outside the previous ISR (docs/protocol.md §17; Jepsen 2013's scenario)."""
     quiet = SimOptions(
         crash_rate=0.0,
         move_leader_rate=0.0,

@@ -1,7 +1,7 @@
 """tests/spark: one SparkSession (local[2]) and one live 3-broker cluster for the whole session.
 
 The Spark workers must run this venv's Python (it has pyarrow and minibroker installed) and bind
-to loopback (research/pyspark-datasource.md §1). The cluster comes from the integration harness
+to loopback (SPARK_LOCAL_IP; docs/design.md §11). The cluster comes from the integration harness
 (real processes, killed by PID when the session ends); tests that break brokers start their own.
 """
 

@@ -1,9 +1,9 @@
 """Batch reads and writes through `format("minibroker")` against a live local cluster.
 
-Proves the connector keeps Spark's Kafka schema and options (research/pyspark-datasource.md §8):
-a write/read round trip keeps keys, values, headers and nulls; offset ranges read exactly
-[start, end); `latest` ends at the high watermark captured at planning (DESIGN.md §8.3: nothing
-above the HW); minPartitions splits ranges without losing or repeating a row.
+Proves the connector keeps Spark's Kafka schema and options (docs/design.md §11): a write/read round
+trip keeps keys, values, headers and nulls; offset ranges read exactly [start, end); `latest` ends
+at the high watermark captured at planning (docs/design.md §8.3: nothing above the HW);
+minPartitions splits ranges without losing or repeating a row.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Option parsing and offset planning of the Spark connector (pure; no Spark, no cluster).
 
-The rules are Spark's Kafka connector's (research/pyspark-datasource.md §8): option names,
-precedence of timestamps over offsets, -2/-1 sentinels, minPartitions splitting
+The rules are Spark's Kafka connector's (its Structured Streaming + Kafka Integration Guide): option
+names, precedence of timestamps over offsets, -2/-1 sentinels, minPartitions splitting
 (KafkaOffsetRangeCalculator) and maxOffsetsPerTrigger's proportional split (rateLimit).
 """
 

@@ -1,6 +1,6 @@
 """Structured Streaming from topic to topic through `format("minibroker")`, live cluster.
 
-Proves (research/pyspark-datasource.md §4, DESIGN.md §8.3):
+Proves (docs/design.md §8.3, §11):
 - Trigger.AvailableNow honours maxOffsetsPerTrigger over several micro-batches and stops at the
   high watermarks captured when it started;
 - a processing-time query keeps up while a producer writes and the leader's broker is killed:

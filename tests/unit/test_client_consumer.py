@@ -1,5 +1,5 @@
 """AsyncConsumer's decisions without a network: decoding fetched batches, error handling,
-positions and seeks (research/kafka-replication.md §1 items 24-26, §2.9 step 6).
+positions and seeks (docs/protocol.md §10 step 5, §12, §14).
 
 No network: fetch responses are built as protobuf messages and handed to the handler (one test
 runs a reset on an event loop with ListOffsets answered in-process).

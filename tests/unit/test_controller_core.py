@@ -1,9 +1,9 @@
-"""ControllerCore scenarios: every control-plane rule of the issue, driven without I/O.
+"""ControllerCore scenarios: every control-plane rule, driven without I/O.
 
 Each test feeds commands with explicit `now_ms` and checks replies, records and the image.
-Rules: DESIGN.md §3 (liveness), §6 (elections, placement, rebalance); research §2.6
-(AlterPartition), §2.7-2.8 (elections, epochs), §2.13 step 6 (new incarnation), §2.15 (heartbeats,
-fencing, controlled shutdown), §4.1 I7/I11/I16 (invariants).
+Rules: docs/design.md §3.4 (liveness), §6 (placement); docs/protocol.md §9 (AlterPartition),
+§15 (registration, new incarnations), §16 (heartbeats, fencing, controlled shutdown), §17
+(elections, epochs), §19 (rebalance); docs/design.md §8.8, §8.11 (invariants).
 """
 
 from __future__ import annotations

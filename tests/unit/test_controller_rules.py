@@ -1,6 +1,6 @@
-"""Pure rule functions of the controller: elections (research §2.7, §2.8), placement
-(DESIGN.md §6), AlterPartition validation order (research §2.6), rebalance (research §2.16),
-topic names."""
+"""Pure rule functions of the controller: elections (docs/protocol.md §17), placement
+(docs/design.md §6), AlterPartition validation order (docs/protocol.md §9), rebalance
+(docs/protocol.md §19), topic names."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def test_no_change_returns_none():
 
 
 def test_last_isr_member_is_kept_and_partition_goes_offline():
-    """DESIGN §6: none -> offline (leader -1), keeping the last ISR member."""
+    """docs/design.md §6: none -> offline (leader -1), keeping the last ISR member."""
     p = part([1, 2], [1], 1, le=3, pe=3)
     change = build_partition_change(p, acceptable=only(2), target_isr=[], reason="fence 1")
     assert change is not None

@@ -78,7 +78,7 @@ def test_controlled_shutdown_is_granted_by_a_controller_restarted_midway() -> No
     restart rebuilds empty, and the registration already says in_controlled_shutdown, so the
     branch that sets the offset never ran again. Kafka sets it on the first heartbeat of a
     broker in controlled shutdown after a failover (BrokerHeartbeatManager
-    .maybeUpdateControlledShutdownOffset keeps the first offset); research §2.15."""
+    .maybeUpdateControlledShutdownOffset keeps the first offset); docs/protocol.md §16."""
     now = 1_000
     j = three_brokers_one_topic(now)
     first = j.heartbeat(2, stream_id=2, now_ms=now, shut=True)

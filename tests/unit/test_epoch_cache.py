@@ -1,7 +1,7 @@
-"""The leader-epoch cache rules (research/kafka-replication.md §2.12, §2.10 step 4).
+"""The leader-epoch cache rules (docs/protocol.md §13).
 
 Each test names the LeaderEpochFileCache behaviour it pins down; the end-offset table is the
-five cases of `endOffsetFor` exactly as listed in the research notes.
+five cases of `endOffsetFor` exactly as docs/protocol.md §13 lists them.
 """
 
 from __future__ import annotations

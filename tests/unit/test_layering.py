@@ -1,4 +1,4 @@
-"""Dependencies point one way (DESIGN.md §1) and pure cores do no I/O (DESIGN.md §2, STYLE.md).
+"""Dependencies point one way (docs/design.md §1) and pure cores do no I/O (docs/design.md §2).
 
 An AST walk over the source: broker and controller never import each other, client imports
 neither, and the pure modules import no asyncio, grpc, os, time, random, socket, threading,

@@ -1,7 +1,8 @@
 """The broker's purgatories (broker/purgatory.py): KeySignals for long-poll fetches and
 OffsetWaiters for acks=all produces.
 
-asyncio tests on one event loop, no sockets. What they prove (DESIGN.md: bounded purgatories):
+asyncio tests on one event loop, no sockets. What they prove (bounded purgatories,
+docs/protocol.md §12):
 - KeySignals.wait_any returns True when one of its keys is notified and False at its timeout;
   `notify(key)` wakes every waiter on that key and only those; a notify with nobody waiting is
   not remembered (the fetch loop re-reads before it parks, so nothing is lost);

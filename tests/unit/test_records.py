@@ -1,8 +1,8 @@
 """The v2 record-batch codec: varints, byte layout, round trips, builder limits, corruption.
 
-Proves that `minibroker.client.records` writes the layout of research/kafka-replication.md §3
-byte for byte (a hand-assembled golden batch), that every codec round-trips arbitrary records,
-and that damaged input of any shape raises CorruptRecordError and nothing else.
+Proves that `minibroker.client.records` writes the layout of docs/protocol.md §23 (Kafka's
+DefaultRecordBatch) byte for byte (a hand-assembled golden batch), that every codec round-trips
+arbitrary records, and that damaged input of any shape raises CorruptRecordError and nothing else.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def test_varint_range_and_malformed_input() -> None:
 
 
 def test_golden_uncompressed_batch_layout() -> None:
-    """A batch assembled by hand from the §3 table equals what encode_batch writes."""
+    """A batch assembled by hand from docs/protocol.md §23's table equals encode_batch's output."""
     records_section = (
         # record 0: ts 1000 (delta 0), offset delta 0, key b"k", value b"hello", one header
         bytes.fromhex("1e")  # length 15, zig-zag

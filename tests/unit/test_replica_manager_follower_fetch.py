@@ -7,7 +7,7 @@ the pending request and the pending position is for `leader_id`. Anything else, 
 answer of a stopping fetcher or an answer to a request from before the position was re-planned,
 is dropped without an append or any other state change (see `Hosted.pending_request`; the core
 adds its own KIP-320 checks, which an answer from the same position in the same epoch passes, so
-only this rule catches these cases). DESIGN.md §5 (Follower): one fetcher per leader broker
+only this rule catches these cases). docs/design.md §5 (Follower): one fetcher per leader broker
 applies the answers to its long poll; KIP-320 for why an answer must match what was asked.
 
 What the tests prove, each on a real ReplicaManager (BrokerConfig, LogManager on tmp_path,

@@ -1,7 +1,7 @@
 """Follower-side rules (broker/replication/follower.py through PartitionReplica).
 
-Reference: research/kafka-replication.md §2.10 (truncate-on-fetch, the follower's truncation
-offset, OFFSET_OUT_OF_RANGE handling, fetch errors), §2.2 (follower HW), KAFKA-7164, KIP-320.
+Reference: docs/protocol.md §11 (truncate-on-fetch, the follower's truncation offset,
+OFFSET_OUT_OF_RANGE handling, fetch errors), §6 (follower HW), KAFKA-7164, KIP-320.
 Pure: no sockets, no event loop.
 """
 
@@ -64,7 +64,7 @@ def batch(base_offset: int, epoch: int, records: int = 1) -> bytes:
     )
 
 
-# -- truncation rule (research §2.10 step 5), as a table --------------------------------
+# -- truncation rule (docs/protocol.md §11 step 4), as a table ---------------------------
 
 
 CACHE = [(1, 0), (3, 10), (5, 20)]  # epochs 1, 3, 5; LEO 30
@@ -98,7 +98,7 @@ def test_truncation_when_the_follower_tracks_no_epoch_at_or_below() -> None:
 
 
 def test_out_of_range_decisions_are_never_fatal() -> None:
-    """research §2.10 step 8, KAFKA-7414."""
+    """docs/protocol.md §11 step 7, KAFKA-7414."""
     assert decision_for_out_of_range(50, 40, 0).truncate_to == 40  # unclean: leader is shorter
     behind = decision_for_out_of_range(5, 100, 30)
     assert behind.truncate_fully_and_start_at == 30 and behind.truncate_to is None
@@ -192,7 +192,7 @@ def test_out_of_range_answer_truncates_fully_below_the_leaders_log_start() -> No
 
 
 def test_fenced_waits_for_metadata_and_unknown_epoch_backs_off() -> None:
-    """research §2.10 step 9."""
+    """docs/protocol.md §11 step 8."""
     replica, _, _ = make_follower()
     position = replica.next_fetch(0)
     assert position is not None

@@ -1,5 +1,5 @@
 """The always-on invariant helpers (broker/replication/invariants.py): each rule fires on the
-violation it names and stays silent on a healthy state (DESIGN.md §8, research §4.1)."""
+violation it names and stays silent on a healthy state (docs/design.md §8)."""
 
 from __future__ import annotations
 

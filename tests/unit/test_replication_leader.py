@@ -1,7 +1,7 @@
 """Leader-side rules of PartitionReplica (broker/replication/partition.py), one scenario each.
 
-Reference: DESIGN.md §5, research/kafka-replication.md §2.1-2.6, §2.9, §2.11, §4.2 (KIP-320
-fencing, stale broker epoch, strict min ISR, pending shrink gating the HW). Pure: no sockets,
+Reference: docs/design.md §5, docs/protocol.md §2-§10 and §12 (KIP-320 fencing, stale broker
+epoch, strict min ISR, pending shrink gating the HW). Pure: no sockets,
 no event loop; time is an explicit `now_ms`.
 """
 
@@ -133,7 +133,7 @@ def test_new_leader_records_its_epoch_start_at_once_kip_279() -> None:
 
 
 def test_new_leader_hw_is_frozen_until_every_isr_member_fetched_in_the_epoch() -> None:
-    """research §2.9 step 5: the new leader keeps its lagging HW; followers' LEOs are unknown."""
+    """docs/protocol.md §10: a new leader keeps its lagging HW; its followers' LEOs are unknown."""
     replica, _, effects = make_leader(leo=10, hw=7)
     assert not of_type(effects, HighWatermarkChanged)
     assert fetch(replica, 2, 10).error == ErrorCode.NONE
@@ -201,7 +201,7 @@ def test_effective_min_isr_is_capped_by_the_replication_factor() -> None:
 
 
 def test_caught_up_follower_outside_the_isr_holds_the_hw() -> None:
-    """research §2.2: otherwise a rejoining follower could chase a moving HW forever."""
+    """docs/protocol.md §6: otherwise a rejoining follower could chase a moving HW forever."""
     replica, _, _ = make_leader(isr=(1, 2), lag_ms=1_000)
     produce(replica, acks=1, records=2)
     fetch(replica, 3, 2, now_ms=10)  # caught up, expansion proposed
@@ -218,7 +218,7 @@ def test_caught_up_follower_outside_the_isr_holds_the_hw() -> None:
 
 
 def test_pending_shrink_keeps_the_old_isr_gating_the_hw() -> None:
-    """research §2.4, §9: the HW stays safe until the controller confirms the shrink."""
+    """docs/protocol.md §6, §8: the HW stays safe until the controller confirms the shrink."""
     replica, _, _ = make_leader(lag_ms=100)
     produce(replica, acks=1, records=2)
     fetch(replica, 2, 2, now_ms=50)
@@ -313,7 +313,7 @@ def test_fetch_to_a_follower_is_refused() -> None:
 
 
 def test_diverging_epoch_answer_leaves_follower_state_alone() -> None:
-    """research §2.10 step 3: (e', end') = endOffsetFor(lastFetchedEpoch)."""
+    """docs/protocol.md §11 step 3: (e', end') = endOffsetFor(lastFetchedEpoch)."""
     replica, _, _ = make_leader(leo=10, hw=10)
     # Leader cache: 4@0, 5@10. A follower that last fetched epoch 3 up to offset 12:
     answer = fetch(replica, 2, 12, last_fetched_epoch=3)
@@ -337,7 +337,7 @@ def test_fetch_offset_out_of_range() -> None:
 
 
 def test_stale_broker_epoch_fetch_changes_nothing_kip_903() -> None:
-    """research §4.2 scenario 12: an old incarnation's queued fetch must not count."""
+    """KIP-903 (docs/protocol.md §7): an old incarnation's queued fetch must not count."""
     replica, _, _ = make_leader(isr=(1, 2))
     produce(replica, acks=1, records=2)
     fetch(replica, 2, 2)
@@ -359,7 +359,7 @@ def test_stale_broker_epoch_fetch_changes_nothing_kip_903() -> None:
 
 
 def test_expansion_needs_the_hw_and_the_epoch_start() -> None:
-    """research §2.5 / KIP-320 rule 4 (`HasHighWatermarkReachedCurrentEpoch`)."""
+    """docs/protocol.md §8 / KIP-320 rule 4 (`HasHighWatermarkReachedCurrentEpoch`)."""
     replica, _, _ = make_leader(isr=(1, 2), leo=10, hw=4)
     fetch(replica, 2, 10)
     assert replica.high_watermark == 10
@@ -384,7 +384,7 @@ def test_fenced_or_shutting_down_broker_is_not_added() -> None:
 
 
 def test_alter_partition_answers() -> None:
-    """research §2.6: revert on INELIGIBLE_REPLICA, wait on FENCED, retry on transport errors."""
+    """docs/protocol.md §9: revert on INELIGIBLE_REPLICA, wait on FENCED, retry transport errors."""
     replica, _, _ = make_leader(isr=(1, 2))
     first = of_type(fetch(replica, 3, 0).effects, ProposeIsr)[0]
     retry = replica.on_alter_partition_result(
@@ -492,7 +492,7 @@ def test_offset_for_leader_epoch_answers_where_each_epoch_ends_kip_320() -> None
     assert ask(EPOCH + 1, EPOCH)[0] == ErrorCode.NOT_LEADER_OR_FOLLOWER
 
 
-# -- lag tracking (research §2.3, §2.4; §4.2 scenario 8) -----------------------------------
+# -- lag tracking (docs/protocol.md §7, §8; a paused follower) ----------------------------
 
 
 def test_a_paused_follower_is_kept_within_the_lag_time_and_dropped_after() -> None:

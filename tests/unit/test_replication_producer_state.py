@@ -1,6 +1,6 @@
 """Idempotent-producer state (broker/replication/producer_state.py).
 
-Reference: DESIGN.md §5 and §8.5 (a retried batch is stored once), research §2.1 step 7,
+Reference: docs/design.md §8.5 (a retried batch is stored once), docs/protocol.md §5,
 Kafka's ProducerAppendInfo sequence/epoch rules, KIP-360 for unknown producers.
 """
 
@@ -100,7 +100,7 @@ def test_rebuild_from_log_headers_and_truncate() -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(min_value=1, max_value=4), min_size=1, max_size=20), st.data())
 def test_a_retried_batch_is_stored_once(sizes: list[int], data: st.DataObject) -> None:
-    """DESIGN §8.5: replaying any recent batch never appends it a second time."""
+    """docs/design.md §8.5: replaying any recent batch never appends it a second time."""
     state = ProducerStateManager()
     seq = offset = 0
     log: list[tuple[int, int, int, int]] = []

@@ -1,4 +1,4 @@
-"""Multi-replica scenarios from research/kafka-replication.md §4.2, driven step by step.
+"""Multi-replica scenarios of docs/design.md §8 (first test layer), driven step by step.
 
 Each test scripts one known failure (KIP-101 #1 and #2, KIP-279, KIP-320 fencing and zombie
 leaders, strict min ISR with acks=all) against real PartitionReplica cores, in-memory logs with
@@ -189,7 +189,7 @@ class Cluster:
 
 
 def test_kip_101_1_no_hw_truncation_on_restart_keeps_an_acked_write() -> None:
-    """§4.2 scenario 1: the follower's HW excludes m2 when it restarts; m2 must survive."""
+    """KIP-101's first scenario: the follower's HW excludes m2 when it restarts; m2 must survive."""
     cluster = Cluster(replicas=(B, A), min_isr=1)
     cluster.elect(B, 1, (B, A))
     cluster.produce(B, b"m1")
@@ -208,7 +208,7 @@ def test_kip_101_1_no_hw_truncation_on_restart_keeps_an_acked_write() -> None:
 
 
 def test_kip_101_2_divergence_after_both_replicas_crash_is_repaired() -> None:
-    """§4.2 scenario 2: B loses its unflushed m2, leads with m3 at offset 1; A must truncate."""
+    """KIP-101's second scenario: B loses its unflushed m2, leads with m3 at 1; A must truncate."""
     cluster = Cluster(replicas=(A, B), min_isr=1)
     cluster.elect(A, 1, (A, B))
     cluster.produce(A, b"m1")
@@ -235,7 +235,7 @@ def test_kip_101_2_divergence_after_both_replicas_crash_is_repaired() -> None:
 
 def _kip_279(skip_assign: bool) -> Cluster:
     """A leads epoch 1 with [0, 1]; B has only 0; B leads epoch 2 and writes 1:e2 alone;
-    then A leads epoch 3 with its old log and B returns as a follower (§4.2 scenario 3)."""
+    then A leads epoch 3 with its old log and B returns as a follower (KIP-279's scenario)."""
     cluster = Cluster(replicas=(A, B), min_isr=1)
     cluster.elect(A, 1, (A, B))
     cluster.produce(A, b"a0")
@@ -267,7 +267,7 @@ def test_kip_279_without_the_election_entry_the_logs_diverge() -> None:
 
 
 def test_kip_320_fencing_with_stale_and_early_metadata() -> None:
-    """§4.2 scenario 4: C holds back the new epoch; then C knows it before the new leader."""
+    """KIP-320: C holds back the new epoch; then C knows it before the new leader."""
     cluster = Cluster(min_isr=1)
     cluster.elect(A, 1, (A, B, C))
     cluster.produce(A, b"x")
@@ -286,7 +286,7 @@ def test_kip_320_fencing_with_stale_and_early_metadata() -> None:
 
 
 def test_kip_320_zombie_leader_cannot_commit_or_truncate_others() -> None:
-    """§4.2 scenarios 4 and 8: a leader that missed its demotion keeps writing; its HW cannot
+    """KIP-320 and a paused leader: a leader that missed its demotion keeps writing; its HW cannot
     move past what the real ISR holds and a stale answer never truncates a follower."""
     cluster = Cluster(min_isr=2)
     cluster.elect(A, 1, (A, B, C))
@@ -315,7 +315,7 @@ def test_kip_320_zombie_leader_cannot_commit_or_truncate_others() -> None:
 
 
 def test_min_isr_acks_all_and_isr_shrink() -> None:
-    """§4.2 scenario 5 with m=2: once the ISR shrinks to the leader, acks=all is refused and
+    """Jepsen 2013's scenario with m=2: once the ISR shrinks to the leader, acks=all is refused and
     the HW stops, so nothing acknowledged depends on one replica."""
     cluster = Cluster(min_isr=2)
     cluster.elect(A, 1, (A, B, C))

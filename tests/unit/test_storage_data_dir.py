@@ -1,4 +1,4 @@
-"""The data dir and LogManager (DESIGN.md §4, research/kafka-replication.md §2.13).
+"""The data dir and LogManager (docs/design.md §4.1, §4.5).
 
 The lock test runs the second open in a subprocess, so the fcntl lock is contended by a real
 second process, which must fail at once with a message naming the dir and the holder's pid.

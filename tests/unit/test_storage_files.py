@@ -1,7 +1,8 @@
-"""Checkpoint files, sparse indexes, LogConfig and `minibroker bench log` (DESIGN.md §4).
+"""Checkpoint files, sparse indexes, LogConfig and `minibroker bench log` (docs/design.md §4).
 
-Checkpoints use Kafka's text format (research §2.13) and are replaced atomically; indexes follow
-research §2.14 (lookups return the largest entry <= the target).
+Checkpoints use Kafka's text format and are replaced atomically (docs/design.md §4.3); indexes
+follow Kafka's OffsetIndex and TimeIndex (docs/design.md §4.2: lookups return the largest entry
+<= the target).
 """
 
 from __future__ import annotations

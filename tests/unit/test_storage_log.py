@@ -1,4 +1,4 @@
-"""PartitionLog operations and bad inputs (DESIGN.md §4, research/kafka-replication.md §2.14).
+"""PartitionLog operations and bad inputs (docs/design.md §4.4).
 
 Every bad input must raise a typed error and leave the log exactly as it was: same LEO, same
 bytes on disk, same epoch cache.

@@ -1,4 +1,4 @@
-"""PartitionLog against a simple in-memory model (DESIGN.md §4).
+"""PartitionLog against a simple in-memory model (docs/design.md §4).
 
 A hypothesis state machine drives random leader and follower appends, reads (with and without
 an HW limit), rolls on a tiny segment.bytes, truncations, HW moves, retention and clean or

@@ -1,4 +1,4 @@
-"""Crash recovery of a partition log (DESIGN.md §4 and §8 invariant 6, research §2.13).
+"""Crash recovery of a partition log (docs/design.md §4.5 and §8.6).
 
 After a stop the log must come back as a prefix of what was written: no torn or corrupt batch
 kept, and no whole good batch before the damage dropped. Damage is made by cutting a segment at

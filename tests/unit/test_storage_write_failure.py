@@ -1,4 +1,4 @@
-"""Disk failures in the middle of a storage write (DESIGN.md §4; broker/storage/log.py's docstring).
+"""Disk failures in the middle of a storage write (docs/design.md §4.4, §4.6; storage/log.py).
 
 The replica manager reads "append_as_leader / append_as_follower raised" as "the log is as it
 was": the replication core only moves its LEO on success. These tests make the storage modules'

@@ -1,8 +1,8 @@
 """`minibroker watch`'s model and rendering, without a cluster.
 
-Events come from diffing consecutive full PartitionRecords and broker records (DESIGN.md §6: every
-leader change bumps the leader epoch, a leader of -1 is an offline partition, fencing removes a
-broker from ISRs), truncations from the brokers' JSON log lines (DESIGN.md §7), lag is the
+Events come from diffing consecutive full PartitionRecords and broker records (docs/protocol.md §17:
+every leader change bumps the leader epoch, a leader of -1 is an offline partition, fencing removes
+a broker from ISRs), truncations from the brokers' JSON log lines (docs/design.md §7.2), lag is the
 leader's LEO minus the replica's. The rendered frame names problems in words and colours them.
 """
 
