@@ -23,6 +23,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
+from operator import index
 from typing import Any, NamedTuple
 
 import grpc
@@ -69,6 +70,7 @@ DEFAULT_BATCH_SIZE = 1024 * 1024
 DEFAULT_MAX_REQUEST_SIZE = 8 * 1024 * 1024
 DEFAULT_MAX_MESSAGE_BYTES = 1048588  # the broker's and topics' max.message.bytes default
 INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
 
 # Errors after which the partition's leader may have moved: refresh metadata before retrying.
 _LEADERSHIP_ERRORS = frozenset(
@@ -135,6 +137,29 @@ def _normalize_headers(headers: HeadersIn) -> tuple[tuple[str, bytes | None], ..
             raise TypeError(f"header names must be str, got {type(name).__name__}")
         out.append((name, _as_bytes(value, f"header {name!r} value")))
     return tuple(out)
+
+
+def _checked_timestamp(timestamp_ms: object) -> int:
+    """A record timestamp given to send(), or a TypeError / ValueError saying what is wrong.
+
+    Kafka's ProducerRecord refuses a negative timestamp with these words; a broker would refuse
+    the record's whole batch (INVALID_TIMESTAMP), and one past int64 cannot be encoded at all.
+    """
+    if isinstance(timestamp_ms, bool):
+        raise TypeError("timestamp_ms must be an int (ms since the epoch) or None, not a bool")
+    try:
+        value = index(timestamp_ms)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"timestamp_ms must be an int (ms since the epoch) or None, not "
+            f"{type(timestamp_ms).__name__}"
+        ) from None
+    if not 0 <= value <= INT64_MAX:
+        raise ValueError(
+            f"Invalid timestamp: {value}. Timestamp should always be non-negative or None "
+            f"(and at most {INT64_MAX})."
+        )
+    return value
 
 
 class PreparedRecord(NamedTuple):
@@ -363,6 +388,8 @@ class AsyncProducer:
             )
         if timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000
+        elif type(timestamp_ms) is not int or not 0 <= timestamp_ms <= INT64_MAX:
+            timestamp_ms = _checked_timestamp(timestamp_ms)
         # tuple.__new__: a NamedTuple's own __new__ is a Python frame of its own per record.
         return _new_tuple(
             PreparedRecord, (topic, chosen, timestamp_ms, key_b, value_b, header_t, size, count)
@@ -748,6 +775,12 @@ class AsyncProducer:
             err = type(err)(
                 f"{err} (gave up on {batch.tp} after {batch.attempts} attempt(s) and "
                 f"{now - batch.created_ms} ms; delivery_timeout_ms={self.delivery_timeout_ms})"
+            )
+        else:
+            # A final answer (INVALID_TIMESTAMP, INVALID_RECORD, ...): Kafka fails the batch at
+            # once. The broker's text locates the batch in its request; say which partition.
+            err = type(err)(
+                f"a batch of {batch.record_count} record(s) for {batch.tp} failed: {err}"
             )
         self._finish_failed(batch, err)
 

@@ -1,0 +1,77 @@
+"""What the producer does with a batch its leader refuses for good (issue 11 follow-ups).
+
+Real processes on 127.0.0.1 (one controller, one broker; the refusals are the leader's alone).
+- INVALID_TIMESTAMP (a record an hour past the broker's `message.timestamp.after.max.ms`) is
+  not retriable, as in Kafka: the futures of that batch fail at once with InvalidTimestampError
+  naming the limit, other partitions' batches are acknowledged, and the partition takes the next
+  batch (the idempotent producer starts a new sequence) at the next offset. Both the blocking and
+  the asyncio producer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import time
+from collections.abc import Iterator
+
+import pytest
+from cluster_harness import LocalCluster, local_cluster
+
+from minibroker.client import Admin, AsyncProducer, Producer
+from minibroker.client.errors import InvalidTimestampError
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "refusals"
+HOUR_MS = 3_600_000
+# Retriable errors are retried until delivery_timeout_ms: a wait much shorter than it ends
+# only if the refusal is final.
+DELIVERY_TIMEOUT_MS = 600_000
+WAIT_S = 60
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    directory = pathlib.Path(tmp_path_factory.mktemp("refusals")) / "cluster"
+    with local_cluster(str(directory), brokers=1) as c:
+        with Admin(c.bootstrap) as admin:
+            admin.create_topic(TOPIC, 2, 1)
+        yield c
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def test_a_future_timestamp_fails_its_batch_at_once_and_nothing_else(
+    cluster: LocalCluster,
+) -> None:
+    with Producer(cluster.bootstrap, delivery_timeout_ms=DELIVERY_TIMEOUT_MS) as producer:
+        first = producer.send(TOPIC, b"before", partition=0).result(WAIT_S)
+        late = wall_ms() + 2 * HOUR_MS
+        refused = [producer.send(TOPIC, b"late", partition=0, timestamp_ms=late) for _ in "ab"]
+        other = producer.send(TOPIC, b"other partition", partition=1)
+        for future in refused:
+            err = future.exception(WAIT_S)
+            assert isinstance(err, InvalidTimestampError), repr(err)
+            assert "message.timestamp.after.max.ms" in str(err) and f"{TOPIC}-0" in str(err)
+        assert other.result(WAIT_S).partition == 1
+        after = producer.send(TOPIC, b"after", partition=0).result(WAIT_S)
+        assert after.offset == first.offset + 1, "the refused batch took no offset"
+
+
+def test_the_asyncio_producer_fails_the_refused_batch_at_once(cluster: LocalCluster) -> None:
+    async def run() -> None:
+        async with AsyncProducer(
+            cluster.bootstrap, delivery_timeout_ms=DELIVERY_TIMEOUT_MS
+        ) as producer:
+            late = wall_ms() + 2 * HOUR_MS
+            with pytest.raises(InvalidTimestampError, match="out of range"):
+                await asyncio.wait_for(
+                    producer.send_and_wait(TOPIC, b"late", partition=1, timestamp_ms=late), WAIT_S
+                )
+            ok = await asyncio.wait_for(producer.send_and_wait(TOPIC, b"x", partition=1), WAIT_S)
+            assert ok.partition == 1 and ok.offset >= 0
+
+    asyncio.run(run())
