@@ -56,6 +56,7 @@ from minibroker.client.transport import (
     DEFAULT_BOOTSTRAP,
     ClientClosedError,
     ClusterClient,
+    check_topic_name,
     error_from_rpc,
     now_ms,
 )
@@ -211,6 +212,8 @@ class AsyncConsumer:
         for tp in wanted:
             if not isinstance(tp.topic, str) or not isinstance(tp.partition, int):
                 raise TypeError(f"assign() takes TopicPartition(topic, partition), got {tp!r}")
+            # A name no topic can have fails here, not as a metadata wait in every poll().
+            check_topic_name(tp.topic)
         keep = set(wanted)
         for tp in list(self._states):
             if tp not in keep:

@@ -53,6 +53,7 @@ from minibroker.client.transport import (
     DEFAULT_BOOTSTRAP,
     ClientClosedError,
     ClusterClient,
+    check_topic_name,
     error_from_rpc,
     now_ms,
 )
@@ -455,10 +456,10 @@ class AsyncProducer:
         return tps[partition]
 
     async def _topic(self, topic: str) -> TopicInfo:
-        if not isinstance(topic, str) or not topic:
-            raise TypeError(f"topic must be a non-empty str, got {topic!r}")
-        info = self.cluster.metadata.topics.get(topic)
+        info = self.cluster.metadata.topics.get(topic) if isinstance(topic, str) else None
         if info is None:
+            # A name no topic can have fails now, not after max_block_ms of waiting for it.
+            check_topic_name(topic)
             info = await self.cluster.wait_for_topic(topic, self.max_block_ms)
         return info
 

@@ -6,6 +6,10 @@ Real processes on 127.0.0.1 (one controller, one broker; the refusals are the le
   naming the limit, other partitions' batches are acknowledged, and the partition takes the next
   batch (the idempotent producer starts a new sequence) at the next offset. Both the blocking and
   the asyncio producer.
+- INVALID_TOPIC_EXCEPTION in a Metadata answer (a name no topic can have) ends a metadata wait
+  at once, as Kafka's clients do, instead of after max_block_ms; the clients refuse such names
+  before asking (tests/unit/test_client_topic_names.py), so this asks through calls that leave
+  the name check to the broker.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from collections.abc import Iterator
 import pytest
 from cluster_harness import LocalCluster, local_cluster
 
-from minibroker.client import Admin, AsyncProducer, Producer
-from minibroker.client.errors import InvalidTimestampError
+from minibroker.client import Admin, AsyncProducer, Consumer, Producer
+from minibroker.client.errors import InvalidTimestampError, InvalidTopicError
 
 pytestmark = pytest.mark.integration
 
@@ -75,3 +79,21 @@ def test_the_asyncio_producer_fails_the_refused_batch_at_once(cluster: LocalClus
             assert ok.partition == 1 and ok.offset >= 0
 
     asyncio.run(run())
+
+
+def test_an_invalid_topic_answer_ends_a_metadata_wait_at_once(cluster: LocalCluster) -> None:
+    with Consumer(cluster.bootstrap, max_block_ms=10 * DELIVERY_TIMEOUT_MS) as consumer:
+        inner = consumer._async
+        with pytest.raises(
+            InvalidTopicError, match=r"refused by the cluster: .*the maximum is 249"
+        ):
+            consumer._lt.run(
+                inner.cluster.wait_for_topic("x" * 250, 10 * DELIVERY_TIMEOUT_MS), WAIT_S
+            )
+        assert "x" * 250 not in inner.cluster.metadata.interest, "not asked for again"
+        with pytest.raises(InvalidTopicError, match="only ASCII letters"):
+            consumer._lt.run(
+                inner.cluster.wait_for_topic("bad\n", 10 * DELIVERY_TIMEOUT_MS), WAIT_S
+            )
+    with Admin(cluster.bootstrap) as admin, pytest.raises(InvalidTopicError, match="only ASCII"):
+        admin.describe_topics(["bad\n"])
