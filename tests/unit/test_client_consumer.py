@@ -345,3 +345,17 @@ def test_one_response_decodes_at_most_about_the_limit_and_the_rest_waits() -> No
     assert c._fetchable(state)
     c._handle_partition(TP, state, ok(batch(2, [b"small"])), 1, 1)
     assert state.buffer and c._fetchable(state), "the budget starts again once taken"
+
+
+def test_records_before_a_corrupt_batch_are_delivered_once() -> None:
+    """The fetch offset stops at the corrupt batch: it used to stay at the response's start, so
+    the fetch after the error delivered the records before it a second time."""
+    c = consumer()
+    state = at(c, 0)
+    bad = bytearray(batch(2, [b"c"]))
+    bad[-1] ^= 0xFF  # CRC mismatch: the header itself is refused
+    c._handle_partition(TP, state, ok(batch(0, [b"a", b"b"]) + bytes(bad)), 1, 1)
+    assert [r.offset for r in c._drain_buffers(100)] == [0, 1]
+    with pytest.raises(CorruptRecordError, match="batch of t-0 at offset 2: CRC mismatch"):
+        c._drain_buffers(100)
+    assert state.fetch_offset == 2, "the next fetch starts at the corrupt batch"
