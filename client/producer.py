@@ -7,10 +7,12 @@ one batch in flight per partition (see accumulator.py for why that keeps order o
 
 Idempotence (on by default with acks=all, as in Kafka 3+): InitProducerId once, per-partition
 sequence numbers assigned when a batch is first drained, unchanged on retry so the broker
-deduplicates; DUPLICATE_SEQUENCE_NUMBER counts as success. Retriable errors (errors.RETRIABLE,
-gRPC UNAVAILABLE / DEADLINE_EXCEEDED) refresh metadata, back off `retry_backoff_ms` and retry
-until `delivery_timeout_ms`. A batch that fails for good after it got a sequence number leaves a
-gap, so the producer then takes a new producer id (Kafka bumps the epoch for the same reason).
+deduplicates; DUPLICATE_SEQUENCE_NUMBER counts as success. A batch of several records refused
+with MESSAGE_TOO_LARGE is split in halves and sent again (Kafka's splitAndReenqueue). Retriable
+errors (errors.RETRIABLE, gRPC UNAVAILABLE / DEADLINE_EXCEEDED) refresh metadata, back off
+`retry_backoff_ms` and retry until `delivery_timeout_ms`. A batch that fails for good after it
+got a sequence number leaves a gap, so the producer then takes a new producer id (Kafka bumps
+the epoch for the same reason).
 
 Concurrency: every method runs on the event loop that called `start()` (or the first `send`),
 except `_prepare`, which only reads and is also called from the sync facade's threads.
@@ -48,7 +50,7 @@ from minibroker.client.errors import (
 )
 from minibroker.client.metadata_cache import TopicInfo
 from minibroker.client.partitioner import StickyPartitioner, partition_for_key
-from minibroker.client.records import BatchBuilder
+from minibroker.client.records import BatchBuilder, decode_batch
 from minibroker.client.transport import (
     DEFAULT_BOOTSTRAP,
     ClientClosedError,
@@ -750,6 +752,14 @@ class AsyncProducer:
     def _on_batch_error(self, batch: ProducerBatch, err: MiniBrokerError) -> None:
         now = now_ms()
         if (
+            err.code == ErrorCode.MESSAGE_TOO_LARGE
+            and batch.record_count > 1
+            and batch.buffer is not None
+            and not self._closed_for_good()
+        ):
+            self._split(batch, err)
+            return
+        if (
             err.retriable
             and batch.attempts <= self.retries
             and now - batch.created_ms < self.delivery_timeout_ms
@@ -784,6 +794,26 @@ class AsyncProducer:
                 f"a batch of {batch.record_count} record(s) for {batch.tp} failed: {err}"
             )
         self._finish_failed(batch, err)
+
+    def _split(self, batch: ProducerBatch, err: MiniBrokerError) -> None:
+        """MESSAGE_TOO_LARGE for a batch of several records: the topic's limit is lower than
+        this producer knew (a broker-wide message.max.bytes, a config changed since the last
+        metadata). As Kafka's Sender does, send it again in smaller batches, in order."""
+        records = [
+            (r.timestamp, r.key, r.value, r.headers) for r in decode_batch(batch.buffer).records
+        ]
+        parts = self.accumulator.split_and_reenqueue(batch, records, self._split_builder)
+        log.debug(
+            "produce_split tp=%s records=%d bytes=%d into=%s error=%s",
+            batch.tp,
+            batch.record_count,
+            batch.size_bytes,
+            [p.record_count for p in parts],
+            err,
+        )
+
+    def _split_builder(self) -> BatchBuilder:
+        return BatchBuilder(INT32_MAX, compression=self.compression)
 
     def _closed_for_good(self) -> bool:
         return self._sender is None or self._sender.done()

@@ -1,6 +1,7 @@
 """What the producer does with a batch its leader refuses for good (issue 11 follow-ups).
 
-Real processes on 127.0.0.1 (one controller, one broker; the refusals are the leader's alone).
+Real processes on 127.0.0.1 (one controller, one broker; the refusals are the leader's alone),
+the broker with a broker-wide `message.max.bytes` of 20000, which topic metadata does not carry.
 - INVALID_TIMESTAMP (a record an hour past the broker's `message.timestamp.after.max.ms`) is
   not retriable, as in Kafka: the futures of that batch fail at once with InvalidTimestampError
   naming the limit, other partitions' batches are acknowledged, and the partition takes the next
@@ -10,6 +11,9 @@ Real processes on 127.0.0.1 (one controller, one broker; the refusals are the le
   at once, as Kafka's clients do, instead of after max_block_ms; the clients refuse such names
   before asking (tests/unit/test_client_topic_names.py), so this asks through calls that leave
   the name check to the broker.
+- MESSAGE_TOO_LARGE for a batch of several records (the producer built it to the 1 MiB default it
+  knew): split in halves until each part fits, as Kafka's Sender does; every record is
+  acknowledged once, in order, at consecutive offsets. A single record over the limit fails.
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ from collections.abc import Iterator
 import pytest
 from cluster_harness import LocalCluster, local_cluster
 
-from minibroker.client import Admin, AsyncProducer, Consumer, Producer
-from minibroker.client.errors import InvalidTimestampError, InvalidTopicError
+from minibroker.client import Admin, AsyncProducer, Consumer, Producer, TopicPartition
+from minibroker.client.errors import InvalidTimestampError, InvalidTopicError, MessageTooLargeError
 
 pytestmark = pytest.mark.integration
 
 TOPIC = "refusals"
+SPLIT_TOPIC = "split"
+BROKER_MAX_MESSAGE_BYTES = 20_000
 HOUR_MS = 3_600_000
 # Retriable errors are retried until delivery_timeout_ms: a wait much shorter than it ends
 # only if the refusal is final.
@@ -38,9 +44,11 @@ WAIT_S = 60
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     directory = pathlib.Path(tmp_path_factory.mktemp("refusals")) / "cluster"
-    with local_cluster(str(directory), brokers=1) as c:
+    settings = {"message.max.bytes": str(BROKER_MAX_MESSAGE_BYTES)}
+    with local_cluster(str(directory), brokers=1, settings=settings) as c:
         with Admin(c.bootstrap) as admin:
             admin.create_topic(TOPIC, 2, 1)
+            admin.create_topic(SPLIT_TOPIC, 1, 1)
         yield c
 
 
@@ -97,3 +105,26 @@ def test_an_invalid_topic_answer_ends_a_metadata_wait_at_once(cluster: LocalClus
             )
     with Admin(cluster.bootstrap) as admin, pytest.raises(InvalidTopicError, match="only ASCII"):
         admin.describe_topics(["bad\n"])
+
+
+def test_a_batch_over_the_brokers_limit_is_split_until_it_fits(cluster: LocalCluster) -> None:
+    values = [b"%04d" % i + bytes([i % 251]) * 996 for i in range(100)]  # 1000 B each
+    with Producer(cluster.bootstrap, linger_ms=60_000) as producer:
+        futures = [producer.send(SPLIT_TOPIC, value, partition=0) for value in values]
+        producer.flush()  # one ~100 KB batch, five times the limit
+        offsets = [future.result(WAIT_S).offset for future in futures]
+        assert offsets == list(range(offsets[0], offsets[0] + len(values)))
+        too_big = producer.send(SPLIT_TOPIC, bytes(BROKER_MAX_MESSAGE_BYTES), partition=0)
+        producer.flush()
+        with pytest.raises(MessageTooLargeError, match=r"max\.message\.bytes"):
+            too_big.result(WAIT_S)
+    tp = TopicPartition(SPLIT_TOPIC, 0)
+    with Consumer(cluster.bootstrap) as consumer:
+        consumer.assign([tp])
+        consumer.seek(tp, offsets[0])
+        records = []
+        deadline = time.monotonic() + WAIT_S
+        while len(records) < len(values) and time.monotonic() < deadline:
+            records.extend(consumer.poll(timeout_ms=500))
+        records.extend(consumer.poll(timeout_ms=200))
+    assert [r.value for r in records] == values, "each record once, in order"

@@ -224,3 +224,24 @@ def test_a_timestamp_refusal_fails_the_batch_at_once_naming_the_partition() -> N
             future.result(timeout=0)
     assert not p.accumulator.has_incomplete(), "not retried: Kafka's INVALID_TIMESTAMP is final"
     assert p._need_producer_id, "its sequence range may be a gap: the next batch starts anew"
+
+
+def test_a_batch_refused_as_too_large_is_split_and_sent_again_in_order() -> None:
+    """Kafka's Sender splits a MESSAGE_TOO_LARGE batch of several records (the topic's limit
+    may be lower than the producer knows: a broker-wide message.max.bytes, a changed config)."""
+    from minibroker.client.errors import error_for
+
+    p = producer()
+    futures = [send(p, bytes([i]) * 100) for i in range(4)]
+    big = drain_one(p)
+    p._need_producer_id = False
+    p._on_batch_error(big, error_for(10, "batch at position 0 is 500 bytes, over 300"))
+    assert not any(f.done() for f in futures)
+    assert not p._need_producer_id, "the broker stored none of it: the sequences are reused"
+    first = drain_one(p)
+    assert first.record_count == 2 and read_header(first.buffer).base_sequence == 0
+    p._finish_ok(first, 10, -1)
+    second = drain_one(p)
+    assert second.record_count == 2 and read_header(second.buffer).base_sequence == 2
+    p._finish_ok(second, 12, -1)
+    assert [f.result(timeout=0).offset for f in futures] == [10, 11, 12, 13]
