@@ -16,6 +16,9 @@ Rules (Kafka's RecordAccumulator and Sender, aiokafka's shape):
 - Sequence numbers are assigned when a batch is first drained (so a batch that expires before it
   was ever sent leaves no gap), set on the builder together with the producer id and epoch before
   it is built, and kept unchanged on every retry so the broker can deduplicate.
+- A batch of several records the broker refuses as too large is split in halves, which go back
+  to the head of the partition with the batch's producer id and sequence range
+  (`split_and_reenqueue`, Kafka's splitAndReenqueue).
 - The builder (made by `new_builder`, which knows the batch size limit) decides when a batch is
   full; `batch_size` is recorded for the shell. The producer's default is 1 MiB rather than
   Kafka's 16 KiB because each gRPC call costs ~0.4 ms of CPU whatever it carries
@@ -43,6 +46,8 @@ SEQUENCE_MODULUS = 1 << 31  # sequences wrap at int32 max (DefaultRecordBatch.in
 RECORD_OVERHEAD_BYTES = 21
 
 Headers = Sequence[tuple[str, bytes | None]]
+# One record as split_and_reenqueue takes it back: (timestamp_ms, key, value, headers).
+RecordInput = tuple[int, bytes | None, bytes | None, Headers]
 
 
 class BatchBuilderLike(Protocol):
@@ -308,6 +313,64 @@ class RecordAccumulator:
             del self._in_flight[batch.tp]
         batch.retry_at_ms = now_ms + backoff_ms
         self._batches.setdefault(batch.tp, deque()).appendleft(batch)
+
+    def split_and_reenqueue(
+        self,
+        batch: ProducerBatch,
+        records: Sequence[RecordInput],
+        new_builder: Callable[[], BatchBuilderLike],
+    ) -> list[ProducerBatch]:
+        """Replace an in-flight batch the broker refused as too large (MESSAGE_TOO_LARGE) by
+        its two halves, at the head of its partition; returns them in order.
+
+        Kafka's RecordAccumulator.splitAndReenqueue, except that Kafka splits into batches of
+        `batch.size` and this halves: the producer's batches are already as large as the
+        topic's limit it knows, so only smaller ones can pass, and halving again on each
+        refusal reaches any lower limit in log2(records) round trips. `records` are the
+        batch's records in order (decoded from its bytes); `new_builder` makes a builder with
+        room for all of them. The parts keep the batch's creation time (its delivery timeout
+        still runs), are sendable at once and count no attempt. With idempotence they carry
+        the batch's producer id and epoch and split its sequence range (base, base + n1):
+        the broker stored none of it, and later batches already follow that range.
+        """
+        count = batch.record_count
+        if count < 2:
+            raise ValueError(f"only a batch of more than one record can be split, not {count}")
+        if len(records) != count:
+            raise ValueError(f"the batch holds {count} records, {len(records)} were given")
+        if self._in_flight.get(batch.tp) is batch:
+            del self._in_flight[batch.tp]
+        self.buffered_bytes -= batch.size_bytes
+        half = (count + 1) // 2
+        sequence = batch.base_sequence
+        parts: list[ProducerBatch] = []
+        for lo, hi in ((0, half), (half, count)):
+            builder = new_builder()
+            for timestamp_ms, key, value, headers in records[lo:hi]:
+                if not builder.append(timestamp_ms, key, value, headers):
+                    raise ValueError("the builder for a split batch must hold all its records")
+            part = ProducerBatch(
+                batch.tp,
+                None,
+                batch.created_ms,
+                handles=batch.handles[lo:hi],
+                timestamps=batch.timestamps[lo:hi],
+                record_count=hi - lo,
+            )
+            if sequence != NO_SEQUENCE:
+                part.producer_id = batch.producer_id
+                part.producer_epoch = batch.producer_epoch
+                part.base_sequence = sequence
+                builder.set_producer_state(batch.producer_id, batch.producer_epoch, sequence)
+                sequence = (sequence + part.record_count) % SEQUENCE_MODULUS
+            part.buffer = builder.build()
+            part.approx_bytes = len(part.buffer)
+            self.buffered_bytes += part.approx_bytes
+            parts.append(part)
+        queue = self._batches.setdefault(batch.tp, deque())
+        for part in reversed(parts):
+            queue.appendleft(part)
+        return parts
 
     def expire(self, now_ms: int, delivery_timeout_ms: int) -> list[ProducerBatch]:
         """Remove and return queued (not in-flight) batches older than the delivery timeout.

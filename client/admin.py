@@ -30,8 +30,10 @@ from minibroker.client.transport import (
     DEFAULT_BOOTSTRAP,
     ClientClosedError,
     ClusterClient,
+    check_topic_name,
     error_from_rpc,
     now_ms,
+    topic_metadata_error,
     unknown_topic_error,
 )
 from minibroker.client.types import TopicPartition
@@ -186,6 +188,9 @@ class AsyncAdmin:
         """Create topics; raises the typed error of the first failure (others are named in
         its message). Returns what was created, by name."""
         topics = list(new_topics)
+        for topic in topics:
+            # The controller refuses these too; refusing here needs no cluster to answer.
+            check_topic_name(topic.name)
         request = pb.CreateTopicsRequest(
             topics=[
                 pb.CreatableTopic(
@@ -365,10 +370,8 @@ class AsyncAdmin:
             info = snapshot.topics.get(name)
             if info is None:
                 raise unknown_topic_error(name)
-            if info.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-                raise unknown_topic_error(name)
             if info.error_code != ErrorCode.NONE:
-                raise error_for(info.error_code, f"describe topic {name!r}")
+                raise topic_metadata_error(name, info.error_code)
         replica_state: dict[tuple[str, int, int], pb.ReplicaDescription] = {}
         if include_offsets:
             topics = sorted(snapshot.topics)

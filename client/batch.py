@@ -76,10 +76,13 @@ class Compression(enum.IntEnum):
 class CorruptRecordError(CorruptMessageError):
     """A batch failed a structural or CRC check. `position` is its byte offset in the buffer."""
 
-    def __init__(self, reason: str, position: int = 0) -> None:
+    def __init__(self, reason: str, position: int = 0, *, where: str | None = None) -> None:
         self.reason = reason
         self.position = position
-        super().__init__(f"corrupt record batch at position {position}: {reason}")
+        # `where` replaces the byte position for readers to whom it means nothing (a consumer
+        # names the partition and offset instead).
+        place = where if where is not None else f"at position {position}"
+        super().__init__(f"corrupt record batch {place}: {reason}")
 
 
 class BatchHeader(NamedTuple):

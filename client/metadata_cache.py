@@ -101,6 +101,10 @@ class MetadataCache:
             self.update_requested = True
         return bool(new)
 
+    def remove_interest(self, topics: Iterable[str]) -> None:
+        """Stop tracking `topics` (their metadata is no longer asked for)."""
+        self.interest.difference_update(topics)
+
     def request_update(self) -> None:
         self.update_requested = True
 

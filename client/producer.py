@@ -7,10 +7,12 @@ one batch in flight per partition (see accumulator.py for why that keeps order o
 
 Idempotence (on by default with acks=all, as in Kafka 3+): InitProducerId once, per-partition
 sequence numbers assigned when a batch is first drained, unchanged on retry so the broker
-deduplicates; DUPLICATE_SEQUENCE_NUMBER counts as success. Retriable errors (errors.RETRIABLE,
-gRPC UNAVAILABLE / DEADLINE_EXCEEDED) refresh metadata, back off `retry_backoff_ms` and retry
-until `delivery_timeout_ms`. A batch that fails for good after it got a sequence number leaves a
-gap, so the producer then takes a new producer id (Kafka bumps the epoch for the same reason).
+deduplicates; DUPLICATE_SEQUENCE_NUMBER counts as success. A batch of several records refused
+with MESSAGE_TOO_LARGE is split in halves and sent again (Kafka's splitAndReenqueue). Retriable
+errors (errors.RETRIABLE, gRPC UNAVAILABLE / DEADLINE_EXCEEDED) refresh metadata, back off
+`retry_backoff_ms` and retry until `delivery_timeout_ms`. A batch that fails for good after it
+got a sequence number leaves a gap, so the producer then takes a new producer id (Kafka bumps
+the epoch for the same reason).
 
 Concurrency: every method runs on the event loop that called `start()` (or the first `send`),
 except `_prepare`, which only reads and is also called from the sync facade's threads.
@@ -23,6 +25,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
+from operator import index
 from typing import Any, NamedTuple
 
 import grpc
@@ -47,11 +50,12 @@ from minibroker.client.errors import (
 )
 from minibroker.client.metadata_cache import TopicInfo
 from minibroker.client.partitioner import StickyPartitioner, partition_for_key
-from minibroker.client.records import BatchBuilder
+from minibroker.client.records import BatchBuilder, decode_batch
 from minibroker.client.transport import (
     DEFAULT_BOOTSTRAP,
     ClientClosedError,
     ClusterClient,
+    check_topic_name,
     error_from_rpc,
     now_ms,
 )
@@ -69,6 +73,7 @@ DEFAULT_BATCH_SIZE = 1024 * 1024
 DEFAULT_MAX_REQUEST_SIZE = 8 * 1024 * 1024
 DEFAULT_MAX_MESSAGE_BYTES = 1048588  # the broker's and topics' max.message.bytes default
 INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
 
 # Errors after which the partition's leader may have moved: refresh metadata before retrying.
 _LEADERSHIP_ERRORS = frozenset(
@@ -135,6 +140,29 @@ def _normalize_headers(headers: HeadersIn) -> tuple[tuple[str, bytes | None], ..
             raise TypeError(f"header names must be str, got {type(name).__name__}")
         out.append((name, _as_bytes(value, f"header {name!r} value")))
     return tuple(out)
+
+
+def _checked_timestamp(timestamp_ms: object) -> int:
+    """A record timestamp given to send(), or a TypeError / ValueError saying what is wrong.
+
+    Kafka's ProducerRecord refuses a negative timestamp with these words; a broker would refuse
+    the record's whole batch (INVALID_TIMESTAMP), and one past int64 cannot be encoded at all.
+    """
+    if isinstance(timestamp_ms, bool):
+        raise TypeError("timestamp_ms must be an int (ms since the epoch) or None, not a bool")
+    try:
+        value = index(timestamp_ms)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"timestamp_ms must be an int (ms since the epoch) or None, not "
+            f"{type(timestamp_ms).__name__}"
+        ) from None
+    if not 0 <= value <= INT64_MAX:
+        raise ValueError(
+            f"Invalid timestamp: {value}. Timestamp should always be non-negative or None "
+            f"(and at most {INT64_MAX})."
+        )
+    return value
 
 
 class PreparedRecord(NamedTuple):
@@ -363,6 +391,8 @@ class AsyncProducer:
             )
         if timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000
+        elif type(timestamp_ms) is not int or not 0 <= timestamp_ms <= INT64_MAX:
+            timestamp_ms = _checked_timestamp(timestamp_ms)
         # tuple.__new__: a NamedTuple's own __new__ is a Python frame of its own per record.
         return _new_tuple(
             PreparedRecord, (topic, chosen, timestamp_ms, key_b, value_b, header_t, size, count)
@@ -428,10 +458,10 @@ class AsyncProducer:
         return tps[partition]
 
     async def _topic(self, topic: str) -> TopicInfo:
-        if not isinstance(topic, str) or not topic:
-            raise TypeError(f"topic must be a non-empty str, got {topic!r}")
-        info = self.cluster.metadata.topics.get(topic)
+        info = self.cluster.metadata.topics.get(topic) if isinstance(topic, str) else None
         if info is None:
+            # A name no topic can have fails now, not after max_block_ms of waiting for it.
+            check_topic_name(topic)
             info = await self.cluster.wait_for_topic(topic, self.max_block_ms)
         return info
 
@@ -722,6 +752,14 @@ class AsyncProducer:
     def _on_batch_error(self, batch: ProducerBatch, err: MiniBrokerError) -> None:
         now = now_ms()
         if (
+            err.code == ErrorCode.MESSAGE_TOO_LARGE
+            and batch.record_count > 1
+            and batch.buffer is not None
+            and not self._closed_for_good()
+        ):
+            self._split(batch, err)
+            return
+        if (
             err.retriable
             and batch.attempts <= self.retries
             and now - batch.created_ms < self.delivery_timeout_ms
@@ -749,7 +787,36 @@ class AsyncProducer:
                 f"{err} (gave up on {batch.tp} after {batch.attempts} attempt(s) and "
                 f"{now - batch.created_ms} ms; delivery_timeout_ms={self.delivery_timeout_ms})"
             )
+        else:
+            # A final answer (INVALID_TIMESTAMP, INVALID_RECORD, ...): Kafka fails the batch at
+            # once. The broker's text locates the batch in its request; say which partition.
+            err = type(err)(
+                f"a batch of {batch.record_count} record(s) for {batch.tp} failed: {err}"
+            )
         self._finish_failed(batch, err)
+
+    def _split(self, batch: ProducerBatch, err: MiniBrokerError) -> None:
+        """MESSAGE_TOO_LARGE for a batch of several records: the topic's limit is lower than
+        this producer knew (a broker-wide message.max.bytes, a config changed since the last
+        metadata). As Kafka's Sender does, send it again in smaller batches, in order."""
+        if batch.buffer is None:  # only a built batch is ever sent, so never; typed as such
+            self._finish_failed(batch, err)
+            return
+        records = [
+            (r.timestamp, r.key, r.value, r.headers) for r in decode_batch(batch.buffer).records
+        ]
+        parts = self.accumulator.split_and_reenqueue(batch, records, self._split_builder)
+        log.debug(
+            "produce_split tp=%s records=%d bytes=%d into=%s error=%s",
+            batch.tp,
+            batch.record_count,
+            batch.size_bytes,
+            [p.record_count for p in parts],
+            err,
+        )
+
+    def _split_builder(self) -> BatchBuilder:
+        return BatchBuilder(INT32_MAX, compression=self.compression)
 
     def _closed_for_good(self) -> bool:
         return self._sender is None or self._sender.done()

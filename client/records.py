@@ -483,19 +483,35 @@ def decode_records(
     pos: int,
     header: BatchHeader,
     make: Callable[..., R] = DecodedRecord,  # type: ignore[assignment]
+    max_uncompressed_bytes: int | None = None,
 ) -> list[R]:
     """Decode the records of the batch at `pos` whose header (already validated) is `header`.
 
     Each record becomes `make(offset, timestamp, key, value, headers)`: DecodedRecord by default;
     a consumer passes its own constructor so no intermediate object is built per record.
+    With `max_uncompressed_bytes`, compressed records that would decompress to more raise
+    CorruptRecordError without that much ever being allocated.
     """
+    return decode_records_sized(buf, pos, header, make, max_uncompressed_bytes)[0]
+
+
+def decode_records_sized(
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    header: BatchHeader,
+    make: Callable[..., R],
+    max_uncompressed_bytes: int | None = None,
+) -> tuple[list[R], int]:
+    """`decode_records` and the size of the records section once decompressed."""
     section = memoryview(buf)[pos + HEADER_SIZE : pos + header.size]
     compression = compression_of(header, pos)
     if compression is Compression.NONE:
         data = bytes(section)
-    else:
+    elif max_uncompressed_bytes is None:
         data = decompress(compression, section, pos)
-    return _parse_records(data, header, pos, make)
+    else:
+        data = decompress_bounded(compression, section, max_uncompressed_bytes, pos)
+    return _parse_records(data, header, pos, make), len(data)
 
 
 def _parse_records(
@@ -669,10 +685,15 @@ def _parse_headers(
     return tuple(headers), pos
 
 
-def decode_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> DecodedBatch:
-    """Validate (length, magic, CRC32C) and decode the batch at `pos`."""
+def decode_batch(
+    buf: bytes | bytearray | memoryview, pos: int = 0, max_uncompressed_bytes: int | None = None
+) -> DecodedBatch:
+    """Validate (length, magic, CRC32C) and decode the batch at `pos` (see decode_records for
+    `max_uncompressed_bytes`)."""
     header = read_header(buf, pos)
-    return DecodedBatch(pos, header, decode_records(buf, pos, header))
+    return DecodedBatch(
+        pos, header, decode_records(buf, pos, header, DecodedRecord, max_uncompressed_bytes)
+    )
 
 
 def is_partial_tail(buf: bytes | bytearray | memoryview, pos: int) -> bool:
@@ -690,19 +711,23 @@ def is_partial_tail(buf: bytes | bytearray | memoryview, pos: int) -> bool:
 
 
 def iter_decoded_batches(
-    buf: bytes | bytearray | memoryview, *, allow_partial_tail: bool = False
+    buf: bytes | bytearray | memoryview,
+    *,
+    allow_partial_tail: bool = False,
+    max_uncompressed_bytes: int | None = None,
 ) -> Iterator[DecodedBatch]:
     """Decode each batch of concatenated batches (a fetch response's records, a segment).
 
     With `allow_partial_tail`, a final batch cut off by the end of `buf` is silently dropped;
-    otherwise it raises CorruptRecordError like any other damage.
+    otherwise it raises CorruptRecordError like any other damage. `max_uncompressed_bytes`
+    bounds each batch's decompressed records (see decode_records).
     """
     pos = 0
     end = len(buf)
     while pos < end:
         if allow_partial_tail and is_partial_tail(buf, pos):
             return
-        batch = decode_batch(buf, pos)
+        batch = decode_batch(buf, pos, max_uncompressed_bytes)
         yield batch
         pos += batch.header.size
 
@@ -745,6 +770,12 @@ UNCOMPRESSED_LIMIT_FACTOR = 64
 _DEFAULT_MAX_MESSAGE_BYTES = 1048588
 
 
+def uncompressed_limit(max_message_bytes: int) -> int:
+    """The most a batch's records may decompress to on a topic with this max.message.bytes:
+    what a leader accepts, and so what a consumer must be ready to decode."""
+    return UNCOMPRESSED_LIMIT_FACTOR * max(max_message_bytes, _DEFAULT_MAX_MESSAGE_BYTES)
+
+
 class RecordValidation(NamedTuple):
     """The topic settings a leader checks produced records against.
 
@@ -761,12 +792,11 @@ class RecordValidation(NamedTuple):
     @classmethod
     def from_topic_config(cls, typed: Mapping[str, Any]) -> RecordValidation:
         """From a topic's resolved configs (`client.topic_config.resolve_topic_config`)."""
-        max_message_bytes = max(typed["max.message.bytes"], _DEFAULT_MAX_MESSAGE_BYTES)
         return cls(
             typed["message.timestamp.type"] == "LogAppendTime",
             typed["message.timestamp.before.max.ms"],
             typed["message.timestamp.after.max.ms"],
-            UNCOMPRESSED_LIMIT_FACTOR * max_message_bytes,
+            uncompressed_limit(typed["max.message.bytes"]),
         )
 
 

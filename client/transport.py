@@ -18,12 +18,14 @@ import grpc
 
 from minibroker.client.errors import (
     ErrorCode,
+    InvalidTopicError,
     MiniBrokerError,
     NetworkExceptionError,
     RecordListTooLargeError,
     RequestTimedOutError,
     UnknownServerError,
     UnknownTopicOrPartitionError,
+    error_for,
 )
 from minibroker.client.metadata_cache import (
     BrokerInfo,
@@ -33,6 +35,7 @@ from minibroker.client.metadata_cache import (
     TopicInfo,
 )
 from minibroker.client.stream import RequestStream
+from minibroker.client.topic_name import invalid_topic_name
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
@@ -134,6 +137,29 @@ def unknown_topic_error(topic: str) -> UnknownTopicOrPartitionError:
         f"topic {topic!r} does not exist; create it first, e.g. "
         f"`minibroker topics create {topic} --partitions 3 --replication-factor 3`"
     )
+
+
+def check_topic_name(topic: object) -> None:
+    """Refuse a name no topic can have (Kafka's rules), before anything waits for it.
+
+    Raises TypeError for a non-str and InvalidTopicError (INVALID_TOPIC_EXCEPTION, not
+    retriable: no amount of waiting creates such a topic) naming what is wrong.
+    """
+    if not isinstance(topic, str):
+        raise TypeError(f"topic must be a str, got {type(topic).__name__}: {topic!r}")
+    problem = invalid_topic_name(topic)
+    if problem is not None:
+        raise InvalidTopicError(problem)
+
+
+def topic_metadata_error(topic: str, code: int) -> MiniBrokerError:
+    """The error of a Metadata answer for `topic` that named no partitions."""
+    if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+        return unknown_topic_error(topic)
+    if code == ErrorCode.INVALID_TOPIC_EXCEPTION:
+        reason = invalid_topic_name(topic) or "the broker calls it invalid"
+        return InvalidTopicError(f"topic name {topic!r} is refused by the cluster: {reason}")
+    return error_for(code, f"metadata for topic {topic!r} failed")
 
 
 # The deadline of a Metadata attempt while other brokers remain to be asked.
@@ -293,7 +319,9 @@ class ClusterClient:
         """The topic's metadata, refreshing until it is known or `max_block_ms` passes.
 
         A topic the cluster reports as unknown for the whole wait raises
-        UnknownTopicOrPartitionError naming it; other failures raise the last transport error.
+        UnknownTopicOrPartitionError naming it; an answer no wait can change (an illegal name:
+        INVALID_TOPIC_EXCEPTION) raises at once, as Kafka's clients do; other failures raise the
+        last transport error.
         """
         info = self.metadata.topics.get(topic)
         if info is not None:
@@ -310,13 +338,13 @@ class ClusterClient:
             info = self.metadata.topics.get(topic)
             if info is not None:
                 return info
+            code = self.metadata.topic_errors.get(topic, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+            if last is None:
+                refusal = topic_metadata_error(topic, code)
+                if not refusal.retriable:
+                    # Asked again on every refresh otherwise, for an answer that cannot change.
+                    self.metadata.remove_interest([topic])
+                    raise refusal
             if now_ms() >= deadline:
-                if last is not None:
-                    raise last
-                code = self.metadata.topic_errors.get(topic, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-                if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-                    raise unknown_topic_error(topic)
-                from minibroker.client.errors import error_for
-
-                raise error_for(code, f"metadata for topic {topic!r} failed")
+                raise last or topic_metadata_error(topic, code)
             await asyncio.sleep(self.retry_backoff_ms / 1000)

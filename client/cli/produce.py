@@ -5,7 +5,8 @@ Does I/O: reads stdin, writes to stdout/stderr, sends through the blocking Produ
 the key, as with Kafka's `parse.key=true`. With `--json`, one `{"partition": P, "offset": O}`
 line is printed per acknowledged record, in input order, as soon as it is acknowledged (a
 printer thread waits on the futures in order, so interactive use sees each ack at once).
-A record that fails prints one error line; the command then exits 1.
+A failed record prints an error line (one for consecutive records failing with the same error,
+as the records of one refused batch do); the command then exits 1.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def _printer(
     as_json: bool,
     failures: list[str],
 ) -> None:
+    last_error = ""
     while True:
         future = futures.get()
         if future is None:
@@ -71,8 +73,12 @@ def _printer(
         try:
             md = future.result()
         except Exception as err:  # every failure is reported, the rest still print
-            failures.append(f"{type(err).__name__}: {err}")
-            print(f"error: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+            message = f"{type(err).__name__}: {err}"
+            failures.append(message)
+            if message != last_error:
+                # The records of a refused batch share its error: one line for all of them.
+                print(f"error: {message}", file=sys.stderr, flush=True)
+                last_error = message
             continue
         if as_json:
             out.write(json.dumps({"partition": md.partition, "offset": md.offset}) + "\n")

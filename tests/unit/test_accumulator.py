@@ -195,3 +195,52 @@ def test_a_builder_that_refuses_the_first_record_is_an_error() -> None:
     )  # type: ignore[arg-type]
     with pytest.raises(MessageTooLargeError):
         acc.append(A0, 0, None, b"x", (), object(), 0)
+
+
+def records_of(batch_bytes: bytes) -> list[tuple[int, bytes | None, bytes | None, tuple]]:
+    return [(r.timestamp, r.key, r.value, r.headers) for r in iter_records(batch_bytes)]
+
+
+def test_a_batch_split_in_halves_keeps_order_and_the_sequence_range() -> None:
+    """Kafka's splitAndReenqueue after MESSAGE_TOO_LARGE: the parts go back to the head of
+    the partition in record order, carrying the big batch's producer id and its sequence range
+    (the broker stored none of it), and the next batch continues after that range."""
+    acc = make(batch_size=10_000, linger_ms=0)
+    handles = [add(acc, A0, bytes([i]) * 10, now=i) for i in range(5)]
+    big = acc.drain({1: [A0]}, 1 << 20, 5)[1][0]
+    later = add(acc, A0, b"later")
+    parts = acc.split_and_reenqueue(big, records_of(big.buffer), lambda: BatchBuilder(1 << 30))
+    assert [p.record_count for p in parts] == [3, 2]
+    assert [p.handles for p in parts] == [handles[:3], handles[3:]]
+    assert [p.timestamps for p in parts] == [[0, 1, 2], [3, 4]]
+    headers = [read_header(p.buffer) for p in parts]
+    assert [(h.producer_id, h.base_sequence) for h in headers] == [(42, 0), (42, 3)]
+    assert [r[2] for p in parts for r in records_of(p.buffer)] == [
+        bytes([i]) * 10 for i in range(5)
+    ]
+    assert all(p.created_ms == big.created_ms and p.attempts == 0 for p in parts)
+    assert acc.buffered_bytes == sum(p.size_bytes for p in acc.incomplete())
+    sent = []
+    while acc.has_unsent():
+        (batch,) = acc.drain({1: [A0]}, 1 << 20, 5)[1]
+        sent.append(batch)
+        acc.complete(batch)
+    assert sent[:2] == parts, "the halves go first, one at a time"
+    assert sent[2].handles == [later] and sent[2].base_sequence == 5
+    assert acc.buffered_bytes == 0
+
+
+def test_a_half_that_is_refused_again_is_split_again_down_to_one_record() -> None:
+    acc = make(batch_size=10_000, linger_ms=0)
+    for i in range(3):
+        add(acc, A0, bytes([i]))
+    big = acc.drain({1: [A0]}, 1 << 20, 0)[1][0]
+    first, _ = acc.split_and_reenqueue(big, records_of(big.buffer), lambda: BatchBuilder(1 << 30))
+    (again,) = acc.drain({1: [A0]}, 1 << 20, 0)[1]
+    assert again is first and again.record_count == 2
+    one, two = acc.split_and_reenqueue(
+        again, records_of(again.buffer), lambda: BatchBuilder(1 << 30)
+    )
+    assert [read_header(b.buffer).base_sequence for b in (one, two)] == [0, 1]
+    with pytest.raises(ValueError, match="more than one record"):
+        acc.split_and_reenqueue(one, records_of(one.buffer), lambda: BatchBuilder(1 << 30))

@@ -120,6 +120,52 @@ def test_produce_line_splitting() -> None:
         produce.split_line(b"nokey\n", b":", 4)
 
 
+class _RefusingProducer:
+    """Stands in for the blocking Producer: every second record's batch is refused (the broker
+    answered INVALID_TIMESTAMP, e.g. for a producer whose clock runs an hour ahead)."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def send(self, topic: str, value: bytes, *, key: object, partition: object) -> object:
+        import concurrent.futures
+
+        from minibroker.client.errors import InvalidTimestampError
+        from minibroker.client.types import RecordMetadata
+
+        future: concurrent.futures.Future[RecordMetadata] = concurrent.futures.Future()
+        if self.sent < 2:
+            future.set_result(RecordMetadata(topic, 0, self.sent, 0))
+        else:
+            future.set_exception(
+                InvalidTimestampError(f"a batch of 3 record(s) for {topic}-0 failed: too late")
+            )
+        self.sent += 1
+        return future
+
+    def flush(self) -> None:
+        return None
+
+
+def test_produce_reports_a_refused_batch_once_not_per_record(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = io.StringIO()
+    failures = produce.produce_lines(
+        _RefusingProducer(),
+        "t",
+        io.BytesIO(b"a\nb\nc\nd\ne\n"),
+        separator=None,
+        partition=None,
+        as_json=True,
+        out=out,
+    )
+    assert len(failures) == 3, "every record that failed is counted"
+    assert [json.loads(line)["offset"] for line in out.getvalue().splitlines()] == [0, 1]
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error: InvalidTimestampError: a batch of 3 record(s) for t-0 failed: too late"]
+
+
 def test_consume_json_is_text_or_base64() -> None:
     text = Record("t", 1, 7, 123, b"k", b"v", (("h", b"x"),))
     assert consume.record_json(text) == {

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from minibroker.client.batch import set_base_offset
+from minibroker.client.batch import Compression, CorruptRecordError, set_base_offset
 from minibroker.client.common.config import ConfigError
 from minibroker.client.consumer import AsyncConsumer, _PartitionState, truncation_point
 from minibroker.client.errors import (
@@ -280,3 +280,82 @@ def test_a_reset_position_carries_the_leaders_epoch_and_is_validated_after_a_cha
     assert state.awaiting_validation
     c._complete_validation(TP, state, 4, 10)
     assert (state.position, state.position_epoch) == (10, 4)
+
+
+# -- bounded decoding ---------------------------------------------------------------------------
+
+MIB = 1 << 20
+
+
+def zstd_batch(base: int, value_sizes: list[int]) -> bytes:
+    """A batch of zero-filled values: a few KiB of zstd that decode to sum(value_sizes) bytes."""
+    raw = bytearray(
+        encode_batch(
+            [(1000, None, bytes(size), []) for size in value_sizes], compression=Compression.ZSTD
+        )
+    )
+    set_base_offset(raw, 0, base)
+    return bytes(raw)
+
+
+def test_a_batch_that_decompresses_past_the_limit_fails_its_partition_naming_the_offset() -> None:
+    """64 x max.message.bytes (64 MiB by default), the leader's own limit: a batch stored
+    before the leader checked, or served by a broken broker, is not decompressed past it."""
+    c = consumer()
+    state = at(c, 0)
+    bomb = zstd_batch(2, [65 * MIB])
+    assert len(bomb) < 64 * 1024
+    c._handle_partition(TP, state, ok(batch(0, [b"a", b"b"]) + bomb), 1, 1)
+    assert [r.value for r in c._drain_buffers(100)] == [b"a", b"b"], "records before it"
+    with pytest.raises(CorruptRecordError, match=r"t-0 at offset 2: .*more than 67109632 bytes"):
+        c._drain_buffers(100)
+    assert state.position == state.fetch_offset == 2, "fetched again from the bad batch only"
+
+
+def test_the_limit_follows_the_topics_max_message_bytes_and_the_fetch_size() -> None:
+    c = consumer()
+    assert c._decode_limit("t") == 64 * 1048588
+    c = consumer(max_partition_fetch_bytes=2 * MIB)
+    assert c._decode_limit("t") == 128 * MIB
+    big = TopicInfo(
+        "big", "id2", {0: PartitionInfo(0, 1, 4, (1,), (1,))}, {"max.message.bytes": str(3 * MIB)}
+    )
+    c.cluster.metadata.update(
+        ClusterSnapshot("c", 0, {1: BrokerInfo(1, "h", 1)}, {"big": big}), now_ms=0
+    )
+    assert c._decode_limit("big") == 192 * MIB
+    state = at(c, 0)
+    c._handle_partition(TP, state, ok(zstd_batch(0, [80 * MIB])), 1, 1)
+    assert len(c._drain_buffers(1)[0].value) == 80 * MIB, "a legal batch decodes"
+
+
+def test_one_response_decodes_at_most_about_the_limit_and_the_rest_waits() -> None:
+    """A few KiB of compressed bytes per batch could otherwise make one response of many such
+    batches decode to gigabytes: decoding stops after the limit, and the partition is not
+    fetched again until the application has taken what was decoded."""
+    c = consumer()
+    state = at(c, 0)
+    three = zstd_batch(0, [40 * MIB]) + zstd_batch(1, [40 * MIB]) + zstd_batch(2, [40 * MIB])
+    c._handle_partition(TP, state, ok(three), 1, 1)
+    assert [r.offset for r in state.buffer] == [0, 1] and state.fetch_offset == 2
+    assert not c._fetchable(state), "over the decode budget: no fetch until it is taken"
+    assert [r.offset for r in c._drain_buffers(1)] == [0]
+    assert not c._fetchable(state)
+    assert [r.offset for r in c._drain_buffers(1)] == [1]
+    assert c._fetchable(state)
+    c._handle_partition(TP, state, ok(batch(2, [b"small"])), 1, 1)
+    assert state.buffer and c._fetchable(state), "the budget starts again once taken"
+
+
+def test_records_before_a_corrupt_batch_are_delivered_once() -> None:
+    """The fetch offset stops at the corrupt batch: it used to stay at the response's start, so
+    the fetch after the error delivered the records before it a second time."""
+    c = consumer()
+    state = at(c, 0)
+    bad = bytearray(batch(2, [b"c"]))
+    bad[-1] ^= 0xFF  # CRC mismatch: the header itself is refused
+    c._handle_partition(TP, state, ok(batch(0, [b"a", b"b"]) + bytes(bad)), 1, 1)
+    assert [r.offset for r in c._drain_buffers(100)] == [0, 1]
+    with pytest.raises(CorruptRecordError, match="batch of t-0 at offset 2: CRC mismatch"):
+        c._drain_buffers(100)
+    assert state.fetch_offset == 2, "the next fetch starts at the corrupt batch"

@@ -6,6 +6,7 @@ facade uses), and the accumulator and response handling are driven directly.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 
 import pytest
@@ -170,3 +171,77 @@ def test_send_after_close_fails_the_future() -> None:
     future = send(p, b"a")
     with pytest.raises(ClientClosedError, match="closed"):
         future.result()
+
+
+@pytest.mark.parametrize("bad", [-5, -1, 2**63])
+def test_a_timestamp_out_of_range_is_refused_at_send_and_nothing_is_queued(bad: int) -> None:
+    """Kafka's ProducerRecord refuses a negative timestamp ("Timestamp should always be
+    non-negative or null"); the broker would refuse the whole batch with INVALID_TIMESTAMP, so
+    the record must not get into a batch with others."""
+    p = producer()
+    with pytest.raises(ValueError, match=rf"Invalid timestamp: {bad}\. Timestamp should"):
+        p._prepare("t", b"v", None, 0, None, bad, TOPIC)
+    with pytest.raises(ValueError, match="Invalid timestamp"):
+        asyncio.run(p.send("t", b"v", partition=0, timestamp_ms=bad))
+    assert not p.accumulator.has_incomplete() and p.accumulator.buffered_bytes == 0
+    assert p._prepare("t", b"v", None, 0, None, 0, TOPIC).timestamp_ms == 0, "0 is valid"
+
+
+@pytest.mark.parametrize("bad", [1.5e12, "1700000000000", True])
+def test_a_timestamp_that_is_not_an_int_is_refused_at_send(bad: object) -> None:
+    p = producer()
+    with pytest.raises(TypeError, match="timestamp_ms must be an int"):
+        p._prepare("t", b"v", None, 0, None, bad, TOPIC)  # type: ignore[arg-type]
+    assert not p.accumulator.has_incomplete()
+
+
+def test_the_blocking_producer_refuses_a_negative_timestamp_and_queues_nothing() -> None:
+    from minibroker.client.sync import Producer
+
+    sync_producer = Producer("127.0.0.1:1", max_block_ms=60_000)
+    try:
+        inner = sync_producer._async
+        inner.cluster.metadata.update(
+            ClusterSnapshot("c", 0, {1: BrokerInfo(1, "h", 1)}, {"t": TOPIC}), now_ms=0
+        )
+        with pytest.raises(ValueError, match="Invalid timestamp: -5"):
+            sync_producer.send("t", b"v", timestamp_ms=-5)
+        assert not sync_producer._pending and sync_producer._unacked_bytes == 0
+    finally:
+        sync_producer.close(timeout_ms=0)  # no broker: do not wait for a delivery
+
+
+def test_a_timestamp_refusal_fails_the_batch_at_once_naming_the_partition() -> None:
+    from minibroker.client.errors import InvalidTimestampError, error_for
+
+    p = producer()
+    futures = [send(p, b"a"), send(p, b"b")]
+    batch = drain_one(p)
+    p._need_producer_id = False
+    p._on_batch_error(batch, error_for(32, "batch at position 0: timestamp 9 is out of range"))
+    for future in futures:
+        with pytest.raises(InvalidTimestampError, match=r"2 record\(s\) for t-0 failed: batch"):
+            future.result(timeout=0)
+    assert not p.accumulator.has_incomplete(), "not retried: Kafka's INVALID_TIMESTAMP is final"
+    assert p._need_producer_id, "its sequence range may be a gap: the next batch starts anew"
+
+
+def test_a_batch_refused_as_too_large_is_split_and_sent_again_in_order() -> None:
+    """Kafka's Sender splits a MESSAGE_TOO_LARGE batch of several records (the topic's limit
+    may be lower than the producer knows: a broker-wide message.max.bytes, a changed config)."""
+    from minibroker.client.errors import error_for
+
+    p = producer()
+    futures = [send(p, bytes([i]) * 100) for i in range(4)]
+    big = drain_one(p)
+    p._need_producer_id = False
+    p._on_batch_error(big, error_for(10, "batch at position 0 is 500 bytes, over 300"))
+    assert not any(f.done() for f in futures)
+    assert not p._need_producer_id, "the broker stored none of it: the sequences are reused"
+    first = drain_one(p)
+    assert first.record_count == 2 and read_header(first.buffer).base_sequence == 0
+    p._finish_ok(first, 10, -1)
+    second = drain_one(p)
+    assert second.record_count == 2 and read_header(second.buffer).base_sequence == 2
+    p._finish_ok(second, 12, -1)
+    assert [f.result(timeout=0).offset for f in futures] == [10, 11, 12, 13]
