@@ -68,6 +68,7 @@ def main(
 
 async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | None = None) -> int:
     log = logconf.get_logger("minibroker.broker")
+    runtime.log_open_file_limit(log)
     try:
         data_dir = DataDir.open(config.data_dir, config.node_id)
     except (DataDirError, MiniBrokerError) as err:
