@@ -134,6 +134,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         heartbeat_interval_ms=config["broker.heartbeat.interval.ms"],
         on_metadata=rm.apply_metadata_batch,
         metadata_offset=rm.metadata_offset,
+        applied_offset=rm.applied_metadata_offset,
     )
     rm.attach(link)
     servicer = BrokerServicer(

@@ -153,6 +153,7 @@ class ReplicaManager:
         self._controller_address = controller_address
         self._link: Any = None  # ControllerLink, attached after construction
         self._metadata_ready = asyncio.Event()
+        self._applied_offset = 0  # the image's next offset once a batch is acted on in full
         self._strays_removed = False
         self._produce_seq = 0
         self._producer_ids: tuple[int, int] = (0, 0)  # next id, end (exclusive)
@@ -306,6 +307,7 @@ class ReplicaManager:
         if self.log_dir_failure is not None:
             # Nothing may touch the failed dir: the image follows (metadata answers stay
             # current), the replicas do not.
+            self._applied_offset = self.image.next_offset
             self._metadata_ready.set()
             return
         now = now_ms()
@@ -338,7 +340,13 @@ class ReplicaManager:
             self._strays_removed = True
             self._remove_strays()
         self._resync_fetchers()
+        self._applied_offset = self.image.next_offset
         self._metadata_ready.set()
+
+    def applied_metadata_offset(self) -> int:
+        """The next metadata offset not acted on in full yet (what heartbeats report; read on
+        the heartbeat thread)."""
+        return self._applied_offset
 
     def _remove_strays(self) -> None:
         """Delete the logs loaded from disk whose topic id the caught-up metadata does not know
