@@ -72,6 +72,7 @@ def main(
 
 async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | None = None) -> int:
     log = logconf.get_logger("minibroker.broker")
+    runtime.log_open_file_limit(log)
     try:
         data_dir = DataDir.open(config.data_dir, config.node_id)
     except (DataDirError, MiniBrokerError) as err:
@@ -137,6 +138,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         heartbeat_interval_ms=config["broker.heartbeat.interval.ms"],
         on_metadata=rm.apply_metadata_batch,
         metadata_offset=rm.metadata_offset,
+        applied_offset=rm.applied_metadata_offset,
     )
     rm.attach(link)
     servicer = BrokerServicer(

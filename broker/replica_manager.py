@@ -1,10 +1,11 @@
 """The replica manager: the effect interpreter where storage, the replication cores and RPCs meet.
 
-I/O shell, event-loop thread only. It is the only module that joins `broker/storage` (the
-partition logs), `broker/replication` (the pure `PartitionReplica` cores) and the network (the
-controller link, fetchers, purgatories). Its loop is always the same (docs/design.md §2): turn a
-request or a fact into a core call, then apply the returned effects in order — storage first,
-then RPCs, then waking waiters.
+I/O shell, event-loop thread only (the logs a metadata batch adds are made on a worker thread,
+see `_create_logs`). It is the only module that joins `broker/storage` (the partition logs),
+`broker/replication` (the pure `PartitionReplica` cores) and the network (the controller link,
+fetchers, purgatories). Its loop is always the same (docs/design.md §2): turn a request or
+a fact into a core call, then apply the returned effects in order — storage first, then RPCs,
+then waking waiters.
 
 Per partition, appends and truncations run synchronously on the event loop between two awaits,
 so nothing else can interleave between a core's `plan_append` and `on_leader_appended` (the core's
@@ -64,7 +65,7 @@ from minibroker.broker.storage.errors import (
     is_log_dir_failure,
 )
 from minibroker.broker.storage.log import PartitionLog
-from minibroker.broker.storage.log_manager import LogManager
+from minibroker.broker.storage.log_manager import LogManager, NewLog
 from minibroker.client import batch as batchlib
 from minibroker.client.common.log import get_logger
 from minibroker.client.errors import ErrorCode, MiniBrokerError
@@ -154,6 +155,7 @@ class ReplicaManager:
         self._controller_address = controller_address
         self._link: Any = None  # ControllerLink, attached after construction
         self._metadata_ready = asyncio.Event()
+        self._applied_offset = 0  # the image's next offset once a batch is acted on in full
         self._strays_removed = False
         self._produce_seq = 0
         self._producer_ids: tuple[int, int] = (0, 0)  # next id, end (exclusive)
@@ -300,13 +302,20 @@ class ReplicaManager:
     # -- metadata -----------------------------------------------------------------------------
 
     async def apply_metadata_batch(self, batch: pb.MetadataBatch) -> None:
-        """Apply a batch from the controller's metadata log, then act on what changed for us."""
+        """Apply a batch from the controller's metadata log, then act on what changed for us.
+
+        The logs the batch adds to this broker are created on a worker thread, all together
+        (`_create_logs`), while the event loop goes on serving; the other partitions' changes
+        are acted on first, at once. `applied_metadata_offset` moves past the batch when
+        everything in it has been acted on.
+        """
         before = {topic_id: topic.name for topic_id, topic in self.image.topics_by_id.items()}
         apply_batch(self.image, batch)
         self._sync_brokers()
         if self.log_dir_failure is not None:
             # Nothing may touch the failed dir: the image follows (metadata answers stay
             # current), the replicas do not.
+            self._applied_offset = self.image.next_offset
             self._metadata_ready.set()
             return
         now = now_ms()
@@ -315,22 +324,21 @@ class ReplicaManager:
             if topic_id not in self.image.topics_by_id:
                 for tp in [tp for tp, h in self.partitions.items() if h.topic_id == topic_id]:
                     self._remove_partition(tp, delete=True, reason=f"topic {name} deleted")
+        new: list[tuple[TopicImage, PartitionRecord]] = []
         for topic, record in self.image.partitions():
             if self.log_dir_failure is not None:
                 break
-            try:
-                self._apply_partition_record(topic, record, now)
-            except Exception as err:
-                # One partition's state failure must not stop this broker from following
-                # metadata for every other partition: log it, keep going. A disk failure
-                # takes the whole dir offline (and is logged as that).
-                where = f"applying metadata to {topic.name}-{record.partition}"
-                if not self.maybe_take_log_dir_offline(err, where):
-                    log.exception(
-                        "partition_metadata_apply_failed",
-                        topic=topic.name,
-                        partition=record.partition,
-                    )
+            if self._needs_new_log(topic, record):
+                new.append((topic, record))
+            else:
+                self._apply_guarded(topic, record, now)
+        if new and self.log_dir_failure is None:
+            await self._create_logs(new)
+            now = now_ms()
+            for topic, record in new:
+                if self.log_dir_failure is not None:
+                    break
+                self._apply_guarded(topic, record, now)
         if (
             not self._strays_removed
             and self.log_dir_failure is None
@@ -339,7 +347,89 @@ class ReplicaManager:
             self._strays_removed = True
             self._remove_strays()
         self._resync_fetchers()
+        self._applied_offset = self.image.next_offset
         self._metadata_ready.set()
+
+    def applied_metadata_offset(self) -> int:
+        """The next metadata offset not acted on in full yet (what heartbeats report; read on
+        the heartbeat thread)."""
+        return self._applied_offset
+
+    def _apply_guarded(self, topic: TopicImage, record: PartitionRecord, now: int) -> None:
+        try:
+            self._apply_partition_record(topic, record, now)
+        except Exception as err:
+            # One partition's state failure must not stop this broker from following
+            # metadata for every other partition: log it, keep going. A disk failure
+            # takes the whole dir offline (and is logged as that).
+            where = f"applying metadata to {topic.name}-{record.partition}"
+            if not self.maybe_take_log_dir_offline(err, where):
+                log.exception(
+                    "partition_metadata_apply_failed",
+                    topic=topic.name,
+                    partition=record.partition,
+                )
+
+    def _needs_new_log(self, topic: TopicImage, record: PartitionRecord) -> bool:
+        """This broker is a replica of `record` and hosts no log of this topic id for it."""
+        if self.broker_id not in record.replicas:
+            return False
+        hosted = self.partitions.get(TopicPartition(topic.name, record.partition))
+        return hosted is None or hosted.topic_id != topic.topic_id
+
+    async def _create_logs(self, new: list[tuple[TopicImage, PartitionRecord]]) -> None:
+        """Create the logs of partitions new to this broker, on a worker thread.
+
+        Creating a log takes a dir and several files, made durable before it is used: a few ms
+        each, far more on a busy disk, and up to `max.broker.partitions` of them may come in
+        one batch. On the event loop that stalled every request of the broker for seconds.
+        Here the loop only decides (`LogManager.plan_new_logs`) and takes the logs over
+        (`add_new_logs`); `make_new_logs` runs on a thread and makes all of them durable in
+        one pass. A log it could not make is left to `_apply_partition_record`, which tries
+        again on the loop and reports the failure as ever (a disk failure takes the dir
+        offline here already). A log this broker is to lead starts with its leader epoch, so
+        becoming its leader writes nothing more.
+        """
+        wanted = []
+        for topic, record in new:
+            tp = TopicPartition(topic.name, record.partition)
+            hosted = self.partitions.get(tp)
+            if hosted is not None:
+                # Another topic id (see `_apply_partition_record`): the old log goes first.
+                self._remove_partition(tp, delete=True, reason="topic re-created")
+            leader_epoch = record.leader_epoch if record.leader == self.broker_id else -1
+            wanted.append(NewLog(tp, topic.topic_id, self._log_config(topic.configs), leader_epoch))
+        try:
+            planned = self.log_manager.plan_new_logs(wanted)
+        except OSError as err:
+            if not self.maybe_take_log_dir_offline(err, "checkpoints before creating logs"):
+                raise
+            return
+        if not planned:
+            return
+        work = asyncio.ensure_future(
+            asyncio.to_thread(self.log_manager.make_new_logs, planned, now_ms())
+        )
+        try:
+            made = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            # Stopping: the thread finishes what it began, and the logs it made are taken
+            # over, so that closing the log manager flushes and closes them.
+            await asyncio.wait({work})
+            if not work.cancelled() and work.exception() is None:
+                self.log_manager.add_new_logs(planned, work.result())
+            raise
+        self.log_manager.add_new_logs(planned, made)
+        for entry, result in zip(planned, made, strict=True):
+            if isinstance(result, OSError):
+                where = f"creating the log of {entry.tp}"
+                if not self.maybe_take_log_dir_offline(result, where):
+                    log.warning(
+                        "log_create_failed",
+                        topic=entry.tp.topic,
+                        partition=entry.tp.partition,
+                        error=str(result),
+                    )
 
     def _remove_strays(self) -> None:
         """Delete the logs loaded from disk whose topic id the caught-up metadata does not know
@@ -363,7 +453,8 @@ class ReplicaManager:
         if hosted is not None and hosted.topic_id != topic.topic_id:
             # A topic of the same name was deleted and re-created: the old log goes. So does a
             # log without a topic id (Kafka: stray); its `partition.metadata` is written before
-            # any data, so it holds none of this topic's records.
+            # any data, so it holds none of this topic's records. (`_create_logs` has done this
+            # already for a metadata batch.)
             self._remove_partition(tp, delete=True, reason="topic re-created")
             hosted = None
         if hosted is None:

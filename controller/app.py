@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from minibroker.client.common import metrics as common_metrics
+from minibroker.client.common import runtime
 from minibroker.client.common.grpc_limits import LimitsInterceptor, RequestBudget
 from minibroker.client.common.log import get_logger
 from minibroker.client.metadata.image import MetadataImage
@@ -116,6 +117,7 @@ class ControllerApp:
 
     async def start(self) -> None:
         started = time.monotonic()
+        runtime.log_open_file_limit(log)
         self.data_dir.lock()
         self.cluster_id, created = self.data_dir.load_or_create_cluster_id(self.config["node.id"])
         loaded = await asyncio.to_thread(self.journal.load)

@@ -53,6 +53,44 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """fsync a file written earlier (by `write_new_file`) so its content survives a power loss."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def write_new_file(path: str | os.PathLike[str], data: bytes) -> None:
+    """Create `path` (it must not exist) holding `data`, without fsync.
+
+    For the files of a new partition dir, made durable together afterwards (`fsync_file` for
+    each, then `fsync_dir`) before anything depends on them: one fsync per file instead of the
+    two of `write_atomic`, and none on the way. A crash before then leaves the file missing,
+    empty or cut short, which its reader refuses. A failed write removes the file.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
+    except BaseException:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        raise
+
+
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     """Replace `path` with `data`: temp file, fsync, rename, fsync the directory.
 
@@ -65,10 +103,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            _write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)

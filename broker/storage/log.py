@@ -30,7 +30,8 @@ after the log shrank is only logged: a checkpoint that still names removed epoch
 crash would leave too, and it is rewritten before the next batch is written.
 
 Concurrency contract: not thread-safe. One owner calls it from one thread (the broker's event
-loop; every call is page-cache I/O except `flush`, which fsyncs).
+loop; every call is page-cache I/O except `flush`, which fsyncs). `create` may run on a worker
+thread: the new log is nobody else's yet.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ from minibroker.broker.replication.epoch_cache import EpochCache, EpochEntry
 from minibroker.broker.storage.checkpoint import (
     LEADER_EPOCH_CHECKPOINT,
     LeaderEpochCheckpointFile,
+    format_checkpoint,
+    write_new_file,
 )
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.errors import CorruptCheckpointError, UnexpectedAppendOffsetError
@@ -303,6 +306,31 @@ class PartitionLog:
             for segment in segments:
                 segment.release()
             raise
+
+    @classmethod
+    def create(
+        cls,
+        directory: str | os.PathLike[str],
+        topic_partition: TopicPartition,
+        config: LogConfig,
+        now_ms: int,
+        *,
+        leader_epoch: int = -1,
+    ) -> PartitionLog:
+        """A new empty log at offset 0 in `directory`, an empty dir that nothing else uses.
+
+        Creates the first segment's files and, when `leader_epoch` >= 0, the epoch checkpoint
+        naming that epoch at offset 0 (what becoming the leader of the new log would write),
+        without fsync: the caller makes the dir durable before the log is used
+        (LogManager.make_new_logs). Touches nothing shared by other logs (its only segment is
+        active, so the descriptor cache is not involved): a worker thread may call it.
+        """
+        path = pathlib.Path(directory)
+        entries = [EpochEntry(leader_epoch, 0)] if leader_epoch >= 0 else []
+        if entries:
+            write_new_file(path / LEADER_EPOCH_CHECKPOINT, format_checkpoint(entries))
+        segment = LogSegment.create(path, 0, config.index_interval_bytes, now_ms)
+        return cls(path, topic_partition, config, [segment], EpochCache(entries), 0, 0, 0, now_ms)
 
     @classmethod
     def _recover(

@@ -13,6 +13,15 @@ retried (`retry_deletes`), and no log of the same partition is created while the
 stands under its live name, so a topic deleted and re-created never serves the old records. A
 dir found on disk for a topic id other than the one asked for is never adopted either.
 
+New logs are created in bulk: `plan_new_logs` (owner thread) picks the ones that need a new dir,
+`make_new_logs` (any thread) writes every dir and file without fsync and then makes them durable
+in one pass (each file with content, each new dir, the data dir once: Kafka too keeps fsyncs of
+`partition.metadata` off the request path), and `add_new_logs` (owner thread) takes the logs
+over. A crash before the pass ends may leave a dir whose `partition.metadata` is missing or cut
+short; `read_partition_metadata` takes only a whole file, so loading gives such a dir no topic
+id (the replica manager deletes it and creates the log again: it held no data yet) and never a
+wrong one.
+
 Typical life (the broker's composition root):
 
     data_dir = DataDir.open(path, node_id, cluster_id)
@@ -22,28 +31,33 @@ Typical life (the broker's composition root):
     logs.close()                        # flush, checkpoints, close files
     data_dir.mark_clean_shutdown(broker_epoch); data_dir.close()
 
-Concurrency contract: not thread-safe; one owner thread (the broker's event loop).
+Concurrency contract: not thread-safe; one owner thread (the broker's event loop), which may run
+`make_new_logs` on a worker thread meanwhile (it touches only the dirs it creates).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import re
 import shutil
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from minibroker.broker.storage.checkpoint import (
+    LEADER_EPOCH_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
     OffsetCheckpointFile,
     fsync_dir,
+    fsync_file,
     write_atomic,
+    write_new_file,
 )
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DELETE_DIR_SUFFIX, DataDir
@@ -54,6 +68,8 @@ from minibroker.client.errors import KafkaStorageError
 from minibroker.client.types import TopicPartition
 
 PARTITION_METADATA = "partition.metadata"
+_PARTITION_METADATA_TEXT = re.compile(rb"version: 0\ntopic_id: ([\x21-\x7e]+)\n")
+_PARTITION_METADATA_MAX_BYTES = 4096
 # NAME_MAX of Linux file systems (and of most others): a longer name fails with ENAMETOOLONG.
 MAX_FILE_NAME_BYTES = 255
 _DELETE_DIR = re.compile(
@@ -104,25 +120,42 @@ def _now_ms() -> int:
 
 
 def read_partition_metadata(directory: os.PathLike[str] | str) -> str | None:
-    """The topic id in `partition.metadata`, or None when the file is missing or unreadable."""
+    """The topic id in `partition.metadata`, or None when the file is missing or is not whole.
+
+    Only the exact text `write_partition_metadata` writes is taken: a file cut short by a crash
+    (a new dir's file is fsynced only after it is written) never yields a part of an id.
+    """
     path = os.path.join(directory, PARTITION_METADATA)
     try:
-        with open(path) as f:
-            lines = f.read().splitlines()
+        with open(path, "rb") as f:
+            raw = f.read(_PARTITION_METADATA_MAX_BYTES)
     except FileNotFoundError:
         return None
-    fields = dict(line.split(":", 1) for line in lines if ":" in line)
-    if fields.get("version", "").strip() != "0":
-        _log.warning("partition_metadata_unreadable", path=path)
+    match = _PARTITION_METADATA_TEXT.fullmatch(raw)
+    if match is None:
+        _log.warning("partition_metadata_unreadable", path=path, size=len(raw))
         return None
-    topic_id = fields.get("topic_id", "").strip()
-    return topic_id or None
+    return match.group(1).decode()
+
+
+def partition_metadata_text(topic_id: str) -> bytes:
+    return f"version: 0\ntopic_id: {topic_id}\n".encode()
 
 
 def write_partition_metadata(directory: os.PathLike[str] | str, topic_id: str) -> None:
-    write_atomic(
-        os.path.join(directory, PARTITION_METADATA), f"version: 0\ntopic_id: {topic_id}\n".encode()
-    )
+    write_atomic(os.path.join(directory, PARTITION_METADATA), partition_metadata_text(topic_id))
+
+
+@dataclass(frozen=True, slots=True)
+class NewLog:
+    """A log to create empty, at offset 0, in a dir of its own (`LogManager.create_logs`)."""
+
+    tp: TopicPartition
+    topic_id: str | None  # None: no `partition.metadata` (tests; the broker always has one)
+    config: LogConfig | None = None
+    # The leader epoch this broker leads the new log at (-1: it does not lead it), recorded
+    # with the log so that becoming its leader has nothing left to write.
+    leader_epoch: int = -1
 
 
 class LogManager:
@@ -237,20 +270,127 @@ class LogManager:
         now = _now_ms() if now_ms is None else now_ms
         if path.is_dir():
             return self._adopt(tp, path, topic_id, config, now)
-        if tp in self._deleted_since_checkpoint:
+        (made,) = self.create_logs([NewLog(tp, topic_id, config)], now)
+        if isinstance(made, BaseException):
+            raise made
+        return made
+
+    def create_logs(
+        self, wanted: Sequence[NewLog], now_ms: int | None = None
+    ) -> list[PartitionLog | OSError]:
+        """Create the logs of `wanted` (which have neither a log nor a dir) in the calling
+        thread: `make_new_logs` then `add_new_logs`. One result per entry, in order."""
+        now = _now_ms() if now_ms is None else now_ms
+        if any(new.tp in self._deleted_since_checkpoint for new in wanted):
             self.checkpoint_all()
-        path.mkdir(parents=True, exist_ok=True)
-        if topic_id is not None:
-            # Before the first data write, as Kafka does, so the dir is never anonymous.
-            write_partition_metadata(path, topic_id)
-        fsync_dir(self.data_dir.path)
-        log = PartitionLog.open(
-            path, tp, config or self.default_config, now, had_clean_shutdown=True
-        )
-        self._logs[tp] = log
-        self._topic_ids[tp] = topic_id
-        _log.info("log_created", topic=tp.topic, partition=tp.partition, topic_id=topic_id)
-        return log
+        made = self.make_new_logs(wanted, now)
+        self.add_new_logs(wanted, made)
+        return made
+
+    def plan_new_logs(self, wanted: Iterable[NewLog]) -> list[NewLog]:
+        """Those of `wanted` that `make_new_logs` may create, each once. Owner thread.
+
+        Left out: a partition with a log, or with a dir on disk under its name
+        (`get_or_create_log` adopts the dir or refuses another topic id, as ever), and one
+        whose deleted predecessor's dir cannot be removed yet (`get_or_create_log` raises for
+        it). Writes the offset checkpoints first when one of them was deleted since they were
+        last written, so that no stale entry reaches its new log.
+        """
+        planned: dict[TopicPartition, NewLog] = {}
+        for new in wanted:
+            if new.tp in planned or new.tp in self._logs:
+                continue
+            try:
+                self._clear_the_way(new.tp)
+            except KafkaStorageError:
+                continue
+            if os.path.lexists(self.data_dir.partition_path(new.tp)):
+                continue
+            planned[new.tp] = new
+        if any(tp in self._deleted_since_checkpoint for tp in planned):
+            self.checkpoint_all()
+        return list(planned.values())
+
+    def make_new_logs(self, new: Sequence[NewLog], now_ms: int) -> list[PartitionLog | OSError]:
+        """Create the dirs and files of new logs, then make them durable in one pass; returns
+        each log, or the error that kept it from being made. Any thread: it reads this object's
+        settings only and writes only under the new dirs (which `plan_new_logs` chose); the logs
+        are nobody's until `add_new_logs`.
+
+        Per log: its dir, `partition.metadata` (before any data, as Kafka writes it, so the dir
+        is never anonymous), the first segment's files and, for a log this broker leads, the
+        leader epoch checkpoint; nothing is fsynced on the way. Then the durability pass: each
+        `partition.metadata` and epoch checkpoint, each partition dir (which holds the new
+        names), and the data dir once. Kafka flushes `partition.metadata` off the request
+        path too; here the logs are handed over only after the pass, so a log in use always
+        has a durable dir and topic id. A crash before the pass ends leaves dirs whose files
+        may be missing or cut short: loading takes such a dir without a whole
+        `partition.metadata` as a log without a topic id, which the replica manager deletes
+        and creates again (it was empty), and never adopts under a wrong id.
+        """
+        results: list[PartitionLog | OSError] = []
+        made: list[PartitionLog] = []
+        for entry in new:
+            path = self.data_dir.partition_path(entry.tp)
+            try:
+                path.mkdir()
+            except OSError as err:
+                results.append(err)
+                continue
+            try:
+                if entry.topic_id is not None:
+                    metadata = partition_metadata_text(entry.topic_id)
+                    write_new_file(path / PARTITION_METADATA, metadata)
+                log = PartitionLog.create(
+                    path,
+                    entry.tp,
+                    entry.config or self.default_config,
+                    now_ms,
+                    leader_epoch=entry.leader_epoch,
+                )
+            except OSError as err:
+                shutil.rmtree(path, ignore_errors=True)  # nothing half-made is left to adopt
+                results.append(err)
+                continue
+            results.append(log)
+            made.append(log)
+        if not made:
+            return results
+        try:
+            for entry, result in zip(new, results, strict=True):
+                if not isinstance(result, PartitionLog):
+                    continue
+                if entry.topic_id is not None:
+                    fsync_file(result.directory / PARTITION_METADATA)
+                if len(result.epoch_cache):
+                    fsync_file(result.directory / LEADER_EPOCH_CHECKPOINT)
+                fsync_dir(result.directory)
+            fsync_dir(self.data_dir.path)
+        except OSError as err:
+            for log in made:
+                with contextlib.suppress(OSError):
+                    log.close()
+            return [err if isinstance(r, PartitionLog) else r for r in results]
+        return results
+
+    def add_new_logs(
+        self, new: Sequence[NewLog], made: Sequence[PartitionLog | OSError]
+    ) -> list[TopicPartition]:
+        """Take over the logs `make_new_logs` made (owner thread); returns their partitions."""
+        added = []
+        for entry, log in zip(new, made, strict=True):
+            if isinstance(log, OSError):
+                continue
+            self._logs[entry.tp] = log
+            self._topic_ids[entry.tp] = entry.topic_id
+            added.append(entry.tp)
+            _log.info(
+                "log_created",
+                topic=entry.tp.topic,
+                partition=entry.tp.partition,
+                topic_id=entry.topic_id,
+            )
+        return added
 
     def _adopt(
         self,

@@ -63,3 +63,59 @@ def test_every_minibroker_command_is_tuned() -> None:
         check=True,
     )
     assert out.stdout.strip().splitlines()[-1] == "1"
+
+
+# Lowers this fresh interpreter's open-file limits (soft 1024, as many systems give processes,
+# hard as given), runs the code under test, and prints the limits it ends with.
+_NOFILE = """
+import resource, sys
+soft, hard = int(sys.argv[1]), int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+exec(sys.argv[3])
+print(*resource.getrlimit(resource.RLIMIT_NOFILE))
+"""
+
+
+def _limits_after(code: str, soft: int, hard: int) -> tuple[int, int]:
+    out = subprocess.run(
+        [sys.executable, "-c", _NOFILE, str(soft), str(hard), code],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    after_soft, after_hard = out.stdout.split()[-2:]
+    return int(after_soft), int(after_hard)
+
+
+def _hard_limit() -> int:
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return 1 << 20 if hard == resource.RLIM_INFINITY else hard
+
+
+@pytest.mark.skipif(_hard_limit() < 4096, reason="needs a hard open-file limit of 4096")
+def test_the_open_file_limit_is_raised_to_the_hard_limit() -> None:
+    # Kafka's JVM does the same (-XX:+MaxFDLimit): a broker at the default partition and
+    # connection limits holds about 2,100 files, more than a soft limit of 1024 allows.
+    raise_it = (
+        "from minibroker.client.common.runtime import raise_open_file_limit\n"
+        "limit = raise_open_file_limit()\n"
+        "assert (limit.was, limit.soft, limit.hard) == (1024, 4096, 4096), limit"
+    )
+    assert _limits_after(raise_it, 1024, 4096) == (4096, 4096)
+    # Never lowered, and the hard limit is never touched.
+    assert _limits_after(raise_it.replace("(1024,", "(4096,"), 4096, 4096) == (4096, 4096)
+
+
+@pytest.mark.skipif(_hard_limit() < 4096, reason="needs a hard open-file limit of 4096")
+def test_every_minibroker_process_starts_with_the_raised_open_file_limit() -> None:
+    # The one entry point of the CLI, the brokers and the controller.
+    start = (
+        "import minibroker.deploy.cli as c\n"
+        "try: c.main(['--help'])\n"
+        "except SystemExit: pass\n"
+        "from minibroker.client.common.runtime import open_file_limit\n"
+        "assert open_file_limit().was == 1024, open_file_limit()"
+    )
+    assert _limits_after(start, 1024, 4096) == (4096, 4096)
