@@ -25,7 +25,7 @@ from minibroker.broker.replication.events import (
 
 
 class EpochCacheView(Protocol):
-    """The read side of broker/replication/epoch_cache.EpochCache the cores use."""
+    """The read side of broker/storage/epoch_cache.EpochCache the cores use."""
 
     def end_offset_for(self, requested_epoch: int, leo: int) -> tuple[int, int]: ...
 

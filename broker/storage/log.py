@@ -45,12 +45,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from minibroker.broker.replication.epoch_cache import EpochCache, EpochEntry
 from minibroker.broker.storage.checkpoint import (
     LEADER_EPOCH_CHECKPOINT,
     LeaderEpochCheckpointFile,
 )
 from minibroker.broker.storage.config import LogConfig
+from minibroker.broker.storage.epoch_cache import EpochCache, EpochEntry
 from minibroker.broker.storage.errors import CorruptCheckpointError, UnexpectedAppendOffsetError
 from minibroker.broker.storage.segment import (
     LOG_SUFFIX,

@@ -53,7 +53,6 @@ from typing import Any
 
 from sim_controller import SimControllerNode
 
-from minibroker.broker.replication.epoch_cache import EpochCache
 from minibroker.broker.replication.events import (
     NO_LEADER,
     AdvanceLogStartOffset,
@@ -87,6 +86,7 @@ from minibroker.broker.replication.invariants import (
     invariant,
 )
 from minibroker.broker.replication.partition import BrokerRegistrations, PartitionReplica
+from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.client.batch import BatchHeader, assign_offsets, iter_batches
 from minibroker.client.errors import ErrorCode
 from minibroker.client.metadata.image import MetadataImage

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minibroker.broker.replication.epoch_cache import (
+from minibroker.broker.storage.epoch_cache import (
     UNDEFINED_EPOCH,
     UNDEFINED_EPOCH_OFFSET,
     EpochCache,

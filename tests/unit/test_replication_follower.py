@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 
-from minibroker.broker.replication.epoch_cache import EpochCache
 from minibroker.broker.replication.events import (
     AdvanceLogStartOffset,
     AppendAsFollower,
@@ -31,6 +30,7 @@ from minibroker.broker.replication.follower import (
     truncation_for_diverging_epoch,
 )
 from minibroker.broker.replication.partition import BrokerRegistrations, PartitionReplica
+from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.client.batch import iter_batches
 from minibroker.client.errors import ErrorCode
 from minibroker.client.records import encode_batch

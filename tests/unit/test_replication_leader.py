@@ -7,7 +7,6 @@ no event loop; time is an explicit `now_ms`.
 
 from __future__ import annotations
 
-from minibroker.broker.replication.epoch_cache import EpochCache
 from minibroker.broker.replication.events import (
     AlterPartitionResult,
     AppendPlan,
@@ -26,6 +25,7 @@ from minibroker.broker.replication.events import (
     StartFetching,
 )
 from minibroker.broker.replication.partition import BrokerRegistrations, PartitionReplica
+from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.client.batch import iter_batches
 from minibroker.client.errors import ErrorCode
 from minibroker.client.records import encode_batch

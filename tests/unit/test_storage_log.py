@@ -11,9 +11,9 @@ import struct
 
 import pytest
 
-from minibroker.broker.replication.epoch_cache import EpochEntry
 from minibroker.broker.storage.checkpoint import LeaderEpochCheckpointFile
 from minibroker.broker.storage.config import LogConfig
+from minibroker.broker.storage.epoch_cache import EpochEntry
 from minibroker.broker.storage.errors import UnexpectedAppendOffsetError
 from minibroker.broker.storage.log import PartitionLog
 from minibroker.client.batch import (
