@@ -116,7 +116,6 @@ class Hosted:
     topic_id: str
     log: PartitionLog
     core: PartitionReplica
-    proposal_task: asyncio.Task[None] | None = None
     pending_fetch: FetchPosition | None = None
     # The request handed to the fetcher for `pending_fetch`: an answer is applied only when the
     # fetcher hands back this very object, so a late answer to an older request (a stopping
@@ -598,7 +597,7 @@ class ReplicaManager:
             if self.partitions.get(hosted.tp) is hosted:
                 self._apply(hosted, hosted.core.on_alter_partition_result(result, now_ms()))
 
-        hosted.proposal_task = self._spawn(send(), f"alter-partition-{hosted.tp}")
+        self._spawn(send(), f"alter-partition-{hosted.tp}")
 
     # -- produce ------------------------------------------------------------------------------
 

@@ -96,7 +96,6 @@ class ProducerBatch:
     base_sequence: int = NO_SEQUENCE
     attempts: int = 0
     retry_at_ms: int = 0
-    drained_ms: int = -1
 
     @property
     def closed(self) -> bool:
@@ -271,7 +270,6 @@ class RecordAccumulator:
                 queue.popleft()
                 self._close(head)
                 head.attempts += 1
-                head.drained_ms = now_ms
                 self._in_flight[tp] = head
                 taken.append(head)
                 total += head.size_bytes
@@ -404,6 +402,3 @@ class RecordAccumulator:
 
     def has_incomplete(self) -> bool:
         return bool(self._in_flight) or self.has_unsent()
-
-    def queued_partitions(self) -> list[TopicPartition]:
-        return [tp for tp, queue in self._batches.items() if queue]

@@ -351,11 +351,6 @@ class PartitionReplica:
     def alter_partition_in_flight(self) -> bool:
         return not isinstance(self.isr_state, CommittedIsr)
 
-    def next_produce_deadline_ms(self) -> int | None:
-        if not self._pending_produces:
-            return None
-        return min(p.deadline_ms for p in self._pending_produces)
-
     def check_invariants(self) -> None:
         """Local invariants (docs/design.md §8.7, §8.8); the simulation checks them every step."""
         where = f"{self.name} broker {self.broker_id}: "

@@ -904,14 +904,6 @@ class PartitionLog:
         self._high_watermark = min(max(high_watermark, self._log_start_offset), self.leo)
         return self._high_watermark
 
-    def maybe_increment_high_watermark(self, high_watermark: int) -> bool:
-        """Move the HW forward only (clamped to the LEO); True if it moved."""
-        new = min(high_watermark, self.leo)
-        if new <= self._high_watermark:
-            return False
-        self._high_watermark = new
-        return True
-
     def maybe_increment_log_start_offset(self, new_log_start_offset: int) -> bool:
         """Raise the log start (a follower copies its leader's); segments below it go at the
         next `delete_retention`. It may not pass the HW (OffsetOutOfRangeError)."""

@@ -200,7 +200,6 @@ class Watcher:
         self._clock = clock
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._log_tails: dict[int, LogTail] = {}
-        self._local = options.cluster_dir is not None
         self._controller_address_fixed = False
 
     async def __aenter__(self) -> Watcher:
