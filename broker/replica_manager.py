@@ -69,12 +69,12 @@ from minibroker.client import batch as batchlib
 from minibroker.client.common.log import get_logger
 from minibroker.client.errors import ErrorCode, MiniBrokerError
 from minibroker.client.metadata.image import MetadataImage, TopicImage
-from minibroker.client.metadata.records import NO_LEADER, PartitionRecord
+from minibroker.client.metadata.records import PartitionRecord
 from minibroker.client.metadata.wire import apply_batch
 from minibroker.client.records import RecordValidation, validate_producer_records
 from minibroker.client.topic_config import resolve_topic_config
 from minibroker.client.topic_name import invalid_topic_name
-from minibroker.client.types import TopicPartition
+from minibroker.client.types import NO_LEADER, TopicPartition
 from minibroker.proto import minibroker_pb2 as pb
 
 log = get_logger(__name__)

@@ -33,13 +33,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from minibroker.client.batch import (
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    NO_SEQUENCE,
+    SEQUENCE_MODULUS,
+)
 from minibroker.client.errors import MessageTooLargeError
 from minibroker.client.types import TopicPartition
-
-NO_PRODUCER_ID = -1
-NO_PRODUCER_EPOCH = -1
-NO_SEQUENCE = -1
-SEQUENCE_MODULUS = 1 << 31  # sequences wrap at int32 max (DefaultRecordBatch.incrementSequence)
 
 # Per-record framing in a v2 batch is at most ~21 bytes of varints and attributes; used only for
 # the memory bound and the early "too large" check, the builder knows the exact size.

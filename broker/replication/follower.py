@@ -18,10 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from minibroker.broker.replication.events import (
-    UNDEFINED_EPOCH,
-    UNDEFINED_EPOCH_OFFSET,
-)
+from minibroker.client.types import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
 
 
 class EpochCacheView(Protocol):

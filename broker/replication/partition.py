@@ -43,11 +43,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from minibroker.broker.replication.events import (
-    NO_LEADER,
-    UNDEFINED_EPOCH,
-    UNDEFINED_EPOCH_OFFSET,
     UNKNOWN_BROKER_EPOCH,
-    UNKNOWN_OFFSET,
     AdvanceLogStartOffset,
     AlterPartitionResult,
     AppendAsFollower,
@@ -92,10 +88,16 @@ from minibroker.broker.replication.producer_state import (
 )
 from minibroker.client.batch import CorruptRecordError, parse_header
 from minibroker.client.errors import ErrorCode
+from minibroker.client.types import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    NO_LEADER,
+    UNDEFINED_EPOCH,
+    UNDEFINED_EPOCH_OFFSET,
+    UNKNOWN_OFFSET,
+)
 
 NEVER_MS = -(1 << 62)
-EARLIEST_TIMESTAMP = -2
-LATEST_TIMESTAMP = -1
 
 # AlterPartition errors after which the leader keeps its pending state and waits for metadata
 # (docs/protocol.md §9): retrying cannot help, and the next PartitionRecord settles the ISR.

@@ -32,7 +32,6 @@ from enum import StrEnum
 from minibroker.client.metadata.image import BrokerRegistration, MetadataImage
 from minibroker.client.metadata.records import (
     LEADER_RECOVERING,
-    NO_LEADER,
     BrokerRegistrationChangeRecord,
     LogEntry,
     MetadataRecord,
@@ -42,6 +41,7 @@ from minibroker.client.metadata.records import (
     TopicRecord,
     UnregisterBrokerRecord,
 )
+from minibroker.client.types import NO_LEADER
 
 CONTROLLER = "controller"
 DEFAULT_MAX_EVENTS = 500

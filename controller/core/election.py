@@ -11,12 +11,8 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from minibroker.client.metadata.records import (
-    LEADER_RECOVERED,
-    LEADER_RECOVERING,
-    NO_LEADER,
-    PartitionRecord,
-)
+from minibroker.client.metadata.records import LEADER_RECOVERED, LEADER_RECOVERING, PartitionRecord
+from minibroker.client.types import NO_LEADER
 
 
 class Election(enum.Enum):

@@ -54,7 +54,6 @@ from typing import Any
 from sim_controller import SimControllerNode
 
 from minibroker.broker.replication.events import (
-    NO_LEADER,
     AdvanceLogStartOffset,
     AlterPartitionResult,
     AppendAsFollower,
@@ -92,6 +91,7 @@ from minibroker.client.errors import ErrorCode
 from minibroker.client.metadata.image import MetadataImage
 from minibroker.client.metadata.records import LogEntry, PartitionRecord
 from minibroker.client.records import encode_batch
+from minibroker.client.types import NO_LEADER
 from minibroker.controller.core.controller import ControllerCore, ControllerSettings
 from minibroker.controller.core.election import Election
 from minibroker.controller.core.isr import AlterPartitionProposal, IsrMember

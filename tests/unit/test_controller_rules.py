@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from minibroker.client.errors import ErrorCode
 from minibroker.client.metadata.image import BrokerRegistration
-from minibroker.client.metadata.records import LEADER_RECOVERING, NO_LEADER, PartitionRecord
+from minibroker.client.metadata.records import LEADER_RECOVERING, PartitionRecord
+from minibroker.client.types import NO_LEADER
 from minibroker.controller.core.election import (
     Election,
     InvariantViolation,
