@@ -66,6 +66,7 @@ from minibroker.broker.storage.errors import (
 from minibroker.broker.storage.log import PartitionLog
 from minibroker.broker.storage.log_manager import LogManager
 from minibroker.client import batch as batchlib
+from minibroker.client.common.clock import wall_clock_ms
 from minibroker.client.common.log import get_logger
 from minibroker.client.errors import ErrorCode, MiniBrokerError
 from minibroker.client.metadata.image import MetadataImage, TopicImage
@@ -102,10 +103,6 @@ class LogDirFailure:
     def serving_error(self) -> str:
         """The message of every KAFKA_STORAGE_ERROR answered from now on."""
         return f"the broker's log dir {self.log_dir} is offline ({self.operation}: {self.error})"
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass(slots=True)
@@ -308,7 +305,7 @@ class ReplicaManager:
             # current), the replicas do not.
             self._metadata_ready.set()
             return
-        now = now_ms()
+        now = wall_clock_ms()
         # Topics that disappeared: stop and delete their replicas here.
         for topic_id, name in before.items():
             if topic_id not in self.image.topics_by_id:
@@ -484,7 +481,7 @@ class ReplicaManager:
                     raise FollowerAppendFailedError(str(err)) from err
                 self.metrics.replication_bytes_in.inc(len(effect.records))
                 queue[:0] = core.on_follower_appended(hosted.log.leo, info.batches)
-                self._maybe_flush(hosted, now_ms())
+                self._maybe_flush(hosted, wall_clock_ms())
             elif isinstance(effect, TruncateTo | TruncateFullyAndStartAt):
                 old_leo = hosted.log.leo
                 fully = isinstance(effect, TruncateFullyAndStartAt)
@@ -595,7 +592,7 @@ class ReplicaManager:
                     proposed_isr=sorted(proposal.new_isr),
                 )
             if self.partitions.get(hosted.tp) is hosted:
-                self._apply(hosted, hosted.core.on_alter_partition_result(result, now_ms()))
+                self._apply(hosted, hosted.core.on_alter_partition_result(result, wall_clock_ms()))
 
         self._spawn(send(), f"alter-partition-{hosted.tp}")
 
@@ -617,7 +614,7 @@ class ReplicaManager:
             ]
         results: list[wire.ProduceResult] = []
         waits: list[tuple[wire.ProduceResult, asyncio.Future[CompleteProduce]]] = []
-        deadline = now_ms() + max(timeout_ms, 0)
+        deadline = wall_clock_ms() + max(timeout_ms, 0)
         for part in partitions:
             offline = self._offline_error()
             if offline is not None:
@@ -672,7 +669,7 @@ class ReplicaManager:
             result.message = f"broker {self.broker_id} is not the leader of {tp}"
             result.leader = (core.leader_id, core.leader_epoch)
             return result, None
-        now = now_ms()
+        now = wall_clock_ms()
         try:
             # Headers for the core's idempotence and acks checks; the log reuses this validation
             # when it appends (one CRC32C pass per batch).
@@ -815,7 +812,7 @@ class ReplicaManager:
                     last_fetched_epoch=req.last_fetched_epoch,
                     log_start_offset=req.log_start_offset,
                 ),
-                now_ms(),
+                wall_clock_ms(),
             )
             self._apply(hosted, answer.effects)
             result.error, result.message = answer.error, answer.message
@@ -903,7 +900,7 @@ class ReplicaManager:
         hosted = self.partitions.get(tp)
         if hosted is None or self.log_dir_failure is not None:
             return None
-        position = hosted.core.next_fetch(now_ms())
+        position = hosted.core.next_fetch(wall_clock_ms())
         if position is None or position.leader_id != leader_id:
             hosted.pending_fetch = None
             hosted.pending_request = None
@@ -947,7 +944,7 @@ class ReplicaManager:
             records=result.records,
         )
         try:
-            self._apply(hosted, hosted.core.on_fetch_response(request, response, now_ms()))
+            self._apply(hosted, hosted.core.on_fetch_response(request, response, wall_clock_ms()))
         except FollowerAppendFailedError as err:
             log.warning(
                 "follower_append_failed",
@@ -957,7 +954,7 @@ class ReplicaManager:
                 error=str(err),
             )
             failed = FetchResponse(error=ErrorCode.CORRUPT_MESSAGE)
-            self._apply(hosted, hosted.core.on_fetch_response(request, failed, now_ms()))
+            self._apply(hosted, hosted.core.on_fetch_response(request, failed, wall_clock_ms()))
 
     # -- list offsets, metadata, producer ids, describe -----------------------------------------
 
@@ -1206,7 +1203,7 @@ class ReplicaManager:
         retention_every: float,
     ) -> None:
         mono = time.monotonic()
-        now = now_ms()
+        now = wall_clock_ms()
 
         def expire(hosted: Hosted) -> None:
             if hosted.core.pending_produce_count:

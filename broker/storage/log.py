@@ -39,7 +39,6 @@ import bisect
 import os
 import pathlib
 import struct
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -75,6 +74,7 @@ from minibroker.client.batch import (
     read_header,
     validate_producer_batches,
 )
+from minibroker.client.common.clock import wall_clock_ms
 from minibroker.client.common.log import get_logger
 from minibroker.client.errors import (
     KafkaStorageError,
@@ -181,10 +181,6 @@ class _EpochSnapshot(NamedTuple):
 
     entries: tuple[EpochEntry, ...]
     file_existed: bool
-
-
-def _wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class PartitionLog:
@@ -628,7 +624,7 @@ class PartitionLog:
         cache at the batch's base offset. `now_ms` (default: the wall clock) drives segment.ms.
         A disk failure raises KafkaStorageError with the log as it was (module docstring).
         """
-        now = _wall_clock_ms() if now_ms is None else now_ms
+        now = wall_clock_ms() if now_ms is None else now_ms
         if len(records) == 0:
             return AppendInfo(-1, -1, -1, -1, self._log_start_offset, 0, 0, (), -1)
         expected = self.leo
@@ -992,7 +988,7 @@ class PartitionLog:
             raise OffsetOutOfRangeError(f"cannot restart {self.topic_partition} at {offset}")
         self._loaded_producer_batches = None
         old_leo = self.leo
-        now = _wall_clock_ms()
+        now = wall_clock_ms()
         try:
             while len(self._segments) > 1:
                 self._segments[-1].delete()
@@ -1127,7 +1123,7 @@ class PartitionLog:
         except OSError as err:
             raise self._storage_error("flushing", err) from err
         self._recovery_point = leo
-        self._last_flush_ms = _wall_clock_ms() if now_ms is None else now_ms
+        self._last_flush_ms = wall_clock_ms() if now_ms is None else now_ms
 
     def maybe_flush(self, now_ms: int) -> bool:
         """Flush when `flush.messages` offsets or `flush.ms` have passed since the last flush."""
