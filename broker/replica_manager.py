@@ -55,7 +55,6 @@ from minibroker.broker.replication.events import (
     TruncateFullyAndStartAt,
     TruncateTo,
 )
-from minibroker.broker.replication.invariants import invariant
 from minibroker.broker.replication.partition import BrokerRegistrations, PartitionReplica
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.errors import (
@@ -67,6 +66,7 @@ from minibroker.broker.storage.log import PartitionLog
 from minibroker.broker.storage.log_manager import LogManager
 from minibroker.client import batch as batchlib
 from minibroker.client.common.clock import wall_clock_ms
+from minibroker.client.common.invariant import invariant
 from minibroker.client.common.log import get_logger
 from minibroker.client.errors import ErrorCode, MiniBrokerError
 from minibroker.client.metadata.image import MetadataImage, TopicImage

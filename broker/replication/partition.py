@@ -81,12 +81,13 @@ from minibroker.broker.replication.follower import (
     latest_epoch_of,
     truncation_for_diverging_epoch,
 )
-from minibroker.broker.replication.invariants import check_isr, check_offsets, invariant
+from minibroker.broker.replication.invariants import check_isr, check_offsets
 from minibroker.broker.replication.producer_state import (
     ProducerBatchHeader,
     ProducerStateManager,
 )
 from minibroker.client.batch import CorruptRecordError, parse_header
+from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode
 from minibroker.client.types import (
     EARLIEST_TIMESTAMP,

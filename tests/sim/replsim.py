@@ -82,11 +82,11 @@ from minibroker.broker.replication.invariants import (
     check_batches_contiguous,
     check_epoch_cache_matches_batches,
     check_epoch_entries,
-    invariant,
 )
 from minibroker.broker.replication.partition import BrokerRegistrations, PartitionReplica
 from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.client.batch import BatchHeader, assign_offsets, iter_batches
+from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode
 from minibroker.client.metadata.image import MetadataImage
 from minibroker.client.metadata.records import LogEntry, PartitionRecord

@@ -20,6 +20,7 @@ PURE = [
     "broker/replication",
     "broker/storage/epoch_cache.py",
     "client/errors.py",
+    "client/common/invariant.py",
     "client/common/limits.py",
     "client/batch.py",
     "client/records.py",
