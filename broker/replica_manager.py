@@ -55,7 +55,7 @@ from minibroker.broker.replication.events import (
     TruncateFullyAndStartAt,
     TruncateTo,
 )
-from minibroker.broker.replication.partition import BrokerRegistrations, PartitionReplica
+from minibroker.broker.replication.partition import BrokerEligibilityView, PartitionReplica
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.errors import (
     InconsistentTopicIdError,
@@ -140,7 +140,7 @@ class ReplicaManager:
         self.log_manager = log_manager
         self.metrics = metrics
         self.image = MetadataImage()
-        self.brokers = BrokerRegistrations()
+        self.brokers = BrokerEligibilityView()
         self.partitions: dict[TopicPartition, Hosted] = {}
         # Long polls park on one of two signals, as Kafka's delayed fetches complete: a
         # follower's on new data (it reads to the LEO), a consumer's on a HW move (it reads to

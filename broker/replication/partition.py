@@ -139,17 +139,23 @@ class AppendBatchHeader(ProducerBatchHeader, Protocol):
 
 
 @dataclass(slots=True)
-class BrokerRegistration:
+class BrokerEligibility:
+    """The part of a broker's registration that decides its ISR eligibility (KIP-841/903).
+
+    A projection, not the registration: the metadata image's full record is
+    `minibroker.client.metadata.image.BrokerRegistration` (host, port, rack, incarnation, ...).
+    """
+
     broker_epoch: int
     fenced: bool = False
     in_controlled_shutdown: bool = False
 
 
-class BrokerRegistrations:
+class BrokerEligibilityView:
     """A plain BrokerView the shell keeps current from RegisterBroker/BrokerChange records."""
 
-    def __init__(self, brokers: dict[int, BrokerRegistration] | None = None) -> None:
-        self._brokers: dict[int, BrokerRegistration] = dict(brokers or {})
+    def __init__(self, brokers: dict[int, BrokerEligibility] | None = None) -> None:
+        self._brokers: dict[int, BrokerEligibility] = dict(brokers or {})
 
     def update(
         self,
@@ -159,7 +165,7 @@ class BrokerRegistrations:
         fenced: bool = False,
         in_controlled_shutdown: bool = False,
     ) -> None:
-        self._brokers[broker_id] = BrokerRegistration(broker_epoch, fenced, in_controlled_shutdown)
+        self._brokers[broker_id] = BrokerEligibility(broker_epoch, fenced, in_controlled_shutdown)
 
     def remove(self, broker_id: int) -> None:
         self._brokers.pop(broker_id, None)

@@ -83,7 +83,7 @@ from minibroker.broker.replication.invariants import (
     check_epoch_cache_matches_batches,
     check_epoch_entries,
 )
-from minibroker.broker.replication.partition import BrokerRegistrations, PartitionReplica
+from minibroker.broker.replication.partition import BrokerEligibilityView, PartitionReplica
 from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.client.batch import BatchHeader, assign_offsets, iter_batches
 from minibroker.client.common.invariant import invariant
@@ -244,7 +244,7 @@ class SimBroker:
         self.metadata_buffer: dict[int, LogEntry] = {}  # arrived out of order, not yet applied
         self.watch: int | None = None  # token of the open WatchMetadata stream
         self.hb_stream: tuple[int, int] | None = None  # (stream id, controller generation)
-        self.view = BrokerRegistrations()
+        self.view = BrokerEligibilityView()
         self.logs: dict[int, MemLog] = {}
         self.replicas: dict[int, SimReplica] = {}
         self.paused_until_ms = 0  # SIGSTOP: nothing runs on this broker before this time
@@ -262,7 +262,7 @@ class SimBroker:
         self.metadata_buffer = {}
         self.watch = None
         self.hb_stream = None
-        self.view = BrokerRegistrations()
+        self.view = BrokerEligibilityView()
         self.replicas = {}
         self.shutting_down = False
 

@@ -29,7 +29,7 @@ from minibroker.broker.replication.follower import (
     follower_high_watermark,
     truncation_for_diverging_epoch,
 )
-from minibroker.broker.replication.partition import BrokerRegistrations, PartitionReplica
+from minibroker.broker.replication.partition import BrokerEligibilityView, PartitionReplica
 from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.client.batch import iter_batches
 from minibroker.client.errors import ErrorCode
@@ -47,7 +47,7 @@ def make_follower(
     replica = PartitionReplica(
         ME,
         cache,
-        BrokerRegistrations(),
+        BrokerEligibilityView(),
         ReplicaConfig(replica_fetch_backoff_ms=100),
         leo=leo,
         high_watermark=hw,
