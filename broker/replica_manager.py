@@ -56,8 +56,7 @@ from minibroker.broker.replication.events import (
     TruncateFullyAndStartAt,
     TruncateTo,
 )
-from minibroker.broker.replication.invariants import invariant
-from minibroker.broker.replication.partition import BrokerRegistrations, PartitionReplica
+from minibroker.broker.replication.partition import BrokerEligibilityView, PartitionReplica
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.errors import (
     InconsistentTopicIdError,
@@ -67,15 +66,17 @@ from minibroker.broker.storage.errors import (
 from minibroker.broker.storage.log import PartitionLog
 from minibroker.broker.storage.log_manager import LogManager, NewLog
 from minibroker.client import batch as batchlib
+from minibroker.client.common.clock import wall_clock_ms
+from minibroker.client.common.invariant import invariant
 from minibroker.client.common.log import get_logger
 from minibroker.client.errors import ErrorCode, MiniBrokerError
 from minibroker.client.metadata.image import MetadataImage, TopicImage
-from minibroker.client.metadata.records import NO_LEADER, PartitionRecord
+from minibroker.client.metadata.records import PartitionRecord
 from minibroker.client.metadata.wire import apply_batch
 from minibroker.client.records import RecordValidation, validate_producer_records
 from minibroker.client.topic_config import resolve_topic_config
 from minibroker.client.topic_name import invalid_topic_name
-from minibroker.client.types import TopicPartition
+from minibroker.client.types import NO_LEADER, TopicPartition
 from minibroker.proto import minibroker_pb2 as pb
 
 log = get_logger(__name__)
@@ -105,10 +106,6 @@ class LogDirFailure:
         return f"the broker's log dir {self.log_dir} is offline ({self.operation}: {self.error})"
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 @dataclass(slots=True)
 class Hosted:
     """One partition replica hosted here: its log, its core, and its in-flight proposal."""
@@ -117,7 +114,6 @@ class Hosted:
     topic_id: str
     log: PartitionLog
     core: PartitionReplica
-    proposal_task: asyncio.Task[None] | None = None
     pending_fetch: FetchPosition | None = None
     # The request handed to the fetcher for `pending_fetch`: an answer is applied only when the
     # fetcher hands back this very object, so a late answer to an older request (a stopping
@@ -145,7 +141,7 @@ class ReplicaManager:
         self.log_manager = log_manager
         self.metrics = metrics
         self.image = MetadataImage()
-        self.brokers = BrokerRegistrations()
+        self.brokers = BrokerEligibilityView()
         self.partitions: dict[TopicPartition, Hosted] = {}
         # Long polls park on one of two signals, as Kafka's delayed fetches complete: a
         # follower's on new data (it reads to the LEO), a consumer's on a HW move (it reads to
@@ -318,7 +314,7 @@ class ReplicaManager:
             self._applied_offset = self.image.next_offset
             self._metadata_ready.set()
             return
-        now = now_ms()
+        now = wall_clock_ms()
         # Topics that disappeared: stop and delete their replicas here.
         for topic_id, name in before.items():
             if topic_id not in self.image.topics_by_id:
@@ -576,7 +572,7 @@ class ReplicaManager:
                     raise FollowerAppendFailedError(str(err)) from err
                 self.metrics.replication_bytes_in.inc(len(effect.records))
                 queue[:0] = core.on_follower_appended(hosted.log.leo, info.batches)
-                self._maybe_flush(hosted, now_ms())
+                self._maybe_flush(hosted, wall_clock_ms())
             elif isinstance(effect, TruncateTo | TruncateFullyAndStartAt):
                 old_leo = hosted.log.leo
                 fully = isinstance(effect, TruncateFullyAndStartAt)
@@ -687,9 +683,9 @@ class ReplicaManager:
                     proposed_isr=sorted(proposal.new_isr),
                 )
             if self.partitions.get(hosted.tp) is hosted:
-                self._apply(hosted, hosted.core.on_alter_partition_result(result, now_ms()))
+                self._apply(hosted, hosted.core.on_alter_partition_result(result, wall_clock_ms()))
 
-        hosted.proposal_task = self._spawn(send(), f"alter-partition-{hosted.tp}")
+        self._spawn(send(), f"alter-partition-{hosted.tp}")
 
     # -- produce ------------------------------------------------------------------------------
 
@@ -709,7 +705,7 @@ class ReplicaManager:
             ]
         results: list[wire.ProduceResult] = []
         waits: list[tuple[wire.ProduceResult, asyncio.Future[CompleteProduce]]] = []
-        deadline = now_ms() + max(timeout_ms, 0)
+        deadline = wall_clock_ms() + max(timeout_ms, 0)
         for part in partitions:
             offline = self._offline_error()
             if offline is not None:
@@ -764,7 +760,7 @@ class ReplicaManager:
             result.message = f"broker {self.broker_id} is not the leader of {tp}"
             result.leader = (core.leader_id, core.leader_epoch)
             return result, None
-        now = now_ms()
+        now = wall_clock_ms()
         try:
             # Headers for the core's idempotence and acks checks; the log reuses this validation
             # when it appends (one CRC32C pass per batch).
@@ -907,7 +903,7 @@ class ReplicaManager:
                     last_fetched_epoch=req.last_fetched_epoch,
                     log_start_offset=req.log_start_offset,
                 ),
-                now_ms(),
+                wall_clock_ms(),
             )
             self._apply(hosted, answer.effects)
             result.error, result.message = answer.error, answer.message
@@ -995,7 +991,7 @@ class ReplicaManager:
         hosted = self.partitions.get(tp)
         if hosted is None or self.log_dir_failure is not None:
             return None
-        position = hosted.core.next_fetch(now_ms())
+        position = hosted.core.next_fetch(wall_clock_ms())
         if position is None or position.leader_id != leader_id:
             hosted.pending_fetch = None
             hosted.pending_request = None
@@ -1039,7 +1035,7 @@ class ReplicaManager:
             records=result.records,
         )
         try:
-            self._apply(hosted, hosted.core.on_fetch_response(request, response, now_ms()))
+            self._apply(hosted, hosted.core.on_fetch_response(request, response, wall_clock_ms()))
         except FollowerAppendFailedError as err:
             log.warning(
                 "follower_append_failed",
@@ -1049,7 +1045,7 @@ class ReplicaManager:
                 error=str(err),
             )
             failed = FetchResponse(error=ErrorCode.CORRUPT_MESSAGE)
-            self._apply(hosted, hosted.core.on_fetch_response(request, failed, now_ms()))
+            self._apply(hosted, hosted.core.on_fetch_response(request, failed, wall_clock_ms()))
 
     # -- list offsets, metadata, producer ids, describe -----------------------------------------
 
@@ -1298,7 +1294,7 @@ class ReplicaManager:
         retention_every: float,
     ) -> None:
         mono = time.monotonic()
-        now = now_ms()
+        now = wall_clock_ms()
 
         def expire(hosted: Hosted) -> None:
             if hosted.core.pending_produce_count:

@@ -33,13 +33,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from minibroker.client.batch import (
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    NO_SEQUENCE,
+    SEQUENCE_MODULUS,
+)
 from minibroker.client.errors import MessageTooLargeError
 from minibroker.client.types import TopicPartition
-
-NO_PRODUCER_ID = -1
-NO_PRODUCER_EPOCH = -1
-NO_SEQUENCE = -1
-SEQUENCE_MODULUS = 1 << 31  # sequences wrap at int32 max (DefaultRecordBatch.incrementSequence)
 
 # Per-record framing in a v2 batch is at most ~21 bytes of varints and attributes; used only for
 # the memory bound and the early "too large" check, the builder knows the exact size.
@@ -96,7 +97,6 @@ class ProducerBatch:
     base_sequence: int = NO_SEQUENCE
     attempts: int = 0
     retry_at_ms: int = 0
-    drained_ms: int = -1
 
     @property
     def closed(self) -> bool:
@@ -271,7 +271,6 @@ class RecordAccumulator:
                 queue.popleft()
                 self._close(head)
                 head.attempts += 1
-                head.drained_ms = now_ms
                 self._in_flight[tp] = head
                 taken.append(head)
                 total += head.size_bytes
@@ -404,6 +403,3 @@ class RecordAccumulator:
 
     def has_incomplete(self) -> bool:
         return bool(self._in_flight) or self.has_unsent()
-
-    def queued_partitions(self) -> list[TopicPartition]:
-        return [tp for tp, queue in self._batches.items() if queue]

@@ -38,6 +38,7 @@ NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 NO_SEQUENCE = -1
 NO_PARTITION_LEADER_EPOCH = -1
+SEQUENCE_MODULUS = 1 << 31  # sequences wrap from Int32.MAX to 0 (DefaultRecordBatch)
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 _INT64 = struct.Struct(">q")

@@ -30,13 +30,8 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from minibroker.client.accumulator import (
-    NO_SEQUENCE,
-    ProducerBatch,
-    RecordAccumulator,
-    record_size_estimate,
-)
-from minibroker.client.batch import Compression
+from minibroker.client.accumulator import ProducerBatch, RecordAccumulator, record_size_estimate
+from minibroker.client.batch import NO_SEQUENCE, Compression
 from minibroker.client.common.config import ConfigError
 from minibroker.client.errors import (
     ErrorCode,

@@ -233,12 +233,6 @@ class ClusterClient:
             self._controller_stubs[address] = stub
         return stub
 
-    def node_address(self, node_id: int) -> str:
-        addr = self.metadata.address(node_id)
-        if addr is None:
-            raise NetworkExceptionError(f"broker {node_id} is not in the cluster metadata")
-        return addr
-
     async def close(self) -> None:
         self._closed = True
         if self._refresh is not None and not self._refresh.done():

@@ -11,6 +11,9 @@ from typing import NamedTuple
 NO_LEADER = -1
 UNKNOWN_EPOCH = -1
 UNKNOWN_OFFSET = -1
+# OffsetsForLeaderEpoch's EpochEndOffset: no epoch / no end offset known
+UNDEFINED_EPOCH = -1
+UNDEFINED_EPOCH_OFFSET = -1
 EARLIEST_TIMESTAMP = -2  # ListOffsets: the log start offset
 LATEST_TIMESTAMP = -1  # ListOffsets: the high watermark
 MAX_TIMESTAMP = -3  # ListOffsets: the offset of the record with the largest timestamp

@@ -34,11 +34,11 @@ import enum
 from dataclasses import dataclass
 
 from minibroker.client.errors import ErrorCode
+from minibroker.client.types import (
+    UNDEFINED_EPOCH,
+    UNKNOWN_OFFSET,
+)
 
-NO_LEADER = -1
-UNKNOWN_OFFSET = -1
-UNDEFINED_EPOCH = -1
-UNDEFINED_EPOCH_OFFSET = -1
 UNKNOWN_BROKER_EPOCH = -1
 
 

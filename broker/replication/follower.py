@@ -18,14 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from minibroker.broker.replication.events import (
-    UNDEFINED_EPOCH,
-    UNDEFINED_EPOCH_OFFSET,
-)
+from minibroker.client.types import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
 
 
 class EpochCacheView(Protocol):
-    """The read side of broker/replication/epoch_cache.EpochCache the cores use."""
+    """The read side of broker/storage/epoch_cache.EpochCache the cores use."""
 
     def end_offset_for(self, requested_epoch: int, leo: int) -> tuple[int, int]: ...
 

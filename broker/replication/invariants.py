@@ -1,7 +1,8 @@
 """Always-on invariant checks for the replication cores and the simulation (docs/design.md §8).
 
-Pure: no I/O. `invariant(cond, msg)` is the helper Python's `assert` cannot be (asserts vanish
-under `-O`); the core calls it where a broken rule would corrupt data. The `check_*` functions
+Pure: no I/O. The checks raise through `minibroker.client.common.invariant.invariant` (one
+InvariantViolation for the broker and the controller); the core calls it where a broken rule
+would corrupt data. The `check_*` functions
 state the invariants of docs/design.md §8 over plain values so both the cores and the simulation
 checkers (tests/sim) share one definition.
 """
@@ -11,15 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 
-
-class InvariantViolation(AssertionError):
-    """A replication invariant does not hold: a bug, never a recoverable condition."""
-
-
-def invariant(cond: bool, msg: str) -> None:
-    """Raise InvariantViolation(msg) unless `cond`; never compiled away."""
-    if not cond:
-        raise InvariantViolation(msg)
+from minibroker.client.common.invariant import invariant
 
 
 def check_offsets(log_start_offset: int, high_watermark: int, leo: int, where: str = "") -> None:

@@ -43,11 +43,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from minibroker.broker.replication.events import (
-    NO_LEADER,
-    UNDEFINED_EPOCH,
-    UNDEFINED_EPOCH_OFFSET,
     UNKNOWN_BROKER_EPOCH,
-    UNKNOWN_OFFSET,
     AdvanceLogStartOffset,
     AlterPartitionResult,
     AppendAsFollower,
@@ -85,17 +81,24 @@ from minibroker.broker.replication.follower import (
     latest_epoch_of,
     truncation_for_diverging_epoch,
 )
-from minibroker.broker.replication.invariants import check_isr, check_offsets, invariant
+from minibroker.broker.replication.invariants import check_isr, check_offsets
 from minibroker.broker.replication.producer_state import (
     ProducerBatchHeader,
     ProducerStateManager,
 )
 from minibroker.client.batch import CorruptRecordError, parse_header
+from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode
+from minibroker.client.types import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    NO_LEADER,
+    UNDEFINED_EPOCH,
+    UNDEFINED_EPOCH_OFFSET,
+    UNKNOWN_OFFSET,
+)
 
 NEVER_MS = -(1 << 62)
-EARLIEST_TIMESTAMP = -2
-LATEST_TIMESTAMP = -1
 
 # AlterPartition errors after which the leader keeps its pending state and waits for metadata
 # (docs/protocol.md §9): retrying cannot help, and the next PartitionRecord settles the ISR.
@@ -136,17 +139,23 @@ class AppendBatchHeader(ProducerBatchHeader, Protocol):
 
 
 @dataclass(slots=True)
-class BrokerRegistration:
+class BrokerEligibility:
+    """The part of a broker's registration that decides its ISR eligibility (KIP-841/903).
+
+    A projection, not the registration: the metadata image's full record is
+    `minibroker.client.metadata.image.BrokerRegistration` (host, port, rack, incarnation, ...).
+    """
+
     broker_epoch: int
     fenced: bool = False
     in_controlled_shutdown: bool = False
 
 
-class BrokerRegistrations:
+class BrokerEligibilityView:
     """A plain BrokerView the shell keeps current from RegisterBroker/BrokerChange records."""
 
-    def __init__(self, brokers: dict[int, BrokerRegistration] | None = None) -> None:
-        self._brokers: dict[int, BrokerRegistration] = dict(brokers or {})
+    def __init__(self, brokers: dict[int, BrokerEligibility] | None = None) -> None:
+        self._brokers: dict[int, BrokerEligibility] = dict(brokers or {})
 
     def update(
         self,
@@ -156,7 +165,7 @@ class BrokerRegistrations:
         fenced: bool = False,
         in_controlled_shutdown: bool = False,
     ) -> None:
-        self._brokers[broker_id] = BrokerRegistration(broker_epoch, fenced, in_controlled_shutdown)
+        self._brokers[broker_id] = BrokerEligibility(broker_epoch, fenced, in_controlled_shutdown)
 
     def remove(self, broker_id: int) -> None:
         self._brokers.pop(broker_id, None)
@@ -350,11 +359,6 @@ class PartitionReplica:
     @property
     def alter_partition_in_flight(self) -> bool:
         return not isinstance(self.isr_state, CommittedIsr)
-
-    def next_produce_deadline_ms(self) -> int | None:
-        if not self._pending_produces:
-            return None
-        return min(p.deadline_ms for p in self._pending_produces)
 
     def check_invariants(self) -> None:
         """Local invariants (docs/design.md §8.7, §8.8); the simulation checks them every step."""

@@ -36,11 +36,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from minibroker.client.batch import SEQUENCE_MODULUS
 from minibroker.client.errors import ErrorCode
 
 BATCHES_PER_PRODUCER = 5
-SEQUENCE_MODULUS = 1 << 31  # sequences wrap from Int32.MAX to 0
-NO_PRODUCER_ID = -1
 
 
 class ProducerBatchHeader(Protocol):

@@ -27,7 +27,7 @@ import pathlib
 import re
 from collections.abc import Iterable, Mapping
 
-from minibroker.broker.replication.epoch_cache import EpochEntry
+from minibroker.broker.storage.epoch_cache import EpochEntry
 from minibroker.broker.storage.errors import CorruptCheckpointError
 from minibroker.client.common.log import get_logger
 from minibroker.client.topic_name import LEGAL_CHARS

@@ -270,10 +270,6 @@ class OffsetIndex(_IndexFile):
         """Remove entries whose offset is >= `offset` (never raises)."""
         self.rollback_to(bisect.bisect_left(self._offsets, offset))
 
-    def truncate_to_position(self, position: int) -> None:
-        """Remove entries for batches at or after `position` (the log was cut there)."""
-        self.rollback_to(bisect.bisect_left(self._positions, position))
-
     def rollback_to(self, count: int) -> None:
         """Keep only the first `count` entries, in memory and in the file (never raises)."""
         if count >= len(self._offsets):

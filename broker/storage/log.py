@@ -40,13 +40,11 @@ import bisect
 import os
 import pathlib
 import struct
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from minibroker.broker.replication.epoch_cache import EpochCache, EpochEntry
 from minibroker.broker.storage.checkpoint import (
     LEADER_EPOCH_CHECKPOINT,
     LeaderEpochCheckpointFile,
@@ -54,6 +52,7 @@ from minibroker.broker.storage.checkpoint import (
     write_new_file,
 )
 from minibroker.broker.storage.config import LogConfig
+from minibroker.broker.storage.epoch_cache import EpochCache, EpochEntry
 from minibroker.broker.storage.errors import CorruptCheckpointError, UnexpectedAppendOffsetError
 from minibroker.broker.storage.segment import (
     LOG_SUFFIX,
@@ -78,6 +77,7 @@ from minibroker.client.batch import (
     read_header,
     validate_producer_batches,
 )
+from minibroker.client.common.clock import wall_clock_ms
 from minibroker.client.common.log import get_logger
 from minibroker.client.errors import (
     KafkaStorageError,
@@ -184,10 +184,6 @@ class _EpochSnapshot(NamedTuple):
 
     entries: tuple[EpochEntry, ...]
     file_existed: bool
-
-
-def _wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class PartitionLog:
@@ -656,7 +652,7 @@ class PartitionLog:
         cache at the batch's base offset. `now_ms` (default: the wall clock) drives segment.ms.
         A disk failure raises KafkaStorageError with the log as it was (module docstring).
         """
-        now = _wall_clock_ms() if now_ms is None else now_ms
+        now = wall_clock_ms() if now_ms is None else now_ms
         if len(records) == 0:
             return AppendInfo(-1, -1, -1, -1, self._log_start_offset, 0, 0, (), -1)
         expected = self.leo
@@ -932,14 +928,6 @@ class PartitionLog:
         self._high_watermark = min(max(high_watermark, self._log_start_offset), self.leo)
         return self._high_watermark
 
-    def maybe_increment_high_watermark(self, high_watermark: int) -> bool:
-        """Move the HW forward only (clamped to the LEO); True if it moved."""
-        new = min(high_watermark, self.leo)
-        if new <= self._high_watermark:
-            return False
-        self._high_watermark = new
-        return True
-
     def maybe_increment_log_start_offset(self, new_log_start_offset: int) -> bool:
         """Raise the log start (a follower copies its leader's); segments below it go at the
         next `delete_retention`. It may not pass the HW (OffsetOutOfRangeError)."""
@@ -1028,7 +1016,7 @@ class PartitionLog:
             raise OffsetOutOfRangeError(f"cannot restart {self.topic_partition} at {offset}")
         self._loaded_producer_batches = None
         old_leo = self.leo
-        now = _wall_clock_ms()
+        now = wall_clock_ms()
         try:
             while len(self._segments) > 1:
                 self._segments[-1].delete()
@@ -1163,7 +1151,7 @@ class PartitionLog:
         except OSError as err:
             raise self._storage_error("flushing", err) from err
         self._recovery_point = leo
-        self._last_flush_ms = _wall_clock_ms() if now_ms is None else now_ms
+        self._last_flush_ms = wall_clock_ms() if now_ms is None else now_ms
 
     def maybe_flush(self, now_ms: int) -> bool:
         """Flush when `flush.messages` offsets or `flush.ms` have passed since the last flush."""

@@ -42,7 +42,6 @@ import os
 import pathlib
 import re
 import shutil
-import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -63,6 +62,7 @@ from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DELETE_DIR_SUFFIX, DataDir
 from minibroker.broker.storage.errors import CorruptCheckpointError, InconsistentTopicIdError
 from minibroker.broker.storage.log import DeletedSegment, PartitionLog
+from minibroker.client.common.clock import wall_clock_ms
 from minibroker.client.common.log import get_logger
 from minibroker.client.errors import KafkaStorageError
 from minibroker.client.types import TopicPartition
@@ -113,10 +113,6 @@ class _PendingDelete:
     tp: TopicPartition
     path: pathlib.Path
     renamed: bool
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def read_partition_metadata(directory: os.PathLike[str] | str) -> str | None:
@@ -184,7 +180,7 @@ class LogManager:
     ) -> LogManager:
         """Open every partition dir; recovery runs unless the data dir had a clean shutdown."""
         manager = cls(data_dir, default_config or LogConfig())
-        now = _now_ms() if now_ms is None else now_ms
+        now = wall_clock_ms() if now_ms is None else now_ms
         high_watermarks = manager._read_checkpoint(manager._hw_file)
         recovery_points = manager._read_checkpoint(manager._recovery_file)
         log_starts = manager._read_checkpoint(manager._log_start_file)
@@ -267,7 +263,7 @@ class LogManager:
             return log
         self._clear_the_way(tp)
         path = self.data_dir.partition_path(tp)
-        now = _now_ms() if now_ms is None else now_ms
+        now = wall_clock_ms() if now_ms is None else now_ms
         if path.is_dir():
             return self._adopt(tp, path, topic_id, config, now)
         (made,) = self.create_logs([NewLog(tp, topic_id, config)], now)

@@ -315,10 +315,6 @@ class LogSegment:
         """The largest batch maxTimestamp here, -1 when none."""
         return self._max_timestamp
 
-    @property
-    def offset_of_max_timestamp(self) -> int:
-        return self._offset_of_max_timestamp
-
     def largest_timestamp(self) -> int:
         """Retention's clock: the largest timestamp, or the file's mtime when there is none."""
         if self._max_timestamp >= 0:

@@ -12,7 +12,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from minibroker.client.metadata.records import (
-    NO_LEADER,
     BrokerRegistrationChangeRecord,
     ConfigRecord,
     LogEntry,
@@ -25,6 +24,7 @@ from minibroker.client.metadata.records import (
     TopicRecord,
     UnregisterBrokerRecord,
 )
+from minibroker.client.types import NO_LEADER
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-NO_LEADER = -1
+from minibroker.client.types import NO_LEADER
+
 LEADER_RECOVERED = 0
 LEADER_RECOVERING = 1  # after an unclean election (KIP-704)
 

@@ -221,12 +221,6 @@ class TopicSelection:
             for p in range(count)
         )
 
-    def named_topics(self) -> list[str]:
-        """Topics this selection names outright (none for a pattern)."""
-        if self.kind == "assign":
-            return sorted({tp.topic for tp in self.assigned})
-        return list(self.topics)
-
 
 def parse_selection(options: Mapping[str, str]) -> TopicSelection:
     given = {

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import json
 import pathlib
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +31,7 @@ import grpc
 from rich.console import Console
 from rich.live import Live
 
+from minibroker.client.common.clock import wall_clock_ms
 from minibroker.client.metadata.wire import batch_from_pb
 from minibroker.client.transport import CHANNEL_OPTIONS, parse_bootstrap
 from minibroker.client.watch.model import (
@@ -55,10 +55,6 @@ CLUSTER_FILE = "cluster.json"
 LOG_TAIL_START_BYTES = 4 * 1024 * 1024
 LOG_READ_MAX_BYTES = 4 * 1024 * 1024
 RECONNECT_DELAY_S = 0.25
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +196,6 @@ class Watcher:
         self._clock = clock
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._log_tails: dict[int, LogTail] = {}
-        self._local = options.cluster_dir is not None
         self._controller_address_fixed = False
 
     async def __aenter__(self) -> Watcher:

@@ -32,7 +32,6 @@ from enum import StrEnum
 from minibroker.client.metadata.image import BrokerRegistration, MetadataImage
 from minibroker.client.metadata.records import (
     LEADER_RECOVERING,
-    NO_LEADER,
     BrokerRegistrationChangeRecord,
     LogEntry,
     MetadataRecord,
@@ -42,6 +41,7 @@ from minibroker.client.metadata.records import (
     TopicRecord,
     UnregisterBrokerRecord,
 )
+from minibroker.client.types import NO_LEADER
 
 CONTROLLER = "controller"
 DEFAULT_MAX_EVENTS = 500
@@ -147,7 +147,6 @@ class Reachability:
 class BrokerProbe:
     reach: Reachability = field(default_factory=Reachability)
     reports: dict[tuple[str, int], ReplicaReport] = field(default_factory=dict)
-    reported_at_ms: int = 0
 
 
 # -- rows the renderer draws --------------------------------------------------------------------
@@ -523,7 +522,6 @@ class WatchModel:
         probe = self._probe(broker_id)
         self._reach_changed(probe.reach, True, f"broker {broker_id}", "", now_ms, broker_id)
         probe.reports = {(r.topic, r.partition): r for r in reports}
-        probe.reported_at_ms = now_ms
 
     def observe_broker_failure(self, broker_id: int, error: str, now_ms: int) -> None:
         probe = self._probe(broker_id)

@@ -16,7 +16,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from minibroker.client.metadata.records import NO_LEADER
+from minibroker.client.types import NO_LEADER
 from minibroker.client.watch.model import (
     BrokerRow,
     ClusterEvent,

@@ -32,7 +32,6 @@ from minibroker.client.common.config import ConfigError
 from minibroker.client.errors import ErrorCode
 from minibroker.client.metadata.image import MetadataImage, TopicImage
 from minibroker.client.metadata.records import (
-    NO_LEADER,
     BrokerRegistrationChangeRecord,
     LogEntry,
     MetadataRecord,
@@ -44,6 +43,7 @@ from minibroker.client.metadata.records import (
     UnregisterBrokerRecord,
 )
 from minibroker.client.topic_config import resolve_topic_config, validate_topic_configs
+from minibroker.client.types import NO_LEADER
 from minibroker.controller.core.election import (
     Election,
     PartitionChange,

@@ -11,12 +11,9 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from minibroker.client.metadata.records import (
-    LEADER_RECOVERED,
-    LEADER_RECOVERING,
-    NO_LEADER,
-    PartitionRecord,
-)
+from minibroker.client.common.invariant import InvariantViolation
+from minibroker.client.metadata.records import LEADER_RECOVERED, LEADER_RECOVERING, PartitionRecord
+from minibroker.client.types import NO_LEADER
 
 
 class Election(enum.Enum):
@@ -109,10 +106,6 @@ def build_partition_change(
     return PartitionChange(record, leader_changed, unclean)
 
 
-class InvariantViolation(RuntimeError):
-    """A partition change would break an invariant of docs/design.md §8.8 (a controller bug)."""
-
-
 def check_partition_change(old: PartitionRecord | None, new: PartitionRecord) -> None:
     """Always-on checks of I7 and I11 for a record about to be written (not `assert`, which
     vanishes under -O): the ISR is a non-empty subset of the replicas, the leader is NO_LEADER
@@ -142,7 +135,6 @@ def remove_from_isr(isr: Sequence[int], broker_id: int) -> tuple[int, ...]:
 __all__ = [
     "LEADER_RECOVERED",
     "Election",
-    "InvariantViolation",
     "PartitionChange",
     "build_partition_change",
     "check_partition_change",

@@ -53,9 +53,7 @@ from typing import Any
 
 from sim_controller import SimControllerNode
 
-from minibroker.broker.replication.epoch_cache import EpochCache
 from minibroker.broker.replication.events import (
-    NO_LEADER,
     AdvanceLogStartOffset,
     AlterPartitionResult,
     AppendAsFollower,
@@ -84,14 +82,16 @@ from minibroker.broker.replication.invariants import (
     check_batches_contiguous,
     check_epoch_cache_matches_batches,
     check_epoch_entries,
-    invariant,
 )
-from minibroker.broker.replication.partition import BrokerRegistrations, PartitionReplica
+from minibroker.broker.replication.partition import BrokerEligibilityView, PartitionReplica
+from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.client.batch import BatchHeader, assign_offsets, iter_batches
+from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode
 from minibroker.client.metadata.image import MetadataImage
 from minibroker.client.metadata.records import LogEntry, PartitionRecord
 from minibroker.client.records import encode_batch
+from minibroker.client.types import NO_LEADER
 from minibroker.controller.core.controller import ControllerCore, ControllerSettings
 from minibroker.controller.core.election import Election
 from minibroker.controller.core.isr import AlterPartitionProposal, IsrMember
@@ -244,7 +244,7 @@ class SimBroker:
         self.metadata_buffer: dict[int, LogEntry] = {}  # arrived out of order, not yet applied
         self.watch: int | None = None  # token of the open WatchMetadata stream
         self.hb_stream: tuple[int, int] | None = None  # (stream id, controller generation)
-        self.view = BrokerRegistrations()
+        self.view = BrokerEligibilityView()
         self.logs: dict[int, MemLog] = {}
         self.replicas: dict[int, SimReplica] = {}
         self.paused_until_ms = 0  # SIGSTOP: nothing runs on this broker before this time
@@ -262,7 +262,7 @@ class SimBroker:
         self.metadata_buffer = {}
         self.watch = None
         self.hb_stream = None
-        self.view = BrokerRegistrations()
+        self.view = BrokerEligibilityView()
         self.replicas = {}
         self.shutting_down = False
 

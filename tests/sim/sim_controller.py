@@ -19,7 +19,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from minibroker.broker.replication.invariants import invariant
+from minibroker.client.common.invariant import invariant
 from minibroker.client.metadata.image import MetadataImage
 from minibroker.client.metadata.records import LogEntry, MetadataRecord
 from minibroker.controller.core.controller import ControllerCore, ControllerSettings

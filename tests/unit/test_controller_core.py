@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 from minibroker.client.errors import ErrorCode
 from minibroker.client.metadata.image import MetadataImage
 from minibroker.client.metadata.records import (
-    NO_LEADER,
     BrokerRegistrationChangeRecord,
     PartitionRecord,
     RegisterBrokerRecord,
     TopicRecord,
 )
 from minibroker.client.metadata.wire import entry_from_pb, entry_to_pb, record_from_pb, record_to_pb
+from minibroker.client.types import NO_LEADER
 from minibroker.controller.core.controller import ControllerCore, ControllerSettings
 from minibroker.controller.core.election import Election
 from minibroker.controller.core.isr import AlterPartitionProposal, IsrMember

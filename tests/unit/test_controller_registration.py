@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 
 from minibroker.client.errors import ErrorCode, InvalidRequestError
 from minibroker.client.metadata.image import MetadataImage
-from minibroker.client.metadata.records import NO_LEADER, UnregisterBrokerRecord
+from minibroker.client.metadata.records import UnregisterBrokerRecord
 from minibroker.client.metadata.wire import entry_from_pb, entry_to_pb
+from minibroker.client.types import NO_LEADER
 from minibroker.controller import wire
 from minibroker.controller.core.election import Election
 from minibroker.controller.core.messages import RegisterRequest

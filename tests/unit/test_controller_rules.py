@@ -10,12 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minibroker.client.common.invariant import InvariantViolation
 from minibroker.client.errors import ErrorCode
 from minibroker.client.metadata.image import BrokerRegistration
-from minibroker.client.metadata.records import LEADER_RECOVERING, NO_LEADER, PartitionRecord
+from minibroker.client.metadata.records import LEADER_RECOVERING, PartitionRecord
+from minibroker.client.types import NO_LEADER
 from minibroker.controller.core.election import (
     Election,
-    InvariantViolation,
     build_partition_change,
     check_partition_change,
     elect_leader,

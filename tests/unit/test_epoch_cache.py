@@ -10,12 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minibroker.broker.replication.epoch_cache import (
-    UNDEFINED_EPOCH,
-    UNDEFINED_EPOCH_OFFSET,
-    EpochCache,
-    EpochEntry,
-)
+from minibroker.broker.storage.epoch_cache import EpochCache, EpochEntry
+from minibroker.client.types import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
 
 
 def test_assign_appends_new_epochs_in_order() -> None:

@@ -1,8 +1,11 @@
 """Dependencies point one way (docs/design.md §1) and pure cores do no I/O (docs/design.md §2).
 
 An AST walk over the source: broker and controller never import each other, client imports
-neither, and the pure modules import no asyncio, grpc, os, time, random, socket, threading,
-subprocess or generated stubs.
+neither, broker/storage imports nothing from broker/replication (Kafka keeps the leader-epoch
+cache in storage), and the pure modules import no asyncio, grpc, os, time, random, socket,
+threading, subprocess or generated stubs. Every listed path must exist, so a module that moves
+or is renamed fails the test instead of silently leaving the rule unchecked. Relative imports
+are resolved to their absolute names, so they cannot slip past either rule.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Pure cores: folders (every module inside) and single modules.
 PURE = [
     "broker/replication",
+    "broker/storage/epoch_cache.py",
     "client/errors.py",
+    "client/common/invariant.py",
     "client/common/limits.py",
     "client/batch.py",
     "client/records.py",
@@ -44,6 +49,7 @@ FORBIDDEN_IN_PURE = {
 }
 # package folder -> packages it must never import
 FORBIDDEN_EDGES = {
+    "broker/storage": {"minibroker.broker.replication"},
     "client": {"minibroker.broker", "minibroker.controller", "minibroker.deploy"},
     "broker": {"minibroker.controller", "minibroker.deploy"},
     "controller": {"minibroker.broker", "minibroker.deploy"},
@@ -57,13 +63,29 @@ FORBIDDEN_EDGES = {
 
 
 def _imports(path: pathlib.Path) -> set[str]:
+    """Every module `path` imports, by absolute name (relative imports resolved)."""
+    package = ["minibroker", *path.relative_to(ROOT).parent.parts]
+    return _imported_names(path.read_text(), package, str(path))
+
+
+def _imported_names(source: str, package: list[str], filename: str = "<probe>") -> set[str]:
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(ast.parse(source, filename)):
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            names.add(".".join([*base, *([node.module] if node.module else [])]))
     return names
+
+
+def _files(entry: str) -> list[pathlib.Path]:
+    """The modules a listed path names; a path that no longer exists fails the test."""
+    target = ROOT / entry
+    assert target.exists(), f"{entry} is listed in test_layering.py but does not exist"
+    files = [target] if entry.endswith(".py") else sorted(target.rglob("*.py"))
+    assert files, f"{entry} is listed in test_layering.py but holds no module"
+    return files
 
 
 def _matches(name: str, prefixes: set[str]) -> bool:
@@ -73,11 +95,7 @@ def _matches(name: str, prefixes: set[str]) -> bool:
 def test_pure_cores_do_not_import_io() -> None:
     bad = []
     for entry in PURE:
-        target = ROOT / entry
-        files = [target] if entry.endswith(".py") else sorted(target.rglob("*.py"))
-        for path in files:
-            if not path.exists():
-                continue
+        for path in _files(entry):
             bad += [
                 f"{path.relative_to(ROOT)} imports {n}"
                 for n in _imports(path)
@@ -89,10 +107,20 @@ def test_pure_cores_do_not_import_io() -> None:
 def test_dependencies_point_one_way() -> None:
     bad = []
     for folder, forbidden in FORBIDDEN_EDGES.items():
-        for path in sorted((ROOT / folder).rglob("*.py")):
+        for path in _files(folder):
             bad += [
                 f"{path.relative_to(ROOT)} imports {n}"
                 for n in _imports(path)
                 if _matches(n, forbidden)
             ]
     assert not bad, "\n".join(bad)
+
+
+def test_relative_imports_resolve_to_absolute_names() -> None:
+    storage = ["minibroker", "broker", "storage"]
+    assert _imported_names("from ..replication import events", storage) == {
+        "minibroker.broker.replication"
+    }
+    assert _imported_names("from . import segment", storage) == {"minibroker.broker.storage"}
+    assert _imported_names("from .log import X", storage) == {"minibroker.broker.storage.log"}
+    assert _imported_names("import os.path", storage) == {"os.path"}

@@ -1,5 +1,4 @@
-"""The broker's purgatories (broker/purgatory.py): KeySignals for long-poll fetches and
-OffsetWaiters for acks=all produces.
+"""The broker's fetch purgatory (broker/purgatory.py): KeySignals for long-poll fetches.
 
 asyncio tests on one event loop, no sockets. What they prove (bounded purgatories,
 docs/protocol.md §12):
@@ -9,9 +8,7 @@ docs/protocol.md §12):
 - the capacity bound raises PurgatoryFullError instead of parking, and a slot frees when a
   waiter leaves by any exit (notified, timed out, cancelled);
 - no key keeps an empty waiter set after its waiters left (a long-running broker sees many
-  partitions come and go);
-- OffsetWaiters resolves exactly the waiters whose required offset the watermark reached, with
-  the watermark, fails a key's waiters on `fail`, and forgets resolved or cancelled waiters.
+  partitions come and go).
 """
 
 from __future__ import annotations
@@ -20,8 +17,7 @@ import asyncio
 
 import pytest
 
-from minibroker.broker.purgatory import KeySignals, OffsetWaiters, PurgatoryFullError
-from minibroker.client.errors import NotLeaderOrFollowerError
+from minibroker.broker.purgatory import KeySignals, PurgatoryFullError
 
 # Long enough never to pass in a test that expects a wake-up; the tests that expect a timeout
 # use a short one and assert only the outcome, never how long it took.
@@ -186,58 +182,3 @@ async def test_many_rounds_leave_nothing_behind() -> None:
             assert await asyncio.wait_for(task, DEADLINE_S) is True
         assert len(signals) == 0
         assert signals._waiting == {}
-
-
-# -- OffsetWaiters ------------------------------------------------------------------------------
-
-
-async def test_advance_resolves_exactly_the_reached_offsets_with_the_watermark() -> None:
-    waiters = OffsetWaiters(capacity=10)
-    at = [(offset, waiters.wait("tp", offset)) for offset in (5, 1, 3, 3, 8)]
-    other_key = waiters.wait("other", 0)
-    assert len(waiters) == 6
-    waiters.advance("tp", 3)
-    assert [(o, f.result()) for o, f in at if f.done()] == [(1, 3), (3, 3), (3, 3)]
-    assert [o for o, f in at if not f.done()] == [5, 8]
-    assert not other_key.done(), "advance on one key resolved a waiter of another"
-    await until(lambda: len(waiters) == 3, "resolved waiters forgotten")
-    waiters.advance("tp", 2)  # a lower watermark resolves nothing new
-    assert [o for o, f in at if not f.done()] == [5, 8]
-    waiters.advance("tp", 100)
-    assert [f.result() for o, f in at if o > 3] == [100, 100]
-    waiters.advance("other", 0)
-    assert other_key.result() == 0
-    await until(lambda: len(waiters) == 0, "every waiter forgotten")
-    assert waiters._waiters == {}
-
-
-async def test_fail_fails_every_waiter_of_the_key_only() -> None:
-    waiters = OffsetWaiters(capacity=10)
-    doomed = [waiters.wait("tp", offset) for offset in (1, 2, 2)]
-    kept = waiters.wait("other", 1)
-    error = NotLeaderOrFollowerError("leadership moved")
-    waiters.fail("tp", error)
-    for future in doomed:
-        assert future.exception() is error
-    assert not kept.done()
-    await until(lambda: len(waiters) == 1, "failed waiters forgotten")
-    # Failing again, or advancing the failed key, touches nothing.
-    waiters.fail("tp", error)
-    waiters.advance("tp", 10)
-    assert not kept.done()
-
-
-async def test_capacity_raises_and_a_cancelled_waiter_frees_its_slot() -> None:
-    waiters = OffsetWaiters(capacity=2)
-    first = waiters.wait("tp", 1)
-    waiters.wait("tp", 2)
-    with pytest.raises(PurgatoryFullError):
-        waiters.wait("tp", 3)
-    assert len(waiters) == 2, "a refused wait was counted"
-    first.cancel()  # the produce request's caller went away
-    await until(lambda: len(waiters) == 1, "the cancelled waiter forgotten")
-    third = waiters.wait("tp", 3)
-    waiters.advance("tp", 3)
-    assert third.result() == 3
-    await until(lambda: len(waiters) == 0, "every waiter forgotten")
-    assert waiters._waiters == {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 
-from minibroker.broker.replication.epoch_cache import EpochCache
 from minibroker.broker.replication.events import (
     AdvanceLogStartOffset,
     AppendAsFollower,
@@ -30,7 +29,8 @@ from minibroker.broker.replication.follower import (
     follower_high_watermark,
     truncation_for_diverging_epoch,
 )
-from minibroker.broker.replication.partition import BrokerRegistrations, PartitionReplica
+from minibroker.broker.replication.partition import BrokerEligibilityView, PartitionReplica
+from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.client.batch import iter_batches
 from minibroker.client.errors import ErrorCode
 from minibroker.client.records import encode_batch
@@ -47,7 +47,7 @@ def make_follower(
     replica = PartitionReplica(
         ME,
         cache,
-        BrokerRegistrations(),
+        BrokerEligibilityView(),
         ReplicaConfig(replica_fetch_backoff_ms=100),
         leo=leo,
         high_watermark=hw,

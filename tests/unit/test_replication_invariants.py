@@ -6,14 +6,13 @@ from __future__ import annotations
 import pytest
 
 from minibroker.broker.replication.invariants import (
-    InvariantViolation,
     check_batches_contiguous,
     check_epoch_cache_matches_batches,
     check_epoch_entries,
     check_isr,
     check_offsets,
-    invariant,
 )
+from minibroker.client.common.invariant import InvariantViolation, invariant
 
 
 def test_invariant_raises_even_under_optimisation() -> None:

@@ -7,7 +7,6 @@ no event loop; time is an explicit `now_ms`.
 
 from __future__ import annotations
 
-from minibroker.broker.replication.epoch_cache import EpochCache
 from minibroker.broker.replication.events import (
     AlterPartitionResult,
     AppendPlan,
@@ -25,7 +24,8 @@ from minibroker.broker.replication.events import (
     Role,
     StartFetching,
 )
-from minibroker.broker.replication.partition import BrokerRegistrations, PartitionReplica
+from minibroker.broker.replication.partition import BrokerEligibilityView, PartitionReplica
+from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.client.batch import iter_batches
 from minibroker.client.errors import ErrorCode
 from minibroker.client.records import encode_batch
@@ -35,8 +35,8 @@ EPOCH = 5
 BROKER_EPOCHS = {1: 101, 2: 102, 3: 103}
 
 
-def brokers() -> BrokerRegistrations:
-    view = BrokerRegistrations()
+def brokers() -> BrokerEligibilityView:
+    view = BrokerEligibilityView()
     for broker_id, epoch in BROKER_EPOCHS.items():
         view.update(broker_id, epoch)
     return view
@@ -50,7 +50,7 @@ def make_leader(
     leo: int = 0,
     hw: int = 0,
     lag_ms: int = 1_000,
-    view: BrokerRegistrations | None = None,
+    view: BrokerEligibilityView | None = None,
 ) -> tuple[PartitionReplica, EpochCache, list[Effect]]:
     cache = EpochCache([(EPOCH - 1, 0)] if leo else [])
     replica = PartitionReplica(
@@ -344,7 +344,7 @@ def test_stale_broker_epoch_fetch_changes_nothing_kip_903() -> None:
     assert replica.high_watermark == 2
     fetch(replica, 3, 0)  # the old incarnation of broker 3 fetched once, below the HW
     view = replica.brokers
-    assert isinstance(view, BrokerRegistrations)
+    assert isinstance(view, BrokerEligibilityView)
     view.update(3, 203)  # broker 3 restarted with a new broker epoch
     answer = fetch(replica, 3, 2, broker_epoch=103)
     assert answer.error == ErrorCode.NOT_LEADER_OR_FOLLOWER
@@ -529,7 +529,7 @@ def test_a_slow_follower_counts_as_caught_up_as_of_its_previous_fetch() -> None:
 
 
 def test_broker_registrations_view() -> None:
-    view = BrokerRegistrations()
+    view = BrokerEligibilityView()
     view.update(4, 40)
     assert view.broker_epoch(4) == 40 and view.broker_epoch(5) == -1
     assert view.is_isr_eligible(4, 40) and view.is_isr_eligible(4, -1)

@@ -29,7 +29,7 @@ from minibroker.broker.replication.events import (
     TruncateTo,
 )
 from minibroker.broker.replication.partition import (
-    BrokerRegistrations,
+    BrokerEligibilityView,
     PartitionReplica,
 )
 from minibroker.client.batch import iter_batches
@@ -100,7 +100,7 @@ class Node:
 class Cluster:
     def __init__(self, replicas: tuple[int, ...] = (A, B, C), min_isr: int = 1) -> None:
         self.replicas = replicas
-        self.view = BrokerRegistrations()
+        self.view = BrokerEligibilityView()
         for broker_id in replicas:
             self.view.update(broker_id, 100 + broker_id)
         self.config = ReplicaConfig(min_insync_replicas=min_isr, replica_lag_time_max_ms=1_000)

@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minibroker.broker.replication.epoch_cache import EpochEntry
 from minibroker.broker.storage.checkpoint import (
     LeaderEpochCheckpointFile,
     OffsetCheckpointFile,
@@ -22,6 +21,7 @@ from minibroker.broker.storage.checkpoint import (
     write_atomic,
 )
 from minibroker.broker.storage.config import LogConfig, topic_defaults_from_broker
+from minibroker.broker.storage.epoch_cache import EpochEntry
 from minibroker.broker.storage.errors import CorruptCheckpointError
 from minibroker.broker.storage.index import PENDING_ENTRIES_MAX, OffsetIndex, TimeIndex
 from minibroker.client.common.config import ConfigError

@@ -11,9 +11,9 @@ import struct
 
 import pytest
 
-from minibroker.broker.replication.epoch_cache import EpochEntry
 from minibroker.broker.storage.checkpoint import LeaderEpochCheckpointFile
 from minibroker.broker.storage.config import LogConfig
+from minibroker.broker.storage.epoch_cache import EpochEntry
 from minibroker.broker.storage.errors import UnexpectedAppendOffsetError
 from minibroker.broker.storage.log import PartitionLog
 from minibroker.client.batch import (
@@ -432,9 +432,9 @@ def test_high_watermark_is_clamped_to_the_log(tmp_path: pathlib.Path) -> None:
     log = _filled(tmp_path)
     assert log.update_high_watermark(1_000) == log.leo
     assert log.update_high_watermark(-5) == 0
-    assert log.maybe_increment_high_watermark(4)
-    assert not log.maybe_increment_high_watermark(2)
-    assert log.high_watermark == 4
+    assert log.update_high_watermark(4) == 4
+    assert log.update_high_watermark(2) == 2  # the replica core decides; the log may go back
+    assert log.high_watermark == 2
 
 
 def test_log_start_offset_cannot_pass_the_high_watermark(tmp_path: pathlib.Path) -> None:

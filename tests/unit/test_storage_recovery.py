@@ -21,11 +21,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minibroker.broker.replication.epoch_cache import EpochEntry
 from minibroker.broker.replication.producer_state import ProducerStateManager
 from minibroker.broker.storage.checkpoint import LeaderEpochCheckpointFile
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import CLEAN_SHUTDOWN_FILE, DataDir
+from minibroker.broker.storage.epoch_cache import EpochEntry
 from minibroker.broker.storage.log import PartitionLog
 from minibroker.broker.storage.log_manager import LogManager
 from minibroker.broker.storage.segment import LogSegment

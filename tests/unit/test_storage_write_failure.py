@@ -30,7 +30,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minibroker.broker.replication.epoch_cache import EpochEntry
 from minibroker.broker.storage import checkpoint as checkpoint_module
 from minibroker.broker.storage import index as index_module
 from minibroker.broker.storage import log as log_module
@@ -38,6 +37,7 @@ from minibroker.broker.storage import log_manager as log_manager_module
 from minibroker.broker.storage import segment as segment_module
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir
+from minibroker.broker.storage.epoch_cache import EpochEntry
 from minibroker.broker.storage.log import PartitionLog
 from minibroker.broker.storage.log_manager import LogManager
 from minibroker.client.batch import iter_batches

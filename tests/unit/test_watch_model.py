@@ -17,7 +17,6 @@ from rich.console import Console
 
 from minibroker.client.metadata.records import (
     LEADER_RECOVERING,
-    NO_LEADER,
     BrokerRegistrationChangeRecord,
     LogEntry,
     MetadataRecord,
@@ -28,6 +27,7 @@ from minibroker.client.metadata.records import (
     TopicRecord,
     UnregisterBrokerRecord,
 )
+from minibroker.client.types import NO_LEADER
 from minibroker.client.watch.live import LogTail, replica_reports_from_pb
 from minibroker.client.watch.model import (
     ClusterEvent,

@@ -16,8 +16,7 @@ import bisect
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
-UNDEFINED_EPOCH = -1
-UNDEFINED_EPOCH_OFFSET = -1
+from minibroker.client.types import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
 
 
 class EpochEntry(NamedTuple):
