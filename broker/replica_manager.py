@@ -330,7 +330,7 @@ class ReplicaManager:
                 self._apply_guarded(topic, record, now)
         if new and self.log_dir_failure is None:
             await self._create_logs(new)
-            now = now_ms()
+            now = wall_clock_ms()
             for topic, record in new:
                 if self.log_dir_failure is not None:
                     break
@@ -404,7 +404,7 @@ class ReplicaManager:
         if not planned:
             return
         work = asyncio.ensure_future(
-            asyncio.to_thread(self.log_manager.make_new_logs, planned, now_ms())
+            asyncio.to_thread(self.log_manager.make_new_logs, planned, wall_clock_ms())
         )
         try:
             made = await asyncio.shield(work)

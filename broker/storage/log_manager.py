@@ -276,7 +276,7 @@ class LogManager:
     ) -> list[PartitionLog | OSError]:
         """Create the logs of `wanted` (which have neither a log nor a dir) in the calling
         thread: `make_new_logs` then `add_new_logs`. One result per entry, in order."""
-        now = _now_ms() if now_ms is None else now_ms
+        now = wall_clock_ms() if now_ms is None else now_ms
         if any(new.tp in self._deleted_since_checkpoint for new in wanted):
             self.checkpoint_all()
         made = self.make_new_logs(wanted, now)

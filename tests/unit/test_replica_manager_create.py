@@ -24,10 +24,10 @@ import pytest
 from minibroker.broker.config import build_config
 from minibroker.broker.metrics import BrokerMetrics
 from minibroker.broker.replica_manager import ReplicaManager
-from minibroker.broker.replication.epoch_cache import EpochEntry
 from minibroker.broker.replication.events import Role
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir
+from minibroker.broker.storage.epoch_cache import EpochEntry
 from minibroker.broker.storage.log_manager import (
     PARTITION_METADATA,
     LogManager,

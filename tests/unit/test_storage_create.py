@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from minibroker.broker.replication.epoch_cache import EpochEntry
 from minibroker.broker.storage import checkpoint as checkpoint_module
 from minibroker.broker.storage import log_manager as log_manager_module
 from minibroker.broker.storage.checkpoint import LEADER_EPOCH_CHECKPOINT, LeaderEpochCheckpointFile
 from minibroker.broker.storage.data_dir import DataDir
+from minibroker.broker.storage.epoch_cache import EpochEntry
 from minibroker.broker.storage.log import PartitionLog
 from minibroker.broker.storage.log_manager import (
     PARTITION_METADATA,
