@@ -20,7 +20,13 @@ import json
 import sys
 from typing import Any
 
-from minibroker.client.cli.common import add_bootstrap_argument, bootstrap_of, guarded, run_async
+from minibroker.client.cli.common import (
+    add_bootstrap_argument,
+    admin_of,
+    guarded,
+    help_when_no_action,
+    run_async,
+)
 
 
 def register(sub: Any) -> None:
@@ -49,17 +55,7 @@ def register(sub: Any) -> None:
     add_bootstrap_argument(unregister)
     unregister.set_defaults(func=guarded(_unregister))
 
-    def _no_action(args: argparse.Namespace) -> int:
-        parser.print_help()
-        return 2
-
-    parser.set_defaults(func=_no_action)
-
-
-def _admin(args: argparse.Namespace) -> Any:
-    from minibroker.client.admin import AsyncAdmin
-
-    return AsyncAdmin(bootstrap_of(args), default_api_timeout_ms=15_000)
+    help_when_no_action(parser)
 
 
 def broker_state(broker: Any) -> str:
@@ -94,7 +90,7 @@ def format_brokers(brokers: Any) -> list[str]:
 
 def _list(args: argparse.Namespace) -> int:
     async def main() -> Any:
-        async with _admin(args) as admin:
+        async with admin_of(args) as admin:
             return await admin.describe_cluster()
 
     cluster = run_async(main())
@@ -109,7 +105,7 @@ def _list(args: argparse.Namespace) -> int:
 
 def _unregister(args: argparse.Namespace) -> int:
     async def main() -> None:
-        async with _admin(args) as admin:
+        async with admin_of(args) as admin:
             await admin.unregister_broker(args.id)
 
     run_async(main())

@@ -63,6 +63,23 @@ def bootstrap_of(args: argparse.Namespace) -> str:
     return getattr(args, "bootstrap_server", None) or default_bootstrap()
 
 
+def admin_of(args: argparse.Namespace) -> Any:
+    """An AsyncAdmin for the command's bootstrap servers (use as `async with`)."""
+    from minibroker.client.admin import AsyncAdmin
+
+    return AsyncAdmin(bootstrap_of(args), default_api_timeout_ms=15_000)
+
+
+def help_when_no_action(parser: argparse.ArgumentParser) -> None:
+    """A command group run without a subcommand prints its help and exits 2."""
+
+    def no_action(args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(func=no_action)
+
+
 def fail(message: str) -> int:
     """Print one error line to stderr; returns the exit status 1."""
     print(f"error: {message}", file=sys.stderr)

@@ -17,7 +17,12 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from minibroker.client.cli.common import add_bootstrap_argument, bootstrap_of, guarded, run_async
+from minibroker.client.cli.common import (
+    add_bootstrap_argument,
+    admin_of,
+    guarded,
+    run_async,
+)
 from minibroker.client.errors import ElectionNotNeededError, MiniBrokerError
 from minibroker.client.types import TopicPartition
 
@@ -71,7 +76,6 @@ def format_results(
 
 
 def _elect(args: argparse.Namespace) -> int:
-    from minibroker.client.admin import AsyncAdmin
 
     if args.all_topic_partitions:
         if args.topic is not None or args.partition is not None:
@@ -83,7 +87,7 @@ def _elect(args: argparse.Namespace) -> int:
         partitions = [TopicPartition(args.topic, args.partition)]
 
     async def main() -> dict[TopicPartition, MiniBrokerError | None]:
-        async with AsyncAdmin(bootstrap_of(args), default_api_timeout_ms=15_000) as admin:
+        async with admin_of(args) as admin:
             return await admin.elect_leaders(args.election_type, partitions)
 
     out, errors = format_results(args.election_type, run_async(main()))

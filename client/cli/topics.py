@@ -17,8 +17,9 @@ from typing import Any
 
 from minibroker.client.cli.common import (
     add_bootstrap_argument,
-    bootstrap_of,
+    admin_of,
     guarded,
+    help_when_no_action,
     parse_config_pairs,
     run_async,
 )
@@ -64,24 +65,14 @@ def register(sub: Any) -> None:
     add_bootstrap_argument(describe)
     describe.set_defaults(func=guarded(_describe))
 
-    def _no_action(args: argparse.Namespace) -> int:
-        parser.print_help()
-        return 2
-
-    parser.set_defaults(func=_no_action)
-
-
-def _admin(args: argparse.Namespace) -> Any:
-    from minibroker.client.admin import AsyncAdmin
-
-    return AsyncAdmin(bootstrap_of(args), default_api_timeout_ms=15_000)
+    help_when_no_action(parser)
 
 
 def _create(args: argparse.Namespace) -> int:
     configs = parse_config_pairs(args.config)
 
     async def main() -> int:
-        async with _admin(args) as admin:
+        async with admin_of(args) as admin:
             try:
                 await admin.create_topic(
                     args.name, args.partitions, args.replication_factor, configs
@@ -98,7 +89,7 @@ def _create(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     async def main() -> list[str]:
-        async with _admin(args) as admin:
+        async with admin_of(args) as admin:
             return await admin.list_topics()
 
     for name in run_async(main()):
@@ -108,7 +99,7 @@ def _list(args: argparse.Namespace) -> int:
 
 def _delete(args: argparse.Namespace) -> int:
     async def main() -> None:
-        async with _admin(args) as admin:
+        async with admin_of(args) as admin:
             await admin.delete_topics([args.name])
 
     run_async(main())
@@ -165,7 +156,7 @@ def describe_json(topics: list[Any]) -> list[dict[str, Any]]:
 
 def _describe(args: argparse.Namespace) -> int:
     async def main() -> list[Any]:
-        async with _admin(args) as admin:
+        async with admin_of(args) as admin:
             return await admin.describe_topics(None if args.name is None else [args.name])
 
     topics = run_async(main())
