@@ -53,7 +53,9 @@ def invalid_host(host: str) -> str | None:
     if host.startswith("["):
         inner = host[1:-1] if host.endswith("]") else None
         try:
-            if inner is None:
+            # A scope id (`%eth0`) is local to the host that wrote it, and IPv6Address takes
+            # any text after the `%`, control characters included: refused.
+            if inner is None or "%" in inner:
                 raise ValueError
             ipaddress.IPv6Address(inner)
         except ValueError:

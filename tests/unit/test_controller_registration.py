@@ -80,6 +80,8 @@ INVALID_HOSTS = [
     ("[::1", "unclosed bracket"),
     ("[not-an-ip]", "bad IPv6"),
     ("[127.0.0.1]", "IPv4 in brackets"),
+    ("[fe80::1%eth0]", "IPv6 scope id"),
+    ("[fe80::1%a b\n\x00]", "IPv6 scope id with control characters"),
     ("999.1.1.1", "bad IPv4"),
     ("1.2.3", "numeric TLD"),
     ("256.256.256.256", "bad IPv4"),
