@@ -850,10 +850,10 @@ def _validate_batch(
     codec_id = header.attributes & COMPRESSION_MASK
     if codec_id > Compression.ZSTD:
         raise CorruptMessageError(f"{where}: unknown compression codec id {codec_id}")
+    section = memoryview(buf)[pos + HEADER_SIZE : pos + header.size]
     if codec_id == Compression.NONE:
-        data = bytes(buf[pos + HEADER_SIZE : pos + header.size])
+        data = bytes(section)  # one copy, whether `buf` is bytes, a bytearray or a view
     else:
-        section = memoryview(buf)[pos + HEADER_SIZE : pos + header.size]
         try:
             data = decompress_bounded(Compression(codec_id), section, rules.max_uncompressed_bytes)
         except CorruptRecordError as err:
