@@ -206,6 +206,11 @@ class ControllerLink:
                 self.is_fenced = True
                 await self.register(stop)
                 continue
+            except Exception:
+                # Anything else ending the thread (a closed channel, an answer this broker cannot
+                # read) must not end the heartbeats for good: log it, back off, start a new one.
+                self.controller_reachable = False
+                log.exception("heartbeat_stream_failed")
             if self.should_shut_down.is_set():
                 return
             await _backoff(attempt, stop)
@@ -258,7 +263,10 @@ class ControllerLink:
                 return  # closed while this stream was starting
             for response in call:
                 self.controller_reachable = True
-                code = ErrorCode(response.error_code)
+                try:
+                    code = ErrorCode(response.error_code)
+                except ValueError:  # a code this broker does not know: an error all the same
+                    code = ErrorCode.UNKNOWN_SERVER_ERROR
                 carried_offline = sent_offline.popleft() if sent_offline else False
                 if code in (ErrorCode.BROKER_ID_NOT_REGISTERED, ErrorCode.STALE_BROKER_EPOCH):
                     log.warning(
@@ -292,6 +300,10 @@ class ControllerLink:
         """One stream's heartbeats (grpc's sending thread runs this): one at once, then one per
         interval or as soon as something is to be reported."""
         while not (over.is_set() or self._stop_heartbeats.is_set()):
+            # Cleared before the state is read, not after: a wake-up while this heartbeat is
+            # built or sent (a log dir failing then) sends the next one at once, never a period
+            # later.
+            self._wake_heartbeat.clear()
             offline = self.offline_log_dirs
             request = pb.BrokerHeartbeatRequest(
                 broker_id=self.broker_id,
@@ -303,9 +315,6 @@ class ControllerLink:
                 want_shut_down=self.want_shut_down,
                 offline_log_dirs=list(offline),
             )
-            # Cleared before the request goes, not after: a wake-up while it is being sent
-            # (a log dir failing then) must send the next heartbeat at once, not a period later.
-            self._wake_heartbeat.clear()
             sent_offline.append(bool(offline))
             yield request
             if self._shut_down_granted:

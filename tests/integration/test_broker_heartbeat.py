@@ -103,3 +103,64 @@ async def test_a_busy_event_loop_does_not_stop_the_heartbeats(
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await link.close()
+
+
+async def test_an_unexpected_error_on_the_heartbeat_thread_does_not_end_the_heartbeats(
+    controller: ControllerProcess,
+) -> None:
+    """A heartbeat stream that ends with an error the loop did not expect (here a ValueError,
+    as from a closed channel or an answer this broker cannot read) is logged and followed by a
+    new stream: the broker stays unfenced. Before, such an error ended the heartbeat task for
+    good and the controller fenced the broker a session timeout later."""
+    image = MetadataImage()
+
+    async def on_metadata(batch: pb.MetadataBatch) -> None:
+        apply_batch(image, batch)
+
+    link = ControllerLink(
+        controller=("127.0.0.1", controller.port),
+        broker_id=BROKER_ID,
+        host="127.0.0.1",
+        port=19004,
+        rack="",
+        metrics_port=-1,
+        cluster_id="",
+        previous_broker_epoch=-1,
+        heartbeat_interval_ms=500,
+        on_metadata=on_metadata,
+        metadata_offset=lambda: image.next_offset,
+    )
+    real_stream = link._heartbeat_stream
+    failures: list[int] = []
+
+    def failing_once(loop: asyncio.AbstractEventLoop) -> None:
+        if not failures:
+            failures.append(1)
+            raise ValueError("injected: the heartbeat thread met something unexpected")
+        real_stream(loop)
+
+    link._heartbeat_stream = failing_once  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        await asyncio.wait_for(link.register(stop), 20)
+        tasks = [asyncio.create_task(link.watch_loop()), asyncio.create_task(link.heartbeat_loop())]
+        deadline = time.monotonic() + 20
+        while not controller.is_unfenced(BROKER_ID):
+            assert time.monotonic() < deadline, "the broker was never unfenced after the error"
+            await asyncio.sleep(0.05)
+        assert failures == [1]
+        # Unfenced, and still heard from a session timeout later: the heartbeats go on.
+        end = time.monotonic() + 2 * SESSION_TIMEOUT_MS / 1000
+        while time.monotonic() < end:
+            assert controller.is_unfenced(BROKER_ID), "fenced: the heartbeats stopped"
+            await asyncio.sleep(0.1)
+        assert controller.events("broker_fenced") == []
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await link.close()
