@@ -366,6 +366,9 @@ class LogManager:
             for log in made:
                 with contextlib.suppress(OSError):
                     log.close()
+                # Never made durable: removed, as a log that failed to be made is, so that no
+                # later create adopts it by its partition.metadata.
+                shutil.rmtree(log.directory, ignore_errors=True)
             return [err if isinstance(r, PartitionLog) else r for r in results]
         return results
 

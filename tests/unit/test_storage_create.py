@@ -199,6 +199,9 @@ def test_a_failed_durability_pass_hands_over_nothing(
     assert len(os.listdir("/proc/self/fd")) == before  # the logs' files are closed
     assert logs.add_new_logs(wanted, made) == []
     assert logs.logs == {}
+    # Nothing that was never made durable is left for a later create to adopt.
+    dirs = [logs.data_dir.path / f"{new.tp.topic}-{new.tp.partition}" for new in wanted]
+    assert [d.name for d in dirs if d.exists()] == []
 
 
 def test_a_crash_before_the_pass_leaves_dirs_that_load_without_a_topic_id(
