@@ -3,7 +3,8 @@
 Does network I/O (grpc.aio). `ClusterClient` is shared by one producer, consumer or admin: it owns
 a channel per address (many requests in flight on each, docs/design.md §9), a `MetadataCache`,
 and the one metadata refresh in flight at a time (concurrent callers wait for the same answer).
-`metadata_from_pb` is the only place that turns a Metadata response into the cache's dataclasses.
+Requests and answers are built and read by wire.py, which also maps a failed call to the Kafka
+error a client acts on.
 Event-loop thread only; `close()` must run on the loop that created the channels.
 """
 
@@ -21,21 +22,14 @@ from minibroker.client.errors import (
     InvalidTopicError,
     MiniBrokerError,
     NetworkExceptionError,
-    RecordListTooLargeError,
-    RequestTimedOutError,
-    UnknownServerError,
     UnknownTopicOrPartitionError,
     error_for,
 )
-from minibroker.client.metadata_cache import (
-    BrokerInfo,
-    ClusterSnapshot,
-    MetadataCache,
-    PartitionInfo,
-    TopicInfo,
-)
+from minibroker.client.metadata_cache import ClusterSnapshot, MetadataCache, TopicInfo
 from minibroker.client.stream import RequestStream
 from minibroker.client.topic_name import invalid_topic_name
+from minibroker.client.wire import CallFailed, call, metadata_from_pb, metadata_request
+from minibroker.client.wire import error_from_rpc as error_from_rpc  # admin's, and tests'
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
@@ -78,58 +72,6 @@ def parse_bootstrap(servers: str | Sequence[str]) -> list[str]:
     if not out:
         raise ValueError("bootstrap_servers is empty: give at least one HOST:PORT")
     return out
-
-
-def error_from_rpc(err: grpc.aio.AioRpcError | grpc.RpcError, address: str) -> MiniBrokerError:
-    """Map a transport failure to the Kafka error a client acts on (retriable or not)."""
-    code = err.code() if hasattr(err, "code") else None
-    details = err.details() if hasattr(err, "details") else str(err)
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED):
-        return NetworkExceptionError(f"broker {address} unavailable: {details}")
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return RequestTimedOutError(f"request to {address} timed out")
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        if "larger than max" in (details or ""):
-            # grpc's message size check: ours on send, or the peer's (socket.request.max.bytes).
-            return RecordListTooLargeError(
-                f"{address} refused a message over its size limit (a broker's "
-                f"socket.request.max.bytes; a producer's requests are up to max_request_size): "
-                f"{details}"
-            )
-        # A connection limit (max.connections.per.ip): like a closed connection, retriable.
-        return NetworkExceptionError(f"{address} refused the call: {details}")
-    return UnknownServerError(f"{address} failed the call ({code}): {details}")
-
-
-def metadata_from_pb(resp: pb.MetadataResponse, *, all_topics: bool) -> ClusterSnapshot:
-    brokers = {
-        b.node_id: BrokerInfo(b.node_id, b.host, b.port, b.rack, b.fenced) for b in resp.brokers
-    }
-    topics: dict[str, TopicInfo] = {}
-    for t in resp.topics:
-        parts = {
-            p.partition: PartitionInfo(
-                partition=p.partition,
-                leader=p.leader_id,
-                leader_epoch=p.leader_epoch,
-                replicas=tuple(p.replicas),
-                isr=tuple(p.isr),
-                offline_replicas=tuple(p.offline_replicas),
-                partition_epoch=p.partition_epoch,
-                error_code=p.error_code,
-            )
-            for p in t.partitions
-        }
-        topics[t.name] = TopicInfo(t.name, t.topic_id, parts, dict(t.configs), t.error_code)
-    return ClusterSnapshot(
-        cluster_id=resp.cluster_id,
-        controller_id=resp.controller_id,
-        brokers=brokers,
-        topics=topics,
-        controller_host=resp.controller_host,
-        controller_port=resp.controller_port,
-        all_topics=all_topics,
-    )
 
 
 def unknown_topic_error(topic: str) -> UnknownTopicOrPartitionError:
@@ -275,7 +217,7 @@ class ClusterClient:
         milliseconds, and a hung one (SIGSTOP, a black-holed host) must not hold a refresh for
         the whole request timeout while others could answer.
         """
-        request = pb.MetadataRequest(topics=list(topics), all_topics=all_topics)
+        request = metadata_request(topics, all_topics)
         timeout_s = min(self.request_timeout_ms, 10_000) / 1000
         addresses = self._metadata_addresses()
         last: MiniBrokerError | None = None
@@ -283,9 +225,11 @@ class ClusterClient:
             last_try = i == len(addresses) - 1
             deadline_s = timeout_s if last_try else min(timeout_s, METADATA_ATTEMPT_TIMEOUT_S)
             try:
-                resp = await self.broker_stub(addr).Metadata(request, timeout=deadline_s)
-            except grpc.aio.AioRpcError as err:
-                last = error_from_rpc(err, addr)
+                resp = await call(
+                    self.broker_stub(addr).Metadata(request, timeout=deadline_s), addr
+                )
+            except CallFailed as failed:
+                last = failed.error
                 continue
             return metadata_from_pb(resp, all_topics=all_topics)
         raise last or NetworkExceptionError("no broker to ask for metadata")

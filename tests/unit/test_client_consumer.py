@@ -13,7 +13,7 @@ import pytest
 
 from minibroker.client.batch import Compression, CorruptRecordError, set_base_offset
 from minibroker.client.common.config import ConfigError
-from minibroker.client.consumer import AsyncConsumer, _PartitionState, truncation_point
+from minibroker.client.consumer import AsyncConsumer
 from minibroker.client.errors import (
     CorruptMessageError,
     ErrorCode,
@@ -22,7 +22,9 @@ from minibroker.client.errors import (
 )
 from minibroker.client.metadata_cache import BrokerInfo, ClusterSnapshot, PartitionInfo, TopicInfo
 from minibroker.client.records import encode_batch
+from minibroker.client.subscription import PartitionState, truncation_point
 from minibroker.client.types import TopicPartition
+from minibroker.client.wire import fetched_partition
 from minibroker.proto import minibroker_pb2 as pb
 
 TP = TopicPartition("t", 0)
@@ -52,15 +54,22 @@ def ok(records: bytes, hw: int = 100) -> pb.FetchPartitionResponse:
     )
 
 
-def at(c: AsyncConsumer, offset: int) -> _PartitionState:
+def handle(
+    c: AsyncConsumer, state: PartitionState, p: pb.FetchPartitionResponse, node: int, leader: int
+) -> None:
+    """Hand a FetchResponse's partition to the fetcher as the wire module reads it."""
+    c._fetcher.handle_partition(state, fetched_partition(TP.topic, p), node, leader)
+
+
+def at(c: AsyncConsumer, offset: int) -> PartitionState:
     c.seek(TP, offset)
-    return c._states[TP]
+    return c._subscriptions.states[TP]
 
 
 def test_records_below_the_fetch_offset_inside_a_batch_are_skipped() -> None:
     c = consumer()
     state = at(c, 3)
-    c._handle_partition(TP, state, ok(batch(0, [b"a", b"b", b"c", b"d", b"e"])), 1, 1)
+    handle(c, state, ok(batch(0, [b"a", b"b", b"c", b"d", b"e"])), 1, 1)
     records = c._drain_buffers(100)
     assert [(r.offset, r.value) for r in records] == [(3, b"d"), (4, b"e")]
     first = records[0]
@@ -80,7 +89,7 @@ def test_a_partial_batch_at_the_end_of_a_response_is_left_for_the_next_fetch() -
     state = at(c, 0)
     whole = batch(0, [b"a", b"b"])
     cut = batch(2, [b"c" * 50])[:40]
-    c._handle_partition(TP, state, ok(whole + cut), 1, 1)
+    handle(c, state, ok(whole + cut), 1, 1)
     assert [r.offset for r in c._drain_buffers(100)] == [0, 1]
     assert state.fetch_offset == 2
 
@@ -90,7 +99,7 @@ def test_a_corrupt_batch_surfaces_from_poll() -> None:
     state = at(c, 0)
     raw = bytearray(batch(0, [b"a"]))
     raw[-1] ^= 0xFF
-    c._handle_partition(TP, state, ok(bytes(raw)), 1, 1)
+    handle(c, state, ok(bytes(raw)), 1, 1)
     with pytest.raises(CorruptMessageError):
         c._drain_buffers(100)
 
@@ -99,7 +108,7 @@ def test_not_leader_forgets_the_leader_and_backs_off() -> None:
     c = consumer()
     state = at(c, 0)
     resp = pb.FetchPartitionResponse(partition=0, error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER)
-    c._handle_partition(TP, state, resp, 1, 1)
+    handle(c, state, resp, 1, 1)
     assert c.cluster.metadata.leader_for(TP) is None
     assert state.backoff_until_ms > 0 and state.error is None
     assert state.position == 0, "the position survives a leader change"
@@ -110,7 +119,7 @@ def test_offset_not_available_after_an_election_is_retried_not_raised() -> None:
     c = consumer()
     state = at(c, 7)
     resp = pb.FetchPartitionResponse(partition=0, error_code=ErrorCode.OFFSET_NOT_AVAILABLE)
-    c._handle_partition(TP, state, resp, 1, 1)
+    handle(c, state, resp, 1, 1)
     assert state.error is None and state.backoff_until_ms > 0
     assert c.cluster.metadata.update_requested
     assert c._drain_buffers(10) == []
@@ -121,21 +130,21 @@ def test_out_of_range_from_a_follower_goes_back_to_the_leader() -> None:
     state = at(c, 50)
     state.read_replica = 2
     resp = pb.FetchPartitionResponse(partition=0, error_code=ErrorCode.OFFSET_OUT_OF_RANGE)
-    c._handle_partition(TP, state, resp, node=2, leader=1)
+    handle(c, state, resp, node=2, leader=1)
     assert state.read_replica is None and state.position == 50 and state.error is None
-    assert c._fetch_target(TP, state) == 1
+    assert c._fetcher.fetch_target(state) == 1
 
 
 def test_out_of_range_from_the_leader_applies_auto_offset_reset() -> None:
     c = consumer(auto_offset_reset="earliest")
     state = at(c, 50)
     resp = pb.FetchPartitionResponse(partition=0, error_code=ErrorCode.OFFSET_OUT_OF_RANGE)
-    c._handle_partition(TP, state, resp, node=1, leader=1)
+    handle(c, state, resp, node=1, leader=1)
     assert state.position is None and state.reset == "earliest"
 
     c = consumer(auto_offset_reset="none")
     state = at(c, 50)
-    c._handle_partition(TP, state, resp, node=1, leader=1)
+    handle(c, state, resp, node=1, leader=1)
     with pytest.raises(OffsetOutOfRangeError, match="seek"):
         c._drain_buffers(10)
 
@@ -143,7 +152,7 @@ def test_out_of_range_from_the_leader_applies_auto_offset_reset() -> None:
 def test_seek_drops_buffered_records_and_stale_responses() -> None:
     c = consumer()
     state = at(c, 0)
-    c._handle_partition(TP, state, ok(batch(0, [b"a", b"b"])), 1, 1)
+    handle(c, state, ok(batch(0, [b"a", b"b"])), 1, 1)
     generation = state.generation
     c.seek(TP, 1)
     assert state.generation == generation + 1
@@ -155,7 +164,7 @@ def test_seek_drops_buffered_records_and_stale_responses() -> None:
 def test_poll_hands_out_at_most_max_records_in_offset_order() -> None:
     c = consumer()
     state = at(c, 0)
-    c._handle_partition(TP, state, ok(batch(0, [bytes([i]) for i in range(10)])), 1, 1)
+    handle(c, state, ok(batch(0, [bytes([i]) for i in range(10)])), 1, 1)
     assert [r.offset for r in c._drain_buffers(4)] == [0, 1, 2, 3]
     assert [r.offset for r in c._drain_buffers(100)] == list(range(4, 10))
     assert state.position == 10
@@ -194,10 +203,10 @@ def test_truncation_point_follows_kafkas_validation_rule(
     assert truncation_point(position, leader_epoch, end_offset) == expected
 
 
-def consumed(c: AsyncConsumer, upto: int) -> _PartitionState:
+def consumed(c: AsyncConsumer, upto: int) -> PartitionState:
     """A state that returned offsets [0, upto) written in epoch 4, with more buffered."""
     state = at(c, 0)
-    c._handle_partition(TP, state, ok(batch(0, [b"v"] * (upto + 3))), 1, 1)
+    handle(c, state, ok(batch(0, [b"v"] * (upto + 3))), 1, 1)
     assert len(c._drain_buffers(upto)) == upto
     assert (state.position, state.position_epoch, len(state.buffer)) == (upto, 4, 3)
     return state
@@ -207,7 +216,7 @@ def test_a_new_leader_epoch_drops_buffered_records_and_awaits_validation() -> No
     c = consumer()
     state = consumed(c, 5)
     generation = state.generation
-    c._on_new_leader_epoch(state)
+    state.new_leader_epoch()
     assert not state.buffer and state.fetch_offset == 5 and state.position == 5
     assert state.awaiting_validation and state.generation == generation + 1
     # A fetch answer sent before the change is dropped (its generation is gone).
@@ -217,15 +226,15 @@ def test_a_new_leader_epoch_drops_buffered_records_and_awaits_validation() -> No
 def test_a_position_with_no_consumed_record_is_not_validated() -> None:
     c = consumer()
     state = at(c, 5)  # a seek carries no epoch, as in Kafka
-    c._on_new_leader_epoch(state)
+    state.new_leader_epoch()
     assert not state.awaiting_validation
 
 
 def test_a_valid_position_resumes_fetching_where_it_was() -> None:
     c = consumer()
     state = consumed(c, 5)
-    c._on_new_leader_epoch(state)
-    c._complete_validation(TP, state, 4, 5)
+    state.new_leader_epoch()
+    c._offsets.complete_validation(state, 4, 5)
     assert not state.awaiting_validation and state.error is None
     assert (state.position, state.fetch_offset) == (5, 5)
 
@@ -233,8 +242,8 @@ def test_a_valid_position_resumes_fetching_where_it_was() -> None:
 def test_truncation_with_no_reset_policy_raises_log_truncation_from_poll() -> None:
     c = consumer(auto_offset_reset="none")
     state = consumed(c, 5)
-    c._on_new_leader_epoch(state)
-    c._complete_validation(TP, state, 4, 2)
+    state.new_leader_epoch()
+    c._offsets.complete_validation(state, 4, 2)
     with pytest.raises(LogTruncationError) as info:
         c._drain_buffers(100)
     assert info.value.divergent_offsets == {TP: 2}
@@ -248,8 +257,8 @@ def test_truncation_with_no_reset_policy_raises_log_truncation_from_poll() -> No
 def test_truncation_with_a_reset_policy_moves_to_the_divergence_point() -> None:
     c = consumer(auto_offset_reset="earliest")
     state = consumed(c, 5)
-    c._on_new_leader_epoch(state)
-    c._complete_validation(TP, state, 4, 2)
+    state.new_leader_epoch()
+    c._offsets.complete_validation(state, 4, 2)
     assert state.error is None and not state.awaiting_validation
     # Not to the log start: to the first offset known to diverge, with that epoch.
     assert (state.position, state.fetch_offset, state.position_epoch) == (2, 2, 4)
@@ -258,8 +267,8 @@ def test_truncation_with_a_reset_policy_moves_to_the_divergence_point() -> None:
 def test_truncation_at_an_unknown_offset_applies_the_reset_policy() -> None:
     c = consumer(auto_offset_reset="latest")
     state = consumed(c, 5)
-    c._on_new_leader_epoch(state)
-    c._complete_validation(TP, state, -1, -1)
+    state.new_leader_epoch()
+    c._offsets.complete_validation(state, -1, -1)
     assert state.position is None and state.reset == "latest" and state.error is None
 
 
@@ -267,18 +276,18 @@ def test_a_reset_position_carries_the_leaders_epoch_and_is_validated_after_a_cha
     """Kafka takes the epoch of a reset position from ListOffsets: a consumer that reset to
     the end and has read nothing yet still notices a truncation under it (KIP-320)."""
     c = consumer(auto_offset_reset="latest")
-    state = c._states[TP]
+    state = c._subscriptions.states[TP]
 
     async def list_offsets(targets: dict[TopicPartition, int]) -> dict:  # type: ignore[type-arg]
         assert targets == {TP: -1}  # LATEST
         return {TP: (15, -1, 4)}
 
-    c._list_offsets = list_offsets  # type: ignore[method-assign]
-    asyncio.run(c._reset_offsets([TP]))
+    c._offsets.list_offsets = list_offsets  # type: ignore[method-assign]
+    asyncio.run(c._offsets.reset_positions([TP]))
     assert (state.position, state.fetch_offset, state.position_epoch) == (15, 15, 4)
-    c._on_new_leader_epoch(state)
+    state.new_leader_epoch()
     assert state.awaiting_validation
-    c._complete_validation(TP, state, 4, 10)
+    c._offsets.complete_validation(state, 4, 10)
     assert (state.position, state.position_epoch) == (10, 4)
 
 
@@ -305,7 +314,7 @@ def test_a_batch_that_decompresses_past_the_limit_fails_its_partition_naming_the
     state = at(c, 0)
     bomb = zstd_batch(2, [65 * MIB])
     assert len(bomb) < 64 * 1024
-    c._handle_partition(TP, state, ok(batch(0, [b"a", b"b"]) + bomb), 1, 1)
+    handle(c, state, ok(batch(0, [b"a", b"b"]) + bomb), 1, 1)
     assert [r.value for r in c._drain_buffers(100)] == [b"a", b"b"], "records before it"
     with pytest.raises(CorruptRecordError, match=r"t-0 at offset 2: .*more than 67109632 bytes"):
         c._drain_buffers(100)
@@ -314,18 +323,18 @@ def test_a_batch_that_decompresses_past_the_limit_fails_its_partition_naming_the
 
 def test_the_limit_follows_the_topics_max_message_bytes_and_the_fetch_size() -> None:
     c = consumer()
-    assert c._decode_limit("t") == 64 * 1048588
+    assert c._fetcher.decode_limit("t") == 64 * 1048588
     c = consumer(max_partition_fetch_bytes=2 * MIB)
-    assert c._decode_limit("t") == 128 * MIB
+    assert c._fetcher.decode_limit("t") == 128 * MIB
     big = TopicInfo(
         "big", "id2", {0: PartitionInfo(0, 1, 4, (1,), (1,))}, {"max.message.bytes": str(3 * MIB)}
     )
     c.cluster.metadata.update(
         ClusterSnapshot("c", 0, {1: BrokerInfo(1, "h", 1)}, {"big": big}), now_ms=0
     )
-    assert c._decode_limit("big") == 192 * MIB
+    assert c._fetcher.decode_limit("big") == 192 * MIB
     state = at(c, 0)
-    c._handle_partition(TP, state, ok(zstd_batch(0, [80 * MIB])), 1, 1)
+    handle(c, state, ok(zstd_batch(0, [80 * MIB])), 1, 1)
     assert len(c._drain_buffers(1)[0].value) == 80 * MIB, "a legal batch decodes"
 
 
@@ -336,15 +345,15 @@ def test_one_response_decodes_at_most_about_the_limit_and_the_rest_waits() -> No
     c = consumer()
     state = at(c, 0)
     three = zstd_batch(0, [40 * MIB]) + zstd_batch(1, [40 * MIB]) + zstd_batch(2, [40 * MIB])
-    c._handle_partition(TP, state, ok(three), 1, 1)
+    handle(c, state, ok(three), 1, 1)
     assert [r.offset for r in state.buffer] == [0, 1] and state.fetch_offset == 2
-    assert not c._fetchable(state), "over the decode budget: no fetch until it is taken"
+    assert not c._fetcher.fetchable(state), "over the decode budget: no fetch until it is taken"
     assert [r.offset for r in c._drain_buffers(1)] == [0]
-    assert not c._fetchable(state)
+    assert not c._fetcher.fetchable(state)
     assert [r.offset for r in c._drain_buffers(1)] == [1]
-    assert c._fetchable(state)
-    c._handle_partition(TP, state, ok(batch(2, [b"small"])), 1, 1)
-    assert state.buffer and c._fetchable(state), "the budget starts again once taken"
+    assert c._fetcher.fetchable(state)
+    handle(c, state, ok(batch(2, [b"small"])), 1, 1)
+    assert state.buffer and c._fetcher.fetchable(state), "the budget starts again once taken"
 
 
 def test_records_before_a_corrupt_batch_are_delivered_once() -> None:
@@ -354,7 +363,7 @@ def test_records_before_a_corrupt_batch_are_delivered_once() -> None:
     state = at(c, 0)
     bad = bytearray(batch(2, [b"c"]))
     bad[-1] ^= 0xFF  # CRC mismatch: the header itself is refused
-    c._handle_partition(TP, state, ok(batch(0, [b"a", b"b"]) + bytes(bad)), 1, 1)
+    handle(c, state, ok(batch(0, [b"a", b"b"]) + bytes(bad)), 1, 1)
     assert [r.offset for r in c._drain_buffers(100)] == [0, 1]
     with pytest.raises(CorruptRecordError, match="batch of t-0 at offset 2: CRC mismatch"):
         c._drain_buffers(100)

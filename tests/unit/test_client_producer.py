@@ -46,7 +46,7 @@ def producer(**config: object) -> AsyncProducer:
         ClusterSnapshot("c", 0, {1: BrokerInfo(1, "h", 1), 2: BrokerInfo(2, "h", 2)}, {"t": TOPIC}),
         now_ms=0,
     )
-    p._sender = _Running()  # type: ignore[assignment]
+    p._sender.loop.task = _Running()  # type: ignore[assignment]
     p.accumulator.set_producer_id(7, 0)
     return p
 
@@ -110,13 +110,13 @@ def test_a_retriable_error_requeues_the_same_bytes_and_forgets_the_leader() -> N
     futures = [send(p, b"a"), send(p, b"b")]
     batch = drain_one(p)
     sent_bytes = batch.buffer
-    p._on_batch_error(batch, NotLeaderOrFollowerError("moved"))
+    p._sender.on_batch_error(batch, NotLeaderOrFollowerError("moved"))
     assert not any(f.done() for f in futures)
     assert p.cluster.metadata.leader_for(TopicPartition("t", 0)) is None
     assert p.accumulator.ready(batch.retry_at_ms - 1)[0] == [], "retry_backoff_ms first"
     again = drain_one(p, now=batch.retry_at_ms)
     assert again is batch and again.buffer == sent_bytes, "same sequence, broker dedups"
-    p._finish_ok(again, 100, -1)
+    p._sender.finish_ok(again, 100, -1)
     assert [f.result() for f in futures] == [
         RecordMetadata("t", 0, 100, 1234),
         RecordMetadata("t", 0, 101, 1234),
@@ -127,7 +127,7 @@ def test_a_retriable_error_requeues_the_same_bytes_and_forgets_the_leader() -> N
 def test_log_append_time_replaces_create_time() -> None:
     p = producer()
     future = send(p, b"a")
-    p._finish_ok(drain_one(p), 5, 999)
+    p._sender.finish_ok(drain_one(p), 5, 999)
     assert future.result() == RecordMetadata("t", 0, 5, 999)
 
 
@@ -136,11 +136,11 @@ def test_a_sequence_error_fails_the_batch_and_asks_for_a_new_producer_id() -> No
     future = send(p, b"a")
     batch = drain_one(p)
     assert read_header(batch.buffer).base_sequence == 0
-    p._need_producer_id = False
-    p._on_batch_error(batch, OutOfOrderSequenceError("gap"))
+    p._sender.need_producer_id = False
+    p._sender.on_batch_error(batch, OutOfOrderSequenceError("gap"))
     with pytest.raises(OutOfOrderSequenceError):
         future.result()
-    assert p._need_producer_id, "a failed sequenced batch leaves a gap: take a new id"
+    assert p._sender.need_producer_id, "a failed sequenced batch leaves a gap: take a new id"
 
 
 def test_retriable_errors_stop_at_the_delivery_timeout() -> None:
@@ -148,7 +148,7 @@ def test_retriable_errors_stop_at_the_delivery_timeout() -> None:
     future = send(p, b"a")
     batch = drain_one(p)
     batch.created_ms -= 31_000
-    p._on_batch_error(batch, NotEnoughReplicasError("isr too small"))
+    p._sender.on_batch_error(batch, NotEnoughReplicasError("isr too small"))
     with pytest.raises(NotEnoughReplicasError, match="gave up"):
         future.result()
 
@@ -158,7 +158,7 @@ def test_a_broker_size_refusal_says_which_setting_to_change() -> None:
 
     p = producer()
     future = send(p, b"a")
-    p._on_batch_error(drain_one(p), error_for(10, "too big"))
+    p._sender.on_batch_error(drain_one(p), error_for(10, "too big"))
     with pytest.raises(MessageTooLargeError, match="lower batch_size"):
         future.result()
 
@@ -217,13 +217,15 @@ def test_a_timestamp_refusal_fails_the_batch_at_once_naming_the_partition() -> N
     p = producer()
     futures = [send(p, b"a"), send(p, b"b")]
     batch = drain_one(p)
-    p._need_producer_id = False
-    p._on_batch_error(batch, error_for(32, "batch at position 0: timestamp 9 is out of range"))
+    p._sender.need_producer_id = False
+    p._sender.on_batch_error(
+        batch, error_for(32, "batch at position 0: timestamp 9 is out of range")
+    )
     for future in futures:
         with pytest.raises(InvalidTimestampError, match=r"2 record\(s\) for t-0 failed: batch"):
             future.result(timeout=0)
     assert not p.accumulator.has_incomplete(), "not retried: Kafka's INVALID_TIMESTAMP is final"
-    assert p._need_producer_id, "its sequence range may be a gap: the next batch starts anew"
+    assert p._sender.need_producer_id, "its sequence range may be a gap: the next batch starts anew"
 
 
 def test_a_batch_refused_as_too_large_is_split_and_sent_again_in_order() -> None:
@@ -234,14 +236,14 @@ def test_a_batch_refused_as_too_large_is_split_and_sent_again_in_order() -> None
     p = producer()
     futures = [send(p, bytes([i]) * 100) for i in range(4)]
     big = drain_one(p)
-    p._need_producer_id = False
-    p._on_batch_error(big, error_for(10, "batch at position 0 is 500 bytes, over 300"))
+    p._sender.need_producer_id = False
+    p._sender.on_batch_error(big, error_for(10, "batch at position 0 is 500 bytes, over 300"))
     assert not any(f.done() for f in futures)
-    assert not p._need_producer_id, "the broker stored none of it: the sequences are reused"
+    assert not p._sender.need_producer_id, "the broker stored none of it: the sequences are reused"
     first = drain_one(p)
     assert first.record_count == 2 and read_header(first.buffer).base_sequence == 0
-    p._finish_ok(first, 10, -1)
+    p._sender.finish_ok(first, 10, -1)
     second = drain_one(p)
     assert second.record_count == 2 and read_header(second.buffer).base_sequence == 2
-    p._finish_ok(second, 12, -1)
+    p._sender.finish_ok(second, 12, -1)
     assert [f.result(timeout=0).offset for f in futures] == [10, 11, 12, 13]

@@ -1,0 +1,363 @@
+"""The client's wire: every request the producer and consumer build, every answer they parse,
+and the translation of a failed gRPC call into the Kafka error a client acts on.
+
+Builds and reads protobuf messages and maps gRPC statuses; does no I/O of its own (`call`
+awaits a call its caller made). Everything above this module sees Kafka's terms only: topic
+partitions, offsets, epochs, error codes and MiniBrokerError subclasses, never a protobuf or a
+gRPC status. Answers are untrusted input: a partition the request did not name is the caller's
+to ignore (every parser yields it with its TopicPartition).
+
+Requests are built in place with add(): handing finished sub-messages to a constructor makes
+upb copy each again, record batches included (about 2 ms per MiB against 0.1 ms).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
+
+import grpc
+
+from minibroker.client.errors import (
+    ErrorCode,
+    MiniBrokerError,
+    NetworkExceptionError,
+    RecordListTooLargeError,
+    RequestTimedOutError,
+    UnknownServerError,
+    error_for,
+)
+from minibroker.client.metadata_cache import (
+    BrokerInfo,
+    ClusterSnapshot,
+    PartitionInfo,
+    TopicInfo,
+)
+from minibroker.client.types import CONSUMER_REPLICA_ID, TopicPartition
+from minibroker.proto import minibroker_pb2 as pb
+
+T = TypeVar("T")
+
+# Fetch fields a consumer leaves unset (a follower's): no last fetched epoch, no log start.
+_UNSET = -1
+# read_uncommitted: there are no transactions.
+_ISOLATION_LEVEL = 0
+
+# -- failed calls ---------------------------------------------------------------------------------
+
+
+class CallFailed(Exception):
+    """A call got no answer. `error` is the Kafka error a client acts on (retriable or not);
+    `unreachable` says the broker could not be reached at all (gRPC UNAVAILABLE), so its
+    partitions are better off waiting for metadata that names another leader."""
+
+    def __init__(self, error: MiniBrokerError, unreachable: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.unreachable = unreachable
+
+
+def error_from_rpc(err: grpc.aio.AioRpcError | grpc.RpcError, address: str) -> MiniBrokerError:
+    """Map a transport failure to the Kafka error a client acts on (retriable or not)."""
+    code = err.code() if hasattr(err, "code") else None
+    details = err.details() if hasattr(err, "details") else str(err)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED):
+        return NetworkExceptionError(f"broker {address} unavailable: {details}")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return RequestTimedOutError(f"request to {address} timed out")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        if "larger than max" in (details or ""):
+            # grpc's message size check: ours on send, or the peer's (socket.request.max.bytes).
+            return RecordListTooLargeError(
+                f"{address} refused a message over its size limit (a broker's "
+                f"socket.request.max.bytes; a producer's requests are up to max_request_size): "
+                f"{details}"
+            )
+        # A connection limit (max.connections.per.ip): like a closed connection, retriable.
+        return NetworkExceptionError(f"{address} refused the call: {details}")
+    return UnknownServerError(f"{address} failed the call ({code}): {details}")
+
+
+async def call(pending: Awaitable[T], address: str) -> T:
+    """The answer of a call to `address`, or CallFailed when gRPC reports a failure."""
+    try:
+        return await pending
+    except grpc.aio.AioRpcError as err:
+        unreachable = err.code() == grpc.StatusCode.UNAVAILABLE
+        raise CallFailed(error_from_rpc(err, address), unreachable) from err
+
+
+def _partitions(request: Any, by_topic: dict[str, Any], topic: str) -> Any:
+    """The partitions of `topic`'s entry in `request`, the entry added on first use."""
+    partitions = by_topic.get(topic)
+    if partitions is None:
+        partitions = by_topic[topic] = request.topics.add(topic=topic).partitions
+    return partitions
+
+
+# -- Metadata -------------------------------------------------------------------------------------
+
+
+def metadata_request(topics: Iterable[str], all_topics: bool) -> pb.MetadataRequest:
+    return pb.MetadataRequest(topics=list(topics), all_topics=all_topics)
+
+
+def metadata_from_pb(resp: pb.MetadataResponse, *, all_topics: bool) -> ClusterSnapshot:
+    """The only place a Metadata answer becomes the cache's dataclasses."""
+    brokers = {
+        b.node_id: BrokerInfo(b.node_id, b.host, b.port, b.rack, b.fenced) for b in resp.brokers
+    }
+    topics: dict[str, TopicInfo] = {}
+    for t in resp.topics:
+        parts = {
+            p.partition: PartitionInfo(
+                partition=p.partition,
+                leader=p.leader_id,
+                leader_epoch=p.leader_epoch,
+                replicas=tuple(p.replicas),
+                isr=tuple(p.isr),
+                offline_replicas=tuple(p.offline_replicas),
+                partition_epoch=p.partition_epoch,
+                error_code=p.error_code,
+            )
+            for p in t.partitions
+        }
+        topics[t.name] = TopicInfo(t.name, t.topic_id, parts, dict(t.configs), t.error_code)
+    return ClusterSnapshot(
+        cluster_id=resp.cluster_id,
+        controller_id=resp.controller_id,
+        brokers=brokers,
+        topics=topics,
+        controller_host=resp.controller_host,
+        controller_port=resp.controller_port,
+        all_topics=all_topics,
+    )
+
+
+# -- Produce and InitProducerId -------------------------------------------------------------------
+
+
+class ProduceResult(NamedTuple):
+    """One partition's answer to a ProduceRequest."""
+
+    error_code: int
+    error_message: str
+    base_offset: int
+    log_append_time_ms: int
+
+
+def produce_request(
+    acks: int, timeout_ms: int, batches: Iterable[tuple[TopicPartition, bytes | None]]
+) -> pb.ProduceRequest:
+    """One ProduceRequest carrying each (partition, record batch); one batch per partition (a
+    drained batch is always built, so its bytes are never None)."""
+    request = pb.ProduceRequest(acks=acks, timeout_ms=timeout_ms)
+    by_topic: dict[str, Any] = {}
+    for (topic, partition), records in batches:
+        _partitions(request, by_topic, topic).add(partition=partition, records=records)
+    return request
+
+
+def produce_results(resp: pb.ProduceResponse) -> dict[TopicPartition, ProduceResult]:
+    results: dict[TopicPartition, ProduceResult] = {}
+    for t in resp.topics:
+        for p in t.partitions:
+            results[TopicPartition(t.topic, p.partition)] = ProduceResult(
+                p.error_code, p.error_message, p.base_offset, p.log_append_time_ms
+            )
+    return results
+
+
+class ProducerIdAnswer(NamedTuple):
+    error_code: int
+    error_message: str
+    producer_id: int
+    producer_epoch: int
+
+
+def init_producer_id_request() -> pb.InitProducerIdRequest:
+    """A new producer id for an idempotent producer (no transactions)."""
+    return pb.InitProducerIdRequest(
+        transactional_id="", transaction_timeout_ms=0, producer_id=-1, producer_epoch=-1
+    )
+
+
+def producer_id_answer(resp: pb.InitProducerIdResponse) -> ProducerIdAnswer:
+    return ProducerIdAnswer(
+        resp.error_code, resp.error_message, resp.producer_id, resp.producer_epoch
+    )
+
+
+# -- Fetch ----------------------------------------------------------------------------------------
+
+
+class FetchTarget(NamedTuple):
+    """One partition of a consumer's FetchRequest."""
+
+    tp: TopicPartition
+    current_leader_epoch: int  # KIP-320: the epoch the consumer's metadata names
+    fetch_offset: int
+
+
+class FetchedPartition(NamedTuple):
+    """One partition of a FetchResponse."""
+
+    tp: TopicPartition
+    error_code: int
+    error_message: str
+    high_watermark: int
+    log_start_offset: int
+    preferred_read_replica: int  # KIP-392; -1: none named
+    records: bytes
+
+
+def fetch_request(
+    targets: Iterable[FetchTarget],
+    *,
+    max_wait_ms: int,
+    min_bytes: int,
+    max_bytes: int,
+    partition_max_bytes: int,
+    rack_id: str,
+) -> pb.FetchRequest:
+    request = pb.FetchRequest(
+        replica_id=CONSUMER_REPLICA_ID,
+        replica_epoch=_UNSET,
+        max_wait_ms=max_wait_ms,
+        min_bytes=min_bytes,
+        max_bytes=max_bytes,
+        isolation_level=_ISOLATION_LEVEL,
+        rack_id=rack_id,
+    )
+    by_topic: dict[str, Any] = {}
+    for (topic, partition), current_leader_epoch, fetch_offset in targets:
+        _partitions(request, by_topic, topic).add(
+            partition=partition,
+            current_leader_epoch=current_leader_epoch,
+            fetch_offset=fetch_offset,
+            last_fetched_epoch=_UNSET,
+            log_start_offset=_UNSET,
+            partition_max_bytes=partition_max_bytes,
+        )
+    return request
+
+
+def fetched_partitions(resp: pb.FetchResponse) -> Iterator[FetchedPartition]:
+    for t in resp.topics:
+        for p in t.partitions:
+            yield fetched_partition(t.topic, p)
+
+
+def fetched_partition(topic: str, p: pb.FetchPartitionResponse) -> FetchedPartition:
+    return FetchedPartition(
+        TopicPartition(topic, p.partition),
+        p.error_code,
+        p.error_message,
+        p.high_watermark,
+        p.log_start_offset,
+        p.preferred_read_replica,
+        p.records,
+    )
+
+
+# -- ListOffsets ----------------------------------------------------------------------------------
+
+# (offset, timestamp, leader epoch) of a ListOffsets answer.
+OffsetAnswer = tuple[int, int, int]
+
+
+def list_offsets_request(
+    targets: Mapping[TopicPartition, int], leader_epochs: Mapping[TopicPartition, int]
+) -> pb.ListOffsetsRequest:
+    """ListOffsets for each partition's target timestamp (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+    or a time), fenced by the leader epoch the consumer's metadata names (KIP-320)."""
+    request = pb.ListOffsetsRequest(
+        replica_id=CONSUMER_REPLICA_ID, isolation_level=_ISOLATION_LEVEL
+    )
+    by_topic: dict[str, Any] = {}
+    for tp, timestamp in targets.items():
+        _partitions(request, by_topic, tp.topic).add(
+            partition=tp.partition, current_leader_epoch=leader_epochs[tp], timestamp=timestamp
+        )
+    return request
+
+
+def list_offsets_results(
+    resp: pb.ListOffsetsResponse,
+) -> dict[TopicPartition, OffsetAnswer | MiniBrokerError]:
+    out: dict[TopicPartition, OffsetAnswer | MiniBrokerError] = {}
+    for t in resp.topics:
+        for p in t.partitions:
+            tp = TopicPartition(t.topic, p.partition)
+            if p.error_code != ErrorCode.NONE:
+                out[tp] = error_for(p.error_code, p.error_message or f"ListOffsets {tp}")
+            else:
+                out[tp] = (p.offset, p.timestamp, p.leader_epoch)
+    return out
+
+
+# -- OffsetForLeaderEpoch -------------------------------------------------------------------------
+
+
+class EpochEndAnswer(NamedTuple):
+    """One partition's OffsetForLeaderEpoch answer: where `leader_epoch` ends on the leader."""
+
+    tp: TopicPartition
+    error_code: int
+    error_message: str
+    leader_epoch: int
+    end_offset: int
+
+
+def offset_for_leader_epoch_request(
+    items: Sequence[tuple[TopicPartition, int, int]],
+) -> pb.OffsetForLeaderEpochRequest:
+    """(partition, current leader epoch, epoch asked for) each: a consumer's validation
+    (KIP-320)."""
+    request = pb.OffsetForLeaderEpochRequest(replica_id=CONSUMER_REPLICA_ID)
+    by_topic: dict[str, Any] = {}
+    for tp, current_leader_epoch, leader_epoch in items:
+        _partitions(request, by_topic, tp.topic).add(
+            partition=tp.partition,
+            current_leader_epoch=current_leader_epoch,
+            leader_epoch=leader_epoch,
+        )
+    return request
+
+
+def epoch_end_answers(resp: pb.OffsetForLeaderEpochResponse) -> Iterator[EpochEndAnswer]:
+    for t in resp.topics:
+        for p in t.partitions:
+            yield EpochEndAnswer(
+                TopicPartition(t.topic, p.partition),
+                p.error_code,
+                p.error_message,
+                p.leader_epoch,
+                p.end_offset,
+            )
+
+
+__all__ = [
+    "CallFailed",
+    "EpochEndAnswer",
+    "FetchTarget",
+    "FetchedPartition",
+    "OffsetAnswer",
+    "ProduceResult",
+    "ProducerIdAnswer",
+    "call",
+    "epoch_end_answers",
+    "error_from_rpc",
+    "fetch_request",
+    "fetched_partition",
+    "fetched_partitions",
+    "init_producer_id_request",
+    "list_offsets_request",
+    "list_offsets_results",
+    "metadata_from_pb",
+    "metadata_request",
+    "offset_for_leader_epoch_request",
+    "produce_request",
+    "produce_results",
+    "producer_id_answer",
+]
