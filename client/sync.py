@@ -32,7 +32,8 @@ from minibroker.client.admin import (
 from minibroker.client.common.runtime import new_event_loop
 from minibroker.client.consumer import AsyncConsumer
 from minibroker.client.errors import MiniBrokerError, RequestTimedOutError
-from minibroker.client.producer import AsyncProducer, HeadersIn, PreparedRecord
+from minibroker.client.producer import AsyncProducer
+from minibroker.client.producer_record import HeadersIn, PreparedRecord
 from minibroker.client.transport import DEFAULT_BOOTSTRAP, ClientClosedError
 from minibroker.client.types import Record, RecordMetadata, TopicPartition
 
