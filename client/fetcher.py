@@ -30,7 +30,7 @@ from minibroker.client.errors import (
 from minibroker.client.offsets import ConsumerSettings, OffsetFetcher, refresh_and_back_off
 from minibroker.client.records import uncompressed_limit
 from minibroker.client.subscription import FetchState, PartitionState, SubscriptionState
-from minibroker.client.transport import ClusterClient, now_ms
+from minibroker.client.transport import INVALID_METADATA_ERRORS, ClusterClient, now_ms
 from minibroker.client.types import TopicPartition
 from minibroker.client.wakeable import WakeableLoop
 from minibroker.client.wire import (
@@ -44,22 +44,13 @@ from minibroker.client.wire import (
 
 log = logging.getLogger("minibroker.client.consumer")
 
-# Partition errors after which the client should look for the leader again and retry.
-_REFRESH_AND_RETRY = frozenset(
-    {
-        ErrorCode.NOT_LEADER_OR_FOLLOWER,
-        ErrorCode.FENCED_LEADER_EPOCH,
-        ErrorCode.UNKNOWN_LEADER_EPOCH,
-        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-        ErrorCode.LEADER_NOT_AVAILABLE,
-        ErrorCode.REPLICA_NOT_AVAILABLE,
-        ErrorCode.OFFSET_NOT_AVAILABLE,
-        ErrorCode.KAFKA_STORAGE_ERROR,
-        ErrorCode.BROKER_NOT_AVAILABLE,
-        ErrorCode.NETWORK_EXCEPTION,
-        ErrorCode.REQUEST_TIMED_OUT,
-    }
-)
+# Partition errors after which the client should look for the leader again and retry: a
+# follower that is not ready to serve (REPLICA_NOT_AVAILABLE) and a new leader whose HW lags
+# (OFFSET_NOT_AVAILABLE, KIP-207) besides those that make the metadata stale.
+_REFRESH_AND_RETRY = INVALID_METADATA_ERRORS | {
+    ErrorCode.REPLICA_NOT_AVAILABLE,
+    ErrorCode.OFFSET_NOT_AVAILABLE,
+}
 
 
 class Fetcher:

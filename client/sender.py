@@ -33,7 +33,12 @@ from minibroker.client.errors import (
 )
 from minibroker.client.producer_record import INT32_MAX
 from minibroker.client.records import BatchBuilder, decode_batch
-from minibroker.client.transport import ClientClosedError, ClusterClient, now_ms
+from minibroker.client.transport import (
+    INVALID_METADATA_ERRORS,
+    ClientClosedError,
+    ClusterClient,
+    now_ms,
+)
 from minibroker.client.types import RecordMetadata, TopicPartition
 from minibroker.client.wakeable import STOP, Stop, WakeableLoop
 from minibroker.client.wire import (
@@ -48,21 +53,6 @@ from minibroker.client.wire import (
 # A library logs through the standard library and stays silent unless the application configures
 # logging. Everything is DEBUG: a failed record's error reaches the caller through its future.
 log = logging.getLogger("minibroker.client.producer")
-
-# Errors after which the partition's leader may have moved: refresh metadata before retrying.
-_LEADERSHIP_ERRORS = frozenset(
-    {
-        ErrorCode.NOT_LEADER_OR_FOLLOWER,
-        ErrorCode.LEADER_NOT_AVAILABLE,
-        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-        ErrorCode.FENCED_LEADER_EPOCH,
-        ErrorCode.UNKNOWN_LEADER_EPOCH,
-        ErrorCode.NETWORK_EXCEPTION,
-        ErrorCode.REQUEST_TIMED_OUT,
-        ErrorCode.BROKER_NOT_AVAILABLE,
-        ErrorCode.KAFKA_STORAGE_ERROR,
-    }
-)
 
 # How often the sender asks for metadata while a partition's leader is unreachable.
 _NEW_LEADER_POLL_MS = 20
@@ -289,7 +279,7 @@ class Sender:
             and now - batch.created_ms < settings.delivery_timeout_ms
             and self.loop.running
         ):
-            if err.code in _LEADERSHIP_ERRORS:
+            if err.code in INVALID_METADATA_ERRORS:
                 self.cluster.metadata.mark_leader_unknown(batch.tp)
             log.debug(
                 "produce_retry tp=%s attempt=%d base_sequence=%d error=%s: %s",

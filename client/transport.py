@@ -48,6 +48,23 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
 )
 
 
+# Partition errors after which the client's metadata may be stale, so the leader may have moved
+# (Kafka's InvalidMetadataException family): look for the leader again before retrying.
+INVALID_METADATA_ERRORS = frozenset(
+    {
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.LEADER_NOT_AVAILABLE,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+        ErrorCode.NETWORK_EXCEPTION,
+        ErrorCode.REQUEST_TIMED_OUT,
+        ErrorCode.BROKER_NOT_AVAILABLE,
+        ErrorCode.KAFKA_STORAGE_ERROR,
+    }
+)
+
+
 class ClientClosedError(MiniBrokerError, RuntimeError):
     """The producer, consumer or admin client was closed; create a new one to continue."""
 
