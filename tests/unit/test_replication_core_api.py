@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from minibroker.broker.replication.eligibility import BrokerEligibilityView
 from minibroker.broker.replication.events import (
     AlterPartitionResult,
     AppendPlan,
@@ -27,7 +28,7 @@ from minibroker.broker.replication.events import (
     ProduceRejected,
     ReplicaConfig,
 )
-from minibroker.broker.replication.partition import BrokerEligibilityView, PartitionReplica
+from minibroker.broker.replication.partition import PartitionReplica
 from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.client.batch import iter_batches
 from minibroker.client.errors import ErrorCode

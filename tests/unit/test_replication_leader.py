@@ -7,6 +7,7 @@ no event loop; time is an explicit `now_ms`.
 
 from __future__ import annotations
 
+from minibroker.broker.replication.eligibility import BrokerEligibilityView
 from minibroker.broker.replication.events import (
     AlterPartitionResult,
     AppendPlan,
@@ -26,7 +27,7 @@ from minibroker.broker.replication.events import (
     Role,
     StartFetching,
 )
-from minibroker.broker.replication.partition import BrokerEligibilityView, PartitionReplica
+from minibroker.broker.replication.partition import PartitionReplica
 from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.client.batch import iter_batches
 from minibroker.client.errors import ErrorCode
