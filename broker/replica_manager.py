@@ -129,6 +129,15 @@ class Hosted:
     record_validation: RecordValidation = field(default_factory=RecordValidation)
 
 
+@dataclass(frozen=True, slots=True)
+class ProduceWait:
+    """An acks=all produce parked in `hosted`'s core under `token`; only the core answers it."""
+
+    hosted: Hosted
+    token: int
+    future: asyncio.Future[CompleteProduce]
+
+
 class ReplicaManager:
     def __init__(
         self,
@@ -245,12 +254,9 @@ class ReplicaManager:
             self.fetchers.unfollow(tp)
             hosted.pending_fetch = None
             hosted.pending_request = None
-            for future in hosted.produce_futures.values():
-                if not future.done():
-                    future.set_result(
-                        CompleteProduce(None, ErrorCode.KAFKA_STORAGE_ERROR, -1, -1, message)
-                    )
-            hosted.produce_futures.clear()
+            self._apply(
+                hosted, hosted.core.abort_produces(ErrorCode.KAFKA_STORAGE_ERROR, message)[1]
+            )
             self._notify_fetches(tp)  # parked long polls answer now, with the storage error
         self.log_dir_failed.set()
 
@@ -530,11 +536,7 @@ class ReplicaManager:
         if hosted is None:
             return
         self.fetchers.unfollow(tp)
-        for future in hosted.produce_futures.values():
-            if not future.done():
-                future.set_result(
-                    CompleteProduce(None, ErrorCode.NOT_LEADER_OR_FOLLOWER, -1, -1, reason)
-                )
+        self._apply(hosted, hosted.core.abort_produces(ErrorCode.NOT_LEADER_OR_FOLLOWER, reason)[1])
         self._notify_fetches(tp)
         if delete:
             self.log_manager.delete_log(tp)
@@ -705,7 +707,7 @@ class ReplicaManager:
                 for p in partitions
             ]
         results: list[wire.ProduceResult] = []
-        waits: list[tuple[wire.ProduceResult, asyncio.Future[CompleteProduce]]] = []
+        waits: list[tuple[wire.ProduceResult, ProduceWait]] = []
         deadline = wall_clock_ms() + max(timeout_ms, 0)
         for part in partitions:
             offline = self._offline_error()
@@ -713,26 +715,27 @@ class ReplicaManager:
                 # Also for the partitions after the one whose append took the dir offline.
                 results.append(wire.ProduceResult(part.topic, part.partition, *offline))
                 continue
-            result, future = self._produce_one(acks, deadline, part)
+            result, wait = self._produce_one(acks, deadline, part)
             results.append(result)
-            if future is not None:
-                waits.append((result, future))
+            if wait is not None:
+                waits.append((result, wait))
         if waits:
             timeout_s = max(timeout_ms, 0) / 1000.0
-            await asyncio.wait([f for _, f in waits], timeout=timeout_s)
-            for result, future in waits:
-                if future.done():
-                    completion = future.result()
-                    result.error = completion.error
-                    result.message = completion.message
-                    if completion.error != ErrorCode.NONE:
-                        result.base_offset = -1
-                else:
-                    result.error = ErrorCode.REQUEST_TIMED_OUT
-                    result.message = "the ISR did not acknowledge the write within timeout_ms"
+            await asyncio.wait([w.future for _, w in waits], timeout=timeout_s)
+            for result, wait in waits:
+                if not wait.future.done():
+                    # timeout_ms ran out first: the core answers REQUEST_TIMED_OUT for it.
+                    _, effects = wait.hosted.core.expire_produce(wait.token)
+                    self._apply(wait.hosted, effects)
+                invariant(
+                    wait.future.done(),
+                    f"{wait.hosted.tp}: produce {wait.token} is parked nowhere",
+                )
+                completion = wait.future.result()
+                result.error = completion.error
+                result.message = completion.message
+                if completion.error != ErrorCode.NONE:
                     result.base_offset = -1
-                    # The core expires its own record of this produce at the same deadline.
-                    future.cancel()
         for result in results:
             if result.error != ErrorCode.NONE:
                 self.metrics.failed_produce_requests.inc()
@@ -740,7 +743,7 @@ class ReplicaManager:
 
     def _produce_one(
         self, acks: int, deadline_ms: int, part: wire.ProducePartition
-    ) -> tuple[wire.ProduceResult, asyncio.Future[CompleteProduce] | None]:
+    ) -> tuple[wire.ProduceResult, ProduceWait | None]:
         tp = TopicPartition(part.topic, part.partition)
         result = wire.ProduceResult(part.topic, part.partition)
         hosted = self.partitions.get(tp)
@@ -806,18 +809,15 @@ class ReplicaManager:
         self.metrics.bytes_in.inc(info.valid_bytes)
         result.base_offset = plan.base_offset
         result.log_start_offset = hosted.log.log_start_offset
-        future: asyncio.Future[CompleteProduce] | None = None
-        token: int | None = None
+        wait: ProduceWait | None = None
         if acks == -1:
-            self._produce_seq += 1
-            token = self._produce_seq
-            future = asyncio.get_running_loop().create_future()
-            hosted.produce_futures[token] = future
+            wait = self._new_wait(hosted)
+        token = wait.token if wait is not None else None
         _, effects = core.on_leader_appended(plan, now, token=token, deadline_ms=deadline_ms)
         self._apply(hosted, effects)
         self.fetch_signals.notify(tp)  # wake followers' long polls
         self._maybe_flush(hosted, now)
-        return result, future
+        return result, wait
 
     def _maybe_flush(self, hosted: Hosted, now: int) -> None:
         """flush.messages / flush.ms after an append the core already counts: a failed fsync
@@ -830,16 +830,19 @@ class ReplicaManager:
             )
             self.maybe_take_log_dir_offline(err, f"flush of {hosted.tp}")
 
+    def _new_wait(self, hosted: Hosted) -> ProduceWait:
+        self._produce_seq += 1
+        wait = ProduceWait(hosted, self._produce_seq, asyncio.get_running_loop().create_future())
+        hosted.produce_futures[wait.token] = wait.future
+        return wait
+
     def _park(
         self, hosted: Hosted, base_offset: int, last_offset: int, deadline_ms: int
-    ) -> asyncio.Future[CompleteProduce]:
-        self._produce_seq += 1
-        token = self._produce_seq
-        future: asyncio.Future[CompleteProduce] = asyncio.get_running_loop().create_future()
-        hosted.produce_futures[token] = future
-        _, effects = hosted.core.park_produce(token, base_offset, last_offset, deadline_ms)
+    ) -> ProduceWait:
+        wait = self._new_wait(hosted)
+        _, effects = hosted.core.park_produce(wait.token, base_offset, last_offset, deadline_ms)
         self._apply(hosted, effects)
-        return future
+        return wait
 
     # -- fetch ----------------------------------------------------------------------------------
 
@@ -1399,13 +1402,10 @@ class ReplicaManager:
         for task in list(self._tasks):
             task.cancel()
         for hosted in self.partitions.values():
-            for future in hosted.produce_futures.values():
-                if not future.done():
-                    future.set_result(
-                        CompleteProduce(
-                            None, ErrorCode.NOT_LEADER_OR_FOLLOWER, -1, -1, "broker shutting down"
-                        )
-                    )
+            _, effects = hosted.core.abort_produces(
+                ErrorCode.NOT_LEADER_OR_FOLLOWER, "broker shutting down"
+            )
+            self._apply(hosted, effects)
 
 
 def _alter_partition_result(

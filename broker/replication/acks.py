@@ -24,6 +24,7 @@ from minibroker.broker.replication.events import CompleteProduce
 from minibroker.client.errors import ErrorCode
 
 TIMED_OUT_MESSAGE = "the high watermark did not reach the batch in time"
+WAIT_TIMED_OUT_MESSAGE = "the ISR did not acknowledge the write within timeout_ms"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +106,7 @@ class ProducePurgatory:
         for pending in self._pending:
             if pending.token == token:
                 self._pending.remove(pending)
-                return [_timed_out(pending, log_start_offset)]
+                return [_timed_out(pending, log_start_offset, WAIT_TIMED_OUT_MESSAGE)]
         return []
 
     def fail_all(
@@ -120,11 +121,9 @@ class ProducePurgatory:
         return failed
 
 
-def _timed_out(pending: PendingProduce, log_start_offset: int) -> CompleteProduce:
+def _timed_out(
+    pending: PendingProduce, log_start_offset: int, message: str = TIMED_OUT_MESSAGE
+) -> CompleteProduce:
     return CompleteProduce(
-        pending.token,
-        ErrorCode.REQUEST_TIMED_OUT,
-        pending.base_offset,
-        log_start_offset,
-        TIMED_OUT_MESSAGE,
+        pending.token, ErrorCode.REQUEST_TIMED_OUT, pending.base_offset, log_start_offset, message
     )

@@ -296,6 +296,16 @@ class PartitionReplica(ReplicaState):
         """Answer parked produces past their deadline: REQUEST_TIMED_OUT (docs/protocol.md §2)."""
         return None, list(self._purgatory.expire(now_ms, self._log_start_offset))
 
+    def expire_produce(self, token: object) -> Step[None]:
+        """The shell's wait for the produce parked under `token` ran out (the request's
+        timeout_ms): REQUEST_TIMED_OUT now, or nothing when it was answered already."""
+        return None, list(self._purgatory.expire_token(token, self._log_start_offset))
+
+    def abort_produces(self, error: ErrorCode, reason: str) -> Step[None]:
+        """Answer every parked produce with `error` (the log dir failed, the replica is being
+        removed, the broker stops): the shell completes its futures from these effects."""
+        return None, list(self._purgatory.fail_all(error, reason, self._log_start_offset))
+
     def _fail_pending_produces(self, reason: str) -> list[Effect]:
         return list(
             self._purgatory.fail_all(

@@ -10,6 +10,7 @@ import pytest
 
 from minibroker.broker.replication.acks import (
     TIMED_OUT_MESSAGE,
+    WAIT_TIMED_OUT_MESSAGE,
     PendingProduce,
     ProducePurgatory,
     acks_all_result,
@@ -153,7 +154,9 @@ def test_expiry_fail_all_and_expire_token() -> None:
     ]
     assert purgatory.expire_token("a", 0) == []  # answered already
     purgatory.park(PendingProduce("d", 0, 9, 400), 0, 0, ISR3, 2)
-    assert [c.token for c in purgatory.expire_token("d", 0)] == ["d"]
+    assert [(c.token, c.message) for c in purgatory.expire_token("d", 0)] == [
+        ("d", WAIT_TIMED_OUT_MESSAGE)
+    ]
     failed = purgatory.fail_all(ErrorCode.NOT_LEADER_OR_FOLLOWER, "moved", 3)
     assert failed == [CompleteProduce("c", ErrorCode.NOT_LEADER_OR_FOLLOWER, 0, 3, "moved")]
     assert len(purgatory) == 0
