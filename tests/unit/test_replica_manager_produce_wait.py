@@ -42,6 +42,7 @@ OTHER = 2
 TOPIC = "events"
 TOPIC_ID = "topic-id-events"
 TP = TopicPartition(TOPIC, 0)
+SOLO = TopicPartition(TOPIC, 1)  # replicas (ME,): every write commits at once
 
 
 @pytest.fixture
@@ -62,10 +63,20 @@ async def rm(tmp_path: Path) -> AsyncIterator[ReplicaManager]:
             leader_epoch=1,
             partition_epoch=1,
         )
+        solo = PartitionRecord(
+            topic_id=TOPIC_ID,
+            partition=SOLO.partition,
+            replicas=(ME,),
+            isr=(ME,),
+            leader=ME,
+            leader_epoch=1,
+            partition_epoch=1,
+        )
         entries = [
             LogEntry(0, 0, RegisterBrokerRecord(ME, "incarnation-1", 0, "127.0.0.1", 1)),
             LogEntry(1, 0, TopicRecord(TOPIC, TOPIC_ID)),
             LogEntry(2, 0, record),
+            LogEntry(3, 0, solo),
         ]
         await manager.apply_metadata_batch(batch_to_pb(entries, high_offset=len(entries)))
         assert manager.partitions[TP].core.role is Role.LEADER
@@ -76,10 +87,26 @@ async def rm(tmp_path: Path) -> AsyncIterator[ReplicaManager]:
         data_dir.close()
 
 
-def produce(manager: ReplicaManager, timeout_ms: int) -> asyncio.Task[list[wire.ProduceResult]]:
-    records = encode_batch([(1_000, None, b"v", [])])
+def produce(
+    manager: ReplicaManager,
+    timeout_ms: int,
+    *,
+    tp: TopicPartition = TP,
+    acks: int = -1,
+    records: bytes | None = None,
+) -> asyncio.Task[list[wire.ProduceResult]]:
+    raw = records if records is not None else encode_batch([(1_000, None, b"v", [])])
     return asyncio.ensure_future(
-        manager.produce(-1, timeout_ms, [wire.ProducePartition(TP.topic, TP.partition, records)])
+        manager.produce(acks, timeout_ms, [wire.ProducePartition(tp.topic, tp.partition, raw)])
+    )
+
+
+def idempotent_batch(count: int = 3) -> bytes:
+    return encode_batch(
+        [(1_000 + i, None, f"v{i}".encode(), []) for i in range(count)],
+        producer_id=7,
+        producer_epoch=0,
+        base_sequence=0,
     )
 
 
@@ -107,3 +134,25 @@ async def test_shutdown_answers_parked_produces_through_the_core(rm: ReplicaMana
         "broker shutting down",
     )
     assert hosted.core.pending_produce_count == 0 and hosted.produce_futures == {}
+
+
+@pytest.mark.parametrize("acks", [1, -1])
+async def test_an_idempotent_retry_gets_the_original_offsets_and_is_stored_once(
+    rm: ReplicaManager, acks: int
+) -> None:
+    batch = idempotent_batch()
+    (first,) = await produce(rm, 5_000, tp=SOLO, acks=acks, records=batch)
+    (retry,) = await produce(rm, 5_000, tp=SOLO, acks=acks, records=batch)
+    assert (first.error, first.base_offset) == (ErrorCode.NONE, 0)
+    assert (retry.error, retry.base_offset) == (ErrorCode.NONE, 0)
+    assert rm.partitions[SOLO].core.leo == 3
+
+
+async def test_an_acks_all_retry_waits_for_the_hw_like_the_first_write(rm: ReplicaManager) -> None:
+    """A duplicate of a batch the ISR has not acknowledged yet is not acknowledged either: it
+    parks until the HW passes it (here it never does, so it times out like the first)."""
+    batch = idempotent_batch()
+    (first,) = await produce(rm, 50, records=batch)
+    (retry,) = await produce(rm, 50, records=batch)
+    assert first.error == retry.error == ErrorCode.REQUEST_TIMED_OUT
+    assert rm.partitions[TP].core.leo == 3 and rm.partitions[TP].core.high_watermark == 0
