@@ -36,10 +36,10 @@ from minibroker.broker.replication.events import (
     AdvanceLogStartOffset,
     AlterPartitionResult,
     AppendAsFollower,
-    AppendPlan,
     AssignEpoch,
     Backoff,
     CompleteProduce,
+    DuplicateAppend,
     FetchPosition,
     FetchResponse,
     FollowerFetch,
@@ -48,6 +48,7 @@ from minibroker.broker.replication.events import (
     IsrUpdated,
     LeaderRecoveryState,
     PartitionState,
+    ProduceRejected,
     ProposeIsr,
     ReplicaConfig,
     Role,
@@ -126,6 +127,15 @@ class Hosted:
     topic_configs: dict[str, str] | None = None
     # What produced records are checked against (timestamp type and bounds), from those configs.
     record_validation: RecordValidation = field(default_factory=RecordValidation)
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceWait:
+    """An acks=all produce parked in `hosted`'s core under `token`; only the core answers it."""
+
+    hosted: Hosted
+    token: int
+    future: asyncio.Future[CompleteProduce]
 
 
 class ReplicaManager:
@@ -244,12 +254,9 @@ class ReplicaManager:
             self.fetchers.unfollow(tp)
             hosted.pending_fetch = None
             hosted.pending_request = None
-            for future in hosted.produce_futures.values():
-                if not future.done():
-                    future.set_result(
-                        CompleteProduce(None, ErrorCode.KAFKA_STORAGE_ERROR, -1, -1, message)
-                    )
-            hosted.produce_futures.clear()
+            self._apply(
+                hosted, hosted.core.abort_produces(ErrorCode.KAFKA_STORAGE_ERROR, message)[1]
+            )
             self._notify_fetches(tp)  # parked long polls answer now, with the storage error
         self.log_dir_failed.set()
 
@@ -286,9 +293,9 @@ class ReplicaManager:
             leo=partition_log.leo,
             log_start_offset=partition_log.log_start_offset,
             high_watermark=partition_log.high_watermark,
+            producer_batches=partition_log.producer_batch_headers(),
             name=str(tp),
         )
-        core.producer_state.rebuild(partition_log.producer_batch_headers())
         hosted = Hosted(tp, topic_id, partition_log, core)
         hosted.topic_configs = dict(raw_configs)
         hosted.record_validation = RecordValidation.from_topic_config(configs)
@@ -471,7 +478,7 @@ class ReplicaManager:
         )
         old_role = hosted.core.role
         old_epoch = hosted.core.leader_epoch
-        self._apply(hosted, hosted.core.apply_partition_state(state, now))
+        self._apply(hosted, hosted.core.apply_partition_state(state, now)[1])
         if hosted.core.role != old_role or hosted.core.leader_epoch != old_epoch:
             self._notify_fetches(tp)  # parked fetches answer now (NOT_LEADER, fenced epoch)
             log.info(
@@ -489,7 +496,7 @@ class ReplicaManager:
     def _reconfigure(self, hosted: Hosted, raw_configs: dict[str, str], now: int) -> None:
         configs = self._topic_configs(raw_configs)
         hosted.log.update_config(self._log_config(raw_configs))
-        self._apply(hosted, hosted.core.update_config(self._replica_config(configs), now))
+        self._apply(hosted, hosted.core.update_config(self._replica_config(configs), now)[1])
         hosted.topic_configs = dict(raw_configs)
         hosted.record_validation = RecordValidation.from_topic_config(configs)
 
@@ -497,8 +504,8 @@ class ReplicaManager:
         """Point fetchers at leaders whose address arrived or changed since the partition's
         record did (a leader that re-registered on another port, or was not known yet)."""
         for tp, hosted in self.partitions.items():
-            follower = hosted.core.follower
-            if hosted.core.role is not Role.FOLLOWER or follower is None or follower.failed:
+            follower = hosted.core.follower_state
+            if follower is None or follower.failed:
                 continue
             if self.fetchers.needs_follow(tp, follower.leader_id):
                 self.fetchers.follow(tp, follower.leader_id)
@@ -529,11 +536,7 @@ class ReplicaManager:
         if hosted is None:
             return
         self.fetchers.unfollow(tp)
-        for future in hosted.produce_futures.values():
-            if not future.done():
-                future.set_result(
-                    CompleteProduce(None, ErrorCode.NOT_LEADER_OR_FOLLOWER, -1, -1, reason)
-                )
+        self._apply(hosted, hosted.core.abort_produces(ErrorCode.NOT_LEADER_OR_FOLLOWER, reason)[1])
         self._notify_fetches(tp)
         if delete:
             self.log_manager.delete_log(tp)
@@ -571,7 +574,7 @@ class ReplicaManager:
                     self.maybe_take_log_dir_offline(err, f"follower append to {tp}")
                     raise FollowerAppendFailedError(str(err)) from err
                 self.metrics.replication_bytes_in.inc(len(effect.records))
-                queue[:0] = core.on_follower_appended(hosted.log.leo, info.batches)
+                queue[:0] = core.on_follower_appended(hosted.log.leo, info.batches)[1]
                 self._maybe_flush(hosted, wall_clock_ms())
             elif isinstance(effect, TruncateTo | TruncateFullyAndStartAt):
                 old_leo = hosted.log.leo
@@ -586,9 +589,8 @@ class ReplicaManager:
                     # was. The core learns where it really ends, and the fetch fails like a
                     # failed append, so the follower backs off and the leader's divergence
                     # check asks for the rest of the truncation on the next fetch.
-                    self._apply(
-                        hosted, core.on_log_truncated(hosted.log.leo, hosted.log.log_start_offset)
-                    )
+                    _, effects = core.on_log_truncated(hosted.log.leo, hosted.log.log_start_offset)
+                    self._apply(hosted, effects)
                     self.maybe_take_log_dir_offline(err, f"truncation of {tp}")
                     raise FollowerAppendFailedError(f"truncation failed: {err}") from err
                 self.metrics.truncations.inc()
@@ -603,7 +605,7 @@ class ReplicaManager:
                     leader_epoch=core.leader_epoch,
                     **where,
                 )
-                queue[:0] = core.on_log_truncated(hosted.log.leo, hosted.log.log_start_offset)
+                queue[:0] = core.on_log_truncated(hosted.log.leo, hosted.log.log_start_offset)[1]
             elif isinstance(effect, AdvanceLogStartOffset):
                 hosted.log.maybe_increment_log_start_offset(effect.offset)
             elif isinstance(effect, ProposeIsr):
@@ -683,7 +685,8 @@ class ReplicaManager:
                     proposed_isr=sorted(proposal.new_isr),
                 )
             if self.partitions.get(hosted.tp) is hosted:
-                self._apply(hosted, hosted.core.on_alter_partition_result(result, wall_clock_ms()))
+                _, effects = hosted.core.on_alter_partition_result(result, wall_clock_ms())
+                self._apply(hosted, effects)
 
         self._spawn(send(), f"alter-partition-{hosted.tp}")
 
@@ -704,7 +707,7 @@ class ReplicaManager:
                 for p in partitions
             ]
         results: list[wire.ProduceResult] = []
-        waits: list[tuple[wire.ProduceResult, asyncio.Future[CompleteProduce]]] = []
+        waits: list[tuple[wire.ProduceResult, ProduceWait]] = []
         deadline = wall_clock_ms() + max(timeout_ms, 0)
         for part in partitions:
             offline = self._offline_error()
@@ -712,26 +715,27 @@ class ReplicaManager:
                 # Also for the partitions after the one whose append took the dir offline.
                 results.append(wire.ProduceResult(part.topic, part.partition, *offline))
                 continue
-            result, future = self._produce_one(acks, deadline, part)
+            result, wait = self._produce_one(acks, deadline, part)
             results.append(result)
-            if future is not None:
-                waits.append((result, future))
+            if wait is not None:
+                waits.append((result, wait))
         if waits:
             timeout_s = max(timeout_ms, 0) / 1000.0
-            await asyncio.wait([f for _, f in waits], timeout=timeout_s)
-            for result, future in waits:
-                if future.done():
-                    completion = future.result()
-                    result.error = completion.error
-                    result.message = completion.message
-                    if completion.error != ErrorCode.NONE:
-                        result.base_offset = -1
-                else:
-                    result.error = ErrorCode.REQUEST_TIMED_OUT
-                    result.message = "the ISR did not acknowledge the write within timeout_ms"
+            await asyncio.wait([w.future for _, w in waits], timeout=timeout_s)
+            for result, wait in waits:
+                if not wait.future.done():
+                    # timeout_ms ran out first: the core answers REQUEST_TIMED_OUT for it.
+                    _, effects = wait.hosted.core.expire_produce(wait.token)
+                    self._apply(wait.hosted, effects)
+                invariant(
+                    wait.future.done(),
+                    f"{wait.hosted.tp}: produce {wait.token} is parked nowhere",
+                )
+                completion = wait.future.result()
+                result.error = completion.error
+                result.message = completion.message
+                if completion.error != ErrorCode.NONE:
                     result.base_offset = -1
-                    # The core expires its own record of this produce at the same deadline.
-                    future.cancel()
         for result in results:
             if result.error != ErrorCode.NONE:
                 self.metrics.failed_produce_requests.inc()
@@ -739,7 +743,7 @@ class ReplicaManager:
 
     def _produce_one(
         self, acks: int, deadline_ms: int, part: wire.ProducePartition
-    ) -> tuple[wire.ProduceResult, asyncio.Future[CompleteProduce] | None]:
+    ) -> tuple[wire.ProduceResult, ProduceWait | None]:
         tp = TopicPartition(part.topic, part.partition)
         result = wire.ProduceResult(part.topic, part.partition)
         hosted = self.partitions.get(tp)
@@ -776,16 +780,16 @@ class ReplicaManager:
         except MiniBrokerError as err:
             result.error, result.message = err.code, str(err)
             return result, None
-        plan = core.plan_append(acks, [h for _, h in batches])
-        if not isinstance(plan, AppendPlan):
+        plan, _ = core.plan_append(acks, [h for _, h in batches])
+        if isinstance(plan, DuplicateAppend):
+            result.log_start_offset = core.log_start_offset
+            result.base_offset = plan.base_offset
+            if acks == -1:
+                return result, self._park(hosted, plan.base_offset, plan.last_offset, deadline_ms)
+            return result, None
+        if isinstance(plan, ProduceRejected):
             result.error, result.message = plan.error, plan.message
             result.log_start_offset = core.log_start_offset
-            if plan.is_duplicate:
-                result.base_offset = plan.base_offset
-                if acks == -1:
-                    return result, self._park(
-                        hosted, plan.base_offset, plan.last_offset, deadline_ms
-                    )
             return result, None
         try:
             info = hosted.log.append_as_leader(
@@ -805,19 +809,15 @@ class ReplicaManager:
         self.metrics.bytes_in.inc(info.valid_bytes)
         result.base_offset = plan.base_offset
         result.log_start_offset = hosted.log.log_start_offset
-        future: asyncio.Future[CompleteProduce] | None = None
-        token: int | None = None
+        wait: ProduceWait | None = None
         if acks == -1:
-            self._produce_seq += 1
-            token = self._produce_seq
-            future = asyncio.get_running_loop().create_future()
-            hosted.produce_futures[token] = future
-        self._apply(
-            hosted, core.on_leader_appended(plan, now, token=token, deadline_ms=deadline_ms)
-        )
+            wait = self._new_wait(hosted)
+        token = wait.token if wait is not None else None
+        _, effects = core.on_leader_appended(plan, now, token=token, deadline_ms=deadline_ms)
+        self._apply(hosted, effects)
         self.fetch_signals.notify(tp)  # wake followers' long polls
         self._maybe_flush(hosted, now)
-        return result, future
+        return result, wait
 
     def _maybe_flush(self, hosted: Hosted, now: int) -> None:
         """flush.messages / flush.ms after an append the core already counts: a failed fsync
@@ -830,15 +830,19 @@ class ReplicaManager:
             )
             self.maybe_take_log_dir_offline(err, f"flush of {hosted.tp}")
 
+    def _new_wait(self, hosted: Hosted) -> ProduceWait:
+        self._produce_seq += 1
+        wait = ProduceWait(hosted, self._produce_seq, asyncio.get_running_loop().create_future())
+        hosted.produce_futures[wait.token] = wait.future
+        return wait
+
     def _park(
         self, hosted: Hosted, base_offset: int, last_offset: int, deadline_ms: int
-    ) -> asyncio.Future[CompleteProduce]:
-        self._produce_seq += 1
-        token = self._produce_seq
-        future: asyncio.Future[CompleteProduce] = asyncio.get_running_loop().create_future()
-        hosted.produce_futures[token] = future
-        self._apply(hosted, hosted.core.park_produce(token, base_offset, last_offset, deadline_ms))
-        return future
+    ) -> ProduceWait:
+        wait = self._new_wait(hosted)
+        _, effects = hosted.core.park_produce(wait.token, base_offset, last_offset, deadline_ms)
+        self._apply(hosted, effects)
+        return wait
 
     # -- fetch ----------------------------------------------------------------------------------
 
@@ -894,7 +898,7 @@ class ReplicaManager:
         core = hosted.core
         max_bytes = req.max_bytes if req.max_bytes > 0 else self.config["replica.fetch.max.bytes"]
         if params.is_follower:
-            answer = core.handle_follower_fetch(
+            answer, effects = core.handle_follower_fetch(
                 FollowerFetch(
                     replica_id=params.replica_id,
                     broker_epoch=params.replica_epoch,
@@ -905,7 +909,7 @@ class ReplicaManager:
                 ),
                 wall_clock_ms(),
             )
-            self._apply(hosted, answer.effects)
+            self._apply(hosted, effects)
             result.error, result.message = answer.error, answer.message
             result.high_watermark = answer.high_watermark
             result.log_start_offset = answer.log_start_offset
@@ -920,7 +924,7 @@ class ReplicaManager:
             return result
         # A consumer: the leader, or an in-sync follower in the client's rack (KIP-392).
         allow_follower = bool(params.rack_id) and self._serves_rack(params.rack_id)
-        answer_c = core.check_consumer_fetch(
+        answer_c, _ = core.check_consumer_fetch(
             req.current_leader_epoch, req.fetch_offset, allow_follower=allow_follower
         )
         result.error, result.message = answer_c.error, answer_c.message
@@ -978,8 +982,7 @@ class ReplicaManager:
             broker = self.image.brokers.get(replica_id)
             if broker is None or broker.rack != rack or not broker.is_active:
                 continue
-            remote = core.remotes.get(replica_id)
-            if remote is not None and remote.leo >= fetch_offset:
+            if core.replica_leo(replica_id) >= fetch_offset:
                 return replica_id
         return None
 
@@ -991,7 +994,7 @@ class ReplicaManager:
         hosted = self.partitions.get(tp)
         if hosted is None or self.log_dir_failure is not None:
             return None
-        position = hosted.core.next_fetch(wall_clock_ms())
+        position, _ = hosted.core.next_fetch(wall_clock_ms())
         if position is None or position.leader_id != leader_id:
             hosted.pending_fetch = None
             hosted.pending_request = None
@@ -1035,7 +1038,8 @@ class ReplicaManager:
             records=result.records,
         )
         try:
-            self._apply(hosted, hosted.core.on_fetch_response(request, response, wall_clock_ms()))
+            _, effects = hosted.core.on_fetch_response(request, response, wall_clock_ms())
+            self._apply(hosted, effects)
         except FollowerAppendFailedError as err:
             log.warning(
                 "follower_append_failed",
@@ -1045,7 +1049,8 @@ class ReplicaManager:
                 error=str(err),
             )
             failed = FetchResponse(error=ErrorCode.CORRUPT_MESSAGE)
-            self._apply(hosted, hosted.core.on_fetch_response(request, failed, wall_clock_ms()))
+            _, effects = hosted.core.on_fetch_response(request, failed, wall_clock_ms())
+            self._apply(hosted, effects)
 
     # -- list offsets, metadata, producer ids, describe -----------------------------------------
 
@@ -1066,7 +1071,7 @@ class ReplicaManager:
                 result.error = self._not_hosted_error(tp)
                 results.append(result)
                 continue
-            answer = hosted.core.list_offsets(req.current_leader_epoch, req.timestamp)
+            answer, _ = hosted.core.list_offsets(req.current_leader_epoch, req.timestamp)
             result.error, result.message = answer.error, answer.message
             result.leader_epoch = answer.leader_epoch
             if answer.error == ErrorCode.NONE:
@@ -1102,7 +1107,7 @@ class ReplicaManager:
             elif hosted is None:
                 result.error = self._not_hosted_error(tp)
             else:
-                answer = hosted.core.offset_for_leader_epoch(
+                answer, _ = hosted.core.offset_for_leader_epoch(
                     req.current_leader_epoch, req.leader_epoch
                 )
                 result.error, result.message = answer.error, answer.message
@@ -1235,7 +1240,7 @@ class ReplicaManager:
             followers = (
                 [
                     wire.FollowerState(r.replica_id, r.leo, r.last_caught_up_time_ms)
-                    for r in core.remotes.values()
+                    for r in core.remote_replicas
                 ]
                 if core.is_leader
                 else []
@@ -1298,11 +1303,11 @@ class ReplicaManager:
 
         def expire(hosted: Hosted) -> None:
             if hosted.core.pending_produce_count:
-                self._apply(hosted, hosted.core.expire_produces(now))
+                self._apply(hosted, hosted.core.expire_produces(now)[1])
 
         def shrink(hosted: Hosted) -> None:
             if hosted.core.is_leader:
-                self._apply(hosted, hosted.core.maybe_shrink_isr(now))
+                self._apply(hosted, hosted.core.maybe_shrink_isr(now)[1])
 
         self._each_partition("expire_produces", expire)
         if mono - last["shrink"] >= shrink_every:
@@ -1354,7 +1359,9 @@ class ReplicaManager:
     def _run_retention(self, hosted: Hosted, now: int) -> None:
         deleted = hosted.log.delete_retention(now)
         if deleted:
-            hosted.core.on_log_start_offset_advanced(hosted.log.log_start_offset)
+            self._apply(
+                hosted, hosted.core.on_log_start_offset_advanced(hosted.log.log_start_offset)[1]
+            )
             log.info(
                 "segments_deleted",
                 topic=hosted.tp.topic,
@@ -1374,8 +1381,8 @@ class ReplicaManager:
                 under_replicated += isr < len(core.replicas)
                 under_min += isr < core.effective_min_isr
                 at_min += isr == core.effective_min_isr
-            elif core.role is Role.FOLLOWER and core.follower is not None:
-                lag = core.follower.leader_high_watermark - core.leo
+            elif (follower := core.follower_state) is not None:
+                lag = follower.leader_high_watermark - core.leo
                 max_lag = max(max_lag, lag)
         m = self.metrics
         m.under_replicated.set(under_replicated)
@@ -1395,13 +1402,10 @@ class ReplicaManager:
         for task in list(self._tasks):
             task.cancel()
         for hosted in self.partitions.values():
-            for future in hosted.produce_futures.values():
-                if not future.done():
-                    future.set_result(
-                        CompleteProduce(
-                            None, ErrorCode.NOT_LEADER_OR_FOLLOWER, -1, -1, "broker shutting down"
-                        )
-                    )
+            _, effects = hosted.core.abort_produces(
+                ErrorCode.NOT_LEADER_OR_FOLLOWER, "broker shutting down"
+            )
+            self._apply(hosted, effects)
 
 
 def _alter_partition_result(
