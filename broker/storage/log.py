@@ -249,10 +249,6 @@ class PartitionLog(LogDeletion):
     def latest_epoch(self) -> int | None:
         return self._epoch_cache.latest_epoch
 
-    def end_offset_for_epoch(self, requested_epoch: int) -> tuple[int, int]:
-        """(epoch, end offset) for a follower's `last_fetched_epoch` (docs/protocol.md §13)."""
-        return self._epoch_cache.end_offset_for(requested_epoch, self.leo)
-
     def update_config(self, config: LogConfig) -> None:
         """New topic configs apply to the next append, roll, retention and flush decision."""
         self.config = config
