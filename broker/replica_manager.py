@@ -292,7 +292,7 @@ class ReplicaManager:
             self._replica_config(configs),
             leo=partition_log.leo,
             log_start_offset=partition_log.log_start_offset,
-            high_watermark=partition_log.high_watermark,
+            high_watermark=self.log_manager.checkpointed_high_watermark(tp),
             producer_batches=partition_log.producer_batch_headers(),
             name=str(tp),
         )
@@ -558,7 +558,6 @@ class ReplicaManager:
             if isinstance(effect, AssignEpoch):
                 hosted.log.maybe_assign_epoch_start_offset(effect.leader_epoch, effect.start_offset)
             elif isinstance(effect, HighWatermarkChanged):
-                hosted.log.update_high_watermark(effect.high_watermark)
                 self.hw_signals.notify(tp)
             elif isinstance(effect, CompleteProduce):
                 future = hosted.produce_futures.pop(effect.token, None)
@@ -1315,8 +1314,8 @@ class ReplicaManager:
             self._each_partition("maybe_shrink_isr", shrink)
         if mono - last["hw"] >= hw_every:
             last["hw"] = mono
-            # On the loop thread: the checkpoint reads every log's HW (a few ms of fsync).
-            self._guarded("checkpoint_high_watermarks", self.log_manager.checkpoint_high_watermarks)
+            # On the loop thread: the checkpoint reads every core's HW (a few ms of fsync).
+            self._guarded("checkpoint_high_watermarks", self._checkpoint_high_watermarks)
         if mono - last["rp"] >= rp_every:
             last["rp"] = mono
             self._guarded("retry_log_deletes", self.log_manager.retry_deletes)
@@ -1329,6 +1328,10 @@ class ReplicaManager:
             last["retention"] = mono
             self._each_partition("retention", lambda hosted: self._run_retention(hosted, now))
         self._update_gauges()
+
+    def _checkpoint_high_watermarks(self) -> None:
+        hws = {tp: hosted.core.high_watermark for tp, hosted in self.partitions.items()}
+        self.log_manager.checkpoint_high_watermarks(hws)
 
     def _guarded(self, step: str, fn: Any) -> None:
         """Run one background step; a failure is logged and the other steps still run."""
@@ -1357,7 +1360,7 @@ class ReplicaManager:
                     )
 
     def _run_retention(self, hosted: Hosted, now: int) -> None:
-        deleted = hosted.log.delete_retention(now)
+        deleted = hosted.log.delete_retention(now, hosted.core.high_watermark)
         if deleted:
             self._apply(
                 hosted, hosted.core.on_log_start_offset_advanced(hosted.log.log_start_offset)[1]
@@ -1401,6 +1404,9 @@ class ReplicaManager:
         await self.fetchers.stop()
         for task in list(self._tasks):
             task.cancel()
+        # The HWs are the cores': checkpointed here, before the logs close (Kafka's
+        # ReplicaManager.shutdown). Skipped once the dir failed; a failure takes it offline.
+        self._guarded("checkpoint_high_watermarks", self._checkpoint_high_watermarks)
         for hosted in self.partitions.values():
             _, effects = hosted.core.abort_produces(
                 ErrorCode.NOT_LEADER_OR_FOLLOWER, "broker shutting down"

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from minibroker.broker.storage import segment as segment_module
+from minibroker.broker.storage import segment_files as segment_files_module
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir
 from minibroker.broker.storage.log import PartitionLog
@@ -53,7 +54,7 @@ def fds() -> Iterator[int]:
 
 def budget(partitions: int) -> int:
     """The README's figure for storage: an active `.log` per partition plus the cache."""
-    return partitions + segment_module.INACTIVE_SEGMENT_FILES_MAX
+    return partitions + segment_files_module.INACTIVE_SEGMENT_FILES_MAX
 
 
 def fill(log: PartitionLog, count: int, start_fds: int, partitions: int = 1) -> None:
@@ -97,7 +98,6 @@ def test_2000_segments_keep_open_files_within_the_budget(tmp_path: pathlib.Path,
             CONFIG,
             now_ms=NOW,
             recovery_point=SEGMENTS if clean else 0,
-            high_watermark=SEGMENTS,
             had_clean_shutdown=clean,
         )
         assert open_fds() - fds <= budget(1)
@@ -115,14 +115,13 @@ def test_retention_deletes_segments_whose_files_are_cached(
 ) -> None:
     log = PartitionLog.open(tmp_path / "orders-0", TP, CONFIG, now_ms=NOW)
     fill(log, SEGMENTS, fds)
-    log.update_high_watermark(log.leo)
     # Read the oldest segments last: their descriptors are the cached ones.
     for offset in range(10):
         log.read(offset, 1 << 20)
     cached = [s for s in log.segments[:10] if s._fd >= 0]
     assert len(cached) == 10
     log.maybe_increment_log_start_offset(SEGMENTS // 2)
-    deleted = log.delete_retention(now_ms=NOW)
+    deleted = log.delete_retention(now_ms=NOW, high_watermark=log.leo)
     assert len(deleted) == SEGMENTS // 2
     assert all(s._fd < 0 for s in cached)
     assert not any(s in segment_module.INACTIVE_SEGMENT_FILES._lru for s in cached)

@@ -31,10 +31,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minibroker.broker.storage import checkpoint as checkpoint_module
+from minibroker.broker.storage import epoch_checkpoint as epoch_checkpoint_module
 from minibroker.broker.storage import index as index_module
 from minibroker.broker.storage import log as log_module
+from minibroker.broker.storage import log_loader as log_loader_module
 from minibroker.broker.storage import log_manager as log_manager_module
 from minibroker.broker.storage import segment as segment_module
+from minibroker.broker.storage import segment_files as segment_files_module
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir
 from minibroker.broker.storage.epoch_cache import EpochEntry
@@ -46,7 +49,15 @@ from minibroker.client.records import encode_batch
 from minibroker.client.types import TopicPartition
 
 TP = TopicPartition("orders", 0)
-_MODULES = (checkpoint_module, index_module, log_module, log_manager_module, segment_module)
+_MODULES = (
+    checkpoint_module,
+    epoch_checkpoint_module,
+    index_module,
+    log_module,
+    log_loader_module,
+    log_manager_module,
+    segment_module,
+)
 # The calls that touch the disk. Reads (pread) are counted too: a truncation reads headers.
 _COUNTED = frozenset(
     {"open", "write", "ftruncate", "truncate", "fsync", "replace", "unlink", "pread"}
@@ -158,7 +169,6 @@ def memory_state(log: PartitionLog) -> tuple[object, ...]:
     return (
         log.leo,
         log.log_start_offset,
-        log.high_watermark,
         log.recovery_point,
         log.epoch_cache.entries,
         segments,
@@ -214,7 +224,7 @@ def check_index_files(log: PartitionLog) -> None:
 
 def reopened_files(log: PartitionLog, config: LogConfig, *, clean: bool) -> dict[str, bytes]:
     """Close, reopen (with or without recovery), close again: the directory's bytes."""
-    hw, start, leo = log.high_watermark, log.log_start_offset, log.leo
+    start, leo = log.log_start_offset, log.leo
     expected = read_all(log)
     log.close()
     again = open_log(
@@ -222,7 +232,6 @@ def reopened_files(log: PartitionLog, config: LogConfig, *, clean: bool) -> dict
         config,
         recovery_point=leo if clean else 0,
         log_start_offset=start,
-        high_watermark=hw,
         had_clean_shutdown=clean,
     )
     assert again.leo == leo
@@ -244,7 +253,7 @@ def exhaust_append(
     for fail_at in range(_MAX_FAILURE_POINTS):
         before = memory_state(log)
         before_files = data_files(log.directory)
-        if log._epoch_cache_dirty:
+        if log._epochs.dirty:
             # A truncation could not rewrite the checkpoint (it only logs that); the append
             # rewrites it first, legitimately changing the file.
             before_files.pop("leader-epoch-checkpoint", None)
@@ -420,7 +429,7 @@ def test_failed_roll_keeps_the_active_segment(tmp_path: pathlib.Path, faults: Di
     log = open_log(tmp_path / "orders-0", LogConfig(index_interval_bytes=0))
     log.append_as_leader(batch(2), leader_epoch=1, now_ms=0)
     names = sorted(files(log.directory))
-    before = memory_state(log)[:5]
+    before = memory_state(log)[:4]
     for fail_at in range(_MAX_FAILURE_POINTS):
         fds = open_fds()
         faults.arm(fail_at)
@@ -430,7 +439,7 @@ def test_failed_roll_keeps_the_active_segment(tmp_path: pathlib.Path, faults: Di
             faults.heal()
             assert [s.base_offset for s in log.segments] == [0]
             assert sorted(files(log.directory)) == names
-            assert memory_state(log)[:5] == before
+            assert memory_state(log)[:4] == before
             assert open_fds() == fds
             check_index_files(log)
             continue
@@ -462,7 +471,7 @@ def _check_consistent_prefix(log: PartitionLog, full: list[tuple[int, bytes]]) -
         e.start_offset < log.leo or e.start_offset == log.log_start_offset
         for e in log.epoch_cache.entries
     )
-    assert log.high_watermark <= log.leo and log.recovery_point <= log.leo
+    assert log.log_start_offset <= log.leo and log.recovery_point <= log.leo
     check_index_files(log)
 
 
@@ -482,8 +491,6 @@ def test_truncation_failing_anywhere_leaves_a_consistent_log_and_a_retry_finishe
     truncate = TRUNCATIONS[name]
     log, config = _three_segments(tmp_path / "a" / "orders-0")
     reference, _ = _three_segments(tmp_path / "b" / "orders-0")
-    log.update_high_watermark(log.leo)
-    reference.update_high_watermark(reference.leo)
     full = read_all(log)
     truncate(reference)
     failures = 0
@@ -502,7 +509,7 @@ def test_truncation_failing_anywhere_leaves_a_consistent_log_and_a_retry_finishe
             faults.heal()
         break
     assert failures >= 1
-    assert memory_state(log)[:5] == memory_state(reference)[:5]
+    assert memory_state(log)[:4] == memory_state(reference)[:4]
     assert read_all(log) == read_all(reference)
     for each in (log, reference):
         each.append_as_leader(batch(1), leader_epoch=4, now_ms=0)
@@ -515,13 +522,13 @@ def test_retention_failing_anywhere_deletes_oldest_first(
     tmp_path: pathlib.Path, faults: DiskFaults
 ) -> None:
     log, _ = _three_segments(tmp_path / "orders-0")
-    log.update_high_watermark(log.leo)
     full = read_all(log)
     failures = 0
     for fail_at in range(_MAX_FAILURE_POINTS):
         faults.arm(fail_at)
         try:
-            log.delete_retention(now_ms=10**12)  # retention.ms: all but the active segment
+            # retention.ms: all but the active segment
+            log.delete_retention(now_ms=10**12, high_watermark=log.leo)
         except KafkaStorageError:
             faults.heal()
             failures += 1
@@ -599,9 +606,9 @@ def _apply(log: PartitionLog, op: tuple[str, int, int], epoch_base: int) -> Call
         start = max(log.log_start_offset, log.leo - 2 * size)
 
         def retain() -> None:
-            log.update_high_watermark(log.leo)
             log.maybe_increment_log_start_offset(start)
-            log.delete_retention(now_ms=0)  # retention.ms is a week: the log start rule only
+            # retention.ms is a week: the log start rule only
+            log.delete_retention(now_ms=0, high_watermark=log.leo)
 
         return retain
     return lambda: log.roll(now_ms=0)
@@ -620,7 +627,7 @@ def _apply(log: PartitionLog, op: tuple[str, int, int], epoch_base: int) -> Call
     index_interval_bytes=st.sampled_from([0, 100]),
     pending_entries_max=st.sampled_from([1, 3, index_module.PENDING_ENTRIES_MAX]),
     flush_messages=st.sampled_from([1, 2**63 - 1]),
-    cached_files=st.sampled_from([1, segment_module.INACTIVE_SEGMENT_FILES_MAX]),
+    cached_files=st.sampled_from([1, segment_files_module.INACTIVE_SEGMENT_FILES_MAX]),
 )
 def test_any_failure_point_of_any_operation(
     tmp_path: pathlib.Path,
@@ -665,8 +672,8 @@ def test_any_failure_point_of_any_operation(
                     finally:
                         faults.heal()
                     break
-            assert memory_state(log)[:5] == expected[:5]
-            assert read_all(log) == expected[6]
+            assert memory_state(log)[:4] == expected[:4]
+            assert read_all(log) == expected[5]
             epoch_base += op[2]
         for each in (log, reference):
             each.append_as_leader(batch(1), leader_epoch=epoch_base + 1, now_ms=0)
