@@ -12,10 +12,12 @@ and `render` turns it into a frame:
   `observe_broker_failure`): LEOs, high watermarks and the leader's view of its followers;
 - the controller's `DescribeCluster` answer or its failure (`observe_controller`);
 - the local launcher's process states (`observe_processes`): running, paused (SIGSTOP), stopped;
-- truncations, which only brokers know: parsed from their JSON log lines (`parse_truncation`).
+- truncations, which only brokers know: each replica in a `DescribeReplicas` answer carries its
+  truncation count and last truncation, which becomes an event the first time it is seen
+  (`truncation_event`).
 
 Times are wall-clock milliseconds (`now_ms` comes in from the caller), because timeline entries
-from the controller's records and from broker logs carry wall-clock times too.
+from the controller's records and from the brokers' truncations carry wall-clock times too.
 Not thread-safe: one owner (the event loop of `live`) mutates it.
 """
 
@@ -23,10 +25,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from enum import StrEnum
 
 from minibroker.client.metadata.image import BrokerRegistration, MetadataImage
@@ -69,7 +69,7 @@ class EventKind(StrEnum):
 @dataclass(frozen=True, slots=True)
 class ClusterEvent:
     """One line of the timeline. `timestamp_ms` is the wall-clock time of the fact: the metadata
-    record's timestamp, the broker log line's, or when `watch` observed it."""
+    record's timestamp, the broker's truncation time, or when `watch` observed it."""
 
     timestamp_ms: int
     kind: EventKind
@@ -89,6 +89,19 @@ class FollowerReport:
 
 
 @dataclass(frozen=True, slots=True)
+class TruncationReport:
+    """A replica's last follower truncation as its broker described it; `to_offset` is the new
+    log start offset when `fully` (the whole log was dropped)."""
+
+    timestamp_ms: int
+    from_offset: int
+    to_offset: int
+    fully: bool = False
+    reason: str = ""
+    leader_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaReport:
     """One replica as its broker described it (DescribeReplicas). hw <= leo."""
 
@@ -105,6 +118,8 @@ class ReplicaReport:
     maximal_isr: tuple[int, ...] = ()
     followers: tuple[FollowerReport, ...] = ()
     size_bytes: int = 0
+    truncations: int = 0  # since the broker process began hosting it
+    last_truncation: TruncationReport | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +162,8 @@ class Reachability:
 class BrokerProbe:
     reach: Reachability = field(default_factory=Reachability)
     reports: dict[tuple[str, int], ReplicaReport] = field(default_factory=dict)
+    # Per replica, the truncation count and last truncation already on the timeline.
+    truncations: dict[tuple[str, int], tuple[int, TruncationReport]] = field(default_factory=dict)
 
 
 # -- rows the renderer draws --------------------------------------------------------------------
@@ -300,46 +317,27 @@ def broker_events(
     return out
 
 
-def parse_truncation(line: str, broker_id: int) -> ClusterEvent | None:
-    """A truncation event from one JSON log line of a broker, or None for any other line.
-
-    The replica manager logs `truncated` (from_offset, to_offset, reason) and `truncated_fully`
-    (from_offset, start_offset, reason); the storage layer logs the same truncation again without
-    a reason (no `from_offset`), so only the replica manager's lines count. A truncation that
-    removed nothing (the LEO was already at or below the target) is not shown.
-    """
-    if '"truncated' not in line:
+def truncation_event(report: ReplicaReport, broker_id: int, missed: int = 0) -> ClusterEvent | None:
+    """The timeline event of `report`'s last truncation, or None when it has none or it removed
+    nothing (the LEO was already at or below the target). `missed`: truncations of the replica
+    since the last look that the broker no longer describes."""
+    t = report.last_truncation
+    if t is None:
         return None
-    try:
-        data = json.loads(line)
-    except ValueError:
+    if t.fully:
+        what = f"truncated fully at LEO {t.from_offset}, restarts at {t.to_offset}"
+    elif t.to_offset >= t.from_offset:
         return None
-    if not isinstance(data, dict) or "from_offset" not in data:
-        return None
-    name = data.get("event")
-    if name not in ("truncated", "truncated_fully"):
-        return None
-    try:
-        topic = str(data["topic"])
-        partition = int(data["partition"])
-        from_offset = int(data["from_offset"])
-        to_offset = int(data["to_offset"] if name == "truncated" else data["start_offset"])
-        timestamp_ms = int(datetime.fromisoformat(str(data["timestamp"])).timestamp() * 1000)
-    except (KeyError, TypeError, ValueError):
-        return None
-    reason = str(data.get("reason") or "")
-    if name == "truncated":
-        if to_offset >= from_offset:
-            return None
-        what = f"truncated {from_offset} -> {to_offset}, {from_offset - to_offset} offsets removed"
     else:
-        what = f"truncated fully at LEO {from_offset}, restarts at {to_offset}"
+        removed = t.from_offset - t.to_offset
+        what = f"truncated {t.from_offset} -> {t.to_offset}, {removed} offsets removed"
+    more = f", {missed} more since the last look" if missed > 0 else ""
     return ClusterEvent(
-        timestamp_ms,
+        t.timestamp_ms,
         EventKind.TRUNCATION,
-        f"{topic}-{partition} on broker {broker_id} {what}{_because(reason)}",
-        topic,
-        partition,
+        f"{report.topic}-{report.partition} on broker {broker_id} {what}{more}{_because(t.reason)}",
+        report.topic,
+        report.partition,
         broker_id,
     )
 
@@ -372,7 +370,7 @@ class WatchModel:
         return [e for _, _, e in self._events]
 
     def add_event(self, event: ClusterEvent) -> None:
-        """Insert in time order: broker log lines arrive later than the records around them."""
+        """Insert in time order: a broker's truncation is seen later than the records around it."""
         bisect.insort(self._events, (event.timestamp_ms, next(self._seq), event))
         if len(self._events) > self.max_events:
             del self._events[: len(self._events) - self.max_events]
@@ -522,6 +520,18 @@ class WatchModel:
         probe = self._probe(broker_id)
         self._reach_changed(probe.reach, True, f"broker {broker_id}", "", now_ms, broker_id)
         probe.reports = {(r.topic, r.partition): r for r in reports}
+        for key, report in probe.reports.items():
+            last = report.last_truncation
+            seen = probe.truncations.get(key)
+            if last is None or (seen is not None and seen[1] == last):
+                continue
+            # A count below the one seen is a restarted broker counting from zero again.
+            before = 0 if seen is None or report.truncations < seen[0] else seen[0]
+            missed = max(0, report.truncations - before - 1) if seen is not None else 0
+            probe.truncations[key] = (report.truncations, last)
+            event = truncation_event(report, broker_id, missed)
+            if event is not None:
+                self.add_event(event)
 
     def observe_broker_failure(self, broker_id: int, error: str, now_ms: int) -> None:
         probe = self._probe(broker_id)
@@ -812,8 +822,9 @@ __all__ = [
     "Reachability",
     "ReplicaCell",
     "ReplicaReport",
+    "TruncationReport",
     "WatchModel",
     "broker_events",
-    "parse_truncation",
     "partition_events",
+    "truncation_event",
 ]
