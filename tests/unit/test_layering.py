@@ -23,7 +23,7 @@ PURE = [
     "client/common/invariant.py",
     "client/common/limits.py",
     "client/batch.py",
-    "client/records.py",
+    "client/records",
     "client/compression.py",
     "client/partitioner.py",
     "client/topic_name.py",
