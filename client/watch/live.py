@@ -34,7 +34,8 @@ from rich.live import Live
 from minibroker.client.common.clock import wall_clock_ms
 from minibroker.client.metadata.wire import batch_from_pb
 from minibroker.client.transport import CHANNEL_OPTIONS, parse_bootstrap
-from minibroker.client.watch.model import (
+from minibroker.client.watch.model import WatchModel
+from minibroker.client.watch.observations import (
     CONTROLLER,
     BrokerAddress,
     ClusterInfo,
@@ -42,7 +43,6 @@ from minibroker.client.watch.model import (
     ProcessInfo,
     ReplicaReport,
     TruncationReport,
-    WatchModel,
 )
 from minibroker.client.watch.render import render
 from minibroker.proto import minibroker_pb2 as pb

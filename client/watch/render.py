@@ -17,15 +17,10 @@ from rich.table import Table
 from rich.text import Text
 
 from minibroker.client.types import NO_LEADER
-from minibroker.client.watch.model import (
-    BrokerRow,
-    ClusterEvent,
-    EventKind,
-    PartitionRow,
-    Reachability,
-    ReplicaCell,
-    WatchModel,
-)
+from minibroker.client.watch.events import ClusterEvent, EventKind
+from minibroker.client.watch.model import WatchModel
+from minibroker.client.watch.observations import Reachability
+from minibroker.client.watch.rows import BrokerRow, PartitionRow, ReplicaCell
 
 DEFAULT_EVENT_ROWS = 15
 

@@ -24,8 +24,10 @@ import pytest
 from cluster_harness import LocalCluster, local_cluster
 from rich.console import Console
 
+from minibroker.client.watch.events import EventKind
 from minibroker.client.watch.live import Watcher, WatchOptions, options_for
-from minibroker.client.watch.model import EventKind, PartitionRow, WatchModel
+from minibroker.client.watch.model import WatchModel
+from minibroker.client.watch.rows import PartitionRow
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 

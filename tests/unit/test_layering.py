@@ -32,8 +32,11 @@ PURE = [
     "client/metadata/records.py",
     "client/metadata/image.py",
     "client/spark/options.py",
+    "client/watch/events.py",
     "client/watch/model.py",
+    "client/watch/observations.py",
     "client/watch/render.py",
+    "client/watch/rows.py",
     "controller/core",
 ]
 FORBIDDEN_IN_PURE = {

@@ -29,15 +29,14 @@ from minibroker.client.metadata.records import (
     UnregisterBrokerRecord,
 )
 from minibroker.client.types import NO_LEADER
+from minibroker.client.watch.events import ClusterEvent, EventKind
 from minibroker.client.watch.live import replica_reports_from_pb
-from minibroker.client.watch.model import (
-    ClusterEvent,
+from minibroker.client.watch.model import WatchModel
+from minibroker.client.watch.observations import (
     ClusterInfo,
-    EventKind,
     FollowerReport,
     ProcessInfo,
     ReplicaReport,
-    WatchModel,
 )
 from minibroker.client.watch.render import format_time, render
 from minibroker.proto import minibroker_pb2 as pb
