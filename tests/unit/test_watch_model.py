@@ -474,6 +474,16 @@ def test_truncations_that_do_not_count() -> None:
     assert event is not None and "truncated fully at LEO 50, restarts at 70" in event.text
 
 
+def test_a_truncation_time_out_of_range_is_drawn_not_fatal() -> None:
+    # DescribeReplicas is network input: a time no calendar holds must not stop the frame.
+    model = WatchModel()
+    for at_ms in (-(1 << 63), (1 << 63) - 1):
+        msg = truncated_replica(1, 20, 10, at_ms=at_ms)
+        model.observe_broker_replicas(1, replica_reports_from_pb(msg), T0)
+    assert len(truncations(model)) == 2
+    assert line_with(frame_text(model, T0), "truncated 20 -> 10").count("??:??:??") == 1
+
+
 def test_truncations_between_two_looks_are_counted() -> None:
     # The broker keeps only its last truncation; the counter says how many the watch missed.
     model = WatchModel()
