@@ -127,6 +127,10 @@ class Hosted:
     topic_configs: dict[str, str] | None = None
     # What produced records are checked against (timestamp type and bounds), from those configs.
     record_validation: RecordValidation = field(default_factory=RecordValidation)
+    # Follower truncations that removed records since this process began hosting the replica,
+    # and the last one, for DescribeReplicas (`watch` shows them).
+    truncations: int = 0
+    last_truncation: wire.TruncationState | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -593,7 +597,16 @@ class ReplicaManager:
                     self.maybe_take_log_dir_offline(err, f"truncation of {tp}")
                     raise FollowerAppendFailedError(f"truncation failed: {err}") from err
                 self.metrics.truncations.inc()
-                # `watch` reads these two events from the log (to_offset / start_offset).
+                if fully or hosted.log.leo < old_leo:  # a divergence check may remove nothing
+                    hosted.truncations += 1
+                    hosted.last_truncation = wire.TruncationState(
+                        wall_clock_ms(),
+                        old_leo,
+                        hosted.log.leo,
+                        fully,
+                        effect.reason,
+                        core.leader_epoch,
+                    )
                 where = {"start_offset" if fully else "to_offset": hosted.log.leo}
                 log.info(
                     "truncated_fully" if fully else "truncated",
@@ -1259,6 +1272,8 @@ class ReplicaManager:
                     maximal_isr=sorted(core.maximal_isr),
                     size_bytes=hosted.log.size_bytes,
                     followers=followers,
+                    truncations=hosted.truncations,
+                    last_truncation=hosted.last_truncation,
                 )
             )
         return states

@@ -126,6 +126,18 @@ class FollowerState:
     last_caught_up_time_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class TruncationState:
+    """A follower truncation, as DescribeReplicas reports the last one (what `watch` shows)."""
+
+    timestamp_ms: int
+    from_offset: int
+    to_offset: int  # the new log start offset when `fully`
+    fully: bool
+    reason: str
+    leader_epoch: int
+
+
 @dataclass(slots=True)
 class ReplicaState:
     topic: str
@@ -141,6 +153,8 @@ class ReplicaState:
     maximal_isr: list[int]
     size_bytes: int
     followers: list[FollowerState] = field(default_factory=list)
+    truncations: int = 0
+    last_truncation: TruncationState | None = None
 
 
 # -- decode ----------------------------------------------------------------------------------
@@ -328,6 +342,19 @@ def encode_offset_for_leader_epoch(
     return response
 
 
+def _encode_truncation(state: TruncationState | None) -> pb.TruncationDescription | None:
+    if state is None:
+        return None
+    return pb.TruncationDescription(
+        timestamp_ms=state.timestamp_ms,
+        from_offset=state.from_offset,
+        to_offset=state.to_offset,
+        fully=state.fully,
+        reason=state.reason,
+        leader_epoch=state.leader_epoch,
+    )
+
+
 def encode_replicas(broker_id: int, states: list[ReplicaState]) -> pb.DescribeReplicasResponse:
     return pb.DescribeReplicasResponse(
         broker_id=broker_id,
@@ -353,6 +380,8 @@ def encode_replicas(broker_id: int, states: list[ReplicaState]) -> pb.DescribeRe
                     )
                     for f in s.followers
                 ],
+                truncations=s.truncations,
+                last_truncation=_encode_truncation(s.last_truncation),
             )
             for s in states
         ],

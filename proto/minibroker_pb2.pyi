@@ -527,7 +527,7 @@ class DescribeReplicasResponse(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaDescription, _Mapping]]] = ...) -> None: ...
 
 class ReplicaDescription(_message.Message):
-    __slots__ = ("topic", "partition", "is_leader", "leader_id", "leader_epoch", "partition_epoch", "log_start_offset", "log_end_offset", "high_watermark", "isr", "maximal_isr", "followers", "size_bytes")
+    __slots__ = ("topic", "partition", "is_leader", "leader_id", "leader_epoch", "partition_epoch", "log_start_offset", "log_end_offset", "high_watermark", "isr", "maximal_isr", "followers", "size_bytes", "truncations", "last_truncation")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     IS_LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -541,6 +541,8 @@ class ReplicaDescription(_message.Message):
     MAXIMAL_ISR_FIELD_NUMBER: _ClassVar[int]
     FOLLOWERS_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATIONS_FIELD_NUMBER: _ClassVar[int]
+    LAST_TRUNCATION_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     is_leader: bool
@@ -554,7 +556,25 @@ class ReplicaDescription(_message.Message):
     maximal_isr: _containers.RepeatedScalarFieldContainer[int]
     followers: _containers.RepeatedCompositeFieldContainer[FollowerDescription]
     size_bytes: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., is_leader: _Optional[bool] = ..., leader_id: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., partition_epoch: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., maximal_isr: _Optional[_Iterable[int]] = ..., followers: _Optional[_Iterable[_Union[FollowerDescription, _Mapping]]] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+    truncations: int
+    last_truncation: TruncationDescription
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., is_leader: _Optional[bool] = ..., leader_id: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., partition_epoch: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., maximal_isr: _Optional[_Iterable[int]] = ..., followers: _Optional[_Iterable[_Union[FollowerDescription, _Mapping]]] = ..., size_bytes: _Optional[int] = ..., truncations: _Optional[int] = ..., last_truncation: _Optional[_Union[TruncationDescription, _Mapping]] = ...) -> None: ...
+
+class TruncationDescription(_message.Message):
+    __slots__ = ("timestamp_ms", "from_offset", "to_offset", "fully", "reason", "leader_epoch")
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    FROM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TO_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    FULLY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    timestamp_ms: int
+    from_offset: int
+    to_offset: int
+    fully: bool
+    reason: str
+    leader_epoch: int
+    def __init__(self, timestamp_ms: _Optional[int] = ..., from_offset: _Optional[int] = ..., to_offset: _Optional[int] = ..., fully: _Optional[bool] = ..., reason: _Optional[str] = ..., leader_epoch: _Optional[int] = ...) -> None: ...
 
 class FollowerDescription(_message.Message):
     __slots__ = ("replica_id", "log_end_offset", "last_caught_up_time_ms")

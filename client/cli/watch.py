@@ -4,9 +4,9 @@ Does network I/O and terminal output through `minibroker.client.watch.live`. Bro
 fenced, paused, rack), per partition the leader, leader epoch, ISR, HW and each replica's LEO and
 lag, and a timeline of elections, ISR changes, fencing and truncations. For a cluster started by
 `minibroker cluster up` (its `cluster.json` in `--cluster-dir`, by default `.minibroker` when it
-describes the cluster being watched) it also shows process states and reads truncations from the
-brokers' log files. `--once` prints one frame and exits: 0 if the controller or any broker
-answered, 1 if nothing did.
+describes the cluster being watched) it also shows process states. Truncations come from the
+brokers' DescribeReplicas answers, so a remote cluster shows them too. `--once` prints one frame
+and exits: 0 if the controller or any broker answered, 1 if nothing did.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def register(sub: Any) -> None:
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
     parser.add_argument(
         "--cluster-dir",
-        help="directory of a local cluster's cluster.json, for process states and broker logs "
+        help="directory of a local cluster's cluster.json, for process states "
         "(default: .minibroker when it describes the watched cluster)",
     )
     parser.add_argument(

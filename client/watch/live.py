@@ -1,7 +1,7 @@
 """The I/O loop of `minibroker watch`: polls the cluster, follows the metadata log, redraws.
 
 Does network I/O (grpc.aio), reads files (the local launcher's `cluster.json`, `/proc/<pid>/stat`
-and `cmdline`, the brokers' JSON log files) and writes to the terminal (rich). Event-loop thread
+and `cmdline`) and writes to the terminal (rich). Event-loop thread
 only; the `WatchModel` it feeds is owned by this loop.
 
 Three activities share the model:
@@ -9,9 +9,9 @@ Three activities share the model:
   controller died or restarted) it reconnects from where it stopped, and a snapshot replaces the
   image when the controller's log no longer has that offset.
 - `poll`: every `poll_interval_s`, with `rpc_timeout_s` deadlines, `DescribeCluster` on the
-  controller and `DescribeReplicas` on every known broker at once; a failed call marks that
-  process unreachable in the model instead of stopping anything. For a local cluster it also reads
-  process states and new truncation lines from the brokers' logs.
+  controller and `DescribeReplicas` on every known broker at once (replica states, and each
+  replica's truncation count and last truncation); a failed call marks that process unreachable
+  in the model instead of stopping anything. For a local cluster it also reads process states.
 - the render loop redraws a few times a second.
 
 Nothing here raises on an unreachable process: what cannot be reached is shown as such.
@@ -34,26 +34,21 @@ from rich.live import Live
 from minibroker.client.common.clock import wall_clock_ms
 from minibroker.client.metadata.wire import batch_from_pb
 from minibroker.client.transport import CHANNEL_OPTIONS, parse_bootstrap
-from minibroker.client.watch.model import (
+from minibroker.client.watch.model import WatchModel
+from minibroker.client.watch.observations import (
     CONTROLLER,
     BrokerAddress,
     ClusterInfo,
     FollowerReport,
     ProcessInfo,
     ReplicaReport,
-    WatchModel,
-    parse_truncation,
+    TruncationReport,
 )
 from minibroker.client.watch.render import render
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
 CLUSTER_FILE = "cluster.json"
-# A broker log read at start-up is read from its last LOG_TAIL_START_BYTES (older truncations
-# are history the timeline would drop anyway); later reads take what was appended, in bounded
-# chunks so one poll never reads an unbounded amount.
-LOG_TAIL_START_BYTES = 4 * 1024 * 1024
-LOG_READ_MAX_BYTES = 4 * 1024 * 1024
 RECONNECT_DELAY_S = 0.25
 
 
@@ -68,6 +63,15 @@ class WatchOptions:
 
 
 # -- wire: protobuf answers -> model types ------------------------------------------------------
+
+
+def truncation_from_pb(r: pb.ReplicaDescription) -> TruncationReport | None:
+    if not r.HasField("last_truncation"):
+        return None
+    t = r.last_truncation
+    return TruncationReport(
+        t.timestamp_ms, t.from_offset, t.to_offset, t.fully, t.reason, t.leader_epoch
+    )
 
 
 def replica_reports_from_pb(msg: pb.DescribeReplicasResponse) -> list[ReplicaReport]:
@@ -89,6 +93,8 @@ def replica_reports_from_pb(msg: pb.DescribeReplicasResponse) -> list[ReplicaRep
                 for f in r.followers
             ),
             size_bytes=r.size_bytes,
+            truncations=r.truncations,
+            last_truncation=truncation_from_pb(r),
         )
         for r in msg.replicas
     ]
@@ -147,38 +153,6 @@ def local_process_state(pid: int, data_dir: str) -> str:
     return "running"
 
 
-class LogTail:
-    """Complete lines appended to a file since the last read."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._position: int | None = None
-        self._partial = b""
-        self._skip_first = False  # the first line read is cut: it started before our start
-
-    def read_lines(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as f:
-                size = f.seek(0, 2)
-                if self._position is None or size < self._position:
-                    # First read, or the file was replaced: start near its end.
-                    self._position = max(0, size - LOG_TAIL_START_BYTES)
-                    self._partial = b""
-                    if self._position > 0:
-                        f.seek(self._position - 1)
-                        self._skip_first = f.read(1) != b"\n"
-                f.seek(self._position)
-                chunk = f.read(LOG_READ_MAX_BYTES)
-        except OSError:
-            return []
-        self._position += len(chunk)
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()  # no newline yet: the writer is mid-line
-        if self._skip_first and lines:
-            lines, self._skip_first = lines[1:], False
-        return [line.decode("utf-8", "replace") for line in lines]
-
-
 # -- the watcher --------------------------------------------------------------------------------
 
 
@@ -195,7 +169,6 @@ class Watcher:
         self.model = model or WatchModel()
         self._clock = clock
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._log_tails: dict[int, LogTail] = {}
         self._controller_address_fixed = False
 
     async def __aenter__(self) -> Watcher:
@@ -253,18 +226,8 @@ class Watcher:
             addresses[node_id] = BrokerAddress(
                 str(broker.get("host", "")), int(broker.get("port", 0)), str(broker.get("rack", ""))
             )
-            log_file = broker.get("log_file")
-            if isinstance(log_file, str) and node_id not in self._log_tails:
-                self._log_tails[node_id] = LogTail(log_file)
         self.model.note_broker_addresses(addresses)
         self.model.observe_processes(processes, self._clock())
-
-    def _read_truncations(self) -> None:
-        for node_id, tail in self._log_tails.items():
-            for line in tail.read_lines():
-                event = parse_truncation(line, node_id)
-                if event is not None:
-                    self.model.add_event(event)
 
     async def _discover_from_brokers(self) -> None:
         """Ask the bootstrap brokers (then any known broker) for the brokers and the controller's
@@ -348,7 +311,6 @@ class Watcher:
         await asyncio.gather(
             self._poll_controller(), *(self._poll_broker(b) for b in self.model.broker_ids())
         )
-        self._read_truncations()
 
     async def poll(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -499,7 +461,6 @@ def options_for(bootstrap: str, topic: str | None, cluster_dir: str | None) -> W
 
 
 __all__ = [
-    "LogTail",
     "WatchOptions",
     "Watcher",
     "cluster_info_from_pb",
@@ -507,5 +468,6 @@ __all__ = [
     "options_for",
     "read_cluster_file",
     "replica_reports_from_pb",
+    "truncation_from_pb",
     "watch",
 ]

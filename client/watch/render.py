@@ -17,15 +17,10 @@ from rich.table import Table
 from rich.text import Text
 
 from minibroker.client.types import NO_LEADER
-from minibroker.client.watch.model import (
-    BrokerRow,
-    ClusterEvent,
-    EventKind,
-    PartitionRow,
-    Reachability,
-    ReplicaCell,
-    WatchModel,
-)
+from minibroker.client.watch.events import ClusterEvent, EventKind
+from minibroker.client.watch.model import WatchModel
+from minibroker.client.watch.observations import Reachability
+from minibroker.client.watch.rows import BrokerRow, PartitionRow, ReplicaCell
 
 DEFAULT_EVENT_ROWS = 15
 
@@ -61,8 +56,12 @@ _BROKER_STATUS_STYLES = {
 
 
 def format_time(timestamp_ms: int) -> str:
-    """UTC wall-clock time with milliseconds, like the processes' log lines."""
-    moment = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
+    """UTC wall-clock time with milliseconds, like the processes' log lines. Times come from
+    the network (metadata records, DescribeReplicas): one no calendar holds is drawn as such."""
+    try:
+        moment = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return "??:??:??.???"
     return moment.strftime("%H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
 
 

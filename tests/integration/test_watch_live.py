@@ -4,7 +4,8 @@ What a person watching a failover must see (docs/design.md §3, §6, §7): the k
 and fenced, the election that replaced it with its epochs, under-replicated and offline partitions
 named as such, the controller's outage and return (the metadata stream reconnects and keeps
 delivering records), and the truncation a restarted ex-leader does when it rejoins after an
-unclean election. Frames are rendered to a recorded console and asserted on as text.
+unclean election, which the broker describes (a watch without the launcher's files sees it too).
+Frames are rendered to a recorded console and asserted on as text.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ import pytest
 from cluster_harness import LocalCluster, local_cluster
 from rich.console import Console
 
-from minibroker.client.watch.live import Watcher, WatchOptions
-from minibroker.client.watch.model import EventKind, PartitionRow, WatchModel
+from minibroker.client.watch.events import EventKind
+from minibroker.client.watch.live import Watcher, WatchOptions, options_for
+from minibroker.client.watch.model import WatchModel
+from minibroker.client.watch.rows import PartitionRow
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
@@ -245,6 +248,11 @@ async def test_live_watch_across_controller_restart_unclean_election_and_truncat
                     60,
                     f"broker {leader} back in the ISR",
                 )
+                # A watch without the launcher's directory (a remote cluster: no log files to
+                # read) learns of the truncation too: the broker describes it.
+                async with Watcher(options_for(cluster.bootstrap, None, None)) as remote:
+                    assert await remote.run_once(Console(file=io.StringIO()))
+                    remote_text = frame_text(remote)
             finally:
                 stop.set()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -263,6 +271,7 @@ async def test_live_watch_across_controller_restart_unclean_election_and_truncat
     )
     assert "leader none ->" in new_leader.text
     assert f"t-0 on broker {leader} truncated 15 -> 10, 5 offsets removed" in events
+    assert f"t-0 on broker {leader} truncated 15 -> 10, 5 offsets removed" in remote_text
     assert f"in [{leader}]" in events  # the ISR expansion that brought it back
     # Ordered as they happened: offline before the unclean election before the truncation.
     kinds = [e.kind for e in model.events if e.topic == "t"]

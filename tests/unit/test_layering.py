@@ -25,7 +25,7 @@ PURE = [
     "client/common/invariant.py",
     "client/common/limits.py",
     "client/batch.py",
-    "client/records.py",
+    "client/records",
     "client/compression.py",
     "client/log_format.py",
     "client/partitioner.py",
@@ -38,8 +38,11 @@ PURE = [
     "client/metadata/records.py",
     "client/metadata/image.py",
     "client/spark/options.py",
+    "client/watch/events.py",
     "client/watch/model.py",
+    "client/watch/observations.py",
     "client/watch/render.py",
+    "client/watch/rows.py",
     "controller/core",
 ]
 FORBIDDEN_IN_PURE = {

@@ -1,4 +1,4 @@
-"""The leader's record validation (`client/records.py: validate_producer_records`), pure.
+"""The leader's record validation (`client/records/validator.py`), pure.
 
 Kafka's LogValidator rules on a batch whose header and CRC are already good: baseOffset 0, a
 sequence with a producer id, no LogAppendTime from a producer, a known codec that decompresses,

@@ -341,6 +341,15 @@ def test_partial_tail_does_not_hide_corruption() -> None:
         list(iter_records(buf, allow_partial_tail=True))
 
 
+def test_a_batch_length_below_the_minimum_is_corruption_not_a_cut() -> None:
+    # The tail's batchLength (10) is below any batch's: more bytes would not make it whole.
+    tail = struct.pack(">qi", 3, 10)
+    buf = _three_batches() + tail
+    with pytest.raises(CorruptRecordError) as info:
+        list(iter_records(buf, allow_partial_tail=True))
+    assert info.value.position == len(buf) - len(tail)
+
+
 def test_control_batches_are_skipped_by_default() -> None:
     control = bytearray(encode_batch([(1, b"\x00\x00\x00\x01", b"\x00\x00\x00\x00\x00\x05", [])]))
     control[22] |= 0x20  # attributes low byte: control bit

@@ -2,8 +2,9 @@
 
 Events come from diffing consecutive full PartitionRecords and broker records (docs/protocol.md §17:
 every leader change bumps the leader epoch, a leader of -1 is an offline partition, fencing removes
-a broker from ISRs), truncations from the brokers' JSON log lines (docs/design.md §7.2), lag is the
-leader's LEO minus the replica's. The rendered frame names problems in words and colours them.
+a broker from ISRs), truncations from the brokers' DescribeReplicas answers (docs/design.md §7.2),
+lag is the leader's LEO minus the replica's. The rendered frame names problems in words and colours
+them.
 """
 
 from __future__ import annotations
@@ -28,16 +29,14 @@ from minibroker.client.metadata.records import (
     UnregisterBrokerRecord,
 )
 from minibroker.client.types import NO_LEADER
-from minibroker.client.watch.live import LogTail, replica_reports_from_pb
-from minibroker.client.watch.model import (
-    ClusterEvent,
+from minibroker.client.watch.events import ClusterEvent, EventKind
+from minibroker.client.watch.live import replica_reports_from_pb
+from minibroker.client.watch.model import WatchModel
+from minibroker.client.watch.observations import (
     ClusterInfo,
-    EventKind,
     FollowerReport,
     ProcessInfo,
     ReplicaReport,
-    WatchModel,
-    parse_truncation,
 )
 from minibroker.client.watch.render import format_time, render
 from minibroker.proto import minibroker_pb2 as pb
@@ -396,26 +395,55 @@ def test_partitions_known_only_from_brokers_when_the_controller_was_never_reache
     assert "(from brokers)" in line_with(frame_text(model, T0), "orders")
 
 
-# -- truncations from broker logs ---------------------------------------------------------------
+# -- truncations the brokers describe ----------------------------------------------------------
+
+TRUNCATED_AT_MS = 1_795_306_200_250  # 2026-11-22T00:10:00.250Z
 
 
-def log_line(**fields: object) -> str:
-    base = {"timestamp": "2026-11-22T00:10:00.250000Z", "level": "info", "component": "broker"}
-    return json.dumps({**base, **fields})
-
-
-def test_truncation_from_the_replica_managers_line() -> None:
-    line = log_line(
-        event="truncated",
-        topic="orders",
-        partition=0,
-        from_offset=120,
-        to_offset=100,
-        reason="diverging epoch 3 ends at 100",
-        leader_epoch=4,
+def truncated_replica(
+    count: int,
+    from_offset: int,
+    to_offset: int,
+    fully: bool = False,
+    reason: str = "",
+    at_ms: int = TRUNCATED_AT_MS,
+    partition: int = 0,
+) -> pb.DescribeReplicasResponse:
+    """A follower's DescribeReplicas answer carrying its truncation count and last truncation."""
+    return pb.DescribeReplicasResponse(
+        broker_id=1,
+        replicas=[
+            pb.ReplicaDescription(
+                topic="orders",
+                partition=partition,
+                leader_id=2,
+                leader_epoch=4,
+                log_end_offset=to_offset,
+                high_watermark=to_offset,
+                truncations=count,
+                last_truncation=pb.TruncationDescription(
+                    timestamp_ms=at_ms,
+                    from_offset=from_offset,
+                    to_offset=to_offset,
+                    fully=fully,
+                    reason=reason,
+                    leader_epoch=4,
+                ),
+            )
+        ],
     )
-    event = parse_truncation(line, broker_id=1)
-    assert event is not None
+
+
+def truncations(model: WatchModel) -> list[ClusterEvent]:
+    return [e for e in model.events if e.kind is EventKind.TRUNCATION]
+
+
+def test_truncation_from_the_brokers_replica_description() -> None:
+    # No log file is read: a watch of a remote cluster sees truncations too.
+    model = WatchModel()
+    msg = truncated_replica(1, 120, 100, reason="diverging epoch 3 ends at 100")
+    model.observe_broker_replicas(1, replica_reports_from_pb(msg), T0)
+    (event,) = truncations(model)
     assert event.kind is EventKind.TRUNCATION
     assert (event.topic, event.partition, event.broker_id) == ("orders", 0, 1)
     assert event.text == (
@@ -425,42 +453,58 @@ def test_truncation_from_the_replica_managers_line() -> None:
     assert format_time(event.timestamp_ms) == "00:10:00.250"
 
 
-def test_truncation_lines_that_do_not_count() -> None:
-    # The storage layer's duplicate line (no from_offset), a no-op, other events, non-JSON.
-    storage = log_line(event="truncated", topic="t", partition=0, offset=5, leo=5, previous_leo=9)
-    noop = log_line(event="truncated", topic="t", partition=0, from_offset=5, to_offset=5)
-    other = log_line(event="leader_elected", topic="t", partition=0, from_offset=1)
-    for line in (storage, noop, other, "not json truncated", ""):
-        assert parse_truncation(line, 1) is None
-    fully = log_line(
-        event="truncated_fully",
-        topic="t",
-        partition=2,
-        from_offset=50,
-        start_offset=70,
-        reason="fetch offset below log start",
+def test_truncations_that_do_not_count() -> None:
+    # A replica that never truncated, a no-op truncation, the same truncation described again.
+    model = WatchModel()
+    never = pb.DescribeReplicasResponse(
+        broker_id=1, replicas=[pb.ReplicaDescription(topic="t", partition=0, log_end_offset=5)]
     )
-    event = parse_truncation(fully, 2)
+    model.observe_broker_replicas(1, replica_reports_from_pb(never), T0)
+    model.observe_broker_replicas(1, replica_reports_from_pb(truncated_replica(1, 5, 5)), T0)
+    assert truncations(model) == []
+    again = truncated_replica(2, 9, 5)
+    for now in (T0, T0 + 100):
+        model.observe_broker_replicas(1, replica_reports_from_pb(again), now)
+    assert len(truncations(model)) == 1
+    fully = truncated_replica(
+        3, 50, 70, fully=True, reason="fetch offset below log start", partition=2
+    )
+    model.observe_broker_replicas(2, replica_reports_from_pb(fully), T0)
+    event = truncations(model)[-1]
     assert event is not None and "truncated fully at LEO 50, restarts at 70" in event.text
 
 
-def test_log_tail_returns_complete_lines_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    path = tmp_path / "process.log"
-    path.write_bytes(b"one\ntw")
-    tail = LogTail(str(path))
-    assert tail.read_lines() == ["one"]
-    with open(path, "ab") as f:
-        f.write(b"o\nthree\n")
-    assert tail.read_lines() == ["two", "three"]
-    assert tail.read_lines() == []
-    path.write_bytes(b"new\n")  # replaced by a shorter file: start over
-    assert tail.read_lines() == ["new"]
+def test_a_truncation_time_out_of_range_is_drawn_not_fatal() -> None:
+    # DescribeReplicas is network input: a time no calendar holds must not stop the frame.
+    model = WatchModel()
+    for at_ms in (-(1 << 63), (1 << 63) - 1):
+        msg = truncated_replica(1, 20, 10, at_ms=at_ms)
+        model.observe_broker_replicas(1, replica_reports_from_pb(msg), T0)
+    assert len(truncations(model)) == 2
+    assert line_with(frame_text(model, T0), "truncated 20 -> 10").count("??:??:??") == 1
+
+
+def test_truncations_between_two_looks_are_counted() -> None:
+    # The broker keeps only its last truncation; the counter says how many the watch missed.
+    model = WatchModel()
+    model.observe_broker_replicas(1, replica_reports_from_pb(truncated_replica(1, 20, 10)), T0)
+    later = truncated_replica(4, 30, 25, at_ms=TRUNCATED_AT_MS + 10)
+    model.observe_broker_replicas(1, replica_reports_from_pb(later), T0 + 100)
+    first, last = truncations(model)
+    assert "truncated 20 -> 10" in first.text
+    assert last.text == (
+        "orders-0 on broker 1 truncated 30 -> 25, 5 offsets removed, 2 more since the last look"
+    )
+    # A restarted broker counts from zero again: its first truncation is news, nothing missed.
+    restarted = truncated_replica(1, 40, 35, at_ms=TRUNCATED_AT_MS + 20)
+    model.observe_broker_replicas(1, replica_reports_from_pb(restarted), T0 + 200)
+    assert truncations(model)[-1].text.endswith("5 offsets removed")
 
 
 # -- timeline -----------------------------------------------------------------------------------
 
 
-def test_timeline_is_time_ordered_even_when_log_lines_arrive_late() -> None:
+def test_timeline_is_time_ordered_even_when_broker_events_arrive_late() -> None:
     model, log = three_brokers_one_topic()
     model.apply_entries([log.add(part(0, (2, 3), 2, 1, 1), T0 + 5000)])
     late = ClusterEvent(T0 + 4000, EventKind.TRUNCATION, "late truncation")

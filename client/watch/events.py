@@ -1,0 +1,259 @@
+"""The timeline of `minibroker watch`: what kinds of event there are and how each is found.
+
+Pure: no I/O, no clock. A metadata record is diffed against the image before it is applied (a
+PartitionRecord is the full state of a partition, so a leader change is an election, a leader of -1
+an offline partition, a smaller ISR a shrink, a larger one an expansion); a snapshot that skipped
+records is diffed image against image; a broker's last truncation, as DescribeReplicas reports it,
+becomes one event. The model (`minibroker.client.watch.model`) adds reachability and process
+events of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from minibroker.client.metadata.image import BrokerRegistration, MetadataImage
+from minibroker.client.metadata.records import (
+    LEADER_RECOVERING,
+    BrokerRegistrationChangeRecord,
+    MetadataRecord,
+    PartitionRecord,
+    RegisterBrokerRecord,
+    RemoveTopicRecord,
+    TopicRecord,
+    UnregisterBrokerRecord,
+)
+from minibroker.client.types import NO_LEADER
+from minibroker.client.watch.observations import ReplicaReport
+
+
+class EventKind(StrEnum):
+    ELECTION = "election"
+    OFFLINE = "offline"
+    ISR_SHRINK = "isr-shrink"
+    ISR_EXPAND = "isr-expand"
+    REASSIGNMENT = "reassignment"
+    TRUNCATION = "truncation"
+    REGISTERED = "registered"
+    FENCED = "fenced"
+    UNREGISTERED = "unregistered"
+    UNFENCED = "unfenced"
+    CONTROLLED_SHUTDOWN = "shutdown"
+    TOPIC_CREATED = "topic-created"
+    TOPIC_DELETED = "topic-deleted"
+    UNREACHABLE = "unreachable"
+    REACHABLE = "reachable"
+    PROCESS = "process"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterEvent:
+    """One line of the timeline. `timestamp_ms` is the wall-clock time of the fact: the metadata
+    record's timestamp, the broker's truncation time, or when `watch` observed it."""
+
+    timestamp_ms: int
+    kind: EventKind
+    text: str
+    topic: str | None = None
+    partition: int | None = None
+    broker_id: int | None = None
+
+
+def _leader(broker_id: int) -> str:
+    return "none" if broker_id == NO_LEADER else str(broker_id)
+
+
+def _ids(ids: Iterable[int]) -> str:
+    return "[" + ",".join(str(i) for i in ids) + "]"
+
+
+def _because(reason: str) -> str:
+    return f" ({reason})" if reason else ""
+
+
+def partition_events(
+    topic: str, old: PartitionRecord, new: PartitionRecord, timestamp_ms: int
+) -> list[ClusterEvent]:
+    """The timeline events of one partition's change from `old` to `new` (both full states)."""
+    tp = f"{topic}-{new.partition}"
+    why = _because(new.reason)
+    out: list[ClusterEvent] = []
+
+    def event(kind: EventKind, text: str) -> None:
+        out.append(ClusterEvent(timestamp_ms, kind, text, topic, new.partition))
+
+    if new.leader != old.leader or new.leader_epoch != old.leader_epoch:
+        epochs = f"epoch {old.leader_epoch} -> {new.leader_epoch}"
+        if new.leader == NO_LEADER:
+            event(
+                EventKind.OFFLINE,
+                f"{tp} offline: leader {_leader(old.leader)} -> none, {epochs}{why}",
+            )
+        else:
+            unclean = " UNCLEAN" if new.leader_recovery_state == LEADER_RECOVERING else ""
+            event(
+                EventKind.ELECTION,
+                f"{tp}{unclean} leader {_leader(old.leader)} -> {new.leader}, {epochs}{why}",
+            )
+    removed = [r for r in old.isr if r not in new.isr]
+    added = [r for r in new.isr if r not in old.isr]
+    if removed:
+        event(
+            EventKind.ISR_SHRINK,
+            f"{tp} ISR {_ids(old.isr)} -> {_ids(new.isr)}, out {_ids(removed)}{why}",
+        )
+    if added:
+        event(
+            EventKind.ISR_EXPAND,
+            f"{tp} ISR {_ids(old.isr)} -> {_ids(new.isr)}, in {_ids(added)}{why}",
+        )
+    if new.replicas != old.replicas:
+        event(
+            EventKind.REASSIGNMENT,
+            f"{tp} replicas {_ids(old.replicas)} -> {_ids(new.replicas)}{why}",
+        )
+    return out
+
+
+def broker_events(
+    old: BrokerRegistration | None, new: BrokerRegistration, timestamp_ms: int
+) -> list[ClusterEvent]:
+    """Timeline events of a broker registration change (a new incarnation or a flag change)."""
+    b = new.broker_id
+    out: list[ClusterEvent] = []
+
+    def event(kind: EventKind, text: str) -> None:
+        out.append(ClusterEvent(timestamp_ms, kind, text, broker_id=b))
+
+    if old is None or old.incarnation_id != new.incarnation_id:
+        again = "" if old is None else "re-"
+        rack = f", rack {new.rack}" if new.rack else ""
+        event(
+            EventKind.REGISTERED,
+            f"broker {b} {again}registered at {new.host}:{new.port}, "
+            f"broker epoch {new.broker_epoch}{rack}",
+        )
+        return out
+    if new.fenced != old.fenced:
+        if new.fenced:
+            event(EventKind.FENCED, f"broker {b} fenced")
+        else:
+            event(EventKind.UNFENCED, f"broker {b} unfenced")
+    if new.in_controlled_shutdown and not old.in_controlled_shutdown:
+        event(EventKind.CONTROLLED_SHUTDOWN, f"broker {b} in controlled shutdown")
+    return out
+
+
+def truncation_event(report: ReplicaReport, broker_id: int, missed: int = 0) -> ClusterEvent | None:
+    """The timeline event of `report`'s last truncation, or None when it has none or it removed
+    nothing (the LEO was already at or below the target). `missed`: truncations of the replica
+    since the last look that the broker no longer describes."""
+    t = report.last_truncation
+    if t is None:
+        return None
+    if t.fully:
+        what = f"truncated fully at LEO {t.from_offset}, restarts at {t.to_offset}"
+    elif t.to_offset >= t.from_offset:
+        return None
+    else:
+        removed = t.from_offset - t.to_offset
+        what = f"truncated {t.from_offset} -> {t.to_offset}, {removed} offsets removed"
+    more = f", {missed} more since the last look" if missed > 0 else ""
+    return ClusterEvent(
+        t.timestamp_ms,
+        EventKind.TRUNCATION,
+        f"{report.topic}-{report.partition} on broker {broker_id} {what}{more}{_because(t.reason)}",
+        report.topic,
+        report.partition,
+        broker_id,
+    )
+
+
+def record_events(
+    image: MetadataImage, record: MetadataRecord, timestamp_ms: int
+) -> list[ClusterEvent]:
+    """The timeline events of metadata `record` against `image`, the image before it is applied."""
+    if isinstance(record, PartitionRecord):
+        topic = image.topics_by_id.get(record.topic_id)
+        old = None if topic is None else topic.partitions.get(record.partition)
+        if topic is None or old is None:
+            return []  # creation: the topic's own event covers its partitions
+        return partition_events(topic.name, old, record, timestamp_ms)
+    if isinstance(record, RegisterBrokerRecord | BrokerRegistrationChangeRecord):
+        old_reg = image.brokers.get(record.broker_id)
+        probe = MetadataImage()
+        if old_reg is not None:
+            probe.brokers[record.broker_id] = old_reg
+        probe.apply_record(record)
+        new_reg = probe.brokers.get(record.broker_id)
+        if new_reg is None or new_reg == old_reg:
+            return []  # a change for an older incarnation: the image ignores it too
+        return broker_events(old_reg, new_reg, timestamp_ms)
+    if isinstance(record, UnregisterBrokerRecord):
+        reg = image.brokers.get(record.broker_id)
+        if reg is None or reg.broker_epoch != record.broker_epoch:
+            return []
+        return [
+            ClusterEvent(
+                timestamp_ms,
+                EventKind.UNREGISTERED,
+                f"broker {record.broker_id} unregistered",
+                broker_id=record.broker_id,
+            )
+        ]
+    if isinstance(record, TopicRecord):
+        return [
+            ClusterEvent(
+                timestamp_ms,
+                EventKind.TOPIC_CREATED,
+                f"topic {record.name} created",
+                topic=record.name,
+            )
+        ]
+    if isinstance(record, RemoveTopicRecord):
+        topic = image.topics_by_id.get(record.topic_id)
+        if topic is None:
+            return []
+        name = topic.name
+        return [
+            ClusterEvent(timestamp_ms, EventKind.TOPIC_DELETED, f"topic {name} deleted", topic=name)
+        ]
+    return []
+
+
+def image_diff(old: MetadataImage, new: MetadataImage, now_ms: int) -> list[ClusterEvent]:
+    """What changed between two images (a snapshot that skipped records we never saw)."""
+    out: list[ClusterEvent] = []
+    for broker_id in sorted(set(old.brokers) | set(new.brokers)):
+        new_reg = new.brokers.get(broker_id)
+        if new_reg is not None and new_reg != old.brokers.get(broker_id):
+            out += broker_events(old.brokers.get(broker_id), new_reg, now_ms)
+    for topic_id, topic in new.topics_by_id.items():
+        old_topic = old.topics_by_id.get(topic_id)
+        if old_topic is None:
+            out.append(
+                ClusterEvent(
+                    now_ms,
+                    EventKind.TOPIC_CREATED,
+                    f"topic {topic.name} created",
+                    topic=topic.name,
+                )
+            )
+            continue
+        for index in sorted(topic.partitions):
+            before = old_topic.partitions.get(index)
+            if before is not None:
+                out += partition_events(topic.name, before, topic.partitions[index], now_ms)
+    for topic_id, topic in old.topics_by_id.items():
+        if topic_id not in new.topics_by_id:
+            out.append(
+                ClusterEvent(
+                    now_ms,
+                    EventKind.TOPIC_DELETED,
+                    f"topic {topic.name} deleted",
+                    topic=topic.name,
+                )
+            )
+    return out
