@@ -258,6 +258,11 @@ class ReplicaManager:
         await self.fetchers.stop()
         for task in list(self.tasks):
             task.cancel()
+        # The HWs are the cores': checkpointed here, before the logs close (Kafka's
+        # ReplicaManager.shutdown). Skipped once the dir failed; a failure takes it offline.
+        self.background.guarded(
+            "checkpoint_high_watermarks", self.background.checkpoint_high_watermarks
+        )
         for future in self.produce_futures.values():
             if not future.done():
                 future.set_result(

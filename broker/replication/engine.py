@@ -804,7 +804,6 @@ class BrokerReplicas(Generic[S]):
             if isinstance(effect, AssignEpoch):
                 log.maybe_assign_epoch_start_offset(effect.leader_epoch, effect.start_offset)
             elif isinstance(effect, HighWatermarkChanged):
-                _record_high_watermark(log, effect.high_watermark)
                 out.append(HighWatermarkMoved(tp, effect.high_watermark))
             elif isinstance(effect, CompleteProduce):
                 if isinstance(effect.token, int):
@@ -1266,13 +1265,6 @@ def _new_core(
     )
     core.producer_state.rebuild(log.producer_batch_headers())
     return core
-
-
-def _record_high_watermark(log: Storage, high_watermark: int) -> None:
-    """Keep a log that still tracks the HW in step (its log-start check reads it)."""
-    update = getattr(log, "update_high_watermark", None)
-    if update is not None:
-        update(high_watermark)
 
 
 def _fetching_leader(core: PartitionReplica) -> int | None:
