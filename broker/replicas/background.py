@@ -118,7 +118,7 @@ class Background:
             return
         deleted = partition_log.delete_retention(now, self._rm.engine.high_watermark(tp))
         if deleted:
-            self._rm.engine.on_log_start_offset_advanced(tp)
+            self._rm.run(self._rm.engine.on_log_start_offset_advanced(tp))
             log.info(
                 "segments_deleted",
                 topic=tp.topic,

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from minibroker.broker.replication.eligibility import BrokerEligibilityView
 from minibroker.broker.replication.events import (
     AdvanceLogStartOffset,
     AlterPartitionResult,
@@ -41,6 +42,7 @@ from minibroker.broker.replication.events import (
     AssignEpoch,
     Backoff,
     CompleteProduce,
+    DuplicateAppend,
     Effect,
     FetchPosition,
     FetchResponse,
@@ -57,7 +59,7 @@ from minibroker.broker.replication.events import (
     TruncateFullyAndStartAt,
     TruncateTo,
 )
-from minibroker.broker.replication.partition import BrokerEligibilityView, PartitionReplica
+from minibroker.broker.replication.partition import PartitionReplica
 from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.broker.storage.errors import is_log_dir_failure
 from minibroker.client import batch as batchlib
@@ -435,8 +437,6 @@ class HostedReplica(Generic[S]):
     # The follower fetch planned by `next_fetch`: only the answer to this very position is
     # applied, so a late answer to an older one (a stopping fetcher's) is dropped.
     pending_fetch: FetchPosition | None = None
-    # acks=all produces waiting on this replica, answered if it is removed or the dir fails.
-    tokens: set[int] = field(default_factory=set)
 
 
 class _FollowerAppendError(Exception):
@@ -680,7 +680,7 @@ class BrokerReplicas(Generic[S]):
         )
         core = hosted.core
         old_role, old_epoch = core.role, core.leader_epoch
-        self._interpret(hosted, core.apply_partition_state(state, now_ms), out)
+        self._interpret(hosted, core.apply_partition_state(state, now_ms)[1], out)
         if core.role != old_role or core.leader_epoch != old_epoch:
             out.append(WakeFetches(tp))  # parked fetches answer now (NOT_LEADER, fenced)
             out.append(
@@ -703,21 +703,21 @@ class BrokerReplicas(Generic[S]):
         out.append(LogConfigChanged(hosted.tp, dict(raw)))
         hosted.max_message_bytes = int(configs["max.message.bytes"])
         self._interpret(
-            hosted, hosted.core.update_config(self._replica_config(configs), now_ms), out
+            hosted, hosted.core.update_config(self._replica_config(configs), now_ms)[1], out
         )
         hosted.topic_configs = dict(raw)
         hosted.record_validation = RecordValidation.from_topic_config(configs)
 
     def remove(self, tp: TopicPartition, *, delete: bool, reason: str) -> list[Output]:
-        """Stop hosting `tp`: its waiting produces are answered NOT_LEADER_OR_FOLLOWER, its
-        long polls woken; the shell stops its fetcher and deletes the log when `delete`."""
+        """Stop hosting `tp`: the core answers its waiting produces NOT_LEADER_OR_FOLLOWER, its
+        long polls are woken; the shell stops its fetcher and deletes the log when `delete`."""
         hosted = self._hosted.pop(tp, None)
         if hosted is None:
             return []
         out: list[Output] = [StopFollowing(tp, reason)]
-        for token in sorted(hosted.tokens):
-            out.append(CompleteProduce(token, ErrorCode.NOT_LEADER_OR_FOLLOWER, -1, -1, reason))
-        hosted.tokens.clear()
+        self._interpret(
+            hosted, hosted.core.abort_produces(ErrorCode.NOT_LEADER_OR_FOLLOWER, reason)[1], out
+        )
         out.append(WakeFetches(tp))
         out.append(ReplicaRemoved(tp, delete, reason))
         return out
@@ -778,11 +778,8 @@ class BrokerReplicas(Generic[S]):
             for tp, hosted in self._hosted.items():
                 out.append(StopFollowing(tp, "log dir offline"))
                 hosted.pending_fetch = None
-                for token in sorted(hosted.tokens):
-                    out.append(
-                        CompleteProduce(token, ErrorCode.KAFKA_STORAGE_ERROR, -1, -1, message)
-                    )
-                hosted.tokens.clear()
+                effects = hosted.core.abort_produces(ErrorCode.KAFKA_STORAGE_ERROR, message)[1]
+                self._interpret(hosted, effects, out)
                 out.append(WakeFetches(tp))  # parked long polls answer now, with the error
         return True
 
@@ -806,8 +803,6 @@ class BrokerReplicas(Generic[S]):
             elif isinstance(effect, HighWatermarkChanged):
                 out.append(HighWatermarkMoved(tp, effect.high_watermark))
             elif isinstance(effect, CompleteProduce):
-                if isinstance(effect.token, int):
-                    hosted.tokens.discard(effect.token)
                 out.append(effect)
             elif isinstance(effect, AppendAsFollower):
                 try:
@@ -828,7 +823,7 @@ class BrokerReplicas(Generic[S]):
                         len(effect.records),
                     )
                 )
-                self._interpret(hosted, core.on_follower_appended(log.leo, info.batches), out)
+                self._interpret(hosted, core.on_follower_appended(log.leo, info.batches)[1], out)
             elif isinstance(effect, TruncateTo | TruncateFullyAndStartAt):
                 self._truncate(hosted, effect, out)
             elif isinstance(effect, AdvanceLogStartOffset):
@@ -865,11 +860,11 @@ class BrokerReplicas(Generic[S]):
             # The storage stopped part way: the log is a whole-batch prefix of what it was. The
             # core learns where it really ends, and the fetch fails like a failed append, so the
             # follower backs off and the leader's divergence check asks for the rest next time.
-            self._interpret(hosted, core.on_log_truncated(log.leo, log.log_start_offset), out)
+            self._interpret(hosted, core.on_log_truncated(log.leo, log.log_start_offset)[1], out)
             self._storage_failed(err, f"truncation of {tp}", out)
             raise _FollowerAppendError(f"truncation failed: {err}") from err
         out.append(Truncated(tp, fully, old_leo, log.leo, effect.reason, core.leader_epoch))
-        self._interpret(hosted, core.on_log_truncated(log.leo, log.log_start_offset), out)
+        self._interpret(hosted, core.on_log_truncated(log.leo, log.log_start_offset)[1], out)
 
     # -- produce ------------------------------------------------------------------------
 
@@ -920,23 +915,22 @@ class BrokerReplicas(Generic[S]):
         except MiniBrokerError as err:
             reply.error, reply.message = err.code, str(err)
             return reply, out
-        plan = core.plan_append(acks, [h for _, h in batches])
+        plan, _ = core.plan_append(acks, [h for _, h in batches])
+        if isinstance(plan, DuplicateAppend):
+            # A retry of a batch already in the log: its original offsets; acks=all waits for
+            # the HW to pass it like the first attempt did.
+            reply.log_start_offset = core.log_start_offset
+            reply.base_offset = plan.base_offset
+            if acks == -1:
+                reply.token = self._new_token()
+                _, effects = core.park_produce(
+                    reply.token, plan.base_offset, plan.last_offset, deadline_ms
+                )
+                self._interpret(hosted, effects, out)
+            return reply, out
         if not isinstance(plan, AppendPlan):
             reply.error, reply.message = plan.error, plan.message
             reply.log_start_offset = core.log_start_offset
-            if plan.is_duplicate:
-                # A retry of a batch already in the log: its original offsets; acks=all waits
-                # for the HW to pass it like the first attempt did.
-                reply.base_offset = plan.base_offset
-                if acks == -1:
-                    reply.token = self._new_token(hosted)
-                    self._interpret(
-                        hosted,
-                        core.park_produce(
-                            reply.token, plan.base_offset, plan.last_offset, deadline_ms
-                        ),
-                        out,
-                    )
             return reply, out
         try:
             info = hosted.log.append_as_leader(
@@ -966,19 +960,35 @@ class BrokerReplicas(Generic[S]):
             )
         )
         if acks == -1:
-            reply.token = self._new_token(hosted)
-        self._interpret(
-            hosted,
-            core.on_leader_appended(plan, now_ms, token=reply.token, deadline_ms=deadline_ms),
-            out,
+            reply.token = self._new_token()
+        _, effects = core.on_leader_appended(
+            plan, now_ms, token=reply.token, deadline_ms=deadline_ms
         )
+        self._interpret(hosted, effects, out)
         out.append(WakeFollowerFetches(tp))  # wake followers' long polls
         return reply, out
 
-    def _new_token(self, hosted: HostedReplica[S]) -> int:
+    def _new_token(self) -> int:
         self._next_token += 1
-        hosted.tokens.add(self._next_token)
         return self._next_token
+
+    def expire_produce(self, tp: TopicPartition, token: int) -> list[Output]:
+        """The request's timeout_ms ran out before the acks=all produce under `token` was
+        answered: the core answers it REQUEST_TIMED_OUT (nothing when it was answered already,
+        e.g. with its replica removed)."""
+        out: list[Output] = []
+        hosted = self._hosted.get(tp)
+        if hosted is not None:
+            self._interpret(hosted, hosted.core.expire_produce(token)[1], out)
+        return out
+
+    def shutdown(self, reason: str = "broker shutting down") -> list[Output]:
+        """The broker stops: every parked produce is answered NOT_LEADER_OR_FOLLOWER."""
+        out: list[Output] = []
+        for hosted in self._hosted.values():
+            effects = hosted.core.abort_produces(ErrorCode.NOT_LEADER_OR_FOLLOWER, reason)[1]
+            self._interpret(hosted, effects, out)
+        return out
 
     # -- fetch (leader side) ------------------------------------------------------------
 
@@ -1002,8 +1012,8 @@ class BrokerReplicas(Generic[S]):
         if hosted is None:
             return reply, out
         core = hosted.core
-        answer = core.handle_follower_fetch(fetch, now_ms)
-        self._interpret(hosted, answer.effects, out)
+        answer, effects = core.handle_follower_fetch(fetch, now_ms)
+        self._interpret(hosted, effects, out)
         reply.error, reply.message = answer.error, answer.message
         reply.high_watermark = answer.high_watermark
         reply.log_start_offset = answer.log_start_offset
@@ -1033,7 +1043,7 @@ class BrokerReplicas(Generic[S]):
             return reply, out
         core = hosted.core
         allow_follower = bool(rack_id) and self._serves_rack(rack_id)
-        answer = core.check_consumer_fetch(
+        answer, _ = core.check_consumer_fetch(
             current_leader_epoch, fetch_offset, allow_follower=allow_follower
         )
         reply.error, reply.message = answer.error, answer.message
@@ -1103,8 +1113,7 @@ class BrokerReplicas(Generic[S]):
             broker = self.image.brokers.get(replica_id)
             if broker is None or broker.rack != rack or not broker.is_active:
                 continue
-            leo = _replica_leo(core, replica_id)
-            if leo is not None and leo >= fetch_offset:
+            if core.replica_leo(replica_id) >= fetch_offset:
                 return replica_id
         return None
 
@@ -1123,7 +1132,7 @@ class BrokerReplicas(Generic[S]):
         if hosted is None:
             reply.error = self._not_hosted(tp)[0]
             return reply, out
-        answer = hosted.core.list_offsets(current_leader_epoch, timestamp)
+        answer, _ = hosted.core.list_offsets(current_leader_epoch, timestamp)
         reply.error, reply.message = answer.error, answer.message
         reply.leader_epoch = answer.leader_epoch
         if answer.error != ErrorCode.NONE:
@@ -1155,7 +1164,7 @@ class BrokerReplicas(Generic[S]):
         if hosted is None:
             reply.error = self._not_hosted(tp)[0]
             return reply, []
-        answer = hosted.core.offset_for_leader_epoch(current_leader_epoch, leader_epoch)
+        answer, _ = hosted.core.offset_for_leader_epoch(current_leader_epoch, leader_epoch)
         reply.error, reply.message = answer.error, answer.message
         reply.leader_epoch, reply.end_offset = answer.leader_epoch, answer.end_offset
         return reply, []
@@ -1168,7 +1177,7 @@ class BrokerReplicas(Generic[S]):
         hosted = self._hosted.get(tp)
         if hosted is None or self.offline is not None:
             return None
-        position = hosted.core.next_fetch(now_ms)
+        position, _ = hosted.core.next_fetch(now_ms)
         if position is None or position.leader_id != leader_id:
             hosted.pending_fetch = None
             return None
@@ -1197,11 +1206,13 @@ class BrokerReplicas(Generic[S]):
             return out
         hosted.pending_fetch = None
         try:
-            self._interpret(hosted, hosted.core.on_fetch_response(position, response, now_ms), out)
+            self._interpret(
+                hosted, hosted.core.on_fetch_response(position, response, now_ms)[1], out
+            )
         except _FollowerAppendError as err:
             out.append(FollowerAppendFailed(tp, leader_id, str(err)))
             failed = FetchResponse(error=ErrorCode.CORRUPT_MESSAGE)
-            self._interpret(hosted, hosted.core.on_fetch_response(position, failed, now_ms), out)
+            self._interpret(hosted, hosted.core.on_fetch_response(position, failed, now_ms)[1], out)
         return out
 
     # -- AlterPartition, ticks, retention -----------------------------------------------
@@ -1215,7 +1226,7 @@ class BrokerReplicas(Generic[S]):
         hosted = self._hosted.get(tp)
         if hosted is None or hosted.generation != generation:
             return out
-        self._interpret(hosted, hosted.core.on_alter_partition_result(result, now_ms), out)
+        self._interpret(hosted, hosted.core.on_alter_partition_result(result, now_ms)[1], out)
         return out
 
     def expire_produces(self, tp: TopicPartition, now_ms: int) -> list[Output]:
@@ -1223,7 +1234,7 @@ class BrokerReplicas(Generic[S]):
         out: list[Output] = []
         hosted = self._hosted.get(tp)
         if hosted is not None and hosted.core.pending_produce_count:
-            self._interpret(hosted, hosted.core.expire_produces(now_ms), out)
+            self._interpret(hosted, hosted.core.expire_produces(now_ms)[1], out)
         return out
 
     def maybe_shrink_isr(self, tp: TopicPartition, now_ms: int) -> list[Output]:
@@ -1231,14 +1242,17 @@ class BrokerReplicas(Generic[S]):
         out: list[Output] = []
         hosted = self._hosted.get(tp)
         if hosted is not None and hosted.core.is_leader:
-            self._interpret(hosted, hosted.core.maybe_shrink_isr(now_ms), out)
+            self._interpret(hosted, hosted.core.maybe_shrink_isr(now_ms)[1], out)
         return out
 
-    def on_log_start_offset_advanced(self, tp: TopicPartition) -> None:
+    def on_log_start_offset_advanced(self, tp: TopicPartition) -> list[Output]:
         """Retention deleted segments of `tp`: the core takes the log's new start offset."""
+        out: list[Output] = []
         hosted = self._hosted.get(tp)
         if hosted is not None:
-            hosted.core.on_log_start_offset_advanced(hosted.log.log_start_offset)
+            effects = hosted.core.on_log_start_offset_advanced(hosted.log.log_start_offset)[1]
+            self._interpret(hosted, effects, out)
+        return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -1253,7 +1267,7 @@ def _new_core(
     high_watermark: int,
     name: str,
 ) -> PartitionReplica:
-    core = PartitionReplica(
+    return PartitionReplica(
         broker_id,
         log.epoch_cache,
         brokers,
@@ -1261,33 +1275,27 @@ def _new_core(
         leo=log.leo,
         log_start_offset=log.log_start_offset,
         high_watermark=high_watermark,
+        producer_batches=log.producer_batch_headers(),
         name=name,
     )
-    core.producer_state.rebuild(log.producer_batch_headers())
-    return core
 
 
 def _fetching_leader(core: PartitionReplica) -> int | None:
-    follower = core.follower
+    follower = core.follower_state
     if core.role is not Role.FOLLOWER or follower is None or follower.failed:
         return None
     return follower.leader_id
 
 
 def _follower_lag(core: PartitionReplica) -> int | None:
-    follower = core.follower
+    follower = core.follower_state
     if core.role is not Role.FOLLOWER or follower is None:
         return None
     return follower.leader_high_watermark - core.leo
 
 
-def _replica_leo(core: PartitionReplica, replica_id: int) -> int | None:
-    remote = core.remotes.get(replica_id)
-    return None if remote is None else remote.leo
-
-
 def _follower_progress(core: PartitionReplica) -> tuple[FollowerProgress, ...]:
     return tuple(
         FollowerProgress(r.replica_id, r.leo, r.last_caught_up_time_ms)
-        for r in core.remotes.values()
+        for r in core.remote_replicas
     )

@@ -61,6 +61,7 @@ from minibroker.broker.replication.events import (
     AssignEpoch,
     Backoff,
     CompleteProduce,
+    DuplicateAppend,
     Effect,
     FetchPosition,
     FetchResponse,
@@ -278,11 +279,11 @@ class SimBroker:
                 leo=log.leo,
                 log_start_offset=log.log_start_offset,
                 high_watermark=log.hw_checkpoint,
+                producer_batches=log.headers,
                 name=f"p{pid}",
             )
             rep = SimReplica(core, log)
             self.replicas[pid] = rep
-            core.producer_state.rebuild(log.headers)
         return rep
 
 
@@ -652,7 +653,7 @@ class Simulation:
                 continue
             rep = broker.replica(pid)
             self.apply(
-                broker, pid, rep.core.apply_partition_state(partition_state(record), self.now_ms)
+                broker, pid, rep.core.apply_partition_state(partition_state(record), self.now_ms)[1]
             )
 
     # -- broker lifecycle: registration and heartbeats ----------------------------------------
@@ -794,14 +795,14 @@ class Simulation:
                 log.truncate_to(effect.offset)
                 self.checker.on_truncated(broker, pid)
                 self.note(f"b{broker.broker_id} p{pid} truncate {effect.offset}: {effect.reason}")
-                self.apply(broker, pid, core.on_log_truncated(log.leo, log.log_start_offset))
+                self.apply(broker, pid, core.on_log_truncated(log.leo, log.log_start_offset)[1])
             elif isinstance(effect, TruncateFullyAndStartAt):
                 log.truncate_fully_and_start_at(effect.offset)
                 self.checker.on_truncated(broker, pid)
-                self.apply(broker, pid, core.on_log_truncated(log.leo, log.log_start_offset))
+                self.apply(broker, pid, core.on_log_truncated(log.leo, log.log_start_offset)[1])
             elif isinstance(effect, AppendAsFollower):
                 headers = log.append(effect.records)
-                self.apply(broker, pid, core.on_follower_appended(log.leo, headers))
+                self.apply(broker, pid, core.on_follower_appended(log.leo, headers)[1])
             elif isinstance(effect, AdvanceLogStartOffset):
                 log.log_start_offset = max(log.log_start_offset, effect.offset)
             elif isinstance(effect, HighWatermarkChanged):
@@ -833,7 +834,7 @@ class Simulation:
             def on_leader() -> None:
                 rep = broker.replicas.get(pid)
                 if rep is not None:
-                    effects = rep.core.on_alter_partition_result(result, self.now_ms)
+                    _, effects = rep.core.on_alter_partition_result(result, self.now_ms)
                     self.apply(broker, pid, effects)
 
             self._on_broker(broker, incarnation, on_leader)
@@ -883,7 +884,7 @@ class Simulation:
         for pid, rep in broker.replicas.items():
             if not rep.fetching or rep.fetch_in_flight:
                 continue
-            position = rep.core.next_fetch(self.now_ms)
+            position, _ = rep.core.next_fetch(self.now_ms)
             if position is None:
                 continue
             self._send_fetch(broker, rep, pid, position)
@@ -913,8 +914,8 @@ class Simulation:
                 self.at(100, done)  # connection refused / timeout
                 return
             rep = leader.replicas[pid]
-            answer = rep.core.handle_follower_fetch(request, self.now_ms)
-            self.apply(leader, pid, answer.effects)
+            answer, effects = rep.core.handle_follower_fetch(request, self.now_ms)
+            self.apply(leader, pid, effects)
             records = b""
             if answer.error == ErrorCode.NONE and answer.diverging_epoch is None:
                 records = rep.log.read(answer.fetch_offset, answer.read_until_offset, 4096)
@@ -939,7 +940,9 @@ class Simulation:
             rep = follower.replicas.get(pid)
             if rep is None:
                 return
-            self.apply(follower, pid, rep.core.on_fetch_response(position, response, self.now_ms))
+            self.apply(
+                follower, pid, rep.core.on_fetch_response(position, response, self.now_ms)[1]
+            )
 
         def reach_leader() -> None:
             if not leader.alive:
@@ -977,13 +980,13 @@ class Simulation:
                 return
             rep = broker.replicas[pid]
             headers = [h for _, h in iter_batches(raw)]
-            plan = rep.core.plan_append(-1, headers)
-            if isinstance(plan, ProduceRejected):
+            plan, _ = rep.core.plan_append(-1, headers)
+            if not isinstance(plan, AppendPlan):
                 return
             rep.log.leader_append(raw, plan)
             self.checker.on_leader_append(broker, pid, plan)
             self.pending_values[token] = (broker.broker_id, pid, plan.base_offset)
-            effects = rep.core.on_leader_appended(
+            _, effects = rep.core.on_leader_appended(
                 plan, self.now_ms, token=token, deadline_ms=self.now_ms + 2_000
             )
             self.apply(broker, pid, effects)
@@ -1028,23 +1031,23 @@ class Simulation:
                 return
             rep = broker.replicas[pid]
             headers = [h for _, h in iter_batches(raw)]
-            plan = rep.core.plan_append(-1, headers)
+            plan, _ = rep.core.plan_append(-1, headers)
             deadline_ms = self.now_ms + 2_000
+            if isinstance(plan, DuplicateAppend):
+                self.pending_values[token] = (broker.broker_id, pid, plan.base_offset)
+                _, effects = rep.core.park_produce(
+                    token, plan.base_offset, plan.last_offset, deadline_ms
+                )
+                self.apply(broker, pid, effects)
+                return
             if isinstance(plan, ProduceRejected):
-                if plan.is_duplicate:
-                    self.pending_values[token] = (broker.broker_id, pid, plan.base_offset)
-                    effects = rep.core.park_produce(
-                        token, plan.base_offset, plan.last_offset, deadline_ms
-                    )
-                    self.apply(broker, pid, effects)
-                else:
-                    self.checker.on_producer_error(pid, plan.error)
-                    self.send(lambda: self._retry_if_current(pid, sequence, attempt))
+                self.checker.on_producer_error(pid, plan.error)
+                self.send(lambda: self._retry_if_current(pid, sequence, attempt))
                 return
             rep.log.leader_append(raw, plan)
             self.checker.on_leader_append(broker, pid, plan)
             self.pending_values[token] = (broker.broker_id, pid, plan.base_offset)
-            effects = rep.core.on_leader_appended(
+            _, effects = rep.core.on_leader_appended(
                 plan, self.now_ms, token=token, deadline_ms=deadline_ms
             )
             self.apply(broker, pid, effects)
@@ -1285,9 +1288,9 @@ class Simulation:
             self._fetch_tick(broker)
             for pid, rep in list(broker.replicas.items()):
                 if self.now_ms % 150 == 0:
-                    self.apply(broker, pid, rep.core.maybe_shrink_isr(self.now_ms))
+                    self.apply(broker, pid, rep.core.maybe_shrink_isr(self.now_ms)[1])
                 if pid in broker.replicas:
-                    self.apply(broker, pid, rep.core.expire_produces(self.now_ms))
+                    self.apply(broker, pid, rep.core.expire_produces(self.now_ms)[1])
                 if self.rng.random() < 0.02:
                     rep.log.flush(rep.core.high_watermark)
         if self.faults and self.rng.random() < self.opt.tick_ms / self.opt.produce_interval_ms:
@@ -1495,7 +1498,7 @@ class Checker:
             if not broker.alive or rep is None or sim._paused(broker):
                 continue
             position = self.consumer_position.get(pid, 0)
-            answer = rep.core.check_consumer_fetch(-1, position)
+            answer, _ = rep.core.check_consumer_fetch(-1, position)
             if answer.error != ErrorCode.NONE:
                 continue
             data = rep.log.read(position, answer.read_until_offset)
