@@ -8,8 +8,8 @@ reconfigure, change role), produce (record validation, `plan_append` -> `append_
 `on_leader_appended`, duplicates parked for acks=all), follower and consumer fetches (KIP-392's
 preferred read replica included), ListOffsets, OffsetForLeaderEpoch, the follower's fetch
 positions and the answers to them, AlterPartition answers, and the ticks (produce expiry, ISR
-shrink). It is the only place a core's effects are carried out (`_interpret`), in list order:
-storage first, then what the I/O shell must do.
+shrink). A core's effects are carried out in one place only, `HostedReplica.interpret`
+(hosted.py), in list order: storage first, then what the I/O shell must do.
 
 Every entry point returns what only an I/O shell can do as a list of outputs (outputs.py,
 re-exported here), in the order they must be done: answer a produce future by token, send
@@ -30,35 +30,20 @@ Concurrency contract: single-threaded; per partition, nothing may run between a 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from minibroker.broker.replication.eligibility import BrokerEligibilityView
 from minibroker.broker.replication.events import (
-    AdvanceLogStartOffset,
     AlterPartitionResult,
-    AppendAsFollower,
-    AppendPlan,
-    AssignEpoch,
-    Backoff,
-    CompleteProduce,
-    DuplicateAppend,
-    Effect,
     FetchPosition,
     FetchResponse,
     FollowerFetch,
-    HighWatermarkChanged,
-    IsrUpdated,
     LeaderRecoveryState,
     PartitionState,
-    ProposeIsr,
     ReplicaConfig,
     Role,
-    StartFetching,
-    StopFetching,
-    TruncateFullyAndStartAt,
-    TruncateTo,
 )
+from minibroker.broker.replication.hosted import HostedReplica
 from minibroker.broker.replication.outputs import (
     Appended,
     CorruptProduce,
@@ -90,13 +75,12 @@ from minibroker.broker.replication.outputs import (
 from minibroker.broker.replication.partition import PartitionReplica
 from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.broker.storage.errors import is_log_dir_failure
-from minibroker.client import batch as batchlib
 from minibroker.client.batch import BatchHeader
 from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode, MiniBrokerError
 from minibroker.client.metadata.image import MetadataImage, TopicImage
 from minibroker.client.metadata.records import PartitionRecord
-from minibroker.client.records import RecordValidation, validate_producer_records
+from minibroker.client.records import RecordValidation
 from minibroker.client.topic_config import resolve_topic_config
 from minibroker.client.types import TopicPartition
 
@@ -195,29 +179,6 @@ S = TypeVar("S", bound=Storage)
 
 # ------------------------------------------------------------------------------------------
 # The engine
-
-
-@dataclass(slots=True)
-class HostedReplica(Generic[S]):
-    """One partition replica hosted here: its log, its core, and what is in flight for it."""
-
-    tp: TopicPartition
-    topic_id: str
-    log: S
-    core: PartitionReplica
-    generation: int  # tells a re-hosted replica from the one an answer was meant for
-    # The topic configs the core and log were last configured with (None: broker defaults
-    # only, for a log opened from disk before metadata arrived).
-    topic_configs: dict[str, str] | None = None
-    record_validation: RecordValidation = field(default_factory=RecordValidation)
-    max_message_bytes: int = 1_048_588
-    # The follower fetch planned by `next_fetch`: only the answer to this very position is
-    # applied, so a late answer to an older one (a stopping fetcher's) is dropped.
-    pending_fetch: FetchPosition | None = None
-
-
-class _FollowerAppendError(Exception):
-    """A follower append or truncation failed; the fetch it answered counts as failed."""
 
 
 class BrokerReplicas(Generic[S]):
@@ -356,7 +317,7 @@ class BrokerReplicas(Generic[S]):
             str(tp),
         )
         self._next_generation += 1
-        hosted = HostedReplica(tp, topic_id, log, core, self._next_generation)
+        hosted = HostedReplica(tp, topic_id, log, core, self._next_generation, self._storage_failed)
         hosted.topic_configs = None if topic_configs is None else dict(topic_configs)
         hosted.record_validation = RecordValidation.from_topic_config(configs)
         hosted.max_message_bytes = (
@@ -457,7 +418,7 @@ class BrokerReplicas(Generic[S]):
         )
         core = hosted.core
         old_role, old_epoch = core.role, core.leader_epoch
-        self._interpret(hosted, core.apply_partition_state(state, now_ms)[1], out)
+        hosted.interpret(core.apply_partition_state(state, now_ms)[1], out)
         if core.role != old_role or core.leader_epoch != old_epoch:
             out.append(WakeFetches(tp))  # parked fetches answer now (NOT_LEADER, fenced)
             out.append(
@@ -479,9 +440,7 @@ class BrokerReplicas(Generic[S]):
         configs = self._typed_configs(raw)
         out.append(LogConfigChanged(hosted.tp, dict(raw)))
         hosted.max_message_bytes = int(configs["max.message.bytes"])
-        self._interpret(
-            hosted, hosted.core.update_config(self._replica_config(configs), now_ms)[1], out
-        )
+        hosted.interpret(hosted.core.update_config(self._replica_config(configs), now_ms)[1], out)
         hosted.topic_configs = dict(raw)
         hosted.record_validation = RecordValidation.from_topic_config(configs)
 
@@ -492,8 +451,8 @@ class BrokerReplicas(Generic[S]):
         if hosted is None:
             return []
         out: list[Output] = [StopFollowing(tp, reason)]
-        self._interpret(
-            hosted, hosted.core.abort_produces(ErrorCode.NOT_LEADER_OR_FOLLOWER, reason)[1], out
+        hosted.interpret(
+            hosted.core.abort_produces(ErrorCode.NOT_LEADER_OR_FOLLOWER, reason)[1], out
         )
         out.append(WakeFetches(tp))
         out.append(ReplicaRemoved(tp, delete, reason))
@@ -538,14 +497,15 @@ class BrokerReplicas(Generic[S]):
         """The shell's own storage work (log creation, checkpoints, retention, flushes) failed
         with `err`: (True, outputs) when it is a log-dir failure, which takes the dir offline."""
         out: list[Output] = []
-        return self._storage_failed(err, operation, out), out
+        return self._storage_failed(err, operation, out) is not None, out
 
-    def _storage_failed(self, err: BaseException, operation: str, out: list[Output]) -> bool:
+    def _storage_failed(self, err: BaseException, operation: str, out: list[Output]) -> str | None:
         """Take the dir offline on a log-dir failure (Kafka: any I/O error of a log dir,
         whatever the operation: retrying on a failing disk would keep this broker leading
-        while its followers could serve). True when `err` was one."""
+        while its followers could serve). The KAFKA_STORAGE_ERROR message when `err` was
+        one, else None."""
         if not is_log_dir_failure(err):
-            return False
+            return None
         if self.offline is None:
             message = f"the broker's log dir {self.config.log_dir} is offline ({operation}: {err})"
             self.offline = message
@@ -556,92 +516,14 @@ class BrokerReplicas(Generic[S]):
                 out.append(StopFollowing(tp, "log dir offline"))
                 hosted.pending_fetch = None
                 effects = hosted.core.abort_produces(ErrorCode.KAFKA_STORAGE_ERROR, message)[1]
-                self._interpret(hosted, effects, out)
+                hosted.interpret(effects, out)
                 out.append(WakeFetches(tp))  # parked long polls answer now, with the error
-        return True
+        return self.offline
 
     def _offline_error(self) -> tuple[ErrorCode, str] | None:
         if self.offline is None:
             return None
         return ErrorCode.KAFKA_STORAGE_ERROR, self.offline
-
-    # -- the effect interpreter ---------------------------------------------------------
-
-    def _interpret(
-        self, hosted: HostedReplica[S], effects: Iterable[Effect], out: list[Output]
-    ) -> None:
-        """Carry out a core's effects in order: storage now, the rest as outputs. The effects
-        a storage fact returns run before the remaining ones (depth first), as the core's
-        contract asks."""
-        core, log, tp = hosted.core, hosted.log, hosted.tp
-        for effect in effects:
-            if isinstance(effect, AssignEpoch):
-                log.maybe_assign_epoch_start_offset(effect.leader_epoch, effect.start_offset)
-            elif isinstance(effect, HighWatermarkChanged):
-                out.append(HighWatermarkMoved(tp, effect.high_watermark))
-            elif isinstance(effect, CompleteProduce):
-                out.append(effect)
-            elif isinstance(effect, AppendAsFollower):
-                try:
-                    info = log.append_as_follower(effect.records)
-                except MiniBrokerError as err:
-                    # The log is unchanged and the core's LEO did not move; the fetch fails so
-                    # the follower backs off (or, on a disk failure, stops with the dir).
-                    self._storage_failed(err, f"follower append to {tp}", out)
-                    raise _FollowerAppendError(str(err)) from err
-                out.append(
-                    Appended(
-                        tp,
-                        False,
-                        effect.base_offset,
-                        log.leo,
-                        core.leader_epoch,
-                        0,
-                        len(effect.records),
-                    )
-                )
-                self._interpret(hosted, core.on_follower_appended(log.leo, info.batches)[1], out)
-            elif isinstance(effect, TruncateTo | TruncateFullyAndStartAt):
-                self._truncate(hosted, effect, out)
-            elif isinstance(effect, AdvanceLogStartOffset):
-                log.maybe_increment_log_start_offset(effect.offset)
-            elif isinstance(effect, ProposeIsr):
-                out.append(SendAlterPartition(tp, hosted.topic_id, hosted.generation, effect))
-            elif isinstance(effect, IsrUpdated):
-                out.append(IsrChanged(tp, effect, core.leader_epoch, core.high_watermark))
-                out.append(WakeFetches(tp))
-            elif isinstance(effect, StartFetching):
-                out.append(StartFollowing(tp, effect.leader_id))
-            elif isinstance(effect, StopFetching):
-                out.append(StopFollowing(tp, effect.reason))
-            elif isinstance(effect, Backoff):
-                out.append(FetchBackoff(tp, effect.delay_ms, effect.reason))
-            else:  # pragma: no cover - a new effect type without a handler is a bug
-                raise TypeError(f"unhandled effect {effect!r}")
-
-    def _truncate(
-        self,
-        hosted: HostedReplica[S],
-        effect: TruncateTo | TruncateFullyAndStartAt,
-        out: list[Output],
-    ) -> None:
-        core, log, tp = hosted.core, hosted.log, hosted.tp
-        old_leo = log.leo
-        fully = isinstance(effect, TruncateFullyAndStartAt)
-        try:
-            if fully:
-                log.truncate_fully_and_start_at(effect.offset)
-            else:
-                log.truncate_to(effect.offset)
-        except MiniBrokerError as err:
-            # The storage stopped part way: the log is a whole-batch prefix of what it was. The
-            # core learns where it really ends, and the fetch fails like a failed append, so the
-            # follower backs off and the leader's divergence check asks for the rest next time.
-            self._interpret(hosted, core.on_log_truncated(log.leo, log.log_start_offset)[1], out)
-            self._storage_failed(err, f"truncation of {tp}", out)
-            raise _FollowerAppendError(f"truncation failed: {err}") from err
-        out.append(Truncated(tp, fully, old_leo, log.leo, effect.reason, core.leader_epoch))
-        self._interpret(hosted, core.on_log_truncated(log.leo, log.log_start_offset)[1], out)
 
     # -- produce ------------------------------------------------------------------------
 
@@ -679,70 +561,7 @@ class BrokerReplicas(Generic[S]):
             reply.message = f"broker {self.broker_id} is not the leader of {tp}"
             reply.leader = (core.leader_id, core.leader_epoch)
             return reply, out
-        try:
-            # Headers for the core's idempotence and acks checks; the log reuses this
-            # validation when it appends (one CRC32C pass per batch).
-            batches = batchlib.validate_producer_batches(records, hosted.max_message_bytes)
-            # Then the records themselves (Kafka's LogValidator), on this leader path only.
-            validate_producer_records(records, batches, now_ms, hosted.record_validation)
-        except batchlib.CorruptRecordError as err:
-            out.append(CorruptProduce(tp))
-            reply.error, reply.message = ErrorCode.CORRUPT_MESSAGE, str(err)
-            return reply, out
-        except MiniBrokerError as err:
-            reply.error, reply.message = err.code, str(err)
-            return reply, out
-        plan, _ = core.plan_append(acks, [h for _, h in batches])
-        if isinstance(plan, DuplicateAppend):
-            # A retry of a batch already in the log: its original offsets; acks=all waits for
-            # the HW to pass it like the first attempt did.
-            reply.log_start_offset = core.log_start_offset
-            reply.base_offset = plan.base_offset
-            if acks == -1:
-                reply.token = self._new_token()
-                _, effects = core.park_produce(
-                    reply.token, plan.base_offset, plan.last_offset, deadline_ms
-                )
-                self._interpret(hosted, effects, out)
-            return reply, out
-        if not isinstance(plan, AppendPlan):
-            reply.error, reply.message = plan.error, plan.message
-            reply.log_start_offset = core.log_start_offset
-            return reply, out
-        try:
-            info = hosted.log.append_as_leader(
-                records, plan.leader_epoch, now_ms, validated=batches
-            )
-        except MiniBrokerError as err:
-            self._storage_failed(err, f"produce to {tp}", out)
-            reply.error, reply.message = err.code, str(err)
-            return reply, out
-        invariant(
-            info.first_offset == plan.base_offset,
-            f"{tp}: the log appended at {info.first_offset}, the core planned {plan.base_offset}",
-        )
-        reply.log_append_time_ms = info.log_append_time_ms
-        reply.base_offset = plan.base_offset
-        reply.log_start_offset = hosted.log.log_start_offset
-        count = sum(h.records_count for _, h in batches)
-        out.append(
-            Appended(
-                tp,
-                True,
-                plan.base_offset,
-                plan.next_offset,
-                plan.leader_epoch,
-                count,
-                info.valid_bytes,
-            )
-        )
-        if acks == -1:
-            reply.token = self._new_token()
-        _, effects = core.on_leader_appended(
-            plan, now_ms, token=reply.token, deadline_ms=deadline_ms
-        )
-        self._interpret(hosted, effects, out)
-        out.append(WakeFollowerFetches(tp))  # wake followers' long polls
+        hosted.append_produce(reply, acks, records, now_ms, deadline_ms, self._new_token, out)
         return reply, out
 
     def _new_token(self) -> int:
@@ -756,7 +575,7 @@ class BrokerReplicas(Generic[S]):
         out: list[Output] = []
         hosted = self._hosted.get(tp)
         if hosted is not None:
-            self._interpret(hosted, hosted.core.expire_produce(token)[1], out)
+            hosted.interpret(hosted.core.expire_produce(token)[1], out)
         return out
 
     def shutdown(self, reason: str = "broker shutting down") -> list[Output]:
@@ -764,7 +583,7 @@ class BrokerReplicas(Generic[S]):
         out: list[Output] = []
         for hosted in self._hosted.values():
             effects = hosted.core.abort_produces(ErrorCode.NOT_LEADER_OR_FOLLOWER, reason)[1]
-            self._interpret(hosted, effects, out)
+            hosted.interpret(effects, out)
         return out
 
     # -- fetch (leader side) ------------------------------------------------------------
@@ -790,7 +609,7 @@ class BrokerReplicas(Generic[S]):
             return reply, out
         core = hosted.core
         answer, effects = core.handle_follower_fetch(fetch, now_ms)
-        self._interpret(hosted, effects, out)
+        hosted.interpret(effects, out)
         reply.error, reply.message = answer.error, answer.message
         reply.high_watermark = answer.high_watermark
         reply.log_start_offset = answer.log_start_offset
@@ -799,7 +618,7 @@ class BrokerReplicas(Generic[S]):
         reply.current_leader = (core.leader_id, core.leader_epoch)
         readable = answer.error == ErrorCode.NONE and answer.diverging_epoch is None
         if readable and answer.read_until_offset > answer.fetch_offset:
-            self._read(hosted, reply, answer.fetch_offset, max_bytes, answer.read_until_offset, out)
+            hosted.read(reply, answer.fetch_offset, max_bytes, answer.read_until_offset, out)
         return reply, out
 
     def consumer_fetch(
@@ -836,7 +655,7 @@ class BrokerReplicas(Generic[S]):
                 reply.preferred_read_replica = preferred
                 return reply, out
         if answer.read_until_offset > fetch_offset:
-            self._read(hosted, reply, fetch_offset, max_bytes, answer.read_until_offset, out)
+            hosted.read(reply, fetch_offset, max_bytes, answer.read_until_offset, out)
         return reply, out
 
     def fetch_max_bytes(self, requested: int) -> int:
@@ -852,24 +671,6 @@ class BrokerReplicas(Generic[S]):
         if hosted is None:
             reply.error, reply.current_leader = self._not_hosted(tp)
         return hosted
-
-    def _read(
-        self,
-        hosted: HostedReplica[S],
-        reply: FetchReply,
-        offset: int,
-        max_bytes: int,
-        max_offset: int,
-        out: list[Output],
-    ) -> None:
-        """Fill `reply.records`; a read the disk fails takes the dir offline and answers
-        KAFKA_STORAGE_ERROR."""
-        try:
-            reply.records = hosted.log.read(offset, max_bytes, max_offset=max_offset).records
-        except Exception as err:
-            if not self._storage_failed(err, f"read from {hosted.tp}", out):
-                raise
-            reply.error, reply.message = self._offline_error() or (ErrorCode.NONE, "")
 
     def _serves_rack(self, rack: str) -> bool:
         return (
@@ -917,16 +718,7 @@ class BrokerReplicas(Generic[S]):
         if not answer.needs_timestamp_lookup:
             reply.offset = answer.offset
             return reply, out
-        try:
-            found = hosted.log.offset_for_timestamp(timestamp)
-        except Exception as err:
-            if not self._storage_failed(err, f"timestamp lookup in {tp}", out):
-                raise
-            reply.error, reply.message = self._offline_error() or (ErrorCode.NONE, "")
-            return reply, out
-        found_offset = found[0] if found is not None else None
-        reply.error, reply.offset = answer.resolve(found_offset)
-        reply.timestamp = found[1] if found is not None and reply.offset >= 0 else -1
+        hosted.look_up_timestamp(reply, answer, timestamp, out)
         return reply, out
 
     def offset_for_leader_epoch(
@@ -981,15 +773,7 @@ class BrokerReplicas(Generic[S]):
             return out
         if position.leader_id != leader_id:
             return out
-        hosted.pending_fetch = None
-        try:
-            self._interpret(
-                hosted, hosted.core.on_fetch_response(position, response, now_ms)[1], out
-            )
-        except _FollowerAppendError as err:
-            out.append(FollowerAppendFailed(tp, leader_id, str(err)))
-            failed = FetchResponse(error=ErrorCode.CORRUPT_MESSAGE)
-            self._interpret(hosted, hosted.core.on_fetch_response(position, failed, now_ms)[1], out)
+        hosted.on_fetch_response(leader_id, position, response, now_ms, out)
         return out
 
     # -- AlterPartition, ticks, retention -----------------------------------------------
@@ -1003,7 +787,7 @@ class BrokerReplicas(Generic[S]):
         hosted = self._hosted.get(tp)
         if hosted is None or hosted.generation != generation:
             return out
-        self._interpret(hosted, hosted.core.on_alter_partition_result(result, now_ms)[1], out)
+        hosted.interpret(hosted.core.on_alter_partition_result(result, now_ms)[1], out)
         return out
 
     def expire_produces(self, tp: TopicPartition, now_ms: int) -> list[Output]:
@@ -1011,7 +795,7 @@ class BrokerReplicas(Generic[S]):
         out: list[Output] = []
         hosted = self._hosted.get(tp)
         if hosted is not None and hosted.core.pending_produce_count:
-            self._interpret(hosted, hosted.core.expire_produces(now_ms)[1], out)
+            hosted.interpret(hosted.core.expire_produces(now_ms)[1], out)
         return out
 
     def maybe_shrink_isr(self, tp: TopicPartition, now_ms: int) -> list[Output]:
@@ -1019,7 +803,7 @@ class BrokerReplicas(Generic[S]):
         out: list[Output] = []
         hosted = self._hosted.get(tp)
         if hosted is not None and hosted.core.is_leader:
-            self._interpret(hosted, hosted.core.maybe_shrink_isr(now_ms)[1], out)
+            hosted.interpret(hosted.core.maybe_shrink_isr(now_ms)[1], out)
         return out
 
     def on_log_start_offset_advanced(self, tp: TopicPartition) -> list[Output]:
@@ -1028,7 +812,7 @@ class BrokerReplicas(Generic[S]):
         hosted = self._hosted.get(tp)
         if hosted is not None:
             effects = hosted.core.on_log_start_offset_advanced(hosted.log.log_start_offset)[1]
-            self._interpret(hosted, effects, out)
+            hosted.interpret(effects, out)
         return out
 
 
