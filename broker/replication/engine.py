@@ -8,8 +8,9 @@ reconfigure, change role), produce (record validation, `plan_append` -> `append_
 `on_leader_appended`, duplicates parked for acks=all), follower and consumer fetches (KIP-392's
 preferred read replica included), ListOffsets, OffsetForLeaderEpoch, the follower's fetch
 positions and the answers to them, AlterPartition answers, and the ticks (produce expiry, ISR
-shrink). A core's effects are carried out in one place only, `HostedReplica.interpret`
-(hosted.py), in list order: storage first, then what the I/O shell must do.
+shrink). A core's effects are carried out in one place only, `_interpret`, in list order:
+storage first, then what the I/O shell must do. The per-partition work that touches the log
+(a leader's append, reads, timestamp lookups) is `HostedReplica`'s (hosted.py).
 
 Every entry point returns what only an I/O shell can do as a list of outputs (outputs.py,
 re-exported here), in the order they must be done: answer a produce future by token, send
@@ -34,16 +35,29 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from minibroker.broker.replication.eligibility import BrokerEligibilityView
 from minibroker.broker.replication.events import (
+    AdvanceLogStartOffset,
     AlterPartitionResult,
+    AppendAsFollower,
+    AssignEpoch,
+    Backoff,
+    CompleteProduce,
+    Effect,
     FetchPosition,
     FetchResponse,
     FollowerFetch,
+    HighWatermarkChanged,
+    IsrUpdated,
     LeaderRecoveryState,
     PartitionState,
+    ProposeIsr,
     ReplicaConfig,
     Role,
+    StartFetching,
+    StopFetching,
+    TruncateFullyAndStartAt,
+    TruncateTo,
 )
-from minibroker.broker.replication.hosted import HostedReplica
+from minibroker.broker.replication.hosted import FollowerAppendError, HostedReplica
 from minibroker.broker.replication.outputs import (
     Appended,
     CorruptProduce,
@@ -418,7 +432,7 @@ class BrokerReplicas(Generic[S]):
         )
         core = hosted.core
         old_role, old_epoch = core.role, core.leader_epoch
-        hosted.interpret(core.apply_partition_state(state, now_ms)[1], out)
+        self._interpret(hosted, core.apply_partition_state(state, now_ms)[1], out)
         if core.role != old_role or core.leader_epoch != old_epoch:
             out.append(WakeFetches(tp))  # parked fetches answer now (NOT_LEADER, fenced)
             out.append(
@@ -440,7 +454,9 @@ class BrokerReplicas(Generic[S]):
         configs = self._typed_configs(raw)
         out.append(LogConfigChanged(hosted.tp, dict(raw)))
         hosted.max_message_bytes = int(configs["max.message.bytes"])
-        hosted.interpret(hosted.core.update_config(self._replica_config(configs), now_ms)[1], out)
+        self._interpret(
+            hosted, hosted.core.update_config(self._replica_config(configs), now_ms)[1], out
+        )
         hosted.topic_configs = dict(raw)
         hosted.record_validation = RecordValidation.from_topic_config(configs)
 
@@ -451,8 +467,8 @@ class BrokerReplicas(Generic[S]):
         if hosted is None:
             return []
         out: list[Output] = [StopFollowing(tp, reason)]
-        hosted.interpret(
-            hosted.core.abort_produces(ErrorCode.NOT_LEADER_OR_FOLLOWER, reason)[1], out
+        self._interpret(
+            hosted, hosted.core.abort_produces(ErrorCode.NOT_LEADER_OR_FOLLOWER, reason)[1], out
         )
         out.append(WakeFetches(tp))
         out.append(ReplicaRemoved(tp, delete, reason))
@@ -516,7 +532,7 @@ class BrokerReplicas(Generic[S]):
                 out.append(StopFollowing(tp, "log dir offline"))
                 hosted.pending_fetch = None
                 effects = hosted.core.abort_produces(ErrorCode.KAFKA_STORAGE_ERROR, message)[1]
-                hosted.interpret(effects, out)
+                self._interpret(hosted, effects, out)
                 out.append(WakeFetches(tp))  # parked long polls answer now, with the error
         return self.offline
 
@@ -524,6 +540,84 @@ class BrokerReplicas(Generic[S]):
         if self.offline is None:
             return None
         return ErrorCode.KAFKA_STORAGE_ERROR, self.offline
+
+    # -- the effect interpreter ---------------------------------------------------------
+
+    def _interpret(
+        self, hosted: HostedReplica[S], effects: Iterable[Effect], out: list[Output]
+    ) -> None:
+        """Carry out a core's effects in order: storage now, the rest as outputs. The effects
+        a storage fact returns run before the remaining ones (depth first), as the core's
+        contract asks. The one effect interpreter of the product and the simulation."""
+        core, log, tp = hosted.core, hosted.log, hosted.tp
+        for effect in effects:
+            if isinstance(effect, AssignEpoch):
+                log.maybe_assign_epoch_start_offset(effect.leader_epoch, effect.start_offset)
+            elif isinstance(effect, HighWatermarkChanged):
+                out.append(HighWatermarkMoved(tp, effect.high_watermark))
+            elif isinstance(effect, CompleteProduce):
+                out.append(effect)
+            elif isinstance(effect, AppendAsFollower):
+                try:
+                    info = log.append_as_follower(effect.records)
+                except MiniBrokerError as err:
+                    # The log is unchanged and the core's LEO did not move; the fetch fails so
+                    # the follower backs off (or, on a disk failure, stops with the dir).
+                    self._storage_failed(err, f"follower append to {tp}", out)
+                    raise FollowerAppendError(str(err)) from err
+                out.append(
+                    Appended(
+                        tp,
+                        False,
+                        effect.base_offset,
+                        log.leo,
+                        core.leader_epoch,
+                        0,
+                        len(effect.records),
+                    )
+                )
+                self._interpret(hosted, core.on_follower_appended(log.leo, info.batches)[1], out)
+            elif isinstance(effect, TruncateTo | TruncateFullyAndStartAt):
+                self._truncate(hosted, effect, out)
+            elif isinstance(effect, AdvanceLogStartOffset):
+                log.maybe_increment_log_start_offset(effect.offset)
+            elif isinstance(effect, ProposeIsr):
+                out.append(SendAlterPartition(tp, hosted.topic_id, hosted.generation, effect))
+            elif isinstance(effect, IsrUpdated):
+                out.append(IsrChanged(tp, effect, core.leader_epoch, core.high_watermark))
+                out.append(WakeFetches(tp))
+            elif isinstance(effect, StartFetching):
+                out.append(StartFollowing(tp, effect.leader_id))
+            elif isinstance(effect, StopFetching):
+                out.append(StopFollowing(tp, effect.reason))
+            elif isinstance(effect, Backoff):
+                out.append(FetchBackoff(tp, effect.delay_ms, effect.reason))
+            else:  # pragma: no cover - a new effect type without a handler is a bug
+                raise TypeError(f"unhandled effect {effect!r}")
+
+    def _truncate(
+        self,
+        hosted: HostedReplica[S],
+        effect: TruncateTo | TruncateFullyAndStartAt,
+        out: list[Output],
+    ) -> None:
+        core, log, tp = hosted.core, hosted.log, hosted.tp
+        old_leo = log.leo
+        fully = isinstance(effect, TruncateFullyAndStartAt)
+        try:
+            if fully:
+                log.truncate_fully_and_start_at(effect.offset)
+            else:
+                log.truncate_to(effect.offset)
+        except MiniBrokerError as err:
+            # The storage stopped part way: the log is a whole-batch prefix of what it was. The
+            # core learns where it really ends, and the fetch fails like a failed append, so the
+            # follower backs off and the leader's divergence check asks for the rest next time.
+            self._interpret(hosted, core.on_log_truncated(log.leo, log.log_start_offset)[1], out)
+            self._storage_failed(err, f"truncation of {tp}", out)
+            raise FollowerAppendError(f"truncation failed: {err}") from err
+        out.append(Truncated(tp, fully, old_leo, log.leo, effect.reason, core.leader_epoch))
+        self._interpret(hosted, core.on_log_truncated(log.leo, log.log_start_offset)[1], out)
 
     # -- produce ------------------------------------------------------------------------
 
@@ -561,7 +655,12 @@ class BrokerReplicas(Generic[S]):
             reply.message = f"broker {self.broker_id} is not the leader of {tp}"
             reply.leader = (core.leader_id, core.leader_epoch)
             return reply, out
-        hosted.append_produce(reply, acks, records, now_ms, deadline_ms, self._new_token, out)
+        appended, effects = hosted.append_produce(
+            reply, acks, records, now_ms, deadline_ms, self._new_token, out
+        )
+        self._interpret(hosted, effects, out)
+        if appended:
+            out.append(WakeFollowerFetches(tp))  # wake followers' long polls
         return reply, out
 
     def _new_token(self) -> int:
@@ -575,7 +674,7 @@ class BrokerReplicas(Generic[S]):
         out: list[Output] = []
         hosted = self._hosted.get(tp)
         if hosted is not None:
-            hosted.interpret(hosted.core.expire_produce(token)[1], out)
+            self._interpret(hosted, hosted.core.expire_produce(token)[1], out)
         return out
 
     def shutdown(self, reason: str = "broker shutting down") -> list[Output]:
@@ -583,7 +682,7 @@ class BrokerReplicas(Generic[S]):
         out: list[Output] = []
         for hosted in self._hosted.values():
             effects = hosted.core.abort_produces(ErrorCode.NOT_LEADER_OR_FOLLOWER, reason)[1]
-            hosted.interpret(effects, out)
+            self._interpret(hosted, effects, out)
         return out
 
     # -- fetch (leader side) ------------------------------------------------------------
@@ -609,7 +708,7 @@ class BrokerReplicas(Generic[S]):
             return reply, out
         core = hosted.core
         answer, effects = core.handle_follower_fetch(fetch, now_ms)
-        hosted.interpret(effects, out)
+        self._interpret(hosted, effects, out)
         reply.error, reply.message = answer.error, answer.message
         reply.high_watermark = answer.high_watermark
         reply.log_start_offset = answer.log_start_offset
@@ -773,7 +872,15 @@ class BrokerReplicas(Generic[S]):
             return out
         if position.leader_id != leader_id:
             return out
-        hosted.on_fetch_response(leader_id, position, response, now_ms, out)
+        hosted.pending_fetch = None
+        try:
+            self._interpret(
+                hosted, hosted.core.on_fetch_response(position, response, now_ms)[1], out
+            )
+        except FollowerAppendError as err:
+            out.append(FollowerAppendFailed(tp, leader_id, str(err)))
+            failed = FetchResponse(error=ErrorCode.CORRUPT_MESSAGE)
+            self._interpret(hosted, hosted.core.on_fetch_response(position, failed, now_ms)[1], out)
         return out
 
     # -- AlterPartition, ticks, retention -----------------------------------------------
@@ -787,7 +894,7 @@ class BrokerReplicas(Generic[S]):
         hosted = self._hosted.get(tp)
         if hosted is None or hosted.generation != generation:
             return out
-        hosted.interpret(hosted.core.on_alter_partition_result(result, now_ms)[1], out)
+        self._interpret(hosted, hosted.core.on_alter_partition_result(result, now_ms)[1], out)
         return out
 
     def expire_produces(self, tp: TopicPartition, now_ms: int) -> list[Output]:
@@ -795,7 +902,7 @@ class BrokerReplicas(Generic[S]):
         out: list[Output] = []
         hosted = self._hosted.get(tp)
         if hosted is not None and hosted.core.pending_produce_count:
-            hosted.interpret(hosted.core.expire_produces(now_ms)[1], out)
+            self._interpret(hosted, hosted.core.expire_produces(now_ms)[1], out)
         return out
 
     def maybe_shrink_isr(self, tp: TopicPartition, now_ms: int) -> list[Output]:
@@ -803,7 +910,7 @@ class BrokerReplicas(Generic[S]):
         out: list[Output] = []
         hosted = self._hosted.get(tp)
         if hosted is not None and hosted.core.is_leader:
-            hosted.interpret(hosted.core.maybe_shrink_isr(now_ms)[1], out)
+            self._interpret(hosted, hosted.core.maybe_shrink_isr(now_ms)[1], out)
         return out
 
     def on_log_start_offset_advanced(self, tp: TopicPartition) -> list[Output]:
@@ -812,7 +919,7 @@ class BrokerReplicas(Generic[S]):
         hosted = self._hosted.get(tp)
         if hosted is not None:
             effects = hosted.core.on_log_start_offset_advanced(hosted.log.log_start_offset)[1]
-            hosted.interpret(effects, out)
+            self._interpret(hosted, effects, out)
         return out
 
 

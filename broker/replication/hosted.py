@@ -1,60 +1,35 @@
-"""One partition replica hosted by the replica engine: its log, its core, and the interpreter.
+"""One partition replica hosted by the replica engine: its log, its core, what is in flight.
 
 Pure: no I/O but through the replica's `Storage` (engine.py). `HostedReplica` is what
-`BrokerReplicas` keeps per partition, and where a core's effects are carried out
-(`interpret`): storage now, in list order, depth first (the effects a storage fact returns run
-before the remaining ones, as the core's contract asks), everything else as outputs for the
-shell. It also does the per-partition half of the engine's requests: a leader's append
-(`append_produce`), reads, a timestamp lookup and applying a fetch answer. A storage failure is
-reported through `storage_failed`, the engine's, which takes the whole dir offline on a
-log-dir failure.
+`BrokerReplicas` keeps per partition, with the per-partition half of the engine's requests that
+touch the log: a leader's append (`append_produce`: validation, plan, append; the core's effects
+go back to the engine, whose `_interpret` is the one place effects are carried out), reads and
+timestamp lookups. A storage failure is reported through `storage_failed`, the engine's, which
+takes the whole dir offline on a log-dir failure.
 
 Concurrency contract: single-threaded, driven by its engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from minibroker.broker.replication.events import (
-    AdvanceLogStartOffset,
-    AppendAsFollower,
     AppendPlan,
-    AssignEpoch,
-    Backoff,
-    CompleteProduce,
     DuplicateAppend,
     Effect,
     FetchPosition,
-    FetchResponse,
-    HighWatermarkChanged,
-    IsrUpdated,
     ListOffsetsAnswer,
-    ProposeIsr,
-    StartFetching,
-    StopFetching,
-    TruncateFullyAndStartAt,
-    TruncateTo,
 )
 from minibroker.broker.replication.outputs import (
     Appended,
     CorruptProduce,
-    FetchBackoff,
     FetchReply,
-    FollowerAppendFailed,
-    HighWatermarkMoved,
-    IsrChanged,
     ListOffsetsReply,
     Output,
     ProduceReply,
-    SendAlterPartition,
-    StartFollowing,
-    StopFollowing,
-    Truncated,
-    WakeFetches,
-    WakeFollowerFetches,
 )
 from minibroker.broker.replication.partition import PartitionReplica
 from minibroker.client import batch as batchlib
@@ -96,75 +71,6 @@ class HostedReplica(Generic[S]):
     # applied, so a late answer to an older one (a stopping fetcher's) is dropped.
     pending_fetch: FetchPosition | None = None
 
-    # -- the effect interpreter ---------------------------------------------------------
-
-    def interpret(self, effects: Iterable[Effect], out: list[Output]) -> None:
-        """Carry out a core's effects in order: storage now, the rest as outputs."""
-        core, log, tp = self.core, self.log, self.tp
-        for effect in effects:
-            if isinstance(effect, AssignEpoch):
-                log.maybe_assign_epoch_start_offset(effect.leader_epoch, effect.start_offset)
-            elif isinstance(effect, HighWatermarkChanged):
-                out.append(HighWatermarkMoved(tp, effect.high_watermark))
-            elif isinstance(effect, CompleteProduce):
-                out.append(effect)
-            elif isinstance(effect, AppendAsFollower):
-                try:
-                    info = log.append_as_follower(effect.records)
-                except MiniBrokerError as err:
-                    # The log is unchanged and the core's LEO did not move; the fetch fails so
-                    # the follower backs off (or, on a disk failure, stops with the dir).
-                    self.storage_failed(err, f"follower append to {tp}", out)
-                    raise FollowerAppendError(str(err)) from err
-                out.append(
-                    Appended(
-                        tp,
-                        False,
-                        effect.base_offset,
-                        log.leo,
-                        core.leader_epoch,
-                        0,
-                        len(effect.records),
-                    )
-                )
-                self.interpret(core.on_follower_appended(log.leo, info.batches)[1], out)
-            elif isinstance(effect, TruncateTo | TruncateFullyAndStartAt):
-                self._truncate(effect, out)
-            elif isinstance(effect, AdvanceLogStartOffset):
-                log.maybe_increment_log_start_offset(effect.offset)
-            elif isinstance(effect, ProposeIsr):
-                out.append(SendAlterPartition(tp, self.topic_id, self.generation, effect))
-            elif isinstance(effect, IsrUpdated):
-                out.append(IsrChanged(tp, effect, core.leader_epoch, core.high_watermark))
-                out.append(WakeFetches(tp))
-            elif isinstance(effect, StartFetching):
-                out.append(StartFollowing(tp, effect.leader_id))
-            elif isinstance(effect, StopFetching):
-                out.append(StopFollowing(tp, effect.reason))
-            elif isinstance(effect, Backoff):
-                out.append(FetchBackoff(tp, effect.delay_ms, effect.reason))
-            else:  # pragma: no cover - a new effect type without a handler is a bug
-                raise TypeError(f"unhandled effect {effect!r}")
-
-    def _truncate(self, effect: TruncateTo | TruncateFullyAndStartAt, out: list[Output]) -> None:
-        core, log, tp = self.core, self.log, self.tp
-        old_leo = log.leo
-        fully = isinstance(effect, TruncateFullyAndStartAt)
-        try:
-            if fully:
-                log.truncate_fully_and_start_at(effect.offset)
-            else:
-                log.truncate_to(effect.offset)
-        except MiniBrokerError as err:
-            # The storage stopped part way: the log is a whole-batch prefix of what it was. The
-            # core learns where it really ends, and the fetch fails like a failed append, so the
-            # follower backs off and the leader's divergence check asks for the rest next time.
-            self.interpret(core.on_log_truncated(log.leo, log.log_start_offset)[1], out)
-            self.storage_failed(err, f"truncation of {tp}", out)
-            raise FollowerAppendError(f"truncation failed: {err}") from err
-        out.append(Truncated(tp, fully, old_leo, log.leo, effect.reason, core.leader_epoch))
-        self.interpret(core.on_log_truncated(log.leo, log.log_start_offset)[1], out)
-
     # -- the leader's side ----------------------------------------------------------------
 
     def append_produce(
@@ -176,9 +82,10 @@ class HostedReplica(Generic[S]):
         deadline_ms: int,
         new_token: Callable[[], int],
         out: list[Output],
-    ) -> None:
+    ) -> tuple[bool, list[Effect]]:
         """A produce on this leader: check the batches and records, plan, append, and for
-        acks=all park the produce until the HW passes it (`reply.token`)."""
+        acks=all park the produce until the HW passes it (`reply.token`). Returns whether
+        records were appended, and the core's effects for the engine to carry out."""
         core, tp = self.core, self.tp
         try:
             # Headers for the core's idempotence and acks checks; the log reuses this
@@ -189,10 +96,10 @@ class HostedReplica(Generic[S]):
         except batchlib.CorruptRecordError as err:
             out.append(CorruptProduce(tp))
             reply.error, reply.message = ErrorCode.CORRUPT_MESSAGE, str(err)
-            return
+            return False, []
         except MiniBrokerError as err:
             reply.error, reply.message = err.code, str(err)
-            return
+            return False, []
         plan, _ = core.plan_append(acks, [h for _, h in batches])
         if isinstance(plan, DuplicateAppend):
             # A retry of a batch already in the log: its original offsets; acks=all waits for
@@ -204,18 +111,18 @@ class HostedReplica(Generic[S]):
                 _, effects = core.park_produce(
                     reply.token, plan.base_offset, plan.last_offset, deadline_ms
                 )
-                self.interpret(effects, out)
-            return
+                return False, effects
+            return False, []
         if not isinstance(plan, AppendPlan):
             reply.error, reply.message = plan.error, plan.message
             reply.log_start_offset = core.log_start_offset
-            return
+            return False, []
         try:
             info = self.log.append_as_leader(records, plan.leader_epoch, now_ms, validated=batches)
         except MiniBrokerError as err:
             self.storage_failed(err, f"produce to {tp}", out)
             reply.error, reply.message = err.code, str(err)
-            return
+            return False, []
         invariant(
             info.first_offset == plan.base_offset,
             f"{tp}: the log appended at {info.first_offset}, the core planned {plan.base_offset}",
@@ -240,8 +147,7 @@ class HostedReplica(Generic[S]):
         _, effects = core.on_leader_appended(
             plan, now_ms, token=reply.token, deadline_ms=deadline_ms
         )
-        self.interpret(effects, out)
-        out.append(WakeFollowerFetches(tp))  # wake followers' long polls
+        return True, effects
 
     def read(
         self, reply: FetchReply, offset: int, max_bytes: int, max_offset: int, out: list[Output]
@@ -272,23 +178,3 @@ class HostedReplica(Generic[S]):
         found_offset = found[0] if found is not None else None
         reply.error, reply.offset = answer.resolve(found_offset)
         reply.timestamp = found[1] if found is not None and reply.offset >= 0 else -1
-
-    # -- the follower's side --------------------------------------------------------------
-
-    def on_fetch_response(
-        self,
-        leader_id: int,
-        position: FetchPosition,
-        response: FetchResponse,
-        now_ms: int,
-        out: list[Output],
-    ) -> None:
-        """The leader's answer to the pending `position`. A failed append or truncation is fed
-        back to the core as a failed fetch, so the follower backs off."""
-        self.pending_fetch = None
-        try:
-            self.interpret(self.core.on_fetch_response(position, response, now_ms)[1], out)
-        except FollowerAppendError as err:
-            out.append(FollowerAppendFailed(self.tp, leader_id, str(err)))
-            failed = FetchResponse(error=ErrorCode.CORRUPT_MESSAGE)
-            self.interpret(self.core.on_fetch_response(position, failed, now_ms)[1], out)
