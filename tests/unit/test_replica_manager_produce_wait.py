@@ -21,7 +21,7 @@ import pytest
 from minibroker.broker import wire
 from minibroker.broker.config import build_config
 from minibroker.broker.metrics import BrokerMetrics
-from minibroker.broker.replica_manager import ReplicaManager
+from minibroker.broker.replicas.manager import ReplicaManager
 from minibroker.broker.replication.events import Role
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir
@@ -119,7 +119,7 @@ async def test_a_timed_out_produce_is_answered_and_forgotten_by_the_core(
     hosted = rm.partitions[TP]
     # The core answered it, so nothing of it is left on either side.
     assert hosted.core.pending_produce_count == 0
-    assert hosted.produce_futures == {}
+    assert rm.produce_futures == {}
 
 
 async def test_shutdown_answers_parked_produces_through_the_core(rm: ReplicaManager) -> None:
@@ -133,7 +133,7 @@ async def test_shutdown_answers_parked_produces_through_the_core(rm: ReplicaMana
         ErrorCode.NOT_LEADER_OR_FOLLOWER,
         "broker shutting down",
     )
-    assert hosted.core.pending_produce_count == 0 and hosted.produce_futures == {}
+    assert hosted.core.pending_produce_count == 0 and rm.produce_futures == {}
 
 
 @pytest.mark.parametrize("acks", [1, -1])
