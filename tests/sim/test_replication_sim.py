@@ -68,7 +68,7 @@ def test_offline_partition_never_elects_the_live_out_of_sync_replica() -> None:
     brokers = sim.brokers
 
     def fence_broker_3_and_stop_the_isr() -> None:
-        sim._send_heartbeat(brokers[3], want_fence=True)
+        brokers[3].send_heartbeat(want_fence=True)
         for broker_id in (1, 2):
             brokers[broker_id].paused_until_ms = sim.now_ms + 1_500
 

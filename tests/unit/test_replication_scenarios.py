@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "sim"))
 
-from replsim import MemLog
+from memlog import MemLog
 
 from minibroker.broker.replication.events import (
     AppendAsFollower,
