@@ -36,10 +36,10 @@ from minibroker.broker.replication.events import (
     AdvanceLogStartOffset,
     AlterPartitionResult,
     AppendAsFollower,
-    AppendPlan,
     AssignEpoch,
     Backoff,
     CompleteProduce,
+    DuplicateAppend,
     FetchPosition,
     FetchResponse,
     FollowerFetch,
@@ -48,6 +48,7 @@ from minibroker.broker.replication.events import (
     IsrUpdated,
     LeaderRecoveryState,
     PartitionState,
+    ProduceRejected,
     ProposeIsr,
     ReplicaConfig,
     Role,
@@ -286,9 +287,9 @@ class ReplicaManager:
             leo=partition_log.leo,
             log_start_offset=partition_log.log_start_offset,
             high_watermark=partition_log.high_watermark,
+            producer_batches=partition_log.producer_batch_headers(),
             name=str(tp),
         )
-        core.producer_state.rebuild(partition_log.producer_batch_headers())
         hosted = Hosted(tp, topic_id, partition_log, core)
         hosted.topic_configs = dict(raw_configs)
         hosted.record_validation = RecordValidation.from_topic_config(configs)
@@ -471,7 +472,7 @@ class ReplicaManager:
         )
         old_role = hosted.core.role
         old_epoch = hosted.core.leader_epoch
-        self._apply(hosted, hosted.core.apply_partition_state(state, now))
+        self._apply(hosted, hosted.core.apply_partition_state(state, now)[1])
         if hosted.core.role != old_role or hosted.core.leader_epoch != old_epoch:
             self._notify_fetches(tp)  # parked fetches answer now (NOT_LEADER, fenced epoch)
             log.info(
@@ -489,7 +490,7 @@ class ReplicaManager:
     def _reconfigure(self, hosted: Hosted, raw_configs: dict[str, str], now: int) -> None:
         configs = self._topic_configs(raw_configs)
         hosted.log.update_config(self._log_config(raw_configs))
-        self._apply(hosted, hosted.core.update_config(self._replica_config(configs), now))
+        self._apply(hosted, hosted.core.update_config(self._replica_config(configs), now)[1])
         hosted.topic_configs = dict(raw_configs)
         hosted.record_validation = RecordValidation.from_topic_config(configs)
 
@@ -497,8 +498,8 @@ class ReplicaManager:
         """Point fetchers at leaders whose address arrived or changed since the partition's
         record did (a leader that re-registered on another port, or was not known yet)."""
         for tp, hosted in self.partitions.items():
-            follower = hosted.core.follower
-            if hosted.core.role is not Role.FOLLOWER or follower is None or follower.failed:
+            follower = hosted.core.follower_state
+            if follower is None or follower.failed:
                 continue
             if self.fetchers.needs_follow(tp, follower.leader_id):
                 self.fetchers.follow(tp, follower.leader_id)
@@ -571,7 +572,7 @@ class ReplicaManager:
                     self.maybe_take_log_dir_offline(err, f"follower append to {tp}")
                     raise FollowerAppendFailedError(str(err)) from err
                 self.metrics.replication_bytes_in.inc(len(effect.records))
-                queue[:0] = core.on_follower_appended(hosted.log.leo, info.batches)
+                queue[:0] = core.on_follower_appended(hosted.log.leo, info.batches)[1]
                 self._maybe_flush(hosted, wall_clock_ms())
             elif isinstance(effect, TruncateTo | TruncateFullyAndStartAt):
                 old_leo = hosted.log.leo
@@ -586,9 +587,8 @@ class ReplicaManager:
                     # was. The core learns where it really ends, and the fetch fails like a
                     # failed append, so the follower backs off and the leader's divergence
                     # check asks for the rest of the truncation on the next fetch.
-                    self._apply(
-                        hosted, core.on_log_truncated(hosted.log.leo, hosted.log.log_start_offset)
-                    )
+                    _, effects = core.on_log_truncated(hosted.log.leo, hosted.log.log_start_offset)
+                    self._apply(hosted, effects)
                     self.maybe_take_log_dir_offline(err, f"truncation of {tp}")
                     raise FollowerAppendFailedError(f"truncation failed: {err}") from err
                 self.metrics.truncations.inc()
@@ -603,7 +603,7 @@ class ReplicaManager:
                     leader_epoch=core.leader_epoch,
                     **where,
                 )
-                queue[:0] = core.on_log_truncated(hosted.log.leo, hosted.log.log_start_offset)
+                queue[:0] = core.on_log_truncated(hosted.log.leo, hosted.log.log_start_offset)[1]
             elif isinstance(effect, AdvanceLogStartOffset):
                 hosted.log.maybe_increment_log_start_offset(effect.offset)
             elif isinstance(effect, ProposeIsr):
@@ -683,7 +683,8 @@ class ReplicaManager:
                     proposed_isr=sorted(proposal.new_isr),
                 )
             if self.partitions.get(hosted.tp) is hosted:
-                self._apply(hosted, hosted.core.on_alter_partition_result(result, wall_clock_ms()))
+                _, effects = hosted.core.on_alter_partition_result(result, wall_clock_ms())
+                self._apply(hosted, effects)
 
         self._spawn(send(), f"alter-partition-{hosted.tp}")
 
@@ -776,16 +777,16 @@ class ReplicaManager:
         except MiniBrokerError as err:
             result.error, result.message = err.code, str(err)
             return result, None
-        plan = core.plan_append(acks, [h for _, h in batches])
-        if not isinstance(plan, AppendPlan):
+        plan, _ = core.plan_append(acks, [h for _, h in batches])
+        if isinstance(plan, DuplicateAppend):
+            result.log_start_offset = core.log_start_offset
+            result.base_offset = plan.base_offset
+            if acks == -1:
+                return result, self._park(hosted, plan.base_offset, plan.last_offset, deadline_ms)
+            return result, None
+        if isinstance(plan, ProduceRejected):
             result.error, result.message = plan.error, plan.message
             result.log_start_offset = core.log_start_offset
-            if plan.is_duplicate:
-                result.base_offset = plan.base_offset
-                if acks == -1:
-                    return result, self._park(
-                        hosted, plan.base_offset, plan.last_offset, deadline_ms
-                    )
             return result, None
         try:
             info = hosted.log.append_as_leader(
@@ -812,9 +813,8 @@ class ReplicaManager:
             token = self._produce_seq
             future = asyncio.get_running_loop().create_future()
             hosted.produce_futures[token] = future
-        self._apply(
-            hosted, core.on_leader_appended(plan, now, token=token, deadline_ms=deadline_ms)
-        )
+        _, effects = core.on_leader_appended(plan, now, token=token, deadline_ms=deadline_ms)
+        self._apply(hosted, effects)
         self.fetch_signals.notify(tp)  # wake followers' long polls
         self._maybe_flush(hosted, now)
         return result, future
@@ -837,7 +837,8 @@ class ReplicaManager:
         token = self._produce_seq
         future: asyncio.Future[CompleteProduce] = asyncio.get_running_loop().create_future()
         hosted.produce_futures[token] = future
-        self._apply(hosted, hosted.core.park_produce(token, base_offset, last_offset, deadline_ms))
+        _, effects = hosted.core.park_produce(token, base_offset, last_offset, deadline_ms)
+        self._apply(hosted, effects)
         return future
 
     # -- fetch ----------------------------------------------------------------------------------
@@ -894,7 +895,7 @@ class ReplicaManager:
         core = hosted.core
         max_bytes = req.max_bytes if req.max_bytes > 0 else self.config["replica.fetch.max.bytes"]
         if params.is_follower:
-            answer = core.handle_follower_fetch(
+            answer, effects = core.handle_follower_fetch(
                 FollowerFetch(
                     replica_id=params.replica_id,
                     broker_epoch=params.replica_epoch,
@@ -905,7 +906,7 @@ class ReplicaManager:
                 ),
                 wall_clock_ms(),
             )
-            self._apply(hosted, answer.effects)
+            self._apply(hosted, effects)
             result.error, result.message = answer.error, answer.message
             result.high_watermark = answer.high_watermark
             result.log_start_offset = answer.log_start_offset
@@ -920,7 +921,7 @@ class ReplicaManager:
             return result
         # A consumer: the leader, or an in-sync follower in the client's rack (KIP-392).
         allow_follower = bool(params.rack_id) and self._serves_rack(params.rack_id)
-        answer_c = core.check_consumer_fetch(
+        answer_c, _ = core.check_consumer_fetch(
             req.current_leader_epoch, req.fetch_offset, allow_follower=allow_follower
         )
         result.error, result.message = answer_c.error, answer_c.message
@@ -978,8 +979,7 @@ class ReplicaManager:
             broker = self.image.brokers.get(replica_id)
             if broker is None or broker.rack != rack or not broker.is_active:
                 continue
-            remote = core.remotes.get(replica_id)
-            if remote is not None and remote.leo >= fetch_offset:
+            if core.replica_leo(replica_id) >= fetch_offset:
                 return replica_id
         return None
 
@@ -991,7 +991,7 @@ class ReplicaManager:
         hosted = self.partitions.get(tp)
         if hosted is None or self.log_dir_failure is not None:
             return None
-        position = hosted.core.next_fetch(wall_clock_ms())
+        position, _ = hosted.core.next_fetch(wall_clock_ms())
         if position is None or position.leader_id != leader_id:
             hosted.pending_fetch = None
             hosted.pending_request = None
@@ -1035,7 +1035,8 @@ class ReplicaManager:
             records=result.records,
         )
         try:
-            self._apply(hosted, hosted.core.on_fetch_response(request, response, wall_clock_ms()))
+            _, effects = hosted.core.on_fetch_response(request, response, wall_clock_ms())
+            self._apply(hosted, effects)
         except FollowerAppendFailedError as err:
             log.warning(
                 "follower_append_failed",
@@ -1045,7 +1046,8 @@ class ReplicaManager:
                 error=str(err),
             )
             failed = FetchResponse(error=ErrorCode.CORRUPT_MESSAGE)
-            self._apply(hosted, hosted.core.on_fetch_response(request, failed, wall_clock_ms()))
+            _, effects = hosted.core.on_fetch_response(request, failed, wall_clock_ms())
+            self._apply(hosted, effects)
 
     # -- list offsets, metadata, producer ids, describe -----------------------------------------
 
@@ -1066,7 +1068,7 @@ class ReplicaManager:
                 result.error = self._not_hosted_error(tp)
                 results.append(result)
                 continue
-            answer = hosted.core.list_offsets(req.current_leader_epoch, req.timestamp)
+            answer, _ = hosted.core.list_offsets(req.current_leader_epoch, req.timestamp)
             result.error, result.message = answer.error, answer.message
             result.leader_epoch = answer.leader_epoch
             if answer.error == ErrorCode.NONE:
@@ -1102,7 +1104,7 @@ class ReplicaManager:
             elif hosted is None:
                 result.error = self._not_hosted_error(tp)
             else:
-                answer = hosted.core.offset_for_leader_epoch(
+                answer, _ = hosted.core.offset_for_leader_epoch(
                     req.current_leader_epoch, req.leader_epoch
                 )
                 result.error, result.message = answer.error, answer.message
@@ -1235,7 +1237,7 @@ class ReplicaManager:
             followers = (
                 [
                     wire.FollowerState(r.replica_id, r.leo, r.last_caught_up_time_ms)
-                    for r in core.remotes.values()
+                    for r in core.remote_replicas
                 ]
                 if core.is_leader
                 else []
@@ -1298,11 +1300,11 @@ class ReplicaManager:
 
         def expire(hosted: Hosted) -> None:
             if hosted.core.pending_produce_count:
-                self._apply(hosted, hosted.core.expire_produces(now))
+                self._apply(hosted, hosted.core.expire_produces(now)[1])
 
         def shrink(hosted: Hosted) -> None:
             if hosted.core.is_leader:
-                self._apply(hosted, hosted.core.maybe_shrink_isr(now))
+                self._apply(hosted, hosted.core.maybe_shrink_isr(now)[1])
 
         self._each_partition("expire_produces", expire)
         if mono - last["shrink"] >= shrink_every:
@@ -1354,7 +1356,9 @@ class ReplicaManager:
     def _run_retention(self, hosted: Hosted, now: int) -> None:
         deleted = hosted.log.delete_retention(now)
         if deleted:
-            hosted.core.on_log_start_offset_advanced(hosted.log.log_start_offset)
+            self._apply(
+                hosted, hosted.core.on_log_start_offset_advanced(hosted.log.log_start_offset)[1]
+            )
             log.info(
                 "segments_deleted",
                 topic=hosted.tp.topic,
@@ -1374,8 +1378,8 @@ class ReplicaManager:
                 under_replicated += isr < len(core.replicas)
                 under_min += isr < core.effective_min_isr
                 at_min += isr == core.effective_min_isr
-            elif core.role is Role.FOLLOWER and core.follower is not None:
-                lag = core.follower.leader_high_watermark - core.leo
+            elif (follower := core.follower_state) is not None:
+                lag = follower.leader_high_watermark - core.leo
                 max_lag = max(max_lag, lag)
         m = self.metrics
         m.under_replicated.set(under_replicated)

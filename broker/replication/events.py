@@ -143,7 +143,8 @@ class FollowerFetchAnswer:
     On NONE without `diverging_epoch` the shell reads records from `fetch_offset` up to (not
     including) `read_until_offset` (the leader LEO taken before the read, docs/protocol.md §6) on
     batch boundaries and at most the partition's max bytes. HW, log start and LEO are the values
-    to put in the response. `effects` must be applied like any other effect list.
+    to put in the response. The effects the fetch caused come beside it (`handle_follower_fetch`
+    returns `(answer, effects)`), never inside it.
     """
 
     error: ErrorCode
@@ -154,7 +155,6 @@ class FollowerFetchAnswer:
     fetch_offset: int = UNKNOWN_OFFSET
     read_until_offset: int = UNKNOWN_OFFSET
     message: str = ""
-    effects: tuple[Effect, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,17 +225,52 @@ class AppendPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class DuplicateAppend:
+    """A successful retry of idempotent batches already in the log (Kafka's DuplicateSequence
+    handling): nothing is appended, and the producer gets the original offsets. For acks=all the
+    shell parks it (`park_produce`) until the HW passes `last_offset`."""
+
+    base_offset: int
+    last_offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class ProduceRejected:
-    """A produce answered without appending: an error, or a duplicate with its original offsets."""
+    """A produce refused without appending: always an error (never ErrorCode.NONE)."""
 
     error: ErrorCode
-    base_offset: int = UNKNOWN_OFFSET
-    last_offset: int = UNKNOWN_OFFSET
     message: str = ""
 
-    @property
-    def is_duplicate(self) -> bool:
-        return self.error == ErrorCode.NONE
+    def __post_init__(self) -> None:
+        if self.error == ErrorCode.NONE:
+            raise ValueError("a rejected produce needs an error; a duplicate is DuplicateAppend")
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerView:
+    """A follower's fetch state as the shell may read it (`PartitionReplica.follower_state`).
+
+    `leader_high_watermark` is the HW from the leader's last answer (-1: none yet), which the
+    shell's lag gauge subtracts the LEO from; `failed` means fetching stopped until new metadata.
+    """
+
+    leader_id: int
+    leader_epoch: int
+    leader_high_watermark: int
+    leader_log_start_offset: int
+    backoff_until_ms: int
+    failed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteReplicaView:
+    """The leader's view of one follower (`PartitionReplica.remote_replicas`); leo -1: unknown."""
+
+    replica_id: int
+    leo: int
+    log_start_offset: int
+    last_caught_up_time_ms: int
+    broker_epoch: int
 
 
 # ------------------------------------------------------------------------------------------

@@ -22,6 +22,9 @@ OFFSET_NOT_AVAILABLE while a new leader's HW lags its epoch start (§10).
 Follower rules: follower.py, reached through `next_fetch`/`on_fetch_response`.
 
 Shell contract (the replica manager):
+  * Every public entry point returns `(reply, effects)` (`Step`): the reply is the answer (None
+    for a command), the effects the one channel for decisions. The shell reads nothing else but
+    the read-only properties below (role, offsets, ISR, `follower_state`, `replica_leo`, ...).
   * Apply returned effects in order before giving this replica its next input. The core updates
     its own view as if every effect succeeds, except for the log end, which the shell reports:
     `on_leader_appended` / `on_follower_appended` after an append, `on_log_truncated` after a
@@ -40,7 +43,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from minibroker.broker.replication.events import (
     UNKNOWN_BROKER_EPOCH,
@@ -52,12 +55,14 @@ from minibroker.broker.replication.events import (
     Backoff,
     CompleteProduce,
     ConsumerFetchAnswer,
+    DuplicateAppend,
     Effect,
     EpochEndOffsetAnswer,
     FetchPosition,
     FetchResponse,
     FollowerFetch,
     FollowerFetchAnswer,
+    FollowerView,
     HighWatermarkChanged,
     IsrChangeKind,
     IsrUpdated,
@@ -66,6 +71,7 @@ from minibroker.broker.replication.events import (
     PartitionState,
     ProduceRejected,
     ProposeIsr,
+    RemoteReplicaView,
     ReplicaConfig,
     Role,
     StartFetching,
@@ -98,7 +104,12 @@ from minibroker.client.types import (
     UNKNOWN_OFFSET,
 )
 
+T = TypeVar("T")
 NEVER_MS = -(1 << 62)
+
+# What every public entry point of PartitionReplica returns: (reply, effects). The reply is the
+# answer (None for a command that has none); the effects are carried out in list order.
+Step = tuple[T, list[Effect]]
 
 # AlterPartition errors after which the leader keeps its pending state and waits for metadata
 # (docs/protocol.md §9): retrying cannot help, and the next PartitionRecord settles the ISR.
@@ -300,57 +311,144 @@ class PartitionReplica:
         leo: int = 0,
         log_start_offset: int = 0,
         high_watermark: int = 0,
+        producer_batches: Iterable[ProducerBatchHeader] = (),
         name: str = "",
     ) -> None:
         """`leo`, `log_start_offset` and `high_watermark` come from the opened log (the HW from
         replication-offset-checkpoint, docs/design.md §4.5); the HW is clamped to [log start, LEO].
+        `producer_batches` are the log's batch headers the idempotence state is rebuilt from.
         """
-        self.broker_id = broker_id
-        self.name = name
-        self.config = config or ReplicaConfig()
-        self.epoch_cache = epoch_cache
-        self.brokers = brokers
-        self.producer_state = ProducerStateManager()
+        self._broker_id = broker_id
+        self._name = name
+        self._config = config or ReplicaConfig()
+        self._epoch_cache = epoch_cache
+        self._brokers = brokers
+        self._producer_state = ProducerStateManager()
+        self._producer_state.rebuild(producer_batches)
 
-        self.role = Role.NONE
-        self.leader_id = NO_LEADER
-        self.leader_epoch = UNDEFINED_EPOCH
-        self.partition_epoch = UNDEFINED_EPOCH
-        self.replicas: tuple[int, ...] = ()
-        self.isr_state: IsrState = CommittedIsr(frozenset())
-        self.leader_recovery_state = LeaderRecoveryState.RECOVERED
+        self._role = Role.NONE
+        self._leader_id = NO_LEADER
+        self._leader_epoch = UNDEFINED_EPOCH
+        self._partition_epoch = UNDEFINED_EPOCH
+        self._replicas: tuple[int, ...] = ()
+        self._isr_state: IsrState = CommittedIsr(frozenset())
+        self._leader_recovery_state = LeaderRecoveryState.RECOVERED
         # The LEO when this broker became leader in the current epoch; -1 when not leader.
-        self.leader_epoch_start_offset = UNKNOWN_OFFSET
+        self._leader_epoch_start_offset = UNKNOWN_OFFSET
 
         # Invariant: log_start_offset <= high_watermark <= leo.
-        self.leo = leo
-        self.log_start_offset = log_start_offset
-        self.high_watermark = max(log_start_offset, min(high_watermark, leo))
+        self._leo = leo
+        self._log_start_offset = log_start_offset
+        self._high_watermark = max(log_start_offset, min(high_watermark, leo))
 
-        self.remotes: dict[int, RemoteReplica] = {}
-        self.follower: FollowerState | None = None
+        self._remotes: dict[int, RemoteReplica] = {}
+        self._follower: FollowerState | None = None
         self._pending_produces: deque[PendingProduce] = deque()
         self._next_proposal_id = 1
         self._last_divergence: tuple[int, int, int, int] | None = None
 
-    # -- read-only views ---------------------------------------------------------------------
+    # -- read-only views (the only state a shell may read) -------------------------------------
+
+    @property
+    def broker_id(self) -> int:
+        return self._broker_id
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def config(self) -> ReplicaConfig:
+        return self._config
+
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    @property
+    def leader_id(self) -> int:
+        return self._leader_id
+
+    @property
+    def leader_epoch(self) -> int:
+        return self._leader_epoch
+
+    @property
+    def partition_epoch(self) -> int:
+        return self._partition_epoch
+
+    @property
+    def replicas(self) -> tuple[int, ...]:
+        return self._replicas
+
+    @property
+    def leader_recovery_state(self) -> LeaderRecoveryState:
+        return self._leader_recovery_state
+
+    @property
+    def leader_epoch_start_offset(self) -> int:
+        """The LEO when this broker became leader in the current epoch; -1 when not leader."""
+        return self._leader_epoch_start_offset
+
+    @property
+    def leo(self) -> int:
+        return self._leo
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @property
+    def high_watermark(self) -> int:
+        return self._high_watermark
+
+    @property
+    def follower_state(self) -> FollowerView | None:
+        """A follower's fetch state (None unless this replica is a follower with a leader)."""
+        follower = self._follower
+        if self._role is not Role.FOLLOWER or follower is None:
+            return None
+        return FollowerView(
+            follower.leader_id,
+            follower.leader_epoch,
+            follower.leader_high_watermark,
+            follower.leader_log_start_offset,
+            follower.backoff_until_ms,
+            follower.failed,
+        )
+
+    @property
+    def remote_replicas(self) -> tuple[RemoteReplicaView, ...]:
+        """A leader's view of its followers in assignment order (empty unless leader)."""
+        return tuple(
+            RemoteReplicaView(
+                r.replica_id, r.leo, r.log_start_offset, r.last_caught_up_time_ms, r.broker_epoch
+            )
+            for r in self._remotes.values()
+        )
+
+    def replica_leo(self, broker_id: int) -> int:
+        """A leader's last known LEO of follower `broker_id` (KIP-392's preferred read replica
+        must hold the fetch offset); -1 when unknown or not a follower of this leader."""
+        remote = self._remotes.get(broker_id)
+        return remote.leo if remote is not None else UNKNOWN_OFFSET
 
     @property
     def isr(self) -> frozenset[int]:
         """The committed ISR (the controller's, as last applied or confirmed)."""
-        return self.isr_state.isr
+        return self._isr_state.isr
 
     @property
     def maximal_isr(self) -> frozenset[int]:
-        return self.isr_state.maximal_isr
+        return self._isr_state.maximal_isr
 
     @property
     def is_leader(self) -> bool:
-        return self.role is Role.LEADER
+        return self._role is Role.LEADER
 
     @property
     def effective_min_isr(self) -> int:
-        return min(self.config.min_insync_replicas, max(len(self.replicas), 1))
+        return min(self._config.min_insync_replicas, max(len(self._replicas), 1))
 
     @property
     def pending_produce_count(self) -> int:
@@ -358,119 +456,119 @@ class PartitionReplica:
 
     @property
     def alter_partition_in_flight(self) -> bool:
-        return not isinstance(self.isr_state, CommittedIsr)
+        return not isinstance(self._isr_state, CommittedIsr)
 
     def check_invariants(self) -> None:
         """Local invariants (docs/design.md §8.7, §8.8); the simulation checks them every step."""
-        where = f"{self.name} broker {self.broker_id}: "
-        check_offsets(self.log_start_offset, self.high_watermark, self.leo, where)
-        if self.role is Role.LEADER:
-            check_isr(self.replicas, self.isr, self.broker_id, where)
+        where = f"{self._name} broker {self._broker_id}: "
+        check_offsets(self._log_start_offset, self._high_watermark, self._leo, where)
+        if self._role is Role.LEADER:
+            check_isr(self._replicas, self.isr, self._broker_id, where)
             invariant(self.isr <= self.maximal_isr, f"{where}ISR not within the maximal ISR")
             invariant(
-                self.leader_epoch_start_offset <= self.leo,
-                f"{where}epoch start {self.leader_epoch_start_offset} above LEO {self.leo}",
+                self._leader_epoch_start_offset <= self._leo,
+                f"{where}epoch start {self._leader_epoch_start_offset} above LEO {self._leo}",
             )
 
     # -- configuration and metadata ------------------------------------------------------
 
-    def update_config(self, config: ReplicaConfig, now_ms: int) -> list[Effect]:
+    def update_config(self, config: ReplicaConfig, now_ms: int) -> Step[None]:
         """Topic config changed (e.g. min.insync.replicas): the HW may move."""
-        self.config = config
-        return self._maybe_advance_high_watermark(now_ms)
+        self._config = config
+        return None, self._maybe_advance_high_watermark(now_ms)
 
-    def apply_partition_state(self, state: PartitionState, now_ms: int) -> list[Effect]:
+    def apply_partition_state(self, state: PartitionState, now_ms: int) -> Step[None]:
         """Apply the controller's record for this partition (docs/protocol.md §10, §11)."""
-        if state.partition_epoch < self.partition_epoch or state.leader_epoch < self.leader_epoch:
-            return []  # stale delivery: never go back (docs/design.md §8.4)
+        if state.partition_epoch < self._partition_epoch or state.leader_epoch < self._leader_epoch:
+            return None, []  # stale delivery: never go back (docs/design.md §8.4)
         if (
-            state.partition_epoch == self.partition_epoch
-            and state.leader_epoch == self.leader_epoch
-            and self.role is not Role.NONE
+            state.partition_epoch == self._partition_epoch
+            and state.leader_epoch == self._leader_epoch
+            and self._role is not Role.NONE
         ):
-            return []  # already applied
-        if self.broker_id not in state.replicas:
-            return self._become_none(state)
-        if state.leader == self.broker_id:
-            return self._become_leader(state, now_ms)
-        return self._become_follower(state)
+            return None, []  # already applied
+        if self._broker_id not in state.replicas:
+            return None, self._become_none(state)
+        if state.leader == self._broker_id:
+            return None, self._become_leader(state, now_ms)
+        return None, self._become_follower(state)
 
     def _become_none(self, state: PartitionState) -> list[Effect]:
         effects: list[Effect] = self._fail_pending_produces("no longer a replica of the partition")
-        if self.role is Role.FOLLOWER and self.follower is not None:
+        if self._role is Role.FOLLOWER and self._follower is not None:
             effects.append(StopFetching("removed from the replica set"))
         self._set_record(state)
-        self.role = Role.NONE
-        self.follower = None
-        self.remotes.clear()
-        self.leader_epoch_start_offset = UNKNOWN_OFFSET
+        self._role = Role.NONE
+        self._follower = None
+        self._remotes.clear()
+        self._leader_epoch_start_offset = UNKNOWN_OFFSET
         return effects
 
     def _set_record(self, state: PartitionState) -> None:
-        self.replicas = state.replicas
-        self.leader_id = state.leader
-        self.leader_epoch = state.leader_epoch
-        self.partition_epoch = state.partition_epoch
-        self.isr_state = CommittedIsr(state.isr)
-        self.leader_recovery_state = state.leader_recovery_state
+        self._replicas = state.replicas
+        self._leader_id = state.leader
+        self._leader_epoch = state.leader_epoch
+        self._partition_epoch = state.partition_epoch
+        self._isr_state = CommittedIsr(state.isr)
+        self._leader_recovery_state = state.leader_recovery_state
 
     def _become_leader(self, state: PartitionState, now_ms: int) -> list[Effect]:
         effects: list[Effect] = []
-        is_new_leader = self.role is not Role.LEADER
+        is_new_leader = self._role is not Role.LEADER
         # A leader that was not leading before starts an epoch even if (defensively) the record
         # repeats the epoch number; a re-elected leader starts one when the epoch grew.
-        starts_epoch = state.leader_epoch > self.leader_epoch or is_new_leader
-        if self.role is Role.FOLLOWER and self.follower is not None:
+        starts_epoch = state.leader_epoch > self._leader_epoch or is_new_leader
+        if self._role is Role.FOLLOWER and self._follower is not None:
             effects.append(StopFetching("became leader"))
-        self.follower = None
+        self._follower = None
         self._last_divergence = None
 
-        old_remotes = self.remotes
-        self.remotes = {
-            r: old_remotes.get(r, RemoteReplica(r)) for r in state.replicas if r != self.broker_id
+        old_remotes = self._remotes
+        self._remotes = {
+            r: old_remotes.get(r, RemoteReplica(r)) for r in state.replicas if r != self._broker_id
         }
         self._set_record(state)
         # KIP-704: the new leader serves the partition, so it is recovered from here on; the
         # next AlterPartition reports it to the controller.
-        self.leader_recovery_state = LeaderRecoveryState.RECOVERED
-        self.role = Role.LEADER
-        self.leader_id = self.broker_id
+        self._leader_recovery_state = LeaderRecoveryState.RECOVERED
+        self._role = Role.LEADER
+        self._leader_id = self._broker_id
 
         if starts_epoch:
-            start = self.leo
+            start = self._leo
             # KIP-279: record where this epoch starts before any write in it, so a follower
             # holding a later (unseen here) epoch still gets a correct truncation point.
             effects.append(AssignEpoch(state.leader_epoch, start))
-            for remote in self.remotes.values():
+            for remote in self._remotes.values():
                 remote.reset(now_ms, start, is_new_leader, remote.replica_id in state.isr)
-            self.leader_epoch_start_offset = start
+            self._leader_epoch_start_offset = start
         effects += self._maybe_advance_high_watermark(now_ms)
         return effects
 
     def _become_follower(self, state: PartitionState) -> list[Effect]:
         effects: list[Effect] = []
-        was_leader = self.role is Role.LEADER
+        was_leader = self._role is Role.LEADER
         restart = (
             was_leader
-            or self.follower is None
-            or state.leader_epoch > self.leader_epoch
-            or state.leader != self.leader_id
+            or self._follower is None
+            or state.leader_epoch > self._leader_epoch
+            or state.leader != self._leader_id
         )
         if was_leader:
             effects += self._fail_pending_produces("leadership moved")
-            self.remotes.clear()
-            self.leader_epoch_start_offset = UNKNOWN_OFFSET
+            self._remotes.clear()
+            self._leader_epoch_start_offset = UNKNOWN_OFFSET
         self._set_record(state)
-        self.role = Role.FOLLOWER
+        self._role = Role.FOLLOWER
         if restart:
             # KAFKA-7164: a new leader epoch always restarts fetching, even from the same leader.
             self._last_divergence = None
             if state.leader == NO_LEADER:
-                if self.follower is not None:
+                if self._follower is not None:
                     effects.append(StopFetching("the partition has no leader"))
-                self.follower = None
+                self._follower = None
             else:
-                self.follower = FollowerState(state.leader, state.leader_epoch)
+                self._follower = FollowerState(state.leader, state.leader_epoch)
                 effects.append(StartFetching(state.leader, state.leader_epoch))
         return effects
 
@@ -478,15 +576,20 @@ class PartitionReplica:
 
     def plan_append(
         self, acks: int, batches: Sequence[AppendBatchHeader]
-    ) -> AppendPlan | ProduceRejected:
+    ) -> Step[AppendPlan | DuplicateAppend | ProduceRejected]:
         """Decide a produce for this partition before anything is written (docs/protocol.md §2).
 
         `batches` are the validated headers in request order (client/batch.BatchHeader).
-        Returns an AppendPlan (stamp and append it, then call
-        `on_leader_appended`) or a ProduceRejected (an error, or a duplicate to answer with its
-        original offsets; for acks=all pass a duplicate to `park_produce`).
+        Replies with an AppendPlan (stamp and append it, then call `on_leader_appended`), a
+        DuplicateAppend (a retry already in the log: answer with its original offsets; for
+        acks=all pass it to `park_produce`) or a ProduceRejected (an error). No effects.
         """
-        if self.role is not Role.LEADER:
+        return self._plan_append(acks, batches), []
+
+    def _plan_append(
+        self, acks: int, batches: Sequence[AppendBatchHeader]
+    ) -> AppendPlan | DuplicateAppend | ProduceRejected:
+        if self._role is not Role.LEADER:
             return ProduceRejected(ErrorCode.NOT_LEADER_OR_FOLLOWER)
         if acks not in (-1, 0, 1):
             return ProduceRejected(ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={acks}")
@@ -496,21 +599,19 @@ class PartitionReplica:
                 message=f"ISR {sorted(self.isr)} is smaller than min.insync.replicas "
                 f"{self.effective_min_isr}",
             )
-        if acks == -1 and len(self._pending_produces) >= self.config.max_pending_produces:
+        if acks == -1 and len(self._pending_produces) >= self._config.max_pending_produces:
             return ProduceRejected(
                 ErrorCode.REQUEST_TIMED_OUT,
                 message=f"{len(self._pending_produces)} acks=all produce requests already wait",
             )
-        verdict, index = self.producer_state.check_batches(
+        verdict, index = self._producer_state.check_batches(
             [(b.producer_id, b.producer_epoch, b.base_sequence, b.last_sequence) for b in batches]
         )
         if verdict.duplicate is not None:
-            return ProduceRejected(
-                ErrorCode.NONE, verdict.duplicate.first_offset, verdict.duplicate.last_offset
-            )
+            return DuplicateAppend(verdict.duplicate.first_offset, verdict.duplicate.last_offset)
         if verdict.error != ErrorCode.NONE:
             return ProduceRejected(verdict.error, message=f"batch {index}: {verdict.message}")
-        offset = self.leo
+        offset = self._leo
         stamped = []
         for header in batches:
             first = offset
@@ -526,52 +627,58 @@ class PartitionReplica:
                         offset - 1,
                     )
                 )
-        return AppendPlan(self.leo, offset, self.leader_epoch, acks, tuple(stamped))
+        return AppendPlan(self._leo, offset, self._leader_epoch, acks, tuple(stamped))
 
     def on_leader_appended(
         self, plan: AppendPlan, now_ms: int, *, token: object = None, deadline_ms: int = 0
-    ) -> list[Effect]:
+    ) -> Step[None]:
         """The planned batches are in the log. For acks=all with a `token`, the produce is parked
         and completed later by a CompleteProduce effect (possibly in this list)."""
         invariant(
-            self.role is Role.LEADER and plan.leader_epoch == self.leader_epoch,
-            f"{self.name}: append planned in epoch {plan.leader_epoch} finished in "
-            f"{self.leader_epoch} as {self.role.value}",
+            self._role is Role.LEADER and plan.leader_epoch == self._leader_epoch,
+            f"{self._name}: append planned in epoch {plan.leader_epoch} finished in "
+            f"{self._leader_epoch} as {self._role.value}",
         )
         invariant(
-            plan.base_offset == self.leo,
-            f"{self.name}: append planned at {plan.base_offset} but the LEO is {self.leo}",
+            plan.base_offset == self._leo,
+            f"{self._name}: append planned at {plan.base_offset} but the LEO is {self._leo}",
         )
-        self.leo = plan.next_offset
+        self._leo = plan.next_offset
         for batch in plan.producer_batches:
-            self.producer_state.record(*batch)
+            self._producer_state.record(*batch)
         effects = self._maybe_advance_high_watermark(now_ms)
         if plan.acks == -1 and token is not None:
-            effects += self.park_produce(token, plan.base_offset, plan.next_offset - 1, deadline_ms)
-        return effects
+            effects += self._park(token, plan.base_offset, plan.next_offset - 1, deadline_ms)
+        return None, effects
 
     def park_produce(
         self, token: object, base_offset: int, last_offset: int, deadline_ms: int
+    ) -> Step[None]:
+        """Wait for the HW to pass `last_offset` (acks=all, e.g. a DuplicateAppend), or answer at
+        once (a CompleteProduce in the effects) if it has."""
+        return None, self._park(token, base_offset, last_offset, deadline_ms)
+
+    def _park(
+        self, token: object, base_offset: int, last_offset: int, deadline_ms: int
     ) -> list[Effect]:
-        """Wait for the HW to pass `last_offset` (acks=all), or answer at once if it has."""
         pending = PendingProduce(token, base_offset, last_offset + 1, deadline_ms)
-        if self.high_watermark >= pending.required_offset:
+        if self._high_watermark >= pending.required_offset:
             return [self._completion(pending)]
         self._pending_produces.append(pending)
         return []
 
-    def expire_produces(self, now_ms: int) -> list[Effect]:
+    def expire_produces(self, now_ms: int) -> Step[None]:
         """Answer parked produces past their deadline: REQUEST_TIMED_OUT (docs/protocol.md §2)."""
         expired = [p for p in self._pending_produces if p.deadline_ms <= now_ms]
         if not expired:
-            return []
+            return None, []
         self._pending_produces = deque(p for p in self._pending_produces if p.deadline_ms > now_ms)
-        return [
+        return None, [
             CompleteProduce(
                 p.token,
                 ErrorCode.REQUEST_TIMED_OUT,
                 p.base_offset,
-                self.log_start_offset,
+                self._log_start_offset,
                 "the high watermark did not reach the batch in time",
             )
             for p in expired
@@ -580,13 +687,13 @@ class PartitionReplica:
     def _completion(self, pending: PendingProduce) -> CompleteProduce:
         if len(self.maximal_isr) >= self.effective_min_isr:
             return CompleteProduce(
-                pending.token, ErrorCode.NONE, pending.base_offset, self.log_start_offset
+                pending.token, ErrorCode.NONE, pending.base_offset, self._log_start_offset
             )
         return CompleteProduce(
             pending.token,
             ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
             pending.base_offset,
-            self.log_start_offset,
+            self._log_start_offset,
             f"the ISR {sorted(self.maximal_isr)} fell below min.insync.replicas "
             f"{self.effective_min_isr}",
         )
@@ -595,7 +702,7 @@ class PartitionReplica:
         done: list[Effect] = []
         remaining: deque[PendingProduce] = deque()
         for pending in self._pending_produces:
-            if self.high_watermark >= pending.required_offset:
+            if self._high_watermark >= pending.required_offset:
                 done.append(self._completion(pending))
             else:
                 remaining.append(pending)
@@ -608,7 +715,7 @@ class PartitionReplica:
                 p.token,
                 ErrorCode.NOT_LEADER_OR_FOLLOWER,
                 p.base_offset,
-                self.log_start_offset,
+                self._log_start_offset,
                 reason,
             )
             for p in self._pending_produces
@@ -622,33 +729,40 @@ class PartitionReplica:
         """KIP-320 fencing (docs/protocol.md §12): -1 is not checked."""
         if current_leader_epoch < 0:
             return None
-        if current_leader_epoch < self.leader_epoch:
+        if current_leader_epoch < self._leader_epoch:
             return ErrorCode.FENCED_LEADER_EPOCH
-        if current_leader_epoch > self.leader_epoch:
+        if current_leader_epoch > self._leader_epoch:
             return ErrorCode.UNKNOWN_LEADER_EPOCH
         return None
 
     def _fetch_error(self, error: ErrorCode, message: str = "") -> FollowerFetchAnswer:
         return FollowerFetchAnswer(
             error,
-            high_watermark=self.high_watermark,
-            log_start_offset=self.log_start_offset,
-            log_end_offset=self.leo,
+            high_watermark=self._high_watermark,
+            log_start_offset=self._log_start_offset,
+            log_end_offset=self._leo,
             message=message,
         )
 
-    def handle_follower_fetch(self, fetch: FollowerFetch, now_ms: int) -> FollowerFetchAnswer:
+    def handle_follower_fetch(self, fetch: FollowerFetch, now_ms: int) -> Step[FollowerFetchAnswer]:
         """A follower's fetch for this partition (docs/protocol.md §7, §11 step 3, §12)."""
+        effects: list[Effect] = []
+        answer = self._follower_fetch(fetch, now_ms, effects)
+        return answer, effects
+
+    def _follower_fetch(
+        self, fetch: FollowerFetch, now_ms: int, effects: list[Effect]
+    ) -> FollowerFetchAnswer:
         epoch_error = self._check_current_leader_epoch(fetch.current_leader_epoch)
         if epoch_error is not None:
             return self._fetch_error(
                 epoch_error,
                 f"fetch in leader epoch {fetch.current_leader_epoch}, this replica is in "
-                f"{self.leader_epoch}",
+                f"{self._leader_epoch}",
             )
-        if self.role is not Role.LEADER:
+        if self._role is not Role.LEADER:
             return self._fetch_error(ErrorCode.NOT_LEADER_OR_FOLLOWER)
-        remote = self.remotes.get(fetch.replica_id)
+        remote = self._remotes.get(fetch.replica_id)
         if remote is None:
             # The (replica, epoch) pair is not known yet, e.g. a replica being added.
             error = (
@@ -659,7 +773,7 @@ class PartitionReplica:
             return self._fetch_error(error, f"replica {fetch.replica_id} is not assigned")
         if fetch.broker_epoch != UNKNOWN_BROKER_EPOCH and (
             remote.broker_epoch > fetch.broker_epoch
-            or self.brokers.broker_epoch(fetch.replica_id) > fetch.broker_epoch
+            or self._brokers.broker_epoch(fetch.replica_id) > fetch.broker_epoch
         ):
             # KIP-903: a fetch from an earlier incarnation must not update state or expand ISR.
             return self._fetch_error(
@@ -668,9 +782,13 @@ class PartitionReplica:
             )
 
         # HW, log start and LEO are taken before the read (docs/protocol.md §6).
-        high_watermark, log_start_offset, leo = self.high_watermark, self.log_start_offset, self.leo
+        high_watermark, log_start_offset, leo = (
+            self._high_watermark,
+            self._log_start_offset,
+            self._leo,
+        )
         if fetch.last_fetched_epoch != UNDEFINED_EPOCH:
-            epoch, end_offset = self.epoch_cache.end_offset_for(fetch.last_fetched_epoch, leo)
+            epoch, end_offset = self._epoch_cache.end_offset_for(fetch.last_fetched_epoch, leo)
             if end_offset == UNDEFINED_EPOCH_OFFSET or epoch == UNDEFINED_EPOCH:
                 return self._fetch_error(
                     ErrorCode.OFFSET_OUT_OF_RANGE,
@@ -699,7 +817,7 @@ class PartitionReplica:
         remote.update_fetch_state(
             fetch.fetch_offset, fetch.log_start_offset, now_ms, leo, fetch.broker_epoch
         )
-        effects = self._maybe_expand_isr(remote)
+        effects += self._maybe_expand_isr(remote)
         effects += self._maybe_advance_high_watermark(now_ms)
         return FollowerFetchAnswer(
             ErrorCode.NONE,
@@ -708,115 +826,129 @@ class PartitionReplica:
             log_end_offset=leo,
             fetch_offset=fetch.fetch_offset,
             read_until_offset=leo,
-            effects=tuple(effects),
         )
 
     def check_consumer_fetch(
         self, current_leader_epoch: int, fetch_offset: int, *, allow_follower: bool = False
-    ) -> ConsumerFetchAnswer:
+    ) -> Step[ConsumerFetchAnswer]:
         """A consumer read, capped at this replica's HW (docs/protocol.md §6, §10; KIP-392 when
         `allow_follower`)."""
+        return self._check_consumer_fetch(
+            current_leader_epoch, fetch_offset, allow_follower=allow_follower
+        ), []
+
+    def _check_consumer_fetch(
+        self, current_leader_epoch: int, fetch_offset: int, *, allow_follower: bool = False
+    ) -> ConsumerFetchAnswer:
         epoch_error = self._check_current_leader_epoch(current_leader_epoch)
         if epoch_error is not None:
             return ConsumerFetchAnswer(epoch_error)
-        serving = self.role is Role.LEADER or (allow_follower and self.role is Role.FOLLOWER)
+        serving = self._role is Role.LEADER or (allow_follower and self._role is Role.FOLLOWER)
         if not serving:
             return ConsumerFetchAnswer(ErrorCode.NOT_LEADER_OR_FOLLOWER)
         answer = ConsumerFetchAnswer(
             ErrorCode.NONE,
-            high_watermark=self.high_watermark,
-            log_start_offset=self.log_start_offset,
-            log_end_offset=self.leo,
-            read_until_offset=self.high_watermark,
+            high_watermark=self._high_watermark,
+            log_start_offset=self._log_start_offset,
+            log_end_offset=self._leo,
+            read_until_offset=self._high_watermark,
         )
-        if fetch_offset < self.log_start_offset or fetch_offset > self.leo:
+        if fetch_offset < self._log_start_offset or fetch_offset > self._leo:
             return ConsumerFetchAnswer(
                 ErrorCode.OFFSET_OUT_OF_RANGE,
-                high_watermark=self.high_watermark,
-                log_start_offset=self.log_start_offset,
-                log_end_offset=self.leo,
-                message=f"offset {fetch_offset} outside [{self.log_start_offset}, {self.leo}]",
+                high_watermark=self._high_watermark,
+                log_start_offset=self._log_start_offset,
+                log_end_offset=self._leo,
+                message=f"offset {fetch_offset} outside [{self._log_start_offset}, {self._leo}]",
             )
-        if fetch_offset > self.high_watermark and self._high_watermark_lags_epoch_start():
+        if fetch_offset > self._high_watermark and self._high_watermark_lags_epoch_start():
             # KIP-207 (docs/protocol.md §10): a consumer ahead of a new leader's lagging HW
             # retries instead of waiting on an empty answer; it read that far from the previous
             # leader.
             return ConsumerFetchAnswer(
                 ErrorCode.OFFSET_NOT_AVAILABLE,
-                high_watermark=self.high_watermark,
-                log_start_offset=self.log_start_offset,
-                log_end_offset=self.leo,
+                high_watermark=self._high_watermark,
+                log_start_offset=self._log_start_offset,
+                log_end_offset=self._leo,
                 message="the new leader's high watermark has not caught up yet",
             )
         return answer
 
     def _high_watermark_lags_epoch_start(self) -> bool:
-        return self.role is Role.LEADER and self.leader_epoch_start_offset > self.high_watermark
+        return self._role is Role.LEADER and self._leader_epoch_start_offset > self._high_watermark
 
-    def list_offsets(self, current_leader_epoch: int, timestamp: int) -> ListOffsetsAnswer:
+    def list_offsets(self, current_leader_epoch: int, timestamp: int) -> Step[ListOffsetsAnswer]:
         """ListOffsets for a client (KIP-207; docs/protocol.md §10)."""
+        return self._list_offsets(current_leader_epoch, timestamp), []
+
+    def _list_offsets(self, current_leader_epoch: int, timestamp: int) -> ListOffsetsAnswer:
         epoch_error = self._check_current_leader_epoch(current_leader_epoch)
         if epoch_error is not None:
             return ListOffsetsAnswer(epoch_error)
-        if self.role is not Role.LEADER:
+        if self._role is not Role.LEADER:
             return ListOffsetsAnswer(ErrorCode.NOT_LEADER_OR_FOLLOWER)
         lagging = self._high_watermark_lags_epoch_start()
         if timestamp == EARLIEST_TIMESTAMP:
-            return ListOffsetsAnswer(ErrorCode.NONE, self.log_start_offset, self.leader_epoch)
+            return ListOffsetsAnswer(ErrorCode.NONE, self._log_start_offset, self._leader_epoch)
         if timestamp == LATEST_TIMESTAMP:
             if lagging:
                 return ListOffsetsAnswer(
                     ErrorCode.OFFSET_NOT_AVAILABLE,
-                    message=f"high watermark {self.high_watermark} is below the epoch start "
-                    f"{self.leader_epoch_start_offset}",
+                    message=f"high watermark {self._high_watermark} is below the epoch start "
+                    f"{self._leader_epoch_start_offset}",
                 )
-            return ListOffsetsAnswer(ErrorCode.NONE, self.high_watermark, self.leader_epoch)
+            return ListOffsetsAnswer(ErrorCode.NONE, self._high_watermark, self._leader_epoch)
         return ListOffsetsAnswer(
             ErrorCode.NONE,
-            leader_epoch=self.leader_epoch,
+            leader_epoch=self._leader_epoch,
             needs_timestamp_lookup=True,
-            last_fetchable_offset=self.high_watermark,
+            last_fetchable_offset=self._high_watermark,
             lagging_high_watermark=lagging,
         )
 
     def offset_for_leader_epoch(
         self, current_leader_epoch: int, leader_epoch: int
-    ) -> EpochEndOffsetAnswer:
+    ) -> Step[EpochEndOffsetAnswer]:
         """OffsetForLeaderEpoch for a consumer validating its position after a leader change
         (KIP-320): fenced like a fetch, answered by the leader only, from the epoch cache
         (`endOffsetFor`, docs/protocol.md §13)."""
+        return self._offset_for_leader_epoch(current_leader_epoch, leader_epoch), []
+
+    def _offset_for_leader_epoch(
+        self, current_leader_epoch: int, leader_epoch: int
+    ) -> EpochEndOffsetAnswer:
         epoch_error = self._check_current_leader_epoch(current_leader_epoch)
         if epoch_error is not None:
             return EpochEndOffsetAnswer(epoch_error)
-        if self.role is not Role.LEADER:
+        if self._role is not Role.LEADER:
             return EpochEndOffsetAnswer(ErrorCode.NOT_LEADER_OR_FOLLOWER)
-        epoch, end_offset = self.epoch_cache.end_offset_for(leader_epoch, self.leo)
+        epoch, end_offset = self._epoch_cache.end_offset_for(leader_epoch, self._leo)
         return EpochEndOffsetAnswer(ErrorCode.NONE, epoch, end_offset)
 
     # -- leader: high watermark and ISR ---------------------------------------------------
 
     def _maybe_advance_high_watermark(self, now_ms: int) -> list[Effect]:
         """Kafka's `Partition.maybeIncrementLeaderHW` (docs/protocol.md §6)."""
-        if self.role is not Role.LEADER:
+        if self._role is not Role.LEADER:
             return []
         if len(self.isr) < self.effective_min_isr:
             return []  # strict min ISR (KIP-966 part 1): no advance at any acks level
         maximal_isr = self.maximal_isr
-        lag_max = self.config.replica_lag_time_max_ms
-        new_hw = self.leo
-        for remote in self.remotes.values():
+        lag_max = self._config.replica_lag_time_max_ms
+        new_hw = self._leo
+        for remote in self._remotes.values():
             if remote.leo >= new_hw:
                 continue
             if remote.replica_id in maximal_isr or (
-                remote.is_caught_up(self.leo, now_ms, lag_max)
-                and self.brokers.is_isr_eligible(remote.replica_id, remote.broker_epoch)
+                remote.is_caught_up(self._leo, now_ms, lag_max)
+                and self._brokers.is_isr_eligible(remote.replica_id, remote.broker_epoch)
             ):
                 # A caught-up replica outside the ISR holds the HW too, or it could chase a
                 # moving HW forever and never rejoin.
                 new_hw = remote.leo
-        if new_hw <= self.high_watermark:
+        if new_hw <= self._high_watermark:
             return []
-        self.high_watermark = new_hw
+        self._high_watermark = new_hw
         effects: list[Effect] = [HighWatermarkChanged(new_hw)]
         effects += self._complete_produces()
         return effects
@@ -824,10 +956,10 @@ class PartitionReplica:
     def _isr_with_epochs(self, isr: Iterable[int]) -> tuple[tuple[int, int], ...]:
         pairs = []
         for broker_id in sorted(isr):
-            if broker_id == self.broker_id:
-                pairs.append((broker_id, self.brokers.broker_epoch(broker_id)))
+            if broker_id == self._broker_id:
+                pairs.append((broker_id, self._brokers.broker_epoch(broker_id)))
             else:
-                remote = self.remotes.get(broker_id)
+                remote = self._remotes.get(broker_id)
                 pairs.append((broker_id, remote.broker_epoch if remote else UNKNOWN_BROKER_EPOCH))
         return tuple(pairs)
 
@@ -835,10 +967,10 @@ class PartitionReplica:
         proposal = ProposeIsr(
             proposal_id=self._next_proposal_id,
             kind=kind,
-            leader_epoch=self.leader_epoch,
-            partition_epoch=self.partition_epoch,
+            leader_epoch=self._leader_epoch,
+            partition_epoch=self._partition_epoch,
             new_isr_with_epochs=self._isr_with_epochs(new_isr),
-            leader_recovery_state=self.leader_recovery_state,
+            leader_recovery_state=self._leader_recovery_state,
         )
         self._next_proposal_id += 1
         return proposal
@@ -846,72 +978,78 @@ class PartitionReplica:
     def _maybe_expand_isr(self, remote: RemoteReplica) -> list[Effect]:
         """Kafka's `Partition.maybeExpandIsr`: add a follower that reached the HW and this epoch's
         start (docs/protocol.md §8)."""
-        state = self.isr_state
+        state = self._isr_state
         if not isinstance(state, CommittedIsr) or remote.replica_id in state.isr:
             return []
-        if remote.leo < self.high_watermark or remote.leo < self.leader_epoch_start_offset:
+        if remote.leo < self._high_watermark or remote.leo < self._leader_epoch_start_offset:
             return []
-        if not self.brokers.is_isr_eligible(remote.replica_id, remote.broker_epoch):
+        if not self._brokers.is_isr_eligible(remote.replica_id, remote.broker_epoch):
             return []
         proposal = self._proposal(IsrChangeKind.EXPAND, state.isr | {remote.replica_id})
-        self.isr_state = PendingExpandIsr(state.isr, remote.replica_id, proposal)
+        self._isr_state = PendingExpandIsr(state.isr, remote.replica_id, proposal)
         return [proposal]
 
     def _is_remote_caught_up(self, replica_id: int, now_ms: int, lag_max: int) -> bool:
-        remote = self.remotes.get(replica_id)
-        return remote is not None and remote.is_caught_up(self.leo, now_ms, lag_max)
+        remote = self._remotes.get(replica_id)
+        return remote is not None and remote.is_caught_up(self._leo, now_ms, lag_max)
 
-    def maybe_shrink_isr(self, now_ms: int) -> list[Effect]:
+    def maybe_shrink_isr(self, now_ms: int) -> Step[None]:
         """Kafka's `Partition.maybeShrinkIsr` (docs/protocol.md §8): run every
         replica.lag.time.max.ms / 2; never with an AlterPartition in flight."""
-        if self.role is not Role.LEADER:
+        return None, self._maybe_shrink_isr(now_ms)
+
+    def _maybe_shrink_isr(self, now_ms: int) -> list[Effect]:
+        if self._role is not Role.LEADER:
             return []
         effects = self._maybe_advance_high_watermark(now_ms)
-        state = self.isr_state
+        state = self._isr_state
         if not isinstance(state, CommittedIsr):
             return effects
-        lag_max = self.config.replica_lag_time_max_ms
+        lag_max = self._config.replica_lag_time_max_ms
         out_of_sync = frozenset(
             r
             for r in state.isr
-            if r != self.broker_id and not self._is_remote_caught_up(r, now_ms, lag_max)
+            if r != self._broker_id and not self._is_remote_caught_up(r, now_ms, lag_max)
         )
         if not out_of_sync:
             return effects
         proposal = self._proposal(IsrChangeKind.SHRINK, state.isr - out_of_sync)
-        self.isr_state = PendingShrinkIsr(state.isr, out_of_sync, proposal)
+        self._isr_state = PendingShrinkIsr(state.isr, out_of_sync, proposal)
         effects.append(proposal)
         return effects
 
-    def on_alter_partition_result(self, result: AlterPartitionResult, now_ms: int) -> list[Effect]:
+    def on_alter_partition_result(self, result: AlterPartitionResult, now_ms: int) -> Step[None]:
         """The controller answered a ProposeIsr (docs/protocol.md §9, the leader's side)."""
-        state = self.isr_state
+        return None, self._on_alter_partition_result(result, now_ms)
+
+    def _on_alter_partition_result(self, result: AlterPartitionResult, now_ms: int) -> list[Effect]:
+        state = self._isr_state
         if (
-            self.role is not Role.LEADER
+            self._role is not Role.LEADER
             or isinstance(state, CommittedIsr)
             or state.proposal.proposal_id != result.proposal_id
         ):
             return []  # the local state moved on (new metadata) since the proposal
         if result.error == ErrorCode.NONE:
             if (
-                result.leader_epoch != self.leader_epoch
-                or result.partition_epoch < self.partition_epoch
+                result.leader_epoch != self._leader_epoch
+                or result.partition_epoch < self._partition_epoch
             ):
                 return []  # an answer for another epoch: wait for metadata
             invariant(
-                self.broker_id in result.isr,
-                f"{self.name}: committed ISR {sorted(result.isr)} lacks the leader",
+                self._broker_id in result.isr,
+                f"{self._name}: committed ISR {sorted(result.isr)} lacks the leader",
             )
             old_isr = state.isr
-            self.isr_state = CommittedIsr(frozenset(result.isr))
-            self.partition_epoch = result.partition_epoch
-            self.leader_recovery_state = result.leader_recovery_state
+            self._isr_state = CommittedIsr(frozenset(result.isr))
+            self._partition_epoch = result.partition_epoch
+            self._leader_recovery_state = result.leader_recovery_state
             effects: list[Effect] = [
-                IsrUpdated(state.proposal.kind, old_isr, self.isr, self.partition_epoch)
+                IsrUpdated(state.proposal.kind, old_isr, self.isr, self._partition_epoch)
             ]
             return effects + self._maybe_advance_high_watermark(now_ms)
         if result.error in _REVERT:
-            self.isr_state = CommittedIsr(state.isr)
+            self._isr_state = CommittedIsr(state.isr)
             return self._maybe_advance_high_watermark(now_ms)
         if result.error in _WAIT_FOR_METADATA:
             return []
@@ -924,40 +1062,48 @@ class PartitionReplica:
                 partition_epoch=state.proposal.partition_epoch,
                 new_isr_with_epochs=state.proposal.new_isr_with_epochs,
                 leader_recovery_state=state.proposal.leader_recovery_state,
-                delay_ms=self.config.alter_partition_retry_ms,
+                delay_ms=self._config.alter_partition_retry_ms,
             )
         ]
 
     # -- follower ----------------------------------------------------------------------------
 
-    def next_fetch(self, now_ms: int) -> FetchPosition | None:
+    def next_fetch(self, now_ms: int) -> Step[FetchPosition | None]:
         """What to ask the leader for now; None while there is nothing to fetch (no leader,
         failed until new metadata, or backing off)."""
-        follower = self.follower
-        if self.role is not Role.FOLLOWER or follower is None or follower.failed:
+        return self._next_fetch(now_ms), []
+
+    def _next_fetch(self, now_ms: int) -> FetchPosition | None:
+        follower = self._follower
+        if self._role is not Role.FOLLOWER or follower is None or follower.failed:
             return None
         if now_ms < follower.backoff_until_ms:
             return None
         return FetchPosition(
             leader_id=follower.leader_id,
-            current_leader_epoch=self.leader_epoch,
-            fetch_offset=self.leo,
-            last_fetched_epoch=latest_epoch_of(self.epoch_cache),
-            log_start_offset=self.log_start_offset,
+            current_leader_epoch=self._leader_epoch,
+            fetch_offset=self._leo,
+            last_fetched_epoch=latest_epoch_of(self._epoch_cache),
+            log_start_offset=self._log_start_offset,
         )
 
     def on_fetch_response(
         self, request: FetchPosition, response: FetchResponse, now_ms: int
-    ) -> list[Effect]:
+    ) -> Step[None]:
         """The leader answered `request` (docs/protocol.md §11 steps 4-8)."""
-        follower = self.follower
+        return None, self._on_fetch_response(request, response, now_ms)
+
+    def _on_fetch_response(
+        self, request: FetchPosition, response: FetchResponse, now_ms: int
+    ) -> list[Effect]:
+        follower = self._follower
         if (
-            self.role is not Role.FOLLOWER
+            self._role is not Role.FOLLOWER
             or follower is None
             or follower.failed
             or request.leader_id != follower.leader_id
-            or request.current_leader_epoch != self.leader_epoch
-            or request.fetch_offset != self.leo
+            or request.current_leader_epoch != self._leader_epoch
+            or request.fetch_offset != self._leo
         ):
             # KIP-320: only the answer to the fetch sent from this position in this epoch may
             # truncate or append; anything else is stale.
@@ -974,15 +1120,15 @@ class PartitionReplica:
                     base_offset = parse_header(response.records).base_offset
                 except CorruptRecordError as err:
                     return self._backoff(now_ms, f"corrupt fetch response: {err.reason}")
-                if base_offset != self.leo:
+                if base_offset != self._leo:
                     return self._backoff(
-                        now_ms, f"leader sent offset {base_offset}, expected {self.leo}"
+                        now_ms, f"leader sent offset {base_offset}, expected {self._leo}"
                     )
-                return [AppendAsFollower(response.records, self.leo)]
+                return [AppendAsFollower(response.records, self._leo)]
             return self._update_follower_high_watermark()
         if error == ErrorCode.OFFSET_OUT_OF_RANGE:
             decision = decision_for_out_of_range(
-                self.leo, response.log_end_offset, response.log_start_offset
+                self._leo, response.log_end_offset, response.log_start_offset
             )
             if decision.truncate_to is not None:
                 return [TruncateTo(decision.truncate_to, "leader log ends below ours")]
@@ -1000,9 +1146,9 @@ class PartitionReplica:
         return self._backoff(now_ms, error.name)
 
     def _backoff(self, now_ms: int, reason: str) -> list[Effect]:
-        follower = self.follower
-        invariant(follower is not None, f"{self.name}: backoff without a follower state")
-        delay = self.config.replica_fetch_backoff_ms
+        follower = self._follower
+        invariant(follower is not None, f"{self._name}: backoff without a follower state")
+        delay = self._config.replica_fetch_backoff_ms
         follower.backoff_until_ms = now_ms + delay  # type: ignore[union-attr]
         return [Backoff(delay, reason)]
 
@@ -1012,8 +1158,8 @@ class PartitionReplica:
         assert response.diverging_epoch is not None
         epoch, end_offset = response.diverging_epoch
         key = (request.fetch_offset, request.last_fetched_epoch, epoch, end_offset)
-        decision = truncation_for_diverging_epoch(epoch, end_offset, self.epoch_cache, self.leo)
-        if key == self._last_divergence and decision.offset >= self.leo:
+        decision = truncation_for_diverging_epoch(epoch, end_offset, self._epoch_cache, self._leo)
+        if key == self._last_divergence and decision.offset >= self._leo:
             # The same answer to the same question after a truncation that changed nothing:
             # do not spin; the leader's state has to move first.
             return self._backoff(now_ms, "repeated divergence without progress")
@@ -1029,54 +1175,63 @@ class PartitionReplica:
 
     def on_follower_appended(
         self, leo: int, headers: Iterable[ProducerBatchHeader] = ()
-    ) -> list[Effect]:
+    ) -> Step[None]:
         """AppendAsFollower is done; `headers` are the appended batches (producer state)."""
-        invariant(leo >= self.leo, f"{self.name}: follower append moved the LEO back")
-        self.leo = leo
+        return None, self._on_follower_appended(leo, headers)
+
+    def _on_follower_appended(
+        self, leo: int, headers: Iterable[ProducerBatchHeader] = ()
+    ) -> list[Effect]:
+        invariant(leo >= self._leo, f"{self._name}: follower append moved the LEO back")
+        self._leo = leo
         for header in headers:
-            self.producer_state.record_header(header)
+            self._producer_state.record_header(header)
         return self._update_follower_high_watermark()
 
     def _update_follower_high_watermark(self) -> list[Effect]:
-        follower = self.follower
+        follower = self._follower
         if follower is None or follower.leader_high_watermark < 0:
             return []
         effects: list[Effect] = []
         new_hw = follower_high_watermark(
-            follower.leader_high_watermark, self.log_start_offset, self.leo
+            follower.leader_high_watermark, self._log_start_offset, self._leo
         )
-        if new_hw != self.high_watermark:
-            self.high_watermark = new_hw
+        if new_hw != self._high_watermark:
+            self._high_watermark = new_hw
             effects.append(HighWatermarkChanged(new_hw))
-        leader_start = min(follower.leader_log_start_offset, self.high_watermark)
-        if leader_start > self.log_start_offset:
-            self.log_start_offset = leader_start
-            self.producer_state.truncate_from_start(leader_start)
+        leader_start = min(follower.leader_log_start_offset, self._high_watermark)
+        if leader_start > self._log_start_offset:
+            self._log_start_offset = leader_start
+            self._producer_state.truncate_from_start(leader_start)
             effects.append(AdvanceLogStartOffset(leader_start))
         return effects
 
     # -- both roles: storage facts --------------------------------------------------------
 
-    def on_log_truncated(self, leo: int, log_start_offset: int) -> list[Effect]:
+    def on_log_truncated(self, leo: int, log_start_offset: int) -> Step[None]:
         """TruncateTo / TruncateFullyAndStartAt is done: the log now ends at `leo`."""
-        invariant(self.role is not Role.LEADER, f"{self.name}: a leader never truncates its log")
-        self.leo = leo
-        self.log_start_offset = log_start_offset
-        self.producer_state.truncate_to(leo)
+        return None, self._on_log_truncated(leo, log_start_offset)
+
+    def _on_log_truncated(self, leo: int, log_start_offset: int) -> list[Effect]:
+        invariant(self._role is not Role.LEADER, f"{self._name}: a leader never truncates its log")
+        self._leo = leo
+        self._log_start_offset = log_start_offset
+        self._producer_state.truncate_to(leo)
         if log_start_offset == leo:
-            self.producer_state.truncate_from_start(log_start_offset)
-        new_hw = max(log_start_offset, min(self.high_watermark, leo))
-        if new_hw != self.high_watermark:
-            self.high_watermark = new_hw
+            self._producer_state.truncate_from_start(log_start_offset)
+        new_hw = max(log_start_offset, min(self._high_watermark, leo))
+        if new_hw != self._high_watermark:
+            self._high_watermark = new_hw
             return [HighWatermarkChanged(new_hw)]
         return []
 
-    def on_log_start_offset_advanced(self, log_start_offset: int) -> None:
+    def on_log_start_offset_advanced(self, log_start_offset: int) -> Step[None]:
         """Retention raised the log start, never above the HW (docs/design.md §4.4)."""
         invariant(
-            log_start_offset <= self.high_watermark,
-            f"{self.name}: log start {log_start_offset} above the HW {self.high_watermark}",
+            log_start_offset <= self._high_watermark,
+            f"{self._name}: log start {log_start_offset} above the HW {self._high_watermark}",
         )
-        if log_start_offset > self.log_start_offset:
-            self.log_start_offset = log_start_offset
-            self.producer_state.truncate_from_start(log_start_offset)
+        if log_start_offset > self._log_start_offset:
+            self._log_start_offset = log_start_offset
+            self._producer_state.truncate_from_start(log_start_offset)
+        return None, []

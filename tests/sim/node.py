@@ -91,11 +91,11 @@ class SimBroker(ReplicaShell):
                 leo=log.leo,
                 log_start_offset=log.log_start_offset,
                 high_watermark=log.hw_checkpoint,
+                producer_batches=log.headers,
                 name=f"p{pid}",
             )
             rep = SimReplica(core, log)
             self.replicas[pid] = rep
-            core.producer_state.rebuild(log.headers)
         return rep
 
     def paused(self) -> bool:
@@ -328,5 +328,5 @@ class SimBroker(ReplicaShell):
                 continue
             rep = self.replica(pid)
             self.apply(
-                pid, rep.core.apply_partition_state(partition_state(record), self.sim.now_ms)
+                pid, rep.core.apply_partition_state(partition_state(record), self.sim.now_ms)[1]
             )

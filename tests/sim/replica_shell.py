@@ -107,14 +107,14 @@ class ReplicaShell:
                 log.truncate_to(effect.offset)
                 sim.checker.on_truncated(self, pid)
                 sim.note(f"b{self.broker_id} p{pid} truncate {effect.offset}: {effect.reason}")
-                self.apply(pid, core.on_log_truncated(log.leo, log.log_start_offset))
+                self.apply(pid, core.on_log_truncated(log.leo, log.log_start_offset)[1])
             elif isinstance(effect, TruncateFullyAndStartAt):
                 log.truncate_fully_and_start_at(effect.offset)
                 sim.checker.on_truncated(self, pid)
-                self.apply(pid, core.on_log_truncated(log.leo, log.log_start_offset))
+                self.apply(pid, core.on_log_truncated(log.leo, log.log_start_offset)[1])
             elif isinstance(effect, AppendAsFollower):
                 headers = log.append(effect.records)
-                self.apply(pid, core.on_follower_appended(log.leo, headers))
+                self.apply(pid, core.on_follower_appended(log.leo, headers)[1])
             elif isinstance(effect, AdvanceLogStartOffset):
                 log.log_start_offset = max(log.log_start_offset, effect.offset)
             elif isinstance(effect, HighWatermarkChanged):
@@ -149,7 +149,7 @@ class ReplicaShell:
             def on_leader() -> None:
                 rep = self.replicas.get(pid)
                 if rep is not None:
-                    effects = rep.core.on_alter_partition_result(result, sim.now_ms)
+                    _, effects = rep.core.on_alter_partition_result(result, sim.now_ms)
                     self.apply(pid, effects)
 
             self.run_on(incarnation, on_leader)
@@ -200,7 +200,7 @@ class ReplicaShell:
         for pid, rep in self.replicas.items():
             if not rep.fetching or rep.fetch_in_flight:
                 continue
-            position = rep.core.next_fetch(self.sim.now_ms)
+            position, _ = rep.core.next_fetch(self.sim.now_ms)
             if position is None:
                 continue
             self._send_fetch(rep, pid, position)
@@ -231,8 +231,8 @@ class ReplicaShell:
                 sim.at(100, done)  # connection refused / timeout
                 return
             rep = leader.replicas[pid]
-            answer = rep.core.handle_follower_fetch(request, sim.now_ms)
-            leader.apply(pid, answer.effects)
+            answer, effects = rep.core.handle_follower_fetch(request, sim.now_ms)
+            leader.apply(pid, effects)
             records = b""
             if answer.error == ErrorCode.NONE and answer.diverging_epoch is None:
                 records = rep.log.read(answer.fetch_offset, answer.read_until_offset, 4096)
@@ -257,7 +257,7 @@ class ReplicaShell:
             rep = follower.replicas.get(pid)
             if rep is None:
                 return
-            follower.apply(pid, rep.core.on_fetch_response(position, response, sim.now_ms))
+            follower.apply(pid, rep.core.on_fetch_response(position, response, sim.now_ms)[1])
 
         def reach_leader() -> None:
             if not leader.alive:

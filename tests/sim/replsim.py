@@ -237,9 +237,9 @@ class Simulation:
             broker.fetch_tick()
             for pid, rep in list(broker.replicas.items()):
                 if now % 150 == 0:
-                    broker.apply(pid, rep.core.maybe_shrink_isr(now))
+                    broker.apply(pid, rep.core.maybe_shrink_isr(now)[1])
                 if pid in broker.replicas:
-                    broker.apply(pid, rep.core.expire_produces(now))
+                    broker.apply(pid, rep.core.expire_produces(now)[1])
                 if self.rng.random() < 0.02:
                     rep.log.flush(rep.core.high_watermark)
         self.workload.tick()

@@ -13,7 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from minibroker.broker.replication.events import CompleteProduce, ProduceRejected
+from minibroker.broker.replication.events import (
+    AppendPlan,
+    CompleteProduce,
+    DuplicateAppend,
+    ProduceRejected,
+)
 from minibroker.client.batch import iter_batches
 from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode
@@ -82,13 +87,13 @@ class Workload:
                 return
             rep = broker.replicas[pid]
             headers = [h for _, h in iter_batches(raw)]
-            plan = rep.core.plan_append(-1, headers)
-            if isinstance(plan, ProduceRejected):
+            plan, _ = rep.core.plan_append(-1, headers)
+            if not isinstance(plan, AppendPlan):
                 return
             rep.log.leader_append(raw, plan)
             sim.checker.on_leader_append(broker, pid, plan)
             self.pending_values[token] = (broker.broker_id, pid, plan.base_offset)
-            effects = rep.core.on_leader_appended(
+            _, effects = rep.core.on_leader_appended(
                 plan, sim.now_ms, token=token, deadline_ms=sim.now_ms + 2_000
             )
             broker.apply(pid, effects)
@@ -131,23 +136,23 @@ class Workload:
                 return
             rep = broker.replicas[pid]
             headers = [h for _, h in iter_batches(raw)]
-            plan = rep.core.plan_append(-1, headers)
+            plan, _ = rep.core.plan_append(-1, headers)
             deadline_ms = sim.now_ms + 2_000
+            if isinstance(plan, DuplicateAppend):
+                self.pending_values[token] = (broker.broker_id, pid, plan.base_offset)
+                _, effects = rep.core.park_produce(
+                    token, plan.base_offset, plan.last_offset, deadline_ms
+                )
+                broker.apply(pid, effects)
+                return
             if isinstance(plan, ProduceRejected):
-                if plan.is_duplicate:
-                    self.pending_values[token] = (broker.broker_id, pid, plan.base_offset)
-                    effects = rep.core.park_produce(
-                        token, plan.base_offset, plan.last_offset, deadline_ms
-                    )
-                    broker.apply(pid, effects)
-                else:
-                    sim.checker.on_producer_error(pid, plan.error)
-                    sim.net.send(lambda: self._retry_if_current(pid, sequence, attempt))
+                sim.checker.on_producer_error(pid, plan.error)
+                sim.net.send(lambda: self._retry_if_current(pid, sequence, attempt))
                 return
             rep.log.leader_append(raw, plan)
             sim.checker.on_leader_append(broker, pid, plan)
             self.pending_values[token] = (broker.broker_id, pid, plan.base_offset)
-            effects = rep.core.on_leader_appended(
+            _, effects = rep.core.on_leader_appended(
                 plan, sim.now_ms, token=token, deadline_ms=deadline_ms
             )
             broker.apply(pid, effects)
@@ -209,7 +214,7 @@ class Workload:
             if not broker.alive or rep is None or broker.paused():
                 continue
             position = self.consumer_position.get(pid, 0)
-            answer = rep.core.check_consumer_fetch(-1, position)
+            answer, _ = rep.core.check_consumer_fetch(-1, position)
             if answer.error != ErrorCode.NONE:
                 continue
             data = rep.log.read(position, answer.read_until_offset)

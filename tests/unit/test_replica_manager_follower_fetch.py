@@ -97,7 +97,7 @@ async def follower(tmp_path: Path) -> AsyncIterator[Follower]:
         await rm.apply_metadata_batch(batch_to_pb(entries, high_offset=len(entries)))
         hosted = rm.partitions[TP]
         assert hosted.core.role is Role.FOLLOWER
-        assert hosted.core.follower is not None and hosted.core.follower.leader_id == LEADER
+        assert (follower := hosted.core.follower_state) is not None and follower.leader_id == LEADER
         # No address for LEADER, so no fetcher competes with the test for the pending request.
         assert rm.fetchers.leader_of(TP) is None
         assert hosted.log.leo == 0
@@ -128,7 +128,7 @@ def leader_answer(sent: wire.FetchPartitionRequest) -> wire.FetchPartitionResult
 
 def observable(hosted: Hosted) -> tuple[Any, ...]:
     """Everything an applied answer would change: log, core offsets and follower bookkeeping."""
-    follower = hosted.core.follower
+    follower = hosted.core.follower_state
     assert follower is not None
     return (
         hosted.log.leo,

@@ -52,7 +52,7 @@ def make_follower(
         leo=leo,
         high_watermark=hw,
     )
-    effects = replica.apply_partition_state(
+    _, effects = replica.apply_partition_state(
         PartitionState((1, 2, 3), frozenset({1, 2, 3}), LEADER, EPOCH, 7), now_ms=0
     )
     return replica, cache, effects
@@ -119,42 +119,42 @@ def test_becoming_follower_starts_fetching_from_the_leo_with_the_latest_epoch() 
     replica, _, effects = make_follower([(2, 0), (4, 6)], leo=9, hw=3)
     assert effects == [StartFetching(LEADER, EPOCH)]
     assert replica.role is Role.FOLLOWER
-    assert replica.next_fetch(0) == FetchPosition(LEADER, EPOCH, 9, 4, 0)
+    assert replica.next_fetch(0)[0] == FetchPosition(LEADER, EPOCH, 9, 4, 0)
 
 
 def test_a_new_epoch_restarts_fetching_even_from_the_same_leader_kafka_7164() -> None:
     replica, _, _ = make_follower()
     isr_only = PartitionState((1, 2, 3), frozenset({1, 2}), LEADER, EPOCH, 8)
-    assert replica.apply_partition_state(isr_only, 0) == []
+    assert replica.apply_partition_state(isr_only, 0)[1] == []
     new_epoch = PartitionState((1, 2, 3), frozenset({1, 2}), LEADER, EPOCH + 1, 9)
-    assert replica.apply_partition_state(new_epoch, 0) == [StartFetching(LEADER, EPOCH + 1)]
+    assert replica.apply_partition_state(new_epoch, 0)[1] == [StartFetching(LEADER, EPOCH + 1)]
     offline = PartitionState((1, 2, 3), frozenset({1}), -1, EPOCH + 2, 10)
-    assert replica.apply_partition_state(offline, 0) == [
+    assert replica.apply_partition_state(offline, 0)[1] == [
         StopFetching("the partition has no leader")
     ]
-    assert replica.next_fetch(0) is None
+    assert replica.next_fetch(0)[0] is None
 
 
 def test_records_are_appended_then_the_hw_follows_the_leader() -> None:
     replica, _, _ = make_follower()
-    position = replica.next_fetch(0)
+    position = replica.next_fetch(0)[0]
     assert position is not None
     records = batch(0, EPOCH, 3)
-    effects = replica.on_fetch_response(
+    _, effects = replica.on_fetch_response(
         position, FetchResponse(high_watermark=2, log_start_offset=0, records=records), 0
     )
     assert effects == [AppendAsFollower(records, 0)]
     headers = [h for _, h in iter_batches(records)]
-    effects = replica.on_follower_appended(3, headers)
+    _, effects = replica.on_follower_appended(3, headers)
     assert effects == [HighWatermarkChanged(2)]
     assert replica.leo == 3 and replica.high_watermark == 2
 
 
 def test_empty_answer_moves_the_hw_and_the_log_start() -> None:
     replica, _, _ = make_follower(leo=10, hw=2)
-    position = replica.next_fetch(0)
+    position = replica.next_fetch(0)[0]
     assert position is not None
-    effects = replica.on_fetch_response(
+    _, effects = replica.on_fetch_response(
         position, FetchResponse(high_watermark=12, log_start_offset=4), 0
     )
     assert effects == [HighWatermarkChanged(10), AdvanceLogStartOffset(4)]
@@ -162,68 +162,73 @@ def test_empty_answer_moves_the_hw_and_the_log_start() -> None:
 
 def test_diverging_epoch_truncates_even_at_the_leo_kafka_10706() -> None:
     replica, _, _ = make_follower([(3, 0), (4, 8)], leo=8)
-    position = replica.next_fetch(0)
+    position = replica.next_fetch(0)[0]
     assert position is not None and position.last_fetched_epoch == 4
-    effects = replica.on_fetch_response(position, FetchResponse(diverging_epoch=(3, 8)), 0)
+    _, effects = replica.on_fetch_response(position, FetchResponse(diverging_epoch=(3, 8)), 0)
     assert len(effects) == 1 and isinstance(effects[0], TruncateTo) and effects[0].offset == 8
 
 
 def test_answers_to_another_epoch_or_position_are_ignored_kip_320() -> None:
     replica, _, _ = make_follower([(3, 0)], leo=10)
-    position = replica.next_fetch(0)
+    position = replica.next_fetch(0)[0]
     assert position is not None
     old = FetchPosition(LEADER, EPOCH - 1, 10, 3, 0)
-    assert replica.on_fetch_response(old, FetchResponse(diverging_epoch=(1, 0)), 0) == []
+    assert replica.on_fetch_response(old, FetchResponse(diverging_epoch=(1, 0)), 0) == (None, [])
     moved = FetchPosition(LEADER, EPOCH, 7, 3, 0)
-    assert replica.on_fetch_response(moved, FetchResponse(diverging_epoch=(1, 0)), 0) == []
+    assert replica.on_fetch_response(moved, FetchResponse(diverging_epoch=(1, 0)), 0) == (None, [])
     replica.apply_partition_state(PartitionState((1, 2, 3), frozenset({3}), 3, EPOCH + 1, 8), 0)
-    assert replica.on_fetch_response(position, FetchResponse(diverging_epoch=(1, 0)), 0) == []
+    assert replica.on_fetch_response(position, FetchResponse(diverging_epoch=(1, 0)), 0) == (
+        None,
+        [],
+    )
 
 
 def test_out_of_range_answer_truncates_fully_below_the_leaders_log_start() -> None:
     replica, _, _ = make_follower([(3, 0)], leo=5)
-    position = replica.next_fetch(0)
+    position = replica.next_fetch(0)[0]
     assert position is not None
     response = FetchResponse(ErrorCode.OFFSET_OUT_OF_RANGE, log_start_offset=30, log_end_offset=90)
-    effects = replica.on_fetch_response(position, response, 0)
+    _, effects = replica.on_fetch_response(position, response, 0)
     assert effects == [TruncateFullyAndStartAt(30, "below the leader's log start")]
-    assert replica.on_log_truncated(30, 30) == [HighWatermarkChanged(30)]
-    assert replica.next_fetch(0) == FetchPosition(LEADER, EPOCH, 30, 3, 30)
+    assert replica.on_log_truncated(30, 30) == (None, [HighWatermarkChanged(30)])
+    assert replica.next_fetch(0)[0] == FetchPosition(LEADER, EPOCH, 30, 3, 30)
 
 
 def test_fenced_waits_for_metadata_and_unknown_epoch_backs_off() -> None:
     """docs/protocol.md §11 step 8."""
     replica, _, _ = make_follower()
-    position = replica.next_fetch(0)
+    position = replica.next_fetch(0)[0]
     assert position is not None
-    effects = replica.on_fetch_response(
+    _, effects = replica.on_fetch_response(
         position, FetchResponse(ErrorCode.UNKNOWN_LEADER_EPOCH), now_ms=1_000
     )
     assert effects == [Backoff(100, "UNKNOWN_LEADER_EPOCH")]
-    assert replica.next_fetch(1_050) is None
-    assert replica.next_fetch(1_100) == position
-    effects = replica.on_fetch_response(position, FetchResponse(ErrorCode.FENCED_LEADER_EPOCH), 0)
+    assert replica.next_fetch(1_050)[0] is None
+    assert replica.next_fetch(1_100)[0] == position
+    _, effects = replica.on_fetch_response(
+        position, FetchResponse(ErrorCode.FENCED_LEADER_EPOCH), 0
+    )
     assert isinstance(effects[0], StopFetching)
-    assert replica.next_fetch(10_000) is None
+    assert replica.next_fetch(10_000)[0] is None
     newer = PartitionState((1, 2, 3), frozenset({1, 2, 3}), LEADER, EPOCH + 1, 9)
-    assert replica.apply_partition_state(newer, 0) == [StartFetching(LEADER, EPOCH + 1)]
-    assert replica.next_fetch(10_000) is not None
+    assert replica.apply_partition_state(newer, 0)[1] == [StartFetching(LEADER, EPOCH + 1)]
+    assert replica.next_fetch(10_000)[0] is not None
 
 
 def test_records_not_starting_at_the_leo_are_refused() -> None:
     replica, _, _ = make_follower(leo=4)
-    position = replica.next_fetch(0)
+    position = replica.next_fetch(0)[0]
     assert position is not None
-    effects = replica.on_fetch_response(position, FetchResponse(records=batch(6, EPOCH)), 0)
+    _, effects = replica.on_fetch_response(position, FetchResponse(records=batch(6, EPOCH)), 0)
     assert len(effects) == 1 and isinstance(effects[0], Backoff)
 
 
 def test_repeated_divergence_without_progress_backs_off() -> None:
     replica, _, _ = make_follower([(3, 0), (5, 8)], leo=8)
-    position = replica.next_fetch(0)
+    position = replica.next_fetch(0)[0]
     assert position is not None
     answer = FetchResponse(diverging_epoch=(5, 8))
-    first = replica.on_fetch_response(position, answer, 0)
+    _, first = replica.on_fetch_response(position, answer, 0)
     assert isinstance(first[0], TruncateTo)
-    again = replica.on_fetch_response(position, answer, 0)
+    _, again = replica.on_fetch_response(position, answer, 0)
     assert isinstance(again[0], Backoff)

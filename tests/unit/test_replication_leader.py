@@ -12,8 +12,10 @@ from minibroker.broker.replication.events import (
     AppendPlan,
     AssignEpoch,
     CompleteProduce,
+    DuplicateAppend,
     Effect,
     FollowerFetch,
+    FollowerFetchAnswer,
     HighWatermarkChanged,
     IsrChangeKind,
     IsrUpdated,
@@ -61,7 +63,7 @@ def make_leader(
         leo=leo,
         high_watermark=hw,
     )
-    effects = replica.apply_partition_state(
+    _, effects = replica.apply_partition_state(
         PartitionState(replicas, frozenset(isr), LEADER, EPOCH, 10), now_ms=0
     )
     apply_to_cache(cache, effects)
@@ -82,16 +84,18 @@ def produce(
     producer: tuple[int, int, int] | None = None,
     now_ms: int = 0,
     token: object = "t",
-) -> tuple[AppendPlan | ProduceRejected, list[Effect]]:
+) -> tuple[AppendPlan | DuplicateAppend | ProduceRejected, list[Effect]]:
     pid, pepoch, seq = producer or (-1, -1, -1)
     raw = encode_batch(
         [(0, None, b"v", ())] * records, producer_id=pid, producer_epoch=pepoch, base_sequence=seq
     )
     headers = [h for _, h in iter_batches(raw)]
-    plan = replica.plan_append(acks, headers)
-    if isinstance(plan, ProduceRejected):
+    plan, effects = replica.plan_append(acks, headers)
+    assert effects == []
+    if not isinstance(plan, AppendPlan):
         return plan, []
-    return plan, replica.on_leader_appended(plan, now_ms, token=token, deadline_ms=now_ms + 500)
+    _, effects = replica.on_leader_appended(plan, now_ms, token=token, deadline_ms=now_ms + 500)
+    return plan, effects
 
 
 def fetch(
@@ -103,7 +107,7 @@ def fetch(
     epoch: int = EPOCH,
     last_fetched_epoch: int = -1,
     broker_epoch: int | None = None,
-):  # type: ignore[no-untyped-def]
+) -> tuple[FollowerFetchAnswer, list[Effect]]:
     return replica.handle_follower_fetch(
         FollowerFetch(
             replica_id=replica_id,
@@ -136,31 +140,31 @@ def test_new_leader_hw_is_frozen_until_every_isr_member_fetched_in_the_epoch() -
     """docs/protocol.md §10: a new leader keeps its lagging HW; its followers' LEOs are unknown."""
     replica, _, effects = make_leader(leo=10, hw=7)
     assert not of_type(effects, HighWatermarkChanged)
-    assert fetch(replica, 2, 10).error == ErrorCode.NONE
+    assert fetch(replica, 2, 10)[0].error == ErrorCode.NONE
     assert replica.high_watermark == 7  # broker 3 has not fetched yet
-    answer = fetch(replica, 3, 10)
+    _, effects = fetch(replica, 3, 10)
     assert replica.high_watermark == 10
-    assert HighWatermarkChanged(10) in answer.effects
+    assert HighWatermarkChanged(10) in effects
 
 
 def test_stale_or_repeated_partition_records_are_ignored() -> None:
     replica, _, _ = make_leader()
     older = PartitionState((1, 2, 3), frozenset({1, 2}), 2, EPOCH - 1, 9)
-    assert replica.apply_partition_state(older, 0) == []
+    assert replica.apply_partition_state(older, 0) == (None, [])
     assert replica.role is Role.LEADER and replica.leader_epoch == EPOCH
     same = PartitionState((1, 2, 3), frozenset({1, 2, 3}), LEADER, EPOCH, 10)
-    assert replica.apply_partition_state(same, 0) == []
+    assert replica.apply_partition_state(same, 0) == (None, [])
 
 
 def test_isr_only_update_keeps_the_epoch_and_follower_state() -> None:
     replica, _, _ = make_leader()
     fetch(replica, 2, 0)
-    effects = replica.apply_partition_state(
+    _, effects = replica.apply_partition_state(
         PartitionState((1, 2, 3), frozenset({1, 2}), LEADER, EPOCH, 11), 0
     )
     assert not of_type(effects, AssignEpoch)
     assert replica.isr == {1, 2} and replica.partition_epoch == 11
-    assert replica.remotes[2].leo == 0
+    assert replica.replica_leo(2) == 0
 
 
 # -- high watermark --------------------------------------------------------------------------
@@ -222,14 +226,14 @@ def test_pending_shrink_keeps_the_old_isr_gating_the_hw() -> None:
     replica, _, _ = make_leader(lag_ms=100)
     produce(replica, acks=1, records=2)
     fetch(replica, 2, 2, now_ms=50)
-    effects = replica.maybe_shrink_isr(now_ms=500)
+    _, effects = replica.maybe_shrink_isr(now_ms=500)
     proposal = of_type(effects, ProposeIsr)[0]
     assert proposal.kind is IsrChangeKind.SHRINK and proposal.new_isr == {1, 2}
     assert proposal.new_isr_with_epochs == ((1, 101), (2, 102))
     fetch(replica, 2, 2, now_ms=500)
     assert replica.high_watermark == 0  # broker 3 still gates it
-    assert replica.maybe_shrink_isr(now_ms=600) == []  # never with one in flight
-    effects = replica.on_alter_partition_result(
+    assert replica.maybe_shrink_isr(now_ms=600) == (None, [])  # never with one in flight
+    _, effects = replica.on_alter_partition_result(
         AlterPartitionResult(proposal.proposal_id, ErrorCode.NONE, EPOCH, 11, frozenset({1, 2})),
         now_ms=600,
     )
@@ -246,17 +250,17 @@ def test_acks_all_completes_once_the_hw_passes_the_batch() -> None:
     assert isinstance(plan, AppendPlan) and plan.base_offset == 0 and plan.next_offset == 3
     assert not of_type(effects, CompleteProduce)
     fetch(replica, 2, 3)
-    answer = fetch(replica, 3, 3)
-    assert CompleteProduce("p1", ErrorCode.NONE, 0, 0) in answer.effects
+    _, effects = fetch(replica, 3, 3)
+    assert CompleteProduce("p1", ErrorCode.NONE, 0, 0) in effects
 
 
 def test_parked_produce_times_out_or_fails_on_leadership_loss() -> None:
     replica, _, _ = make_leader()
     produce(replica, acks=-1, token="a", now_ms=0)
     produce(replica, acks=-1, token="b", now_ms=400)
-    expired = replica.expire_produces(now_ms=600)
+    _, expired = replica.expire_produces(now_ms=600)
     assert [(e.token, e.error) for e in expired] == [("a", ErrorCode.REQUEST_TIMED_OUT)]
-    effects = replica.apply_partition_state(
+    _, effects = replica.apply_partition_state(
         PartitionState((1, 2, 3), frozenset({2, 3}), 2, EPOCH + 1, 11), now_ms=700
     )
     done = of_type(effects, CompleteProduce)
@@ -280,8 +284,7 @@ def test_idempotent_retry_gets_the_original_offsets_and_is_not_appended() -> Non
     produce(replica, acks=1, records=2, producer=(7, 0, 0))
     produce(replica, acks=1, records=1, producer=(8, 0, 0))
     retry, _ = produce(replica, acks=1, records=2, producer=(7, 0, 0))
-    assert isinstance(retry, ProduceRejected) and retry.is_duplicate
-    assert (retry.base_offset, retry.last_offset) == (0, 1)
+    assert retry == DuplicateAppend(0, 1)  # a success with the original offsets, not an error
     assert replica.leo == 3
     gap, _ = produce(replica, acks=1, records=1, producer=(7, 0, 5))
     assert gap.error == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER  # type: ignore[union-attr]
@@ -292,16 +295,16 @@ def test_idempotent_retry_gets_the_original_offsets_and_is_not_appended() -> Non
 
 def test_fetch_epoch_fencing_kip_320() -> None:
     replica, _, _ = make_leader()
-    assert fetch(replica, 2, 0, epoch=EPOCH - 1).error == ErrorCode.FENCED_LEADER_EPOCH
-    assert fetch(replica, 2, 0, epoch=EPOCH + 1).error == ErrorCode.UNKNOWN_LEADER_EPOCH
-    assert fetch(replica, 2, 0, epoch=-1).error == ErrorCode.NONE  # -1: not checked
+    assert fetch(replica, 2, 0, epoch=EPOCH - 1)[0].error == ErrorCode.FENCED_LEADER_EPOCH
+    assert fetch(replica, 2, 0, epoch=EPOCH + 1)[0].error == ErrorCode.UNKNOWN_LEADER_EPOCH
+    assert fetch(replica, 2, 0, epoch=-1)[0].error == ErrorCode.NONE  # -1: not checked
 
 
 def test_fetch_from_a_replica_outside_the_assignment() -> None:
     replica, _, _ = make_leader(replicas=(1, 2), isr=(1, 2))
     BROKER_EPOCHS.setdefault(3, 103)
-    assert fetch(replica, 3, 0).error == ErrorCode.UNKNOWN_LEADER_EPOCH
-    assert fetch(replica, 3, 0, epoch=-1).error == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert fetch(replica, 3, 0)[0].error == ErrorCode.UNKNOWN_LEADER_EPOCH
+    assert fetch(replica, 3, 0, epoch=-1)[0].error == ErrorCode.NOT_LEADER_OR_FOLLOWER
 
 
 def test_fetch_to_a_follower_is_refused() -> None:
@@ -309,49 +312,48 @@ def test_fetch_to_a_follower_is_refused() -> None:
     replica.apply_partition_state(
         PartitionState((1, 2, 3), frozenset({2, 3}), 2, EPOCH + 1, 11), now_ms=0
     )
-    assert fetch(replica, 3, 0, epoch=EPOCH + 1).error == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert fetch(replica, 3, 0, epoch=EPOCH + 1)[0].error == ErrorCode.NOT_LEADER_OR_FOLLOWER
 
 
 def test_diverging_epoch_answer_leaves_follower_state_alone() -> None:
     """docs/protocol.md §11 step 3: (e', end') = endOffsetFor(lastFetchedEpoch)."""
     replica, _, _ = make_leader(leo=10, hw=10)
     # Leader cache: 4@0, 5@10. A follower that last fetched epoch 3 up to offset 12:
-    answer = fetch(replica, 2, 12, last_fetched_epoch=3)
+    answer, _ = fetch(replica, 2, 12, last_fetched_epoch=3)
     assert answer.error == ErrorCode.NONE
     assert answer.diverging_epoch == (3, 0)
-    assert replica.remotes[2].leo == -1
+    assert replica.replica_leo(2) == -1
     # Epoch 4 ended at 10 here; the follower is past that.
-    assert fetch(replica, 2, 12, last_fetched_epoch=4).diverging_epoch == (4, 10)
+    assert fetch(replica, 2, 12, last_fetched_epoch=4)[0].diverging_epoch == (4, 10)
     # Within epoch 4's range: no divergence, records from offset 8.
-    ok = fetch(replica, 2, 8, last_fetched_epoch=4)
+    ok, _ = fetch(replica, 2, 8, last_fetched_epoch=4)
     assert ok.diverging_epoch is None and ok.read_until_offset == 10
-    assert replica.remotes[2].leo == 8
+    assert replica.replica_leo(2) == 8
 
 
 def test_fetch_offset_out_of_range() -> None:
     replica, _, _ = make_leader(leo=10, hw=10)
-    assert fetch(replica, 2, 11).error == ErrorCode.OFFSET_OUT_OF_RANGE
-    answer = fetch(replica, 2, 11, last_fetched_epoch=EPOCH + 3)
+    assert fetch(replica, 2, 11)[0].error == ErrorCode.OFFSET_OUT_OF_RANGE
+    answer, _ = fetch(replica, 2, 11, last_fetched_epoch=EPOCH + 3)
     assert answer.error == ErrorCode.OFFSET_OUT_OF_RANGE
     assert (answer.log_start_offset, answer.log_end_offset) == (0, 10)
 
 
 def test_stale_broker_epoch_fetch_changes_nothing_kip_903() -> None:
     """KIP-903 (docs/protocol.md §7): an old incarnation's queued fetch must not count."""
-    replica, _, _ = make_leader(isr=(1, 2))
+    view = brokers()
+    replica, _, _ = make_leader(isr=(1, 2), view=view)
     produce(replica, acks=1, records=2)
     fetch(replica, 2, 2)
     assert replica.high_watermark == 2
     fetch(replica, 3, 0)  # the old incarnation of broker 3 fetched once, below the HW
-    view = replica.brokers
-    assert isinstance(view, BrokerEligibilityView)
     view.update(3, 203)  # broker 3 restarted with a new broker epoch
-    answer = fetch(replica, 3, 2, broker_epoch=103)
+    answer, effects = fetch(replica, 3, 2, broker_epoch=103)
     assert answer.error == ErrorCode.NOT_LEADER_OR_FOLLOWER
-    assert replica.remotes[3].leo == 0
-    assert not of_type(answer.effects, ProposeIsr)
-    expand = fetch(replica, 3, 2, broker_epoch=203)
-    proposal = of_type(expand.effects, ProposeIsr)[0]
+    assert replica.replica_leo(3) == 0
+    assert not of_type(effects, ProposeIsr)
+    _, expand = fetch(replica, 3, 2, broker_epoch=203)
+    proposal = of_type(expand, ProposeIsr)[0]
     assert (3, 203) in proposal.new_isr_with_epochs
 
 
@@ -365,8 +367,8 @@ def test_expansion_needs_the_hw_and_the_epoch_start() -> None:
     assert replica.high_watermark == 10
     replica2, _, _ = make_leader(isr=(1, 2), leo=10, hw=4)
     # Broker 3 reached the HW (4) but not the epoch start (10): not in sync yet.
-    assert not of_type(fetch(replica2, 3, 6).effects, ProposeIsr)
-    effects = fetch(replica2, 3, 10).effects
+    assert not of_type(fetch(replica2, 3, 6)[1], ProposeIsr)
+    effects = fetch(replica2, 3, 10)[1]
     proposal = of_type(effects, ProposeIsr)[0]
     assert proposal.kind is IsrChangeKind.EXPAND and proposal.new_isr == {1, 2, 3}
     assert replica2.maximal_isr == {1, 2, 3} and replica2.isr == {1, 2}
@@ -376,36 +378,30 @@ def test_fenced_or_shutting_down_broker_is_not_added() -> None:
     view = brokers()
     view.update(3, 103, fenced=True)
     replica, _, _ = make_leader(isr=(1, 2), view=view)
-    assert not of_type(fetch(replica, 3, 0).effects, ProposeIsr)
+    assert not of_type(fetch(replica, 3, 0)[1], ProposeIsr)
     view.update(3, 103, in_controlled_shutdown=True)
-    assert not of_type(fetch(replica, 3, 0).effects, ProposeIsr)
+    assert not of_type(fetch(replica, 3, 0)[1], ProposeIsr)
     view.update(3, 103)
-    assert of_type(fetch(replica, 3, 0).effects, ProposeIsr)
+    assert of_type(fetch(replica, 3, 0)[1], ProposeIsr)
 
 
 def test_alter_partition_answers() -> None:
     """docs/protocol.md §9: revert on INELIGIBLE_REPLICA, wait on FENCED, retry transport errors."""
     replica, _, _ = make_leader(isr=(1, 2))
-    first = of_type(fetch(replica, 3, 0).effects, ProposeIsr)[0]
-    retry = replica.on_alter_partition_result(
+    first = of_type(fetch(replica, 3, 0)[1], ProposeIsr)[0]
+    _, retry = replica.on_alter_partition_result(
         AlterPartitionResult(first.proposal_id, ErrorCode.REQUEST_TIMED_OUT), 0
     )
     assert len(retry) == 1 and isinstance(retry[0], ProposeIsr)
     assert retry[0].proposal_id == first.proposal_id and retry[0].delay_ms > 0
-    assert (
-        replica.on_alter_partition_result(
-            AlterPartitionResult(first.proposal_id, ErrorCode.FENCED_LEADER_EPOCH), 0
-        )
-        == []
-    )
+    assert replica.on_alter_partition_result(
+        AlterPartitionResult(first.proposal_id, ErrorCode.FENCED_LEADER_EPOCH), 0
+    ) == (None, [])
     assert replica.alter_partition_in_flight
-    assert (
-        replica.on_alter_partition_result(
-            AlterPartitionResult(first.proposal_id + 7, ErrorCode.NONE, EPOCH, 11, frozenset({1})),
-            0,
-        )
-        == []
-    )  # an answer to some other proposal
+    assert replica.on_alter_partition_result(
+        AlterPartitionResult(first.proposal_id + 7, ErrorCode.NONE, EPOCH, 11, frozenset({1})),
+        0,
+    ) == (None, [])  # an answer to some other proposal
     replica.on_alter_partition_result(
         AlterPartitionResult(first.proposal_id, ErrorCode.INELIGIBLE_REPLICA), 0
     )
@@ -414,17 +410,17 @@ def test_alter_partition_answers() -> None:
 
 def test_success_for_another_leader_epoch_is_ignored() -> None:
     replica, _, _ = make_leader(isr=(1, 2))
-    proposal = of_type(fetch(replica, 3, 0).effects, ProposeIsr)[0]
+    proposal = of_type(fetch(replica, 3, 0)[1], ProposeIsr)[0]
     stale = AlterPartitionResult(
         proposal.proposal_id, ErrorCode.NONE, EPOCH - 1, 11, frozenset({1, 2, 3})
     )
-    assert replica.on_alter_partition_result(stale, 0) == []
+    assert replica.on_alter_partition_result(stale, 0) == (None, [])
     assert replica.isr == {1, 2} and replica.alter_partition_in_flight
 
 
 def test_metadata_with_a_newer_partition_epoch_settles_a_pending_change() -> None:
     replica, _, _ = make_leader(isr=(1, 2))
-    proposal = of_type(fetch(replica, 3, 0).effects, ProposeIsr)[0]
+    proposal = of_type(fetch(replica, 3, 0)[1], ProposeIsr)[0]
     replica.apply_partition_state(
         PartitionState((1, 2, 3), frozenset({1, 2, 3}), LEADER, EPOCH, 11), 0
     )
@@ -432,7 +428,7 @@ def test_metadata_with_a_newer_partition_epoch_settles_a_pending_change() -> Non
     late = AlterPartitionResult(
         proposal.proposal_id, ErrorCode.NONE, EPOCH, 11, frozenset({1, 2, 3})
     )
-    assert replica.on_alter_partition_result(late, 0) == []
+    assert replica.on_alter_partition_result(late, 0) == (None, [])
 
 
 # -- consumers and ListOffsets after an election -------------------------------------------
@@ -440,20 +436,20 @@ def test_metadata_with_a_newer_partition_epoch_settles_a_pending_change() -> Non
 
 def test_offset_not_available_while_the_new_leaders_hw_lags_kip_207() -> None:
     replica, _, _ = make_leader(leo=10, hw=7)
-    assert replica.list_offsets(-1, -1).error == ErrorCode.OFFSET_NOT_AVAILABLE
-    assert replica.list_offsets(-1, -2).offset == 0
-    lookup = replica.list_offsets(-1, 1_000)
+    assert replica.list_offsets(-1, -1)[0].error == ErrorCode.OFFSET_NOT_AVAILABLE
+    assert replica.list_offsets(-1, -2)[0].offset == 0
+    lookup, _ = replica.list_offsets(-1, 1_000)
     assert lookup.needs_timestamp_lookup
     assert lookup.resolve(5) == (ErrorCode.NONE, 5)
     assert lookup.resolve(8)[0] == ErrorCode.OFFSET_NOT_AVAILABLE
-    assert replica.check_consumer_fetch(-1, 9).error == ErrorCode.OFFSET_NOT_AVAILABLE
-    below = replica.check_consumer_fetch(-1, 5)
+    assert replica.check_consumer_fetch(-1, 9)[0].error == ErrorCode.OFFSET_NOT_AVAILABLE
+    below, _ = replica.check_consumer_fetch(-1, 5)
     assert below.error == ErrorCode.NONE and below.read_until_offset == 7
     fetch(replica, 2, 10)
     fetch(replica, 3, 10)
-    latest = replica.list_offsets(-1, -1)
+    latest, _ = replica.list_offsets(-1, -1)
     assert (latest.error, latest.offset) == (ErrorCode.NONE, 10)
-    assert replica.list_offsets(-1, 1_000).resolve(None) == (ErrorCode.NONE, -1)
+    assert replica.list_offsets(-1, 1_000)[0].resolve(None) == (ErrorCode.NONE, -1)
 
 
 def test_consumer_reads_stop_at_the_hw_and_respect_epochs() -> None:
@@ -461,11 +457,11 @@ def test_consumer_reads_stop_at_the_hw_and_respect_epochs() -> None:
     produce(replica, acks=1, records=4)
     fetch(replica, 2, 2)
     fetch(replica, 3, 4)
-    answer = replica.check_consumer_fetch(EPOCH, 0)
+    answer, _ = replica.check_consumer_fetch(EPOCH, 0)
     assert answer.read_until_offset == 2 == answer.high_watermark
-    assert replica.check_consumer_fetch(EPOCH, 5).error == ErrorCode.OFFSET_OUT_OF_RANGE
-    assert replica.check_consumer_fetch(EPOCH - 1, 0).error == ErrorCode.FENCED_LEADER_EPOCH
-    assert replica.list_offsets(EPOCH + 1, -1).error == ErrorCode.UNKNOWN_LEADER_EPOCH
+    assert replica.check_consumer_fetch(EPOCH, 5)[0].error == ErrorCode.OFFSET_OUT_OF_RANGE
+    assert replica.check_consumer_fetch(EPOCH - 1, 0)[0].error == ErrorCode.FENCED_LEADER_EPOCH
+    assert replica.list_offsets(EPOCH + 1, -1)[0].error == ErrorCode.UNKNOWN_LEADER_EPOCH
 
 
 def test_offset_for_leader_epoch_answers_where_each_epoch_ends_kip_320() -> None:
@@ -476,7 +472,7 @@ def test_offset_for_leader_epoch_answers_where_each_epoch_ends_kip_320() -> None
     assert [(e.epoch, e.start_offset) for e in cache] == [(EPOCH - 1, 0), (EPOCH, 7)]
 
     def ask(current: int, epoch: int) -> tuple[ErrorCode, int, int]:
-        answer = replica.offset_for_leader_epoch(current, epoch)
+        answer, _ = replica.offset_for_leader_epoch(current, epoch)
         return answer.error, answer.leader_epoch, answer.end_offset
 
     assert ask(EPOCH, EPOCH - 1) == (ErrorCode.NONE, EPOCH - 1, 7)  # ends where EPOCH starts
@@ -502,8 +498,8 @@ def test_a_paused_follower_is_kept_within_the_lag_time_and_dropped_after() -> No
     fetch(replica, 3, 1, now_ms=100)
     produce(replica, acks=1, records=1, now_ms=200)
     fetch(replica, 2, 2, now_ms=300)
-    assert replica.maybe_shrink_isr(now_ms=1_000) == []  # broker 3 caught up at 100
-    effects = replica.maybe_shrink_isr(now_ms=1_101)
+    assert replica.maybe_shrink_isr(now_ms=1_000) == (None, [])  # broker 3 caught up at 100
+    _, effects = replica.maybe_shrink_isr(now_ms=1_101)
     assert of_type(effects, ProposeIsr)[0].new_isr == {1, 2}
 
 
@@ -518,14 +514,15 @@ def test_a_slow_follower_counts_as_caught_up_as_of_its_previous_fetch() -> None:
         fetch(replica, 2, step, now_ms=step * 500)
         fetch(replica, 3, step - 1, now_ms=step * 500 + 1)
     # ... but each fetch reached the LEO of the fetch before it: still in sync.
-    assert replica.remotes[3].last_caught_up_time_ms == 2_001
-    assert replica.maybe_shrink_isr(now_ms=3_000) == []
+    (remote_3,) = [r for r in replica.remote_replicas if r.replica_id == 3]
+    assert remote_3.last_caught_up_time_ms == 2_001
+    assert replica.maybe_shrink_isr(now_ms=3_000) == (None, [])
     # A follower that falls further behind every time is dropped after the lag time.
     for step in range(6, 12):
         produce(replica, acks=1, records=3, now_ms=step * 500)
         fetch(replica, 2, replica.leo, now_ms=step * 500)
-        fetch(replica, 3, replica.remotes[3].leo + 1, now_ms=step * 500 + 1)
-    assert of_type(replica.maybe_shrink_isr(now_ms=6_000), ProposeIsr)
+        fetch(replica, 3, replica.replica_leo(3) + 1, now_ms=step * 500 + 1)
+    assert of_type(replica.maybe_shrink_isr(now_ms=6_000)[1], ProposeIsr)
 
 
 def test_broker_registrations_view() -> None:

@@ -58,6 +58,7 @@ class Node:
             leo=self.log.leo,
             log_start_offset=self.log.log_start_offset,
             high_watermark=self.log.hw_checkpoint,
+            producer_batches=self.log.headers,
             name=f"broker {self.broker_id}",
         )
 
@@ -70,7 +71,6 @@ class Node:
             self.log.epoch_cache.truncate_from_end(self.log.leo)
         self.log.hw_checkpoint = min(self.log.hw_checkpoint, self.log.leo)
         self.core = self._new_core()
-        self.core.producer_state.rebuild(self.log.headers)
 
     def apply(self, effects: Sequence[Effect], *, skip_assign: bool = False) -> None:
         for effect in effects:
@@ -79,13 +79,13 @@ class Node:
                     self.log.epoch_cache.assign(effect.leader_epoch, effect.start_offset)
             elif isinstance(effect, TruncateTo):
                 self.log.truncate_to(effect.offset)
-                self.apply(self.core.on_log_truncated(self.log.leo, self.log.log_start_offset))
+                self.apply(self.core.on_log_truncated(self.log.leo, self.log.log_start_offset)[1])
             elif isinstance(effect, TruncateFullyAndStartAt):
                 self.log.truncate_fully_and_start_at(effect.offset)
-                self.apply(self.core.on_log_truncated(self.log.leo, self.log.log_start_offset))
+                self.apply(self.core.on_log_truncated(self.log.leo, self.log.log_start_offset)[1])
             elif isinstance(effect, AppendAsFollower):
                 headers = self.log.append(effect.records)
-                self.apply(self.core.on_follower_appended(self.log.leo, headers))
+                self.apply(self.core.on_follower_appended(self.log.leo, headers)[1])
             elif isinstance(effect, CompleteProduce):
                 self.completed.append(effect)
 
@@ -128,12 +128,12 @@ class Cluster:
 
     def deliver(self, broker_id: int, state: PartitionState, *, skip_assign: bool = False) -> None:
         node = self.nodes[broker_id]
-        node.apply(node.core.apply_partition_state(state, self.now_ms), skip_assign=skip_assign)
+        node.apply(node.core.apply_partition_state(state, self.now_ms)[1], skip_assign=skip_assign)
 
     def produce(self, leader: int, value: bytes, *, acks: int = 1, token: object = None) -> int:
         node = self.nodes[leader]
         raw = encode_batch([(0, None, value, ())])
-        plan = node.core.plan_append(acks, [h for _, h in iter_batches(raw)])
+        plan, _ = node.core.plan_append(acks, [h for _, h in iter_batches(raw)])
         assert not hasattr(plan, "error"), plan
         node.log.leader_append(raw, plan)  # type: ignore[arg-type]
         node.apply(
@@ -142,18 +142,18 @@ class Cluster:
                 self.now_ms,
                 token=token if token is not None else value,
                 deadline_ms=self.now_ms + 10_000,
-            )
+            )[1]
         )
         return plan.base_offset  # type: ignore[union-attr]
 
     def fetch(self, follower: int, leader: int | None = None) -> FetchResponse | None:
         """One fetch round trip from `follower` to `leader` (default: whom it follows)."""
         node = self.nodes[follower]
-        position = node.core.next_fetch(self.now_ms)
+        position, _ = node.core.next_fetch(self.now_ms)
         if position is None:
             return None
         target = self.nodes[leader if leader is not None else position.leader_id]
-        answer = target.core.handle_follower_fetch(
+        answer, effects = target.core.handle_follower_fetch(
             FollowerFetch(
                 follower,
                 100 + follower,
@@ -164,7 +164,7 @@ class Cluster:
             ),
             self.now_ms,
         )
-        target.apply(answer.effects)
+        target.apply(effects)
         records = b""
         if answer.error == ErrorCode.NONE and answer.diverging_epoch is None:
             records = target.log.read(answer.fetch_offset, answer.read_until_offset)
@@ -176,7 +176,7 @@ class Cluster:
             answer.diverging_epoch,
             records,
         )
-        node.apply(node.core.on_fetch_response(position, response, self.now_ms))
+        node.apply(node.core.on_fetch_response(position, response, self.now_ms)[1])
         return response
 
     def settle(self, followers: tuple[int, ...], rounds: int = 6) -> None:
@@ -299,12 +299,12 @@ def test_kip_320_zombie_leader_cannot_commit_or_truncate_others() -> None:
     assert zombie.core.high_watermark == 1  # B never fetches from A: the HW is stuck
     assert not [c for c in zombie.completed if c.token == "z"]
     node_c = cluster.nodes[C]
-    position = node_c.core.next_fetch(0)
+    position, _ = node_c.core.next_fetch(0)
     assert position is not None and position.current_leader_epoch == 1
     cluster.elect(B, 2, (B, C), to=(A, C))
     # The answer to C's epoch-1 fetch arrives after C moved to epoch 2: dropped, no truncation.
     late = FetchResponse(diverging_epoch=(0, 0))
-    assert node_c.core.on_fetch_response(position, late, 0) == []
+    assert node_c.core.on_fetch_response(position, late, 0) == (None, [])
     assert [c.error for c in zombie.completed if c.token == "z"] == [
         ErrorCode.NOT_LEADER_OR_FOLLOWER
     ]
@@ -327,7 +327,7 @@ def test_min_isr_acks_all_and_isr_shrink() -> None:
     cluster.produce(A, b"y", acks=1)
     cluster.settle((B, C), rounds=2)
     assert leader.core.high_watermark == 1  # strict min ISR: y is not committed
-    plan = leader.core.plan_append(
+    plan, _ = leader.core.plan_append(
         -1, [h for _, h in iter_batches(encode_batch([(0, None, b"z", ())]))]
     )
     assert getattr(plan, "error", None) == ErrorCode.NOT_ENOUGH_REPLICAS
