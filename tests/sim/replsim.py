@@ -17,7 +17,8 @@ that loses unflushed entries, restart by snapshot + replay). The rooms:
   every fault healed that must converge (full ISRs, preferred leaders back, identical logs
   holding every acknowledged batch, every broker's metadata image equal to the controller's).
 
-Everything random comes from one `random.Random(seed)`; virtual time is an integer `now_ms`.
+Everything random comes from the seed: the run's options (options.py, unless given) and one
+`random.Random(seed)` for the run; virtual time is an integer `now_ms`.
 Used by tests/sim/test_replication_sim.py; tests/unit/test_replication_scenarios.py uses MemLog.
 """
 
@@ -56,7 +57,7 @@ class Simulation:
     def __init__(self, seed: int, options: SimOptions | None = None) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
-        self.opt = opt = options or SimOptions()
+        self.opt = opt = options or SimOptions.from_seed(seed)
         self.scheduler = Scheduler()
         self.net = Network(self.scheduler, self.rng, opt.drop_rate, opt.delay_ms_max)
         self.replica_config = ReplicaConfig(

@@ -6,7 +6,9 @@ paused brokers and session timeouts, broken heartbeat streams, leader moves thro
 ControllerCore, controller crashes and restarts from its journal, offline partitions with
 unclean election disabled, acks=all producers, consumers) with the §8 invariants checked after
 every event, then a liveness phase with every fault healed that must converge to full ISRs,
-preferred leaders and identical logs holding every acknowledged batch.
+preferred leaders and identical logs holding every acknowledged batch. Each seed draws its own
+options (tests/sim/options.py: brokers, partitions, min.insync.replicas, replica.lag.time.max.ms,
+network loss and delay, each fault's rate, some faults off), TigerBeetle style.
 `MINIBROKER_SIM_SEEDS` bounds the seed count (default 30; `make sim SEEDS=N`);
 `MINIBROKER_SIM_SEED` runs one seed.
 """
@@ -34,7 +36,8 @@ def test_replication_invariants_hold(seed: int) -> None:
         pytest.fail(
             f"seed {seed} failed at {sim.now_ms} ms: {err}\n"
             f"reproduce: MINIBROKER_SIM_SEED={seed} .venv/bin/python -m pytest "
-            f"tests/sim/test_replication_sim.py -q\nfaults: {dict(sim.stats)}\n"
+            f"tests/sim/test_replication_sim.py -q\noptions: {sim.opt.describe()}\n"
+            f"faults: {dict(sim.stats)}\n"
             f"last events:\n{trace}",
             pytrace=False,
         )
