@@ -158,8 +158,19 @@ class Checker:
         )
 
     def on_high_watermark(self, broker: SimBroker, pid: int) -> None:
+        """A replica's HW moved: the batches below it are committed (I2, I5), and a leader
+        moves it only with at least min.insync.replicas in its ISR (strict min ISR, §8.7)."""
         rep = broker.replicas[pid]
-        hw = rep.core.high_watermark
+        core = rep.core
+        hw = core.high_watermark
+        if core.role is Role.LEADER:
+            min_isr = min(self.sim.opt.min_insync_replicas, len(core.replicas))
+            if len(core.isr) < min_isr:
+                invariant(
+                    False,
+                    f"b{broker.broker_id} p{pid}: HW moved to {hw} with ISR "
+                    f"{sorted(core.isr)} below min.insync.replicas {min_isr}",
+                )
         log = rep.log
         key = (broker.broker_id, pid)
         start = log.index_of(self.verified.get(key, 0))
