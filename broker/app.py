@@ -31,7 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from minibroker.broker.config import BrokerConfig
 from minibroker.broker.controller_link import ControllerLink, FatalRegistrationError
 from minibroker.broker.metrics import BrokerMetrics
-from minibroker.broker.replica_manager import ReplicaManager
+from minibroker.broker.replicas.manager import ReplicaManager
 from minibroker.broker.service import BrokerServicer
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir

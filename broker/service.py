@@ -23,7 +23,7 @@ from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
-    from minibroker.broker.replica_manager import ReplicaManager
+    from minibroker.broker.replicas.manager import ReplicaManager
 
 log = get_logger(__name__)
 

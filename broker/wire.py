@@ -10,7 +10,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast
 
+from minibroker.broker.replication.events import (
+    AlterPartitionResult,
+    LeaderRecoveryState,
+    ProposeIsr,
+)
 from minibroker.client.errors import ErrorCode
+from minibroker.client.metadata.image import MetadataImage
+from minibroker.client.topic_name import invalid_topic_name
+from minibroker.client.types import NO_LEADER
 from minibroker.proto import minibroker_pb2 as pb
 
 
@@ -356,4 +364,129 @@ def encode_replicas(broker_id: int, states: list[ReplicaState]) -> pb.DescribeRe
             )
             for s in states
         ],
+    )
+
+
+# -- metadata, AlterPartition, producer ids -------------------------------------------------
+
+
+def encode_metadata(
+    image: MetadataImage,
+    topics: list[str],
+    all_topics: bool,
+    *,
+    cluster_id: str,
+    controller_address: tuple[str, int],
+) -> pb.MetadataResponse:
+    """A Metadata answer from the broker's image: every broker, and the topics asked for (all
+    of them when `all_topics` or none is named)."""
+    response = pb.MetadataResponse(
+        cluster_id=cluster_id,
+        controller_id=1000,
+        controller_host=controller_address[0],
+        controller_port=controller_address[1],
+    )
+    for broker in sorted(image.brokers.values(), key=lambda b: b.broker_id):
+        response.brokers.append(
+            pb.BrokerMetadata(
+                node_id=broker.broker_id,
+                host=broker.host,
+                port=broker.port,
+                rack=broker.rack,
+                fenced=broker.fenced,
+            )
+        )
+    names = sorted(image.topic_ids_by_name) if all_topics or not topics else topics
+    for name in names:
+        topic = image.topic(name)
+        if topic is None:
+            # Kafka's answer for a name that cannot exist: INVALID_TOPIC_EXCEPTION.
+            error = (
+                ErrorCode.INVALID_TOPIC_EXCEPTION
+                if invalid_topic_name(name)
+                else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            )
+            response.topics.append(pb.TopicMetadata(name=name, error_code=pb_error_code(error)))
+            continue
+        tm = pb.TopicMetadata(name=name, topic_id=topic.topic_id, configs=topic.configs)
+        for index in sorted(topic.partitions):
+            record = topic.partitions[index]
+            offline = [
+                r for r in record.replicas if r not in image.brokers or image.brokers[r].fenced
+            ]
+            tm.partitions.append(
+                pb.PartitionMetadata(
+                    error_code=pb_error_code(
+                        ErrorCode.LEADER_NOT_AVAILABLE
+                        if record.leader == NO_LEADER
+                        else ErrorCode.NONE
+                    ),
+                    partition=index,
+                    leader_id=record.leader,
+                    leader_epoch=record.leader_epoch,
+                    replicas=list(record.replicas),
+                    isr=list(record.isr),
+                    offline_replicas=offline,
+                    partition_epoch=record.partition_epoch,
+                )
+            )
+        response.topics.append(tm)
+    return response
+
+
+def encode_alter_partition(
+    topic_id: str, partition: int, proposal: ProposeIsr
+) -> pb.AlterPartitionRequest:
+    return pb.AlterPartitionRequest(
+        topics=[
+            pb.AlterPartitionTopic(
+                topic_id=topic_id,
+                partitions=[
+                    pb.AlterPartitionPartition(
+                        partition=partition,
+                        leader_epoch=proposal.leader_epoch,
+                        partition_epoch=proposal.partition_epoch,
+                        new_isr_with_epochs=[
+                            pb.BrokerState(broker_id=b, broker_epoch=e)
+                            for b, e in proposal.new_isr_with_epochs
+                        ],
+                        leader_recovery_state=int(proposal.leader_recovery_state),
+                    )
+                ],
+            )
+        ]
+    )
+
+
+def decode_alter_partition(
+    proposal_id: int, response: pb.AlterPartitionResponse
+) -> AlterPartitionResult:
+    """The controller's answer to the one partition an AlterPartition request carried."""
+    if response.error_code != ErrorCode.NONE:
+        return AlterPartitionResult(proposal_id, ErrorCode(response.error_code))
+    for topic in response.topics:
+        for p in topic.partitions:
+            return AlterPartitionResult(
+                proposal_id,
+                ErrorCode(p.error_code),
+                leader_epoch=p.leader_epoch,
+                partition_epoch=p.partition_epoch,
+                isr=frozenset(p.isr),
+                leader_recovery_state=LeaderRecoveryState(p.leader_recovery_state),
+            )
+    return AlterPartitionResult(proposal_id, ErrorCode.UNKNOWN_SERVER_ERROR)
+
+
+def encode_init_producer_id(
+    error: ErrorCode, message: str = "", *, producer_id: int = -1
+) -> pb.InitProducerIdResponse:
+    if error != ErrorCode.NONE:
+        return pb.InitProducerIdResponse(
+            error_code=pb_error_code(error),
+            error_message=message,
+            producer_id=-1,
+            producer_epoch=-1,
+        )
+    return pb.InitProducerIdResponse(
+        error_code=pb_error_code(ErrorCode.NONE), producer_id=producer_id, producer_epoch=0
     )

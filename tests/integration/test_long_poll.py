@@ -1,7 +1,7 @@
 """Long-poll fetches on real brokers: a consumer's poll at the log end parks in the leader's fetch
 purgatory and answers when the high watermark moves, a follower's poll parks until the leader
 appends, and a full purgatory neither answers at once nor busy-loops (broker/purgatory.py,
-broker/replica_manager.py `fetch`).
+broker/replicas/fetch.py `fetch`).
 
 Consumer polls are raw unary `Fetch` calls (replica_id -1) on the leader, so what is measured is
 the broker's answer, not the client's retry loop. Timing is only ever asserted against a bound the

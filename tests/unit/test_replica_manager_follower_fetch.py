@@ -1,11 +1,12 @@
 """The replica manager applies a leader's fetch answer only to the request it is the answer to.
 
-`ReplicaManager.follower_fetch_state` records the position it planned (`Hosted.pending_fetch`)
-and the request it built from it (`Hosted.pending_request`) and hands that request to the
+`ReplicaManager.follower_fetch_state` records the position it planned (the engine's
+`HostedReplica.pending_fetch`) and the request it built from it (`FetchHandler.asked`) and hands
+that request to the
 fetcher; `apply_follower_fetch(leader_id, sent, result)` applies the answer only when `sent` IS
 the pending request and the pending position is for `leader_id`. Anything else, such as the late
 answer of a stopping fetcher or an answer to a request from before the position was re-planned,
-is dropped without an append or any other state change (see `Hosted.pending_request`; the core
+is dropped without an append or any other state change (see `FetchHandler.asked`; the core
 adds its own KIP-320 checks, which an answer from the same position in the same epoch passes, so
 only this rule catches these cases). docs/design.md §5 (Follower): one fetcher per leader broker
 applies the answers to its long poll; KIP-320 for why an answer must match what was asked.
@@ -35,10 +36,12 @@ import pytest
 from minibroker.broker import wire
 from minibroker.broker.config import build_config
 from minibroker.broker.metrics import BrokerMetrics
-from minibroker.broker.replica_manager import Hosted, ReplicaManager
+from minibroker.broker.replicas.manager import ReplicaManager
+from minibroker.broker.replication.engine import HostedReplica
 from minibroker.broker.replication.events import Role
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir
+from minibroker.broker.storage.log import PartitionLog
 from minibroker.broker.storage.log_manager import LogManager
 from minibroker.client.metadata.records import (
     LogEntry,
@@ -63,7 +66,7 @@ RECORD_COUNT = 3
 @dataclass
 class Follower:
     rm: ReplicaManager
-    hosted: Hosted
+    hosted: HostedReplica[PartitionLog]
 
 
 @pytest.fixture
@@ -126,7 +129,7 @@ def leader_answer(sent: wire.FetchPartitionRequest) -> wire.FetchPartitionResult
     )
 
 
-def observable(hosted: Hosted) -> tuple[Any, ...]:
+def observable(hosted: HostedReplica[PartitionLog]) -> tuple[Any, ...]:
     """Everything an applied answer would change: log, core offsets and follower bookkeeping."""
     follower = hosted.core.follower_state
     assert follower is not None
@@ -155,7 +158,7 @@ async def test_the_answer_to_the_pending_request_is_appended(follower: Follower)
     offset with the leader's epoch, the LEO and HW move, and nothing is pending any more."""
     rm, hosted = follower.rm, follower.hosted
     sent = planned(rm)
-    assert hosted.pending_request is sent and hosted.pending_fetch is not None
+    assert rm.fetching.asked(TP) is sent and hosted.pending_fetch is not None
 
     await rm.apply_follower_fetch(LEADER, sent, leader_answer(sent))
 
@@ -163,7 +166,7 @@ async def test_the_answer_to_the_pending_request_is_appended(follower: Follower)
     assert hosted.core.leo == RECORD_COUNT
     assert hosted.core.high_watermark == RECORD_COUNT
     assert hosted.log.epoch_cache.latest_epoch == LEADER_EPOCH
-    assert hosted.pending_fetch is None and hosted.pending_request is None
+    assert hosted.pending_fetch is None and rm.fetching.asked(TP) is None
     # The next request asks for what follows the appended records.
     following = rm.follower_fetch_state(TP, LEADER)
     assert following is not None and following.fetch_offset == RECORD_COUNT
@@ -183,11 +186,11 @@ async def test_an_answer_to_an_older_request_is_dropped(follower: Follower) -> N
     await rm.apply_follower_fetch(LEADER, older, leader_answer(older))
 
     assert observable(hosted) == before
-    assert hosted.pending_request is newer and hosted.pending_fetch is pending_fetch
+    assert rm.fetching.asked(TP) is newer and hosted.pending_fetch is pending_fetch
 
     await rm.apply_follower_fetch(LEADER, newer, leader_answer(newer))
     assert hosted.log.leo == RECORD_COUNT
-    assert hosted.pending_request is None
+    assert rm.fetching.asked(TP) is None
 
 
 async def test_an_answer_from_another_leader_is_dropped(follower: Follower) -> None:
@@ -202,8 +205,8 @@ async def test_an_answer_from_another_leader_is_dropped(follower: Follower) -> N
     await rm.apply_follower_fetch(OTHER_BROKER, sent, leader_answer(sent))
 
     assert observable(hosted) == before
-    assert hosted.pending_request is sent and hosted.pending_fetch is pending_fetch
+    assert rm.fetching.asked(TP) is sent and hosted.pending_fetch is pending_fetch
 
     await rm.apply_follower_fetch(LEADER, sent, leader_answer(sent))
     assert hosted.log.leo == RECORD_COUNT
-    assert hosted.pending_request is None
+    assert rm.fetching.asked(TP) is None

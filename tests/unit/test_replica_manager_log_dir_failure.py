@@ -29,7 +29,7 @@ import pytest
 from minibroker.broker import wire
 from minibroker.broker.config import build_config
 from minibroker.broker.metrics import BrokerMetrics
-from minibroker.broker.replica_manager import ReplicaManager
+from minibroker.broker.replicas.manager import ReplicaManager
 from minibroker.broker.replication.events import Role
 from minibroker.broker.storage import checkpoint as checkpoint_module
 from minibroker.broker.storage import index as index_module

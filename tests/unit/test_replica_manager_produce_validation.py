@@ -30,7 +30,7 @@ from bad_batches import CASES, DAY_MS, HOUR_MS, good_batch
 from minibroker.broker import wire
 from minibroker.broker.config import build_config
 from minibroker.broker.metrics import BrokerMetrics
-from minibroker.broker.replica_manager import ReplicaManager
+from minibroker.broker.replicas.manager import ReplicaManager
 from minibroker.broker.replication.events import Role
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir

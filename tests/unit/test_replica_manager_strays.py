@@ -17,7 +17,7 @@ from pathlib import Path
 
 from minibroker.broker.config import build_config
 from minibroker.broker.metrics import BrokerMetrics
-from minibroker.broker.replica_manager import ReplicaManager
+from minibroker.broker.replicas.manager import ReplicaManager
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir
 from minibroker.broker.storage.log_manager import LogManager, read_partition_metadata

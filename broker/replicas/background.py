@@ -1,0 +1,138 @@
+"""Background work: produce expiry, ISR shrink checks, checkpoints, retention, flushes, gauges.
+
+I/O shell (event-loop thread): the timers, and the file work the LogManager does. What expires
+and which followers drop out of the ISR are the engine's decisions (`expire_produces`,
+`maybe_shrink_isr`). One failing partition or step spares the others (logged); a disk failure
+takes the dir offline and ends this work for good.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from minibroker.client.common.clock import wall_clock_ms
+from minibroker.client.common.log import get_logger
+from minibroker.client.types import TopicPartition
+
+if TYPE_CHECKING:
+    from minibroker.broker.replicas.manager import ReplicaManager
+
+log = get_logger(__name__)
+
+
+class Background:
+    def __init__(self, rm: ReplicaManager) -> None:
+        self._rm = rm
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """ISR shrink checks, produce expiry, checkpoints, retention, metrics gauges."""
+        config = self._rm.config
+        lag_ms = config["replica.lag.time.max.ms"]
+        shrink_every = max(lag_ms / 2, 10) / 1000.0
+        hw_every = config["replica.high.watermark.checkpoint.interval.ms"] / 1000.0
+        rp_every = config["log.flush.offset.checkpoint.interval.ms"] / 1000.0
+        retention_every = config["log.retention.check.interval.ms"] / 1000.0
+        last = {"shrink": 0.0, "hw": 0.0, "rp": 0.0, "retention": 0.0}
+        tick_s = min(shrink_every, 0.25)
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), tick_s)
+            except TimeoutError:
+                pass
+            if self._rm.log_dir_failure is not None:
+                return  # no more checkpoints, flushes or retention on a failed dir
+            try:
+                self.tick(last, shrink_every, hw_every, rp_every, retention_every)
+            except Exception as err:
+                # One failing partition or checkpoint must not stop ISR checks, produce expiry
+                # and checkpoints for every other partition: log it and carry on next tick.
+                if not self._rm.maybe_take_log_dir_offline(err, "background work"):
+                    log.exception("background_tick_failed")
+
+    def tick(
+        self,
+        last: dict[str, float],
+        shrink_every: float,
+        hw_every: float,
+        rp_every: float,
+        retention_every: float,
+    ) -> None:
+        rm = self._rm
+        engine = rm.engine
+        manager = rm.log_manager
+        mono = time.monotonic()
+        now = wall_clock_ms()
+        self._each_partition("expire_produces", lambda tp: rm.run(engine.expire_produces(tp, now)))
+        if mono - last["shrink"] >= shrink_every:
+            last["shrink"] = mono
+            self._each_partition(
+                "maybe_shrink_isr", lambda tp: rm.run(engine.maybe_shrink_isr(tp, now))
+            )
+        if mono - last["hw"] >= hw_every:
+            last["hw"] = mono
+            # On the loop thread: the checkpoint reads every log's HW (a few ms of fsync).
+            self._guarded("checkpoint_high_watermarks", manager.checkpoint_high_watermarks)
+        if mono - last["rp"] >= rp_every:
+            last["rp"] = mono
+            self._guarded("retry_log_deletes", manager.retry_deletes)
+            self._guarded("maybe_flush", lambda: manager.maybe_flush(now))
+            self._guarded("checkpoint_recovery_points", manager.checkpoint_recovery_points)
+            self._guarded("checkpoint_log_start_offsets", manager.checkpoint_log_start_offsets)
+        if mono - last["retention"] >= retention_every:
+            last["retention"] = mono
+            self._each_partition("retention", lambda tp: self._run_retention(tp, now))
+        self._update_gauges()
+
+    def _guarded(self, step: str, fn: Callable[[], Any]) -> None:
+        """Run one background step; a failure is logged and the other steps still run."""
+        if self._rm.log_dir_failure is not None:
+            return
+        try:
+            fn()
+        except Exception as err:
+            if not self._rm.maybe_take_log_dir_offline(err, step):
+                log.exception("background_step_failed", step=step)
+
+    def _each_partition(self, step: str, fn: Callable[[TopicPartition], Any]) -> None:
+        """Run one background step per partition; one partition's failure spares the others."""
+        for tp in self._rm.engine:
+            if self._rm.log_dir_failure is not None:
+                return
+            try:
+                fn(tp)
+            except Exception as err:
+                if not self._rm.maybe_take_log_dir_offline(err, f"{step} of {tp}"):
+                    log.exception(
+                        "background_step_failed", step=step, topic=tp.topic, partition=tp.partition
+                    )
+
+    def _run_retention(self, tp: TopicPartition, now: int) -> None:
+        partition_log = self._rm.engine.log(tp)
+        if partition_log is None:
+            return
+        deleted = partition_log.delete_retention(now)
+        if deleted:
+            self._rm.engine.on_log_start_offset_advanced(tp)
+            log.info(
+                "segments_deleted",
+                topic=tp.topic,
+                partition=tp.partition,
+                count=len(deleted),
+                log_start_offset=partition_log.log_start_offset,
+            )
+
+    def _update_gauges(self) -> None:
+        rm = self._rm
+        gauges = rm.engine.gauges()
+        m = rm.metrics
+        m.under_replicated.set(gauges.under_replicated)
+        m.under_min_isr.set(gauges.under_min_isr)
+        m.at_min_isr.set(gauges.at_min_isr)
+        m.leader_count.set(gauges.leaders)
+        m.partition_count.set(gauges.partitions)
+        m.max_lag.set(gauges.max_lag)
+        m.fetch_purgatory.set(len(rm.fetch_signals) + len(rm.hw_signals))
+        m.produce_purgatory.set(gauges.pending_produces)

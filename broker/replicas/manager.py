@@ -1,0 +1,466 @@
+"""The replica manager: the asyncio shell around the replica engine.
+
+I/O shell, event-loop thread only. The decisions live in `BrokerReplicas`
+(broker/replication/engine.py); this class holds what only a shell can: the produce futures, the
+long-poll signals, the fetchers, the controller link, timers, the worker thread that creates
+logs, and the log files themselves (through the LogManager). Every request or fact becomes one
+engine call, and the outputs it returns are carried out here, in order (`run`). The jobs are
+split by module: metadata_apply.py (metadata batches, log creation, strays), produce.py,
+fetch.py (long polls, offsets, the follower fetch plumbing for fetcher.py), producer_ids.py and
+background.py (ticks, checkpoints, retention, gauges).
+
+A failed disk operation takes the data dir offline (Kafka's LogDirFailureChannel): the engine
+answers KAFKA_STORAGE_ERROR from then on; here fetching and background writes stop,
+`log_dir_failure` is set and `log_dir_failed` fires, and the composition root reports the dir
+to the controller and exits (Kafka halts when its last log dir fails).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from minibroker.broker import wire
+from minibroker.broker.config import BrokerConfig
+from minibroker.broker.fetcher import FetcherManager
+from minibroker.broker.metrics import BrokerMetrics
+from minibroker.broker.purgatory import KeySignals
+from minibroker.broker.replicas.background import Background
+from minibroker.broker.replicas.fetch import FetchHandler
+from minibroker.broker.replicas.metadata_apply import MetadataApplier
+from minibroker.broker.replicas.produce import ProduceHandler
+from minibroker.broker.replicas.producer_ids import ProducerIds
+from minibroker.broker.replication.engine import (
+    Appended,
+    BrokerReplicas,
+    CorruptProduce,
+    EngineConfig,
+    FetchBackoff,
+    FollowerAppendFailed,
+    HighWatermarkMoved,
+    HostedReplica,
+    IsrChanged,
+    LogConfigChanged,
+    LogDirFailed,
+    Output,
+    PartitionApplyFailed,
+    ReplicaRemoved,
+    RoleChanged,
+    SendAlterPartition,
+    StartFollowing,
+    StopFollowing,
+    Truncated,
+    WakeFetches,
+    WakeFollowerFetches,
+)
+from minibroker.broker.replication.events import (
+    AlterPartitionResult,
+    CompleteProduce,
+    IsrChangeKind,
+    Role,
+)
+from minibroker.broker.storage.config import LogConfig
+from minibroker.broker.storage.errors import disk_error_advice
+from minibroker.broker.storage.log import PartitionLog
+from minibroker.broker.storage.log_manager import LogManager
+from minibroker.client.common.clock import wall_clock_ms
+from minibroker.client.common.log import get_logger
+from minibroker.client.errors import ErrorCode, MiniBrokerError
+from minibroker.client.metadata.image import MetadataImage
+from minibroker.client.types import TopicPartition
+from minibroker.proto import minibroker_pb2 as pb
+
+log = get_logger("minibroker.broker.replica_manager")
+
+
+@dataclass(frozen=True, slots=True)
+class LogDirFailure:
+    """The data dir failed (Kafka's offline log dir): where, during what, and how."""
+
+    log_dir: str
+    operation: str  # what the broker was doing: "produce to events-0", "checkpoint_..."
+    error: str  # the storage error's text
+    advice: str  # what the operator should do (from the errno)
+    message: str  # what every KAFKA_STORAGE_ERROR answers from now on
+
+    def serving_error(self) -> str:
+        return self.message
+
+
+def engine_config(config: BrokerConfig, log_dir: str) -> EngineConfig:
+    return EngineConfig(
+        broker_id=config.node_id,
+        log_dir=log_dir,
+        rack=config.rack or "",
+        rack_aware_selector=config["replica.selector.class"] == "RackAwareReplicaSelector",
+        replica_lag_time_max_ms=config["replica.lag.time.max.ms"],
+        replica_fetch_backoff_ms=config["replica.fetch.backoff.ms"],
+        replica_fetch_max_bytes=config["replica.fetch.max.bytes"],
+        max_pending_produces=config["queued.max.requests"],
+        topic_defaults=config.topic_defaults,
+    )
+
+
+class ReplicaManager:
+    """The broker's replicas as its servicer, controller link and fetchers see them."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        log_manager: LogManager,
+        metrics: BrokerMetrics,
+        controller_address: tuple[str, int],
+    ) -> None:
+        self.config = config
+        self.broker_id = config.node_id
+        self.log_manager = log_manager
+        self.metrics = metrics
+        self.image = MetadataImage()
+        self.engine: BrokerReplicas[PartitionLog] = BrokerReplicas(
+            engine_config(config, str(log_manager.data_dir.path)), self.image
+        )
+        # Long polls park on one of two signals, as Kafka's delayed fetches complete: a
+        # follower's on new data (it reads to the LEO), a consumer's on a HW move (it reads to
+        # the HW). Waking the other kind would only make it look and park again.
+        self.fetch_signals = KeySignals(config["queued.max.requests"])
+        self.hw_signals = KeySignals(config["queued.max.requests"])
+        # acks=all produces waiting, by the engine's token.
+        self.produce_futures: dict[object, asyncio.Future[CompleteProduce]] = {}
+        self.controller_address = controller_address
+        self.link: Any = None  # ControllerLink, attached after construction
+        self.tasks: set[asyncio.Task[Any]] = set()
+        # Set once, never cleared: a failed dir comes back only with a new broker process.
+        self.log_dir_failure: LogDirFailure | None = None
+        self.log_dir_failed = asyncio.Event()
+        self.metadata = MetadataApplier(self)
+        self.producing = ProduceHandler(self)
+        self.fetching = FetchHandler(self)
+        self.producer_ids = ProducerIds(self)
+        self.background = Background(self)
+        self.fetchers = FetcherManager(
+            self.fetching,
+            self._broker_address,
+            max_wait_ms=config["replica.fetch.wait.max.ms"],
+            min_bytes=config["replica.fetch.min.bytes"],
+            max_bytes=config["replica.fetch.max.bytes"],
+            response_max_bytes=config["replica.fetch.response.max.bytes"],
+            backoff_ms=config["replica.fetch.backoff.ms"],
+        )
+
+    def attach(self, link: Any) -> None:
+        self.link = link
+
+    # -- what the rest of the broker calls ----------------------------------------------
+
+    @property
+    def partitions(self) -> Mapping[TopicPartition, HostedReplica[PartitionLog]]:
+        """The hosted replicas (read only)."""
+        return self.engine.hosted()
+
+    def broker_epoch(self) -> int:
+        return int(self.link.broker_epoch) if self.link is not None else -1
+
+    def metadata_offset(self) -> int:
+        return self.image.next_offset
+
+    def applied_metadata_offset(self) -> int:
+        """The next metadata offset not acted on in full yet (what heartbeats report; read on
+        the heartbeat thread)."""
+        return self.metadata.applied_offset
+
+    def load_existing_logs(self) -> None:
+        self.metadata.load_existing_logs()
+
+    async def apply_metadata_batch(self, batch: pb.MetadataBatch) -> None:
+        await self.metadata.apply_batch(batch)
+
+    async def produce(
+        self, acks: int, timeout_ms: int, partitions: list[wire.ProducePartition]
+    ) -> list[wire.ProduceResult]:
+        return await self.producing.produce(acks, timeout_ms, partitions)
+
+    async def fetch(self, params: wire.FetchParams) -> list[wire.FetchPartitionResult]:
+        return await self.fetching.fetch(params)
+
+    def list_offsets(
+        self, partitions: list[wire.ListOffsetsPartition]
+    ) -> list[wire.ListOffsetsResult]:
+        return self.fetching.list_offsets(partitions)
+
+    def offset_for_leader_epoch(
+        self, partitions: list[wire.OffsetForLeaderPartition]
+    ) -> list[wire.EpochEndOffsetResult]:
+        return self.fetching.offset_for_leader_epoch(partitions)
+
+    def follower_fetch_state(
+        self, tp: TopicPartition, leader_id: int
+    ) -> wire.FetchPartitionRequest | None:
+        return self.fetching.follower_fetch_state(tp, leader_id)
+
+    async def apply_follower_fetch(
+        self,
+        leader_id: int,
+        sent: wire.FetchPartitionRequest,
+        result: wire.FetchPartitionResult,
+    ) -> None:
+        await self.fetching.apply_follower_fetch(leader_id, sent, result)
+
+    def metadata_response(self, topics: list[str], all_topics: bool) -> pb.MetadataResponse:
+        return wire.encode_metadata(
+            self.image,
+            topics,
+            all_topics,
+            cluster_id=self.link.cluster_id if self.link is not None else "",
+            controller_address=self.controller_address,
+        )
+
+    async def init_producer_id(self) -> pb.InitProducerIdResponse:
+        return await self.producer_ids.init_producer_id()
+
+    def prefetch_producer_ids(self) -> None:
+        self.producer_ids.prefetch()
+
+    def describe_replicas(self, topics: set[str]) -> list[wire.ReplicaState]:
+        states = []
+        for replica in self.engine.describe(topics):
+            partition_log = self.engine.log(replica.tp)
+            states.append(
+                wire.ReplicaState(
+                    topic=replica.tp.topic,
+                    partition=replica.tp.partition,
+                    is_leader=replica.is_leader,
+                    leader_id=replica.leader_id,
+                    leader_epoch=replica.leader_epoch,
+                    partition_epoch=replica.partition_epoch,
+                    log_start_offset=replica.log_start_offset,
+                    log_end_offset=replica.log_end_offset,
+                    high_watermark=replica.high_watermark,
+                    isr=list(replica.isr),
+                    maximal_isr=list(replica.maximal_isr),
+                    size_bytes=partition_log.size_bytes if partition_log is not None else 0,
+                    followers=[
+                        wire.FollowerState(f.replica_id, f.log_end_offset, f.last_caught_up_time_ms)
+                        for f in replica.followers
+                    ],
+                )
+            )
+        return states
+
+    async def run_background(self, stop: asyncio.Event) -> None:
+        await self.background.run(stop)
+
+    def led_partitions(self) -> int:
+        return self.engine.led_partitions()
+
+    async def stop(self) -> None:
+        await self.fetchers.stop()
+        for task in list(self.tasks):
+            task.cancel()
+        for future in self.produce_futures.values():
+            if not future.done():
+                future.set_result(
+                    CompleteProduce(
+                        None, ErrorCode.NOT_LEADER_OR_FOLLOWER, -1, -1, "broker shutting down"
+                    )
+                )
+
+    # -- helpers for the job modules ----------------------------------------------------
+
+    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    def log_config(self, raw: Mapping[str, str]) -> LogConfig:
+        return LogConfig.from_configs(raw, self.config.topic_defaults)
+
+    def maybe_take_log_dir_offline(self, err: BaseException, operation: str) -> bool:
+        """Take the data dir offline when `err` is a failure of it; True when it was one."""
+        failed, outputs = self.engine.storage_failed(err, operation)
+        self.run(outputs)
+        return failed
+
+    def _broker_address(self, broker_id: int) -> str | None:
+        broker = self.image.brokers.get(broker_id)
+        if broker is None:
+            return None
+        return f"{broker.host}:{broker.port}"
+
+    def maybe_flush(self, tp: TopicPartition, now: int) -> None:
+        """flush.messages / flush.ms after an append the core already counts: a failed fsync
+        must not fail that append (the background flush tries again)."""
+        partition_log = self.engine.log(tp)
+        if partition_log is None:
+            return
+        try:
+            partition_log.maybe_flush(now)
+        except MiniBrokerError as err:
+            log.warning("flush_failed", topic=tp.topic, partition=tp.partition, error=str(err))
+            self.maybe_take_log_dir_offline(err, f"flush of {tp}")
+
+    # -- carrying out the engine's outputs ----------------------------------------------
+
+    def run(self, outputs: Iterable[Output]) -> None:
+        """Carry out the engine's outputs in order."""
+        for output in outputs:
+            if isinstance(output, CompleteProduce):
+                future = self.produce_futures.pop(output.token, None)
+                if future is not None and not future.done():
+                    future.set_result(output)
+            elif isinstance(output, WakeFollowerFetches):
+                self.fetch_signals.notify(output.tp)
+            elif isinstance(output, HighWatermarkMoved):
+                self.hw_signals.notify(output.tp)
+            elif isinstance(output, WakeFetches):
+                self.fetch_signals.notify(output.tp)
+                self.hw_signals.notify(output.tp)
+            elif isinstance(output, Appended):
+                self._on_appended(output)
+            elif isinstance(output, SendAlterPartition):
+                self.spawn(self._send_proposal(output), f"alter-partition-{output.tp}")
+            elif isinstance(output, StartFollowing):
+                self.fetchers.follow(output.tp, output.leader_id)
+            elif isinstance(output, StopFollowing):
+                self.fetchers.unfollow(output.tp)
+                self.fetching.forget(output.tp)
+            else:
+                self._log_output(output)
+
+    def _on_appended(self, output: Appended) -> None:
+        if output.as_leader:
+            self.metrics.messages_in.inc(output.records)
+            self.metrics.bytes_in.inc(output.size)
+        else:
+            self.metrics.replication_bytes_in.inc(output.size)
+        self.maybe_flush(output.tp, wall_clock_ms())
+
+    def _log_output(self, output: Output) -> None:
+        """The outputs that are logs, metrics, or a log's file-level change."""
+        if isinstance(output, IsrChanged):
+            shrink = output.update.kind is IsrChangeKind.SHRINK
+            (self.metrics.isr_shrinks if shrink else self.metrics.isr_expands).inc()
+            log.info(
+                "isr_shrink" if shrink else "isr_expand",
+                topic=output.tp.topic,
+                partition=output.tp.partition,
+                old_isr=sorted(output.update.old_isr),
+                new_isr=sorted(output.update.new_isr),
+                partition_epoch=output.update.partition_epoch,
+                leader_epoch=output.leader_epoch,
+                high_watermark=output.high_watermark,
+            )
+        elif isinstance(output, Truncated):
+            self.metrics.truncations.inc()
+            # `watch` reads these two events from the log (to_offset / start_offset).
+            where = {"start_offset" if output.fully else "to_offset": output.to_offset}
+            log.info(
+                "truncated_fully" if output.fully else "truncated",
+                topic=output.tp.topic,
+                partition=output.tp.partition,
+                from_offset=output.from_offset,
+                reason=output.reason,
+                leader_epoch=output.leader_epoch,
+                **where,
+            )
+        elif isinstance(output, RoleChanged):
+            log.info(
+                "became_leader" if output.role is Role.LEADER else "became_follower",
+                topic=output.tp.topic,
+                partition=output.tp.partition,
+                leader=output.leader,
+                leader_epoch=output.leader_epoch,
+                partition_epoch=output.partition_epoch,
+                isr=list(output.isr),
+                leo=output.leo,
+                high_watermark=output.high_watermark,
+            )
+        elif isinstance(output, LogConfigChanged):
+            partition_log = self.engine.log(output.tp)
+            if partition_log is not None:
+                partition_log.update_config(self.log_config(output.configs))
+        elif isinstance(output, ReplicaRemoved):
+            if output.delete:
+                self.log_manager.delete_log(output.tp)
+            log.info(
+                "replica_removed",
+                topic=output.tp.topic,
+                partition=output.tp.partition,
+                reason=output.reason,
+            )
+        elif isinstance(output, CorruptProduce):
+            self.metrics.invalid_crc.inc()
+        elif isinstance(output, FetchBackoff):
+            log.debug(
+                "fetch_backoff",
+                topic=output.tp.topic,
+                partition=output.tp.partition,
+                delay_ms=output.delay_ms,
+                reason=output.reason,
+            )
+        elif isinstance(output, FollowerAppendFailed):
+            log.warning(
+                "follower_append_failed",
+                topic=output.tp.topic,
+                partition=output.tp.partition,
+                leader=output.leader_id,
+                error=output.error,
+            )
+        elif isinstance(output, PartitionApplyFailed):
+            log.error(
+                "partition_metadata_apply_failed",
+                topic=output.tp.topic,
+                partition=output.tp.partition,
+                exc_info=output.error,
+            )
+        elif isinstance(output, LogDirFailed):
+            self._on_log_dir_failed(output)
+        else:  # pragma: no cover - a new output type without a handler is a bug
+            raise TypeError(f"unhandled output {output!r}")
+
+    def _on_log_dir_failed(self, output: LogDirFailed) -> None:
+        failure = LogDirFailure(
+            str(self.log_manager.data_dir.path),
+            output.operation,
+            str(output.error),
+            disk_error_advice(output.error),
+            output.serving_error,
+        )
+        self.log_dir_failure = failure
+        log.error(
+            "log_dir_offline",
+            log_dir=failure.log_dir,
+            operation=failure.operation,
+            error=failure.error,
+            partitions=output.partitions,
+            leaderships=output.leaderships,
+        )
+        self.log_dir_failed.set()
+
+    async def _send_proposal(self, output: SendAlterPartition) -> None:
+        proposal, tp = output.proposal, output.tp
+        if proposal.delay_ms > 0:
+            await asyncio.sleep(proposal.delay_ms / 1000.0)
+        request = wire.encode_alter_partition(output.topic_id, tp.partition, proposal)
+        try:
+            response = await self.link.alter_partition(request)
+            result = wire.decode_alter_partition(proposal.proposal_id, response)
+        except Exception as err:  # transport failure: the core retries the same proposal
+            log.debug(
+                "alter_partition_failed", topic=tp.topic, partition=tp.partition, error=repr(err)
+            )
+            result = AlterPartitionResult(proposal.proposal_id, ErrorCode.REQUEST_TIMED_OUT)
+        if result.error != ErrorCode.NONE:
+            self.metrics.failed_isr_updates.inc()
+            log.info(
+                "alter_partition_rejected",
+                topic=tp.topic,
+                partition=tp.partition,
+                error=result.error.name,
+                proposed_isr=sorted(proposal.new_isr),
+            )
+        self.run(
+            self.engine.on_alter_partition_result(tp, output.generation, result, wall_clock_ms())
+        )
