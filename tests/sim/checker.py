@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING
 
-from minibroker.broker.replication.events import AppendPlan, Role
+from minibroker.broker.replication.events import Role
 from minibroker.broker.replication.invariants import (
     check_batches_contiguous,
     check_epoch_cache_matches_batches,
@@ -61,7 +61,7 @@ class Checker:
 
     def on_truncated(self, broker: SimBroker, pid: int) -> None:
         key = (broker.broker_id, pid)
-        leo = broker.replicas[pid].log.leo
+        leo = broker.logs[pid].leo
         self.verified[key] = min(self.verified.get(key, 0), leo)
         self.on_log_shortened(broker.broker_id, pid, leo)
 
@@ -148,20 +148,20 @@ class Checker:
             f"p{pid}: idempotent producer got {error.name}",
         )
 
-    def on_leader_append(self, broker: SimBroker, pid: int, plan: AppendPlan) -> None:
-        key = (pid, plan.leader_epoch)
+    def on_leader_append(self, broker: SimBroker, pid: int, leader_epoch: int) -> None:
+        key = (pid, leader_epoch)
         writer = self.writers.setdefault(key, broker.broker_id)
         invariant(
             writer == broker.broker_id,
-            f"p{pid}: brokers {writer} and {broker.broker_id} both wrote in epoch "
-            f"{plan.leader_epoch}",
+            f"p{pid}: brokers {writer} and {broker.broker_id} both wrote in epoch {leader_epoch}",
         )
 
     def on_high_watermark(self, broker: SimBroker, pid: int) -> None:
         """A replica's HW moved: the batches below it are committed (I2, I5), and a leader
         moves it only with at least min.insync.replicas in its ISR (strict min ISR, §8.7)."""
-        rep = broker.replicas[pid]
-        core = rep.core
+        hosted = broker.hosted(pid)
+        assert hosted is not None
+        core = hosted.core
         hw = core.high_watermark
         if core.role is Role.LEADER:
             min_isr = min(self.sim.opt.min_insync_replicas, len(core.replicas))
@@ -171,7 +171,7 @@ class Checker:
                     f"b{broker.broker_id} p{pid}: HW moved to {hw} with ISR "
                     f"{sorted(core.isr)} below min.insync.replicas {min_isr}",
                 )
-        log = rep.log
+        log = hosted.log
         key = (broker.broker_id, pid)
         start = log.index_of(self.verified.get(key, 0))
         for i in range(start, len(log.headers)):
@@ -198,8 +198,10 @@ class Checker:
         for broker in sim.brokers.values():
             if not broker.alive:
                 continue
-            for pid, rep in broker.replicas.items():
-                core, log = rep.core, rep.log
+            engine = broker.engine
+            assert engine is not None
+            for hosted in engine.hosted().values():
+                core, log, pid = hosted.core, hosted.log, hosted.tp.partition
                 core.check_invariants()
                 key = (broker.broker_id, pid)
                 if core.leo != log.leo:
@@ -273,11 +275,11 @@ class Checker:
             # I16: with every replica back in the ISR the rebalance restores preferred leaders.
             if record.leader != record.preferred_leader:
                 return False
-            leader = sim.brokers[record.leader].replicas.get(pid)
+            leader = sim.brokers[record.leader].hosted(pid)
             if leader is None or leader.core.role is not Role.LEADER:
                 return False
             for broker_id in record.replicas:
-                rep = sim.brokers[broker_id].replicas.get(pid)
+                rep = sim.brokers[broker_id].hosted(pid)
                 if rep is None or rep.core.leader_epoch != record.leader_epoch:
                     return False
                 if rep.core.high_watermark != leader.core.leo or rep.log.leo != leader.core.leo:
@@ -300,9 +302,9 @@ class Checker:
         for pid in range(sim.opt.partitions):
             record = sim.partition(pid)
             assert record is not None
-            leader_log = sim.brokers[record.leader].replicas[pid].log
+            leader_log = sim.brokers[record.leader].logs[pid]
             for broker_id in record.replicas:
-                log = sim.brokers[broker_id].replicas[pid].log
+                log = sim.brokers[broker_id].logs[pid]
                 invariant(
                     log.batches == leader_log.batches,
                     f"p{pid}: broker {broker_id}'s log differs from the leader's",

@@ -1,29 +1,49 @@
 """MemLog: one replica's log in memory, for the simulation and the scenario tests.
 
-Real v2 batch bytes (stamped by the client library's `assign_offsets`, parsed by
-`iter_batches`), the real EpochCache, and a model of the page cache: `flushed` counts the
-leading batches that are durable, and `crash` keeps them and a random part of the rest, the way
-a power loss keeps what was fsynced and maybe some of what was not.
+It implements the replica engine's `Storage` protocol (broker/replication/engine.py) the way
+`PartitionLog` (broker/storage/log.py) does, minus the files: real v2 batch bytes (stamped on a
+leader append by the client library's `assign_offsets`), the real EpochCache kept in step with
+the batches, batch-granular truncation, a follower append that must start at the LEO
+(UnexpectedAppendOffsetError), reads of whole batches (at least one, KIP-74) that refuse an
+offset outside [log start, LEO], and a log start that only moves up and takes the epoch cache's
+older entries with it. Like PartitionLog it does not hold the high watermark; `hw_checkpoint`
+is the simulation's model of the HW checkpoint file, written at `flush`.
+
+On top, a model of the page cache: `flushed` counts the leading batches that are durable, and
+`crash` keeps them and a random part of the rest, the way a power loss keeps what was fsynced
+and maybe some of what was not. Batches wholly below a raised log start are dropped at once
+(PartitionLog leaves them to the next retention pass, which reads of them cannot tell apart).
 """
 
 from __future__ import annotations
 
 import bisect
 import random
+from dataclasses import dataclass
 
-from minibroker.broker.replication.events import AppendPlan
 from minibroker.broker.storage.epoch_cache import EpochCache
+from minibroker.broker.storage.errors import UnexpectedAppendOffsetError
 from minibroker.client.batch import BatchHeader, assign_offsets, iter_batches
-from minibroker.client.common.invariant import invariant
+from minibroker.client.errors import OffsetOutOfRangeError
+
+
+@dataclass(frozen=True, slots=True)
+class MemAppend:
+    """What an append wrote (the fields of PartitionLog's AppendInfo the engine reads)."""
+
+    first_offset: int
+    batches: tuple[BatchHeader, ...]
+    log_append_time_ms: int
+    valid_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemRead:
+    records: bytes
 
 
 class MemLog:
-    """One replica's log: stamped batch bytes in offset order, an epoch cache, a flush mark.
-
-    `flushed` counts the leading batches that are durable; a crash keeps them and a random
-    part of the rest (`crash`). The epoch cache entries are durable on assign (Kafka writes the
-    checkpoint synchronously) and trimmed to the log end at recovery (docs/design.md §4.5).
-    """
+    """One replica's log: stamped batch bytes in offset order, an epoch cache, a flush mark."""
 
     def __init__(self) -> None:
         self.batches: list[bytes] = []
@@ -34,27 +54,139 @@ class MemLog:
         self.flushed = 0
         self.hw_checkpoint = 0
 
+    # -- the Storage protocol ------------------------------------------------------------------
+
     @property
     def leo(self) -> int:
         return self.headers[-1].next_offset if self.headers else self.log_start_offset
 
-    def append(self, data: bytes) -> list[BatchHeader]:
-        appended = []
-        for pos, header in iter_batches(data):
-            invariant(header.base_offset == self.leo, f"append at {header.base_offset} != LEO")
-            self.epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
-            self.batches.append(bytes(data[pos : pos + header.size]))
+    def maybe_assign_epoch_start_offset(self, leader_epoch: int, start_offset: int) -> bool:
+        return self.epoch_cache.assign(leader_epoch, start_offset)
+
+    def append_as_leader(
+        self,
+        records: bytes,
+        leader_epoch: int,
+        now_ms: int,
+        *,
+        validated: list[tuple[int, BatchHeader]] | None = None,
+    ) -> MemAppend:
+        """Assign offsets from the LEO and stamp the leader epoch, then append."""
+        if leader_epoch < 0:
+            raise ValueError(f"a leader append needs a leader epoch, got {leader_epoch}")
+        buf = bytearray(records)
+        batches = validated if validated is not None else list(iter_batches(buf))
+        first_offset = self.leo
+        assign_offsets(buf, batches, first_offset, leader_epoch)
+        stored = self._append(bytes(buf))
+        return MemAppend(first_offset, stored, -1, len(buf))
+
+    def append_as_follower(self, records: bytes) -> MemAppend:
+        """Append the leader's batches as they are; the first must start at the LEO."""
+        if not records:
+            return MemAppend(-1, (), -1, 0)
+        stored = self._append(bytes(records))
+        return MemAppend(stored[0].base_offset, stored, -1, len(records))
+
+    def truncate_to(self, offset: int) -> bool:
+        """Remove the batches at and after `offset` (the batch holding it goes whole); the
+        epoch cache drops entries at or after the new end even when nothing goes
+        (KAFKA-10706)."""
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"cannot truncate to {offset}")
+        if offset >= self.leo:
+            self.epoch_cache.truncate_from_end(offset)
+            return False
+        if not self.headers or offset < self.headers[0].base_offset:
+            self.truncate_fully_and_start_at(offset)
+            return True
+        keep = self.index_of(offset)
+        del self.batches[keep:]
+        del self.headers[keep:]
+        del self.bases[keep:]
+        self.flushed = min(self.flushed, len(self.batches))
+        self.epoch_cache.truncate_from_end(self.leo)
+        self.log_start_offset = min(self.log_start_offset, self.leo)
+        return True
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"cannot restart at {offset}")
+        self.batches.clear()
+        self.headers.clear()
+        self.bases.clear()
+        self.flushed = 0
+        self.epoch_cache.clear()
+        self.log_start_offset = offset
+
+    def maybe_increment_log_start_offset(self, offset: int) -> bool:
+        """Raise the log start (a follower copies its leader's); never lowered. Whether it may
+        pass the HW is the core's to decide (it asks only up to its HW)."""
+        if offset <= self.log_start_offset:
+            return False
+        self.log_start_offset = offset
+        self.epoch_cache.truncate_from_start(offset)
+        drop = 0
+        while drop < len(self.headers) and self.headers[drop].next_offset <= offset:
+            drop += 1
+        if drop:
+            del self.batches[:drop]
+            del self.headers[:drop]
+            del self.bases[:drop]
+            self.flushed = max(self.flushed - drop, 0)
+        return True
+
+    def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> MemRead:
+        """Whole batches from the one holding `offset`, those ending below `max_offset` (None:
+        the LEO), up to `max_bytes` but at least one (KIP-74)."""
+        leo = self.leo
+        if offset < self.log_start_offset or offset > leo:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is out of range: log start {self.log_start_offset}, log end {leo}"
+            )
+        until = leo if max_offset is None else min(max_offset, leo)
+        out: list[bytes] = []
+        size = 0
+        for i in range(self.index_of(offset), len(self.headers)):
+            header = self.headers[i]
+            if header.next_offset > until:
+                break
+            if out and size + header.size > max_bytes:
+                break
+            out.append(self.batches[i])
+            size += header.size
+        return MemRead(b"".join(out))
+
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        for header in self.headers:
+            if header.max_timestamp >= timestamp:
+                return max(header.base_offset, self.log_start_offset), header.max_timestamp
+        return None
+
+    def producer_batch_headers(self) -> list[BatchHeader]:
+        return list(self.headers)
+
+    # -- the simulation's own ------------------------------------------------------------------
+
+    def _append(self, data: bytes) -> tuple[BatchHeader, ...]:
+        expected = self.leo
+        parsed = list(iter_batches(data))
+        for pos, header in parsed:
+            if header.base_offset != expected:
+                raise UnexpectedAppendOffsetError(
+                    f"batch at position {pos} starts at offset {header.base_offset}, "
+                    f"expected {expected}",
+                    first_offset=header.base_offset,
+                    expected_offset=expected,
+                )
+            expected = header.next_offset
+        for pos, header in parsed:
+            if header.partition_leader_epoch >= 0:
+                self.epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
+            self.batches.append(data[pos : pos + header.size])
             self.headers.append(header)
             self.bases.append(header.base_offset)
-            appended.append(header)
-        return appended
-
-    def leader_append(self, raw: bytes, plan: AppendPlan) -> list[BatchHeader]:
-        buf = bytearray(raw)
-        batches = list(iter_batches(buf))
-        next_offset = assign_offsets(buf, batches, plan.base_offset, plan.leader_epoch)
-        invariant(next_offset == plan.next_offset, "plan and stamped offsets disagree")
-        return self.append(bytes(buf))
+        return tuple(header for _, header in parsed)
 
     def index_of(self, offset: int) -> int:
         """Index of the batch holding `offset`, or len(batches) when none does."""
@@ -70,37 +202,8 @@ class MemLog:
             return self.batches[i]
         return None
 
-    def read(self, start: int, until: int, max_bytes: int = 1 << 20) -> bytes:
-        """Whole batches from the one holding `start`, ending at or below `until`."""
-        out: list[bytes] = []
-        size = 0
-        for i in range(self.index_of(start), len(self.headers)):
-            header = self.headers[i]
-            if header.next_offset > until:
-                break
-            if out and size + header.size > max_bytes:
-                break
-            out.append(self.batches[i])
-            size += header.size
-        return b"".join(out)
-
-    def truncate_to(self, offset: int) -> None:
-        keep = self.index_of(offset)
-        del self.batches[keep:]
-        del self.headers[keep:]
-        del self.bases[keep:]
-        self.flushed = min(self.flushed, len(self.batches))
-        self.epoch_cache.truncate_from_end(min(offset, self.leo))
-
-    def truncate_fully_and_start_at(self, offset: int) -> None:
-        self.batches.clear()
-        self.headers.clear()
-        self.bases.clear()
-        self.flushed = 0
-        self.epoch_cache.clear()
-        self.log_start_offset = offset
-
     def flush(self, high_watermark: int) -> None:
+        """fsync the log and write the HW checkpoint."""
         self.flushed = len(self.batches)
         self.hw_checkpoint = high_watermark
 
@@ -112,6 +215,15 @@ class MemLog:
         del self.bases[keep:]
         self.flushed = keep
         self.epoch_cache.truncate_from_end(self.leo)
+        self.hw_checkpoint = min(self.hw_checkpoint, self.leo)
+
+    def lose_unflushed(self) -> None:
+        """Power loss that keeps exactly the flushed prefix."""
+        del self.batches[self.flushed :]
+        del self.headers[self.flushed :]
+        del self.bases[self.flushed :]
+        self.epoch_cache.truncate_from_end(self.leo)
+        self.hw_checkpoint = min(self.hw_checkpoint, self.leo)
 
     def triples(self) -> list[tuple[int, int, int]]:
         return [(h.base_offset, h.last_offset, h.partition_leader_epoch) for h in self.headers]

@@ -88,15 +88,11 @@ class Nemesis:
         sim = self.sim
         sim.note(f"crash b{broker.broker_id}")
         sim.stats["broker_crashes"] += 1
-        broker.alive = False
+        broker.stop_process()
         broker.lossy = True
         for pid, log in broker.logs.items():
             log.crash(sim.rng)
-            log.hw_checkpoint = min(log.hw_checkpoint, log.leo)
             sim.checker.on_log_shortened(broker.broker_id, pid, log.leo)
-        broker.replicas.clear()
-        broker.registered = False
-        broker.watch = None
         # The heartbeat stream breaks. Usually the kernel resets the connection and the
         # controller fences at once (docs/design.md §3.4); after a power loss or a network
         # partition nothing arrives and only the session timeout fences the broker.
@@ -140,12 +136,10 @@ class Nemesis:
         """A clean stop: every log flushed, the heartbeat stream closed in order."""
         sim = self.sim
         sim.note(f"b{broker.broker_id} stops: {reason}")
-        for rep in broker.replicas.values():
-            rep.log.flush(rep.core.high_watermark)
-        broker.alive = False
-        broker.replicas.clear()
-        broker.registered = False
-        broker.watch = None
+        if broker.engine is not None:
+            for tp, high_watermark in broker.engine.high_watermarks().items():
+                broker.logs[tp.partition].flush(high_watermark)
+        broker.stop_process()
         broker.break_heartbeat_stream(notice=True)
         sim.at(sim.rng.randint(100, 1_000), lambda: self.restart(broker))
 

@@ -12,8 +12,10 @@ Modelled on broker/controller_link.py and the metadata side of broker/replica_ma
   `ReplicaManager.apply_metadata_batch` does;
 - a paused process (SIGSTOP) runs nothing until it wakes: what reaches it waits.
 
-Its logs (`logs`) outlive a process; everything else belongs to one incarnation. The replicas'
-I/O (fetching, AlterPartition, the effects) is `ReplicaShell` (replica_shell.py).
+Its partitions are hosted in the product's replica engine (`BrokerReplicas`, one per process)
+over MemLogs; the logs (`logs`) outlive a process, everything else belongs to one incarnation.
+The I/O around the engine (fetch sessions, AlterPartition, produce answers) is `ReplicaShell`
+(replica_shell.py).
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from memlog import MemLog
-from replica_shell import ReplicaShell, SimReplica, partition_state
+from replica_shell import Fetcher, ReplicaShell
 
-from minibroker.broker.replication.partition import BrokerEligibilityView, PartitionReplica
+from minibroker.broker.replication.engine import BrokerReplicas, EngineConfig
 from minibroker.client.errors import ErrorCode
 from minibroker.client.metadata.image import MetadataImage
 from minibroker.client.metadata.records import LogEntry
+from minibroker.client.types import TopicPartition
 from minibroker.controller.core.messages import (
     HeartbeatReply,
     HeartbeatRequest,
@@ -57,9 +60,9 @@ class SimBroker(ReplicaShell):
         self.metadata_buffer: dict[int, LogEntry] = {}  # arrived out of order, not yet applied
         self.watch: int | None = None  # token of the open WatchMetadata stream
         self.hb_stream: tuple[int, int] | None = None  # (stream id, controller generation)
-        self.view = BrokerEligibilityView()
-        self.logs: dict[int, MemLog] = {}
-        self.replicas: dict[int, SimReplica] = {}
+        self.logs: dict[int, MemLog] = {}  # pid -> log: what survives a process
+        self.engine: BrokerReplicas[MemLog] | None = None  # this process's hosted replicas
+        self.fetchers: dict[TopicPartition, Fetcher] = {}
         self.paused_until_ms = 0  # SIGSTOP: nothing runs on this broker before this time
         self.shutting_down = False  # SIGTERM: controlled shutdown in progress
         # Crashed, so its log may lack what it acknowledged, until a new incarnation registers.
@@ -75,28 +78,23 @@ class SimBroker(ReplicaShell):
         self.metadata_buffer = {}
         self.watch = None
         self.hb_stream = None
-        self.view = BrokerEligibilityView()
-        self.replicas = {}
+        opt = self.sim.opt
+        config = EngineConfig(
+            broker_id=self.broker_id,
+            replica_lag_time_max_ms=opt.replica_lag_time_max_ms,
+            replica_fetch_backoff_ms=opt.replica_fetch_backoff_ms,
+        )
+        self.engine = BrokerReplicas(config, self.image)
+        self.fetchers = {}
         self.shutting_down = False
 
-    def replica(self, pid: int) -> SimReplica:
-        rep = self.replicas.get(pid)
-        if rep is None:
-            log = self.logs.setdefault(pid, MemLog())
-            core = PartitionReplica(
-                self.broker_id,
-                log.epoch_cache,
-                self.view,
-                self.sim.replica_config,
-                leo=log.leo,
-                log_start_offset=log.log_start_offset,
-                high_watermark=log.hw_checkpoint,
-                producer_batches=log.headers,
-                name=f"p{pid}",
-            )
-            rep = SimReplica(core, log)
-            self.replicas[pid] = rep
-        return rep
+    def stop_process(self) -> None:
+        """The process is gone (crash or stop): only the logs remain."""
+        self.alive = False
+        self.engine = None
+        self.fetchers = {}
+        self.registered = False
+        self.watch = None
 
     def paused(self) -> bool:
         return self.sim.now_ms < self.paused_until_ms
@@ -311,22 +309,22 @@ class SimBroker(ReplicaShell):
             self._act_on_metadata()
 
     def _act_on_metadata(self) -> None:
-        """ReplicaManager.apply_metadata_batch: registrations, then every hosted partition."""
-        for broker_id, reg in self.image.brokers.items():
-            self.view.update(
-                broker_id,
-                reg.broker_epoch,
-                fenced=reg.fenced,
-                in_controlled_shutdown=reg.in_controlled_shutdown,
+        """The shell's part of acting on the metadata (the broker's `apply_metadata_batch`):
+        the engine decides; a partition it needs a log for gets this broker's MemLog for it
+        (the one that survived the last process, or a new one), hosted at the checkpointed HW.
+        """
+        engine = self.engine
+        assert engine is not None
+        now = self.sim.now_ms
+        new, outputs = engine.act_on_metadata(now)
+        for topic, record in new:
+            log = self.logs.setdefault(record.partition, MemLog())
+            engine.host(
+                self.tp(record.partition),
+                topic.topic_id,
+                log,
+                dict(topic.configs),
+                high_watermark=log.hw_checkpoint,
             )
-        topic_id = self.sim.topic_id
-        topic = self.image.topics_by_id.get(topic_id) if topic_id else None
-        if topic is None:
-            return
-        for pid, record in sorted(topic.partitions.items()):
-            if self.broker_id not in record.replicas:
-                continue
-            rep = self.replica(pid)
-            self.apply(
-                pid, rep.core.apply_partition_state(partition_state(record), self.sim.now_ms)[1]
-            )
+            outputs += engine.act_on_partition(topic, record, now)
+        self.handle(outputs)

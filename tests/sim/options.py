@@ -25,7 +25,6 @@ class SimOptions:
     min_insync_replicas: int = 2
     replica_lag_time_max_ms: int = 300
     replica_fetch_backoff_ms: int = 50
-    alter_partition_retry_ms: int = 20
     safety_ms: int = 5_000
     liveness_ms: int = 20_000
     drop_rate: float = 0.05

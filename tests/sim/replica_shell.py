@@ -1,9 +1,13 @@
-"""A simulated broker's replica I/O: the effects of its cores, follower fetches, AlterPartition.
+"""A simulated broker's replica shell: the I/O around its `BrokerReplicas` engine.
 
-The part of a simulated broker (node.py) that carries out what its partition cores ask for:
-storage effects on the MemLog, AlterPartition requests to the controller (lost requests or
-answers surface as REQUEST_TIMED_OUT after the request timeout), fetch sessions to leaders over
-the simulated network, and produce answers handed to the workload.
+The engine (broker/replication/engine.py) is the product's: it hosts the node's partitions over
+MemLogs, carries out every effect of their cores, and decides produce, fetch and metadata; this
+is only what the broker's asyncio shell does around it, over the simulated network: follower
+fetch sessions to leaders (one request in flight per partition), AlterPartition requests to the
+controller (a lost request or answer surfaces as REQUEST_TIMED_OUT after the request timeout),
+produce answers handed to the workload, and the checker told of HW moves, truncations and
+leader appends. An output that means the engine hit a storage or apply failure is a finding:
+the simulation injects no disk faults.
 """
 
 from __future__ import annotations
@@ -13,30 +17,34 @@ from typing import TYPE_CHECKING
 
 from memlog import MemLog
 
+from minibroker.broker.replication.engine import (
+    Appended,
+    BrokerReplicas,
+    CorruptProduce,
+    FollowerAppendFailed,
+    HighWatermarkMoved,
+    HostedReplica,
+    LogDirFailed,
+    Output,
+    PartitionApplyFailed,
+    RoleChanged,
+    SendAlterPartition,
+    StartFollowing,
+    StopFollowing,
+    Truncated,
+)
 from minibroker.broker.replication.events import (
-    AdvanceLogStartOffset,
     AlterPartitionResult,
-    AppendAsFollower,
-    AssignEpoch,
-    Backoff,
     CompleteProduce,
-    Effect,
     FetchPosition,
     FetchResponse,
     FollowerFetch,
-    HighWatermarkChanged,
-    IsrUpdated,
     LeaderRecoveryState,
-    PartitionState,
-    ProposeIsr,
-    StartFetching,
-    StopFetching,
-    TruncateFullyAndStartAt,
-    TruncateTo,
+    Role,
 )
-from minibroker.broker.replication.partition import PartitionReplica
+from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode
-from minibroker.client.metadata.records import PartitionRecord
+from minibroker.client.types import TopicPartition
 from minibroker.controller.core.isr import AlterPartitionProposal, IsrMember
 from minibroker.controller.core.messages import AlterPartitionReply, AlterPartitionRequest
 
@@ -44,28 +52,18 @@ if TYPE_CHECKING:
     from node import SimBroker
     from replsim import Simulation
 
+FETCH_MAX_BYTES = 4_096  # small, so a follower catches up over several fetches
+
 
 @dataclass
-class SimReplica:
-    core: PartitionReplica
-    log: MemLog
-    fetch_in_flight: int = 0  # id of the fetch in flight, 0 for none
-    fetching: bool = False
+class Fetcher:
+    """A follower's fetch session for one partition: whom it fetches from, what is in flight."""
+
+    leader_id: int
+    in_flight: int = 0  # id of the fetch in flight, 0 for none
 
 
-def partition_state(record: PartitionRecord) -> PartitionState:
-    """A metadata PartitionRecord as the replica core takes it (replica_manager.py does this)."""
-    return PartitionState(
-        replicas=tuple(record.replicas),
-        isr=frozenset(record.isr),
-        leader=record.leader,
-        leader_epoch=record.leader_epoch,
-        partition_epoch=record.partition_epoch,
-        leader_recovery_state=LeaderRecoveryState(record.leader_recovery_state),
-    )
-
-
-def replica_result(proposal_id: int, reply: AlterPartitionReply) -> AlterPartitionResult:
+def alter_partition_result(proposal_id: int, reply: AlterPartitionReply) -> AlterPartitionResult:
     """The controller's AlterPartition reply as the leader core takes it (the shell's
     `_alter_partition_result` over the wire form)."""
     if reply.error != ErrorCode.NONE or not reply.results:
@@ -91,54 +89,60 @@ class ReplicaShell:
     broker_epoch: int
     incarnation: int
     alive: bool
-    replicas: dict[int, SimReplica]
+    logs: dict[int, MemLog]
+    engine: BrokerReplicas[MemLog] | None
+    fetchers: dict[TopicPartition, Fetcher]
 
-    # -- effects interpreter -----------------------------------------------------------------
+    def tp(self, pid: int) -> TopicPartition:
+        return TopicPartition(self.sim.topic, pid)
 
-    def apply(self: SimBroker, pid: int, effects: list[Effect] | tuple[Effect, ...]) -> None:
+    def hosted(self, pid: int) -> HostedReplica[MemLog] | None:
+        """This process's replica of partition `pid`, if it hosts one (for the checks)."""
+        engine = self.engine
+        return None if engine is None else engine.get(self.tp(pid))
+
+    # -- the engine's outputs ------------------------------------------------------------------
+
+    def handle(self: SimBroker, outputs: list[Output]) -> None:
+        """Do what the engine asked of the shell, in order."""
         sim = self.sim
-        rep = self.replicas[pid]
-        core, log = rep.core, rep.log
-        for effect in effects:
-            if isinstance(effect, AssignEpoch):
-                log.epoch_cache.assign(effect.leader_epoch, effect.start_offset)
-                sim.note(f"b{self.broker_id} p{pid} leads epoch {effect.leader_epoch}")
-            elif isinstance(effect, TruncateTo):
-                log.truncate_to(effect.offset)
-                sim.checker.on_truncated(self, pid)
-                sim.note(f"b{self.broker_id} p{pid} truncate {effect.offset}: {effect.reason}")
-                self.apply(pid, core.on_log_truncated(log.leo, log.log_start_offset)[1])
-            elif isinstance(effect, TruncateFullyAndStartAt):
-                log.truncate_fully_and_start_at(effect.offset)
-                sim.checker.on_truncated(self, pid)
-                self.apply(pid, core.on_log_truncated(log.leo, log.log_start_offset)[1])
-            elif isinstance(effect, AppendAsFollower):
-                headers = log.append(effect.records)
-                self.apply(pid, core.on_follower_appended(log.leo, headers)[1])
-            elif isinstance(effect, AdvanceLogStartOffset):
-                log.log_start_offset = max(log.log_start_offset, effect.offset)
-            elif isinstance(effect, HighWatermarkChanged):
-                sim.checker.on_high_watermark(self, pid)
-            elif isinstance(effect, CompleteProduce):
-                sim.workload.on_produce_complete(effect)
-            elif isinstance(effect, ProposeIsr):
-                self._send_alter_partition(pid, effect)
-            elif isinstance(effect, StartFetching):
-                # A new leader or epoch gets a new fetcher; the old one's request is abandoned.
-                rep.fetching = True
-                rep.fetch_in_flight = 0
-            elif isinstance(effect, StopFetching):
-                rep.fetching = False
-            elif isinstance(effect, (Backoff, IsrUpdated)):
-                pass
-            else:
-                raise AssertionError(f"unknown effect {effect!r}")
+        for output in outputs:
+            if isinstance(output, CompleteProduce):
+                sim.workload.on_produce_complete(self, output)
+            elif isinstance(output, SendAlterPartition):
+                self._send_alter_partition(output)
+            elif isinstance(output, StartFollowing):
+                # A new leader or epoch gets a new session; the old one's request is abandoned.
+                self.fetchers[output.tp] = Fetcher(output.leader_id)
+            elif isinstance(output, StopFollowing):
+                self.fetchers.pop(output.tp, None)
+            elif isinstance(output, HighWatermarkMoved):
+                sim.checker.on_high_watermark(self, output.tp.partition)
+            elif isinstance(output, Truncated):
+                sim.checker.on_truncated(self, output.tp.partition)
+                sim.note(
+                    f"b{self.broker_id} p{output.tp.partition} truncate {output.from_offset} -> "
+                    f"{output.to_offset}: {output.reason}"
+                )
+            elif isinstance(output, Appended):
+                if output.as_leader:
+                    sim.checker.on_leader_append(self, output.tp.partition, output.leader_epoch)
+            elif isinstance(output, RoleChanged):
+                if output.role is Role.LEADER:
+                    sim.note(
+                        f"b{self.broker_id} p{output.tp.partition} leads {output.leader_epoch}"
+                    )
+            elif isinstance(
+                output, FollowerAppendFailed | PartitionApplyFailed | LogDirFailed | CorruptProduce
+            ):
+                invariant(False, f"b{self.broker_id}: the engine failed: {output}")
 
     # -- AlterPartition ------------------------------------------------------------------------
 
-    def _send_alter_partition(self: SimBroker, pid: int, proposal: ProposeIsr) -> None:
+    def _send_alter_partition(self: SimBroker, send: SendAlterPartition) -> None:
         sim = self.sim
         incarnation = self.incarnation
+        proposal = send.proposal
         answered = [False]
 
         def answer(result: AlterPartitionResult) -> None:
@@ -147,10 +151,12 @@ class ReplicaShell:
             answered[0] = True
 
             def on_leader() -> None:
-                rep = self.replicas.get(pid)
-                if rep is not None:
-                    _, effects = rep.core.on_alter_partition_result(result, sim.now_ms)
-                    self.apply(pid, effects)
+                if self.engine is not None:
+                    self.handle(
+                        self.engine.on_alter_partition_result(
+                            send.tp, send.generation, result, sim.now_ms
+                        )
+                    )
 
             self.run_on(incarnation, on_leader)
 
@@ -160,15 +166,15 @@ class ReplicaShell:
             answer(AlterPartitionResult(proposal.proposal_id, ErrorCode.REQUEST_TIMED_OUT))
 
         def send_now() -> None:
-            if not self.alive or self.incarnation != incarnation or sim.topic_id is None:
+            if not self.alive or self.incarnation != incarnation:
                 return
             request = AlterPartitionRequest(
                 self.broker_id,
                 self.broker_epoch,
                 (
                     AlterPartitionProposal(
-                        topic_id=sim.topic_id,
-                        partition=pid,
+                        topic_id=send.topic_id,
+                        partition=send.tp.partition,
                         leader_epoch=proposal.leader_epoch,
                         partition_epoch=proposal.partition_epoch,
                         new_isr=tuple(IsrMember(b, e) for b, e in proposal.new_isr_with_epochs),
@@ -181,7 +187,7 @@ class ReplicaShell:
                 sim.call_controller(
                     lambda core, now: core.alter_partition(request, now),
                     lambda reply: sim.net.send(
-                        lambda: answer(replica_result(proposal.proposal_id, reply))
+                        lambda: answer(alter_partition_result(proposal.proposal_id, reply))
                     ),
                 )
                 if sim.net.faults and sim.rng.random() < 0.02:
@@ -196,23 +202,25 @@ class ReplicaShell:
     # -- fetching ------------------------------------------------------------------------------
 
     def fetch_tick(self: SimBroker) -> None:
-        """Each follower replica with no fetch in flight sends its next fetch."""
-        for pid, rep in self.replicas.items():
-            if not rep.fetching or rep.fetch_in_flight:
+        """Each follower session with no fetch in flight sends its next fetch."""
+        engine = self.engine
+        if engine is None:
+            return
+        for tp, fetcher in list(self.fetchers.items()):
+            if fetcher.in_flight:
                 continue
-            position, _ = rep.core.next_fetch(self.sim.now_ms)
-            if position is None:
-                continue
-            self._send_fetch(rep, pid, position)
+            position = engine.next_fetch(tp, fetcher.leader_id, self.sim.now_ms)
+            if position is not None:
+                self._send_fetch(tp, fetcher, position)
 
     def _send_fetch(
-        self: SimBroker, follower_rep: SimReplica, pid: int, position: FetchPosition
+        self: SimBroker, tp: TopicPartition, fetcher: Fetcher, position: FetchPosition
     ) -> None:
         sim = self.sim
         follower = self
         incarnation = follower.incarnation
-        fetch_id = follower_rep.fetch_in_flight = next(sim.fetch_ids)
-        leader = sim.brokers[position.leader_id]
+        fetch_id = fetcher.in_flight = next(sim.fetch_ids)
+        leader = sim.brokers[fetcher.leader_id]
         request = FollowerFetch(
             replica_id=follower.broker_id,
             broker_epoch=follower.broker_epoch,
@@ -223,26 +231,23 @@ class ReplicaShell:
         )
 
         def done() -> None:
-            if follower_rep.fetch_in_flight == fetch_id:
-                follower_rep.fetch_in_flight = 0
+            if fetcher.in_flight == fetch_id:
+                fetcher.in_flight = 0
 
         def arrive() -> None:
-            if not leader.alive or pid not in leader.replicas:
+            engine = leader.engine
+            if engine is None:
                 sim.at(100, done)  # connection refused / timeout
                 return
-            rep = leader.replicas[pid]
-            answer, effects = rep.core.handle_follower_fetch(request, sim.now_ms)
-            leader.apply(pid, effects)
-            records = b""
-            if answer.error == ErrorCode.NONE and answer.diverging_epoch is None:
-                records = rep.log.read(answer.fetch_offset, answer.read_until_offset, 4096)
+            reply, outputs = engine.follower_fetch(tp, request, FETCH_MAX_BYTES, sim.now_ms)
+            leader.handle(outputs)
             response = FetchResponse(
-                error=answer.error,
-                high_watermark=answer.high_watermark,
-                log_start_offset=answer.log_start_offset,
-                log_end_offset=answer.log_end_offset,
-                diverging_epoch=answer.diverging_epoch,
-                records=records,
+                error=reply.error,
+                high_watermark=reply.high_watermark,
+                log_start_offset=reply.log_start_offset,
+                log_end_offset=reply.log_end_offset,
+                diverging_epoch=reply.diverging_epoch,
+                records=reply.records,
             )
             if sim.net.dropped():
                 sim.at(100, done)
@@ -254,10 +259,11 @@ class ReplicaShell:
 
         def respond(response: FetchResponse) -> None:
             done()
-            rep = follower.replicas.get(pid)
-            if rep is None:
-                return
-            follower.apply(pid, rep.core.on_fetch_response(position, response, sim.now_ms)[1])
+            engine = follower.engine
+            if engine is not None:
+                follower.handle(
+                    engine.on_fetch_response(tp, fetcher.leader_id, position, response, sim.now_ms)
+                )
 
         def reach_leader() -> None:
             if not leader.alive:

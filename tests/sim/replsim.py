@@ -1,14 +1,17 @@
-"""A deterministic, seeded simulation of the replication cores and the controller core
+"""A deterministic, seeded simulation of the brokers' replica engine and the controller core
 (docs/design.md §2, §3, §6, §8; the second test layer of §8): the wiring.
 
-In one process: every broker's partition cores (`PartitionReplica`) over an in-memory log
-(memlog.py: real v2 batch bytes, the real EpochCache, an "unflushed tail lost on crash" model),
-and the real `ControllerCore` behind a simulated journal (sim_controller.py: group commit, crash
-that loses unflushed entries, restart by snapshot + replay). The rooms:
+In one process: every broker's partitions hosted in the product's replica engine
+(`BrokerReplicas`: the cores, the one effect interpreter, the produce / fetch / metadata
+decisions) over in-memory logs (memlog.py: real v2 batch bytes, the real EpochCache, an
+"unflushed tail lost on crash" model), and the real `ControllerCore` behind a simulated journal
+(sim_controller.py: group commit, crash that loses unflushed entries, restart by snapshot +
+replay). The rooms:
 
 - scheduler.py: virtual time (an event queue) and the network (delay, drop, reorder);
-- node.py: a simulated broker (registration, heartbeats, the metadata watch) and
-  replica_shell.py, its replicas' I/O (the effects, follower fetches, AlterPartition);
+- options.py: a run's options, drawn from its seed;
+- node.py: a simulated broker (registration, heartbeats, the metadata watch, its engine) and
+  replica_shell.py, the I/O around its engine (fetch sessions, AlterPartition, produce answers);
 - workload.py: producers (plain and idempotent, acks=all) and consumers;
 - nemesis.py: the faults and the budget they keep to;
 - checker.py: the invariants of docs/design.md §8, after every event and at the end;
@@ -39,7 +42,6 @@ from scheduler import Network, Scheduler
 from sim_controller import SimControllerNode
 from workload import Workload
 
-from minibroker.broker.replication.events import ReplicaConfig
 from minibroker.client.errors import ErrorCode
 from minibroker.client.metadata.records import LogEntry, PartitionRecord
 from minibroker.client.types import NO_LEADER
@@ -60,12 +62,6 @@ class Simulation:
         self.opt = opt = options or SimOptions.from_seed(seed)
         self.scheduler = Scheduler()
         self.net = Network(self.scheduler, self.rng, opt.drop_rate, opt.delay_ms_max)
-        self.replica_config = ReplicaConfig(
-            min_insync_replicas=opt.min_insync_replicas,
-            replica_lag_time_max_ms=opt.replica_lag_time_max_ms,
-            replica_fetch_backoff_ms=opt.replica_fetch_backoff_ms,
-            alter_partition_retry_ms=opt.alter_partition_retry_ms,
-        )
         settings = ControllerSettings(
             session_timeout_ms=opt.session_timeout_ms,
             auto_leader_rebalance_enable=True,
@@ -236,13 +232,14 @@ class Simulation:
             if not broker.alive or broker.paused():
                 continue
             broker.fetch_tick()
-            for pid, rep in list(broker.replicas.items()):
+            engine = broker.engine
+            assert engine is not None
+            for tp in engine:  # a snapshot: a replica may go while others tick
                 if now % 150 == 0:
-                    broker.apply(pid, rep.core.maybe_shrink_isr(now)[1])
-                if pid in broker.replicas:
-                    broker.apply(pid, rep.core.expire_produces(now)[1])
-                if self.rng.random() < 0.02:
-                    rep.log.flush(rep.core.high_watermark)
+                    broker.handle(engine.maybe_shrink_isr(tp, now))
+                broker.handle(engine.expire_produces(tp, now))
+                if self.rng.random() < 0.02 and tp in engine:
+                    broker.logs[tp.partition].flush(engine.high_watermark(tp))
         self.workload.tick()
         self.at(self.opt.tick_ms, self._tick)
 

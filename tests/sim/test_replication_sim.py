@@ -1,4 +1,4 @@
-"""Seeded whole-cluster simulation of the replication cores and the controller core
+"""Seeded whole-cluster simulation of the brokers' replica engine and the controller core
 (docs/design.md §2, §6, §8; the second test layer of §8).
 
 Each seed runs a safety phase (drops, delays, reordering, crashes that lose unflushed tails,

@@ -13,12 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from minibroker.broker.replication.events import (
-    AppendPlan,
-    CompleteProduce,
-    DuplicateAppend,
-    ProduceRejected,
-)
+from minibroker.broker.replication.engine import ProduceReply
+from minibroker.broker.replication.events import CompleteProduce
 from minibroker.client.batch import iter_batches
 from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode
@@ -26,6 +22,7 @@ from minibroker.client.records import encode_batch
 from minibroker.client.types import NO_LEADER
 
 if TYPE_CHECKING:
+    from node import SimBroker
     from replsim import Simulation
 
 
@@ -45,7 +42,8 @@ class Workload:
         self.sim = sim
         self.acked: dict[tuple[int, int], bytes] = {}  # (pid, offset) -> stamped batch bytes
         self.produced = 0
-        self.pending_values: dict[object, tuple[int, int, int]] = {}
+        # (broker, incarnation, engine token) -> (request, pid, base offset): parked produces.
+        self.waiting: dict[tuple[int, int, int], tuple[object, int, int]] = {}
         self.producers = {pid: IdempotentProducer(1_000 + pid) for pid in range(sim.opt.partitions)}
         self.consumer_position: dict[int, int] = {}
 
@@ -70,6 +68,25 @@ class Workload:
         self.acked[(pid, base_offset)] = data
         self.sim.checker.on_acked(pid, base_offset)
 
+    def _send(
+        self, broker: SimBroker, pid: int, raw: bytes, request: object
+    ) -> ProduceReply | None:
+        """A produce request with acks=all reaches `broker` (running): the engine appends and
+        parks it; `request` names it when its answer comes (an output of this call or a later
+        one). None when the process has no engine (it stopped)."""
+        engine = broker.engine
+        if engine is None:
+            return None
+        sim = self.sim
+        reply, outputs = engine.produce(
+            broker.tp(pid), -1, raw, sim.now_ms, deadline_ms=sim.now_ms + 2_000
+        )
+        if reply.token is not None:
+            key = (broker.broker_id, broker.incarnation, reply.token)
+            self.waiting[key] = (request, pid, reply.base_offset)
+        broker.handle(outputs)
+        return reply
+
     def _produce(self) -> None:
         sim = self.sim
         pid = sim.rng.randrange(sim.opt.partitions)
@@ -80,25 +97,8 @@ class Workload:
         value = f"s{sim.seed}-m{self.produced}".encode()
         raw = encode_batch([(sim.now_ms, None, value, ())])
         broker = sim.brokers[leader_id]
-        token = (pid, self.produced)
-
-        def arrive() -> None:
-            if pid not in broker.replicas:
-                return
-            rep = broker.replicas[pid]
-            headers = [h for _, h in iter_batches(raw)]
-            plan, _ = rep.core.plan_append(-1, headers)
-            if not isinstance(plan, AppendPlan):
-                return
-            rep.log.leader_append(raw, plan)
-            sim.checker.on_leader_append(broker, pid, plan)
-            self.pending_values[token] = (broker.broker_id, pid, plan.base_offset)
-            _, effects = rep.core.on_leader_appended(
-                plan, sim.now_ms, token=token, deadline_ms=sim.now_ms + 2_000
-            )
-            broker.apply(pid, effects)
-
-        sim.net.send(lambda: broker.run_on(None, arrive))
+        request = (pid, self.produced)
+        sim.net.send(lambda: broker.run_on(None, lambda: self._send(broker, pid, raw, request)))
 
     def _produce_idempotent(self, pid: int) -> None:
         producer = self.producers[pid]
@@ -120,7 +120,7 @@ class Workload:
         producer.attempt += 1
         attempt = producer.attempt
         raw = producer.in_flight
-        token = ("idem", pid, sequence, attempt)
+        request = ("idem", pid, sequence, attempt)
         leader_id = sim.leader(pid)
 
         def retry_later(delay_ms: int) -> None:
@@ -132,30 +132,10 @@ class Workload:
         broker = sim.brokers[leader_id]
 
         def arrive() -> None:
-            if pid not in broker.replicas:
-                return
-            rep = broker.replicas[pid]
-            headers = [h for _, h in iter_batches(raw)]
-            plan, _ = rep.core.plan_append(-1, headers)
-            deadline_ms = sim.now_ms + 2_000
-            if isinstance(plan, DuplicateAppend):
-                self.pending_values[token] = (broker.broker_id, pid, plan.base_offset)
-                _, effects = rep.core.park_produce(
-                    token, plan.base_offset, plan.last_offset, deadline_ms
-                )
-                broker.apply(pid, effects)
-                return
-            if isinstance(plan, ProduceRejected):
-                sim.checker.on_producer_error(pid, plan.error)
+            reply = self._send(broker, pid, raw, request)
+            if reply is not None and reply.error != ErrorCode.NONE:
+                sim.checker.on_producer_error(pid, reply.error)
                 sim.net.send(lambda: self._retry_if_current(pid, sequence, attempt))
-                return
-            rep.log.leader_append(raw, plan)
-            sim.checker.on_leader_append(broker, pid, plan)
-            self.pending_values[token] = (broker.broker_id, pid, plan.base_offset)
-            _, effects = rep.core.on_leader_appended(
-                plan, sim.now_ms, token=token, deadline_ms=deadline_ms
-            )
-            broker.apply(pid, effects)
 
         sim.net.send(lambda: broker.run_on(None, arrive))
 
@@ -164,8 +144,8 @@ class Workload:
         if producer.sequence == sequence and producer.attempt == attempt:
             self.sim.at(self.sim.rng.randint(5, 50), lambda: self._send_idempotent(pid, sequence))
 
-    def _on_idempotent_answer(self, token: tuple[object, ...], error: ErrorCode) -> None:
-        _, pid, sequence, attempt = token
+    def _on_idempotent_answer(self, request: tuple[object, ...], error: ErrorCode) -> None:
+        _, pid, sequence, attempt = request
         producer = self.producers[pid]  # type: ignore[index]
         if producer.sequence != sequence or producer.in_flight is None:
             return  # an answer to an attempt of a batch already acknowledged
@@ -176,28 +156,20 @@ class Workload:
         producer.in_flight = None
         producer.sequence += 1
 
-    def on_produce_complete(self, effect: CompleteProduce) -> None:
-        """A leader answers a produce (acks=all: once the HW passed it, or with an error)."""
+    def on_produce_complete(self, broker: SimBroker, done: CompleteProduce) -> None:
+        """`broker`'s engine answers a parked produce (the HW passed it, or an error)."""
         sim = self.sim
-        token = effect.token
-        if isinstance(token, tuple) and token[0] == "idem":
-            info = self.pending_values.get(token)
-            if info is not None and effect.error == ErrorCode.NONE:
-                broker_id, pid, base_offset = info
-                data = sim.brokers[broker_id].replicas[pid].log.batch_at(base_offset)
-                invariant(data is not None, f"acked batch at {base_offset} is not in the log")
-                sim.net.send(lambda: self._record_ack(pid, base_offset, data))  # type: ignore[arg-type]
-            self.pending_values.pop(token, None)
-            sim.net.send(lambda: self._on_idempotent_answer(token, effect.error))
+        waiting = self.waiting.pop((broker.broker_id, broker.incarnation, done.token), None)
+        if waiting is None:
             return
-        info = self.pending_values.pop(effect.token, None)
-        if info is None or effect.error != ErrorCode.NONE:
-            return
-        broker_id, pid, base_offset = info
-        data = sim.brokers[broker_id].replicas[pid].log.batch_at(base_offset)
-        invariant(data is not None, f"acked batch at {base_offset} is not in the leader's log")
-        # The response travels back; a lost response just means the client never learns.
-        sim.net.send(lambda: self._record_ack(pid, base_offset, data))  # type: ignore[arg-type]
+        request, pid, base_offset = waiting
+        if done.error == ErrorCode.NONE:
+            data = broker.logs[pid].batch_at(base_offset)
+            invariant(data is not None, f"acked batch at {base_offset} is not in the leader's log")
+            # The answer travels back; a lost one just means the client never learns.
+            sim.net.send(lambda: self._record_ack(pid, base_offset, data))  # type: ignore[arg-type]
+        if isinstance(request, tuple) and request[0] == "idem":
+            sim.net.send(lambda: self._on_idempotent_answer(request, done.error))
 
     # -- consuming -----------------------------------------------------------------------------
 
@@ -210,19 +182,19 @@ class Workload:
             if leader_id == NO_LEADER:
                 continue
             broker = sim.brokers[leader_id]
-            rep = broker.replicas.get(pid)
-            if not broker.alive or rep is None or broker.paused():
+            engine = broker.engine
+            if not broker.alive or engine is None or broker.paused():
                 continue
             position = self.consumer_position.get(pid, 0)
-            answer, _ = rep.core.check_consumer_fetch(-1, position)
-            if answer.error != ErrorCode.NONE:
+            reply, _ = engine.consumer_fetch(broker.tp(pid), -1, position, 1 << 20)
+            if reply.error != ErrorCode.NONE:
                 continue
-            data = rep.log.read(position, answer.read_until_offset)
+            data = reply.records
+            high_watermark = engine.high_watermark(broker.tp(pid))
             for pos, header in iter_batches(data):
                 invariant(
-                    header.next_offset <= rep.core.high_watermark,
-                    f"p{pid}: consumer read {header.last_offset} above HW "
-                    f"{rep.core.high_watermark}",
+                    header.next_offset <= high_watermark,
+                    f"p{pid}: consumer read {header.last_offset} above HW {high_watermark}",
                 )
                 invariant(
                     header.base_offset == position,
