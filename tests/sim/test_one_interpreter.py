@@ -4,10 +4,11 @@ tests/ carries out a core's effects itself.
 A simulation that runs its own copy of the effect interpreter can pass while the product is
 wrong (the copies drift: one once assigned the log start where the product calls
 `maybe_increment_log_start_offset`). So: the simulation's brokers host their partitions in
-`BrokerReplicas` (broker/replication/engine.py) over MemLogs; no module under tests/ dispatches
-on the storage effects (an `isinstance` chain over AssignEpoch, TruncateTo, AppendAsFollower, ...),
-which is what an interpreter is; and the drivers neither import the core's effects nor call a
-core's entry points, so everything they do goes through the engine.
+`BrokerReplicas` (broker/replication/engine.py) over MemLogs; no function but the engine's
+`_interpret`, under tests/ or in the product, dispatches on the storage effects (an `isinstance`
+chain over AssignEpoch, TruncateTo, AppendAsFollower, ...), which is what an interpreter is; and
+the drivers neither import the core's effects nor call a core's entry points, so everything they
+do goes through the engine.
 """
 
 from __future__ import annotations
@@ -114,9 +115,17 @@ def test_the_detector_finds_the_engines_interpreter() -> None:
     assert any(":_interpret " in entry for entry in found), found
 
 
-def test_no_module_under_tests_interprets_effects() -> None:
-    found = [entry for path in sorted(TESTS.rglob("*.py")) for entry in interpreters(path)]
-    assert found == [], f"a second effect interpreter under tests/: {found}"
+def test_the_engines_is_the_only_interpreter() -> None:
+    """Nothing under tests/, nor anywhere in the product, carries out effects but the engine."""
+    found = [
+        entry
+        for root in ("broker", "client", "controller", "tests")
+        for path in sorted((REPO / root).rglob("*.py"))
+        for entry in interpreters(path)
+    ]
+    assert [entry.split(" (")[0] for entry in found] == [
+        "broker/replication/engine.py:_interpret"
+    ], f"a second effect interpreter: {found}"
 
 
 def test_the_drivers_go_through_the_engine() -> None:
