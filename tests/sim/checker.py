@@ -24,6 +24,7 @@ from minibroker.broker.replication.invariants import (
     check_epoch_cache_matches_batches,
     check_epoch_entries,
 )
+from minibroker.client.batch import BatchHeader, iter_batches
 from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode
 from minibroker.client.metadata.records import LogEntry, PartitionRecord
@@ -106,7 +107,7 @@ class Checker:
             if leader.alive and reg is not None and reg.broker_epoch == leader.broker_epoch:
                 log = leader.logs.get(pid)
                 for (apid, offset), data in sim.acked.items():
-                    if apid == pid:
+                    if apid == pid and (log is None or offset >= log.log_start_offset):
                         invariant(
                             log is not None and log.batch_at(offset) == data,
                             f"{where}new leader {record.leader} lacks acked batch at {offset}",
@@ -204,8 +205,12 @@ class Checker:
                 core, log, pid = hosted.core, hosted.log, hosted.tp.partition
                 core.check_invariants()
                 key = (broker.broker_id, pid)
-                if core.leo != log.leo:
-                    invariant(False, f"b{key[0]} p{pid}: core LEO {core.leo} != log {log.leo}")
+                if core.leo != log.leo or core.log_start_offset != log.log_start_offset:
+                    invariant(
+                        False,
+                        f"b{key[0]} p{pid}: core LEO {core.leo}, log start "
+                        f"{core.log_start_offset} != log's {log.leo}, {log.log_start_offset}",
+                    )
                 entries = log.epoch_cache.entries
                 for (e1, s1), (e2, s2) in itertools.pairwise(entries):
                     if e2 <= e1 or s2 <= s1:
@@ -240,7 +245,11 @@ class Checker:
                 pending = self.unverified.setdefault((broker_id, pid), set())
                 log = broker.logs.get(pid)
                 for offset in list(pending):
-                    if log is not None and log.batch_at(offset) == sim.acked[(pid, offset)]:
+                    if log is not None and (
+                        # Retention may delete what is below the HW, acknowledged or not.
+                        offset < log.log_start_offset
+                        or log.batch_at(offset) == sim.acked[(pid, offset)]
+                    ):
                         pending.discard(offset)
                     else:
                         invariant(
@@ -303,21 +312,33 @@ class Checker:
             record = sim.partition(pid)
             assert record is not None
             leader_log = sim.brokers[record.leader].logs[pid]
+            # Each replica runs its own retention: the logs agree from the highest log start.
+            start = max(sim.brokers[b].logs[pid].log_start_offset for b in record.replicas)
             for broker_id in record.replicas:
                 log = sim.brokers[broker_id].logs[pid]
                 invariant(
-                    log.batches == leader_log.batches,
+                    log.batches[log.index_of(start) :]
+                    == leader_log.batches[leader_log.index_of(start) :],
                     f"p{pid}: broker {broker_id}'s log differs from the leader's",
                 )
                 check_batches_contiguous(log.triples(), log.log_start_offset, f"p{pid}: ")
                 check_epoch_cache_matches_batches(
                     log.epoch_cache.entries, log.triples(), f"b{broker_id} p{pid}: "
                 )
-            # docs/design.md §8.5: every idempotent batch is stored once, acked or not.
+            # docs/design.md §8.5: every idempotent batch is stored once, acked or not (what
+            # retention deleted was committed, so it is in `committed`).
             producer_id = sim.workload.producers[pid].producer_id
-            sequences = [
-                h.base_sequence for h in leader_log.headers if h.producer_id == producer_id
-            ]
+            stored = {
+                h.base_offset: h.base_sequence
+                for h in self._committed_headers(pid)
+                if h.producer_id == producer_id
+            }
+            stored.update(
+                (h.base_offset, h.base_sequence)
+                for h in leader_log.headers
+                if h.producer_id == producer_id
+            )
+            sequences = list(stored.values())
             invariant(
                 len(sequences) == len(set(sequences)),
                 f"p{pid}: an idempotent batch was stored twice: {sorted(sequences)}",
@@ -327,9 +348,14 @@ class Checker:
                 f"p{pid}: an acknowledged idempotent batch is missing",
             )
             for (apid, offset), data in sim.acked.items():
-                if apid != pid:
+                if apid != pid or offset < leader_log.log_start_offset:
                     continue
                 invariant(
                     leader_log.batch_at(offset) == data,
                     f"p{pid}: acked batch at {offset} lost",
                 )
+
+    def _committed_headers(self, pid: int) -> list[BatchHeader]:
+        return [
+            next(iter_batches(data))[1] for (cpid, _), data in self.committed.items() if cpid == pid
+        ]

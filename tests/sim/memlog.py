@@ -202,6 +202,22 @@ class MemLog:
             return self.batches[i]
         return None
 
+    def delete_retention(self, high_watermark: int, batches: int) -> bool:
+        """Retention (PartitionLog.delete_retention, a batch for a segment): delete up to
+        `batches` of the oldest batches, each only while the next one starts at or below the HW
+        (nothing at or above the HW goes, nor the last batch); the log start moves up to the
+        first batch left. True when anything went."""
+        drop = 0
+        while (
+            drop < batches
+            and drop + 1 < len(self.headers)
+            and self.headers[drop + 1].base_offset <= high_watermark
+        ):
+            drop += 1
+        if not drop:
+            return False
+        return self.maybe_increment_log_start_offset(self.headers[drop].base_offset)
+
     def flush(self, high_watermark: int) -> None:
         """fsync the log and write the HW checkpoint."""
         self.flushed = len(self.batches)

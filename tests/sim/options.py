@@ -36,6 +36,7 @@ class SimOptions:
     controller_crash_rate: float = 0.0003
     offline_rate: float = 0.0002
     shutdown_rate: float = 0.0004
+    retention_rate: float = 0.0  # per tick and broker: delete some of the oldest batches
     # One controller restart and one offline period at a random time of every safety phase.
     scheduled_faults: bool = True
     stream_break_rate: float = 0.003  # per heartbeat
@@ -75,6 +76,7 @@ class SimOptions:
             offline_rate=rate(base.offline_rate),
             shutdown_rate=rate(base.shutdown_rate),
             stream_break_rate=rate(base.stream_break_rate),
+            retention_rate=rate(0.002),
             produce_interval_ms=rng.randint(5, 10),
         )
 

@@ -120,6 +120,7 @@ class ReplicaShell:
                 sim.checker.on_high_watermark(self, output.tp.partition)
             elif isinstance(output, Truncated):
                 sim.checker.on_truncated(self, output.tp.partition)
+                sim.stats["truncations_full" if output.fully else "truncations"] += 1
                 sim.note(
                     f"b{self.broker_id} p{output.tp.partition} truncate {output.from_offset} -> "
                     f"{output.to_offset}: {output.reason}"

@@ -240,8 +240,29 @@ class Simulation:
                 broker.handle(engine.expire_produces(tp, now))
                 if self.rng.random() < 0.02 and tp in engine:
                     broker.logs[tp.partition].flush(engine.high_watermark(tp))
+            if self.opt.retention_rate and self.rng.random() < self.opt.retention_rate:
+                self._retention(broker)
         self.workload.tick()
         self.at(self.opt.tick_ms, self._tick)
+
+    def _retention(self, broker: SimBroker) -> None:
+        """A retention pass on one of `broker`'s replicas (the broker's background job): the
+        oldest batches below its HW go, and the engine learns the new log start."""
+        engine = broker.engine
+        hosted = list(engine) if engine is not None else []
+        if not hosted:
+            return
+        tp = self.rng.choice(hosted)
+        log = broker.logs[tp.partition]
+        assert engine is not None
+        # Each idempotent producer's newest batch stays: were its state to go with the log (the
+        # core forgets a producer whose batches are all below the log start), a retry of that
+        # batch after a lost answer would be stored again, as in Kafka.
+        keep = [h.base_offset for h in log.headers if h.producer_id in self.workload.producer_ids]
+        limit = min(engine.high_watermark(tp), max(keep, default=log.leo))
+        if log.delete_retention(limit, self.rng.randint(1, 200)):
+            engine.on_log_start_offset_advanced(tp)
+            self.stats["retention_passes"] += 1
 
     def _after_event(self, now_ms: int) -> None:
         self.checker.check(full=now_ms % 25 == 0)

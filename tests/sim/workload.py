@@ -46,6 +46,7 @@ class Workload:
         self.waiting: dict[tuple[int, int, int], tuple[object, int, int]] = {}
         self.producers = {pid: IdempotentProducer(1_000 + pid) for pid in range(sim.opt.partitions)}
         self.consumer_position: dict[int, int] = {}
+        self.producer_ids = {p.producer_id for p in self.producers.values()}
 
     def tick(self) -> None:
         """One scheduler tick of client activity (only while faults are on: the liveness
@@ -187,6 +188,10 @@ class Workload:
                 continue
             position = self.consumer_position.get(pid, 0)
             reply, _ = engine.consumer_fetch(broker.tp(pid), -1, position, 1 << 20)
+            if reply.error == ErrorCode.OFFSET_OUT_OF_RANGE and position < reply.log_start_offset:
+                # Retention passed it: auto.offset.reset=earliest.
+                self.consumer_position[pid] = reply.log_start_offset
+                continue
             if reply.error != ErrorCode.NONE:
                 continue
             data = reply.records
