@@ -73,20 +73,23 @@ class Background:
             )
         if mono - last["hw"] >= hw_every:
             last["hw"] = mono
-            # On the loop thread: the checkpoint reads every log's HW (a few ms of fsync).
-            self._guarded("checkpoint_high_watermarks", manager.checkpoint_high_watermarks)
+            # On the loop thread: the checkpoint writes every core's HW (a few ms of fsync).
+            self.guarded("checkpoint_high_watermarks", self.checkpoint_high_watermarks)
         if mono - last["rp"] >= rp_every:
             last["rp"] = mono
-            self._guarded("retry_log_deletes", manager.retry_deletes)
-            self._guarded("maybe_flush", lambda: manager.maybe_flush(now))
-            self._guarded("checkpoint_recovery_points", manager.checkpoint_recovery_points)
-            self._guarded("checkpoint_log_start_offsets", manager.checkpoint_log_start_offsets)
+            self.guarded("retry_log_deletes", manager.retry_deletes)
+            self.guarded("maybe_flush", lambda: manager.maybe_flush(now))
+            self.guarded("checkpoint_recovery_points", manager.checkpoint_recovery_points)
+            self.guarded("checkpoint_log_start_offsets", manager.checkpoint_log_start_offsets)
         if mono - last["retention"] >= retention_every:
             last["retention"] = mono
             self._each_partition("retention", lambda tp: self._run_retention(tp, now))
         self._update_gauges()
 
-    def _guarded(self, step: str, fn: Callable[[], Any]) -> None:
+    def checkpoint_high_watermarks(self) -> None:
+        self._rm.log_manager.checkpoint_high_watermarks(self._rm.engine.high_watermarks())
+
+    def guarded(self, step: str, fn: Callable[[], Any]) -> None:
         """Run one background step; a failure is logged and the other steps still run."""
         if self._rm.log_dir_failure is not None:
             return
@@ -113,9 +116,9 @@ class Background:
         partition_log = self._rm.engine.log(tp)
         if partition_log is None:
             return
-        deleted = partition_log.delete_retention(now)
+        deleted = partition_log.delete_retention(now, self._rm.engine.high_watermark(tp))
         if deleted:
-            self._rm.engine.on_log_start_offset_advanced(tp)
+            self._rm.run(self._rm.engine.on_log_start_offset_advanced(tp))
             log.info(
                 "segments_deleted",
                 topic=tp.topic,

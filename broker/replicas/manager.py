@@ -126,7 +126,8 @@ class ReplicaManager:
         # the HW). Waking the other kind would only make it look and park again.
         self.fetch_signals = KeySignals(config["queued.max.requests"])
         self.hw_signals = KeySignals(config["queued.max.requests"])
-        # acks=all produces waiting, by the engine's token.
+        # acks=all produces waiting, by the engine's token; completed only from the core's
+        # CompleteProduce outputs.
         self.produce_futures: dict[object, asyncio.Future[CompleteProduce]] = {}
         self.controller_address = controller_address
         self.link: Any = None  # ControllerLink, attached after construction
@@ -258,13 +259,12 @@ class ReplicaManager:
         await self.fetchers.stop()
         for task in list(self.tasks):
             task.cancel()
-        for future in self.produce_futures.values():
-            if not future.done():
-                future.set_result(
-                    CompleteProduce(
-                        None, ErrorCode.NOT_LEADER_OR_FOLLOWER, -1, -1, "broker shutting down"
-                    )
-                )
+        # The HWs are the cores': checkpointed here, before the logs close (Kafka's
+        # ReplicaManager.shutdown). Skipped once the dir failed; a failure takes it offline.
+        self.background.guarded(
+            "checkpoint_high_watermarks", self.background.checkpoint_high_watermarks
+        )
+        self.run(self.engine.shutdown("broker shutting down"))
 
     # -- helpers for the job modules ----------------------------------------------------
 

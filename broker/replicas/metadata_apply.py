@@ -52,7 +52,7 @@ class MetadataApplier:
             topic_id,
             partition_log,
             configs,
-            high_watermark=partition_log.high_watermark,
+            high_watermark=self._rm.log_manager.checkpointed_high_watermark(tp),
             max_message_bytes=partition_log.config.max_message_bytes,
         )
 

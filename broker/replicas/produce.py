@@ -1,7 +1,9 @@
 """Produce: one engine call per partition, then wait for the acks=all futures.
 
 I/O shell (event-loop thread). The checks, the plan, the append and the acks=all rule are the
-engine's (`BrokerReplicas.produce`); here only the futures and the request timeout live. Each
+engine's (`BrokerReplicas.produce`); here only the futures and the request timeout live. A
+future is completed only from the core's CompleteProduce outputs, also on a timeout
+(`expire_produce`), so the core's purgatory and the futures always agree. Each
 partition's outputs are carried out before the next partition is produced, so one whose
 append takes the dir offline answers every later one KAFKA_STORAGE_ERROR.
 """
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING
 from minibroker.broker import wire
 from minibroker.broker.replication.events import CompleteProduce
 from minibroker.client.common.clock import wall_clock_ms
+from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode
 from minibroker.client.types import TopicPartition
 
@@ -31,7 +34,9 @@ class ProduceHandler:
         rm = self._rm
         rm.metrics.produce_requests.inc()
         results: list[wire.ProduceResult] = []
-        waits: list[tuple[wire.ProduceResult, asyncio.Future[CompleteProduce]]] = []
+        waits: list[
+            tuple[wire.ProduceResult, TopicPartition, int, asyncio.Future[CompleteProduce]]
+        ] = []
         deadline = wall_clock_ms() + max(timeout_ms, 0)
         for part in partitions:
             tp = TopicPartition(part.topic, part.partition)
@@ -51,23 +56,20 @@ class ProduceHandler:
                 # Registered before the outputs run: they may complete it at once.
                 future = asyncio.get_running_loop().create_future()
                 rm.produce_futures[reply.token] = future
-                waits.append((result, future))
+                waits.append((result, tp, reply.token, future))
             rm.run(outputs)
         if waits:
-            await asyncio.wait([f for _, f in waits], timeout=max(timeout_ms, 0) / 1000.0)
-            for result, future in waits:
-                if future.done():
-                    completion = future.result()
-                    result.error = completion.error
-                    result.message = completion.message
-                    if completion.error != ErrorCode.NONE:
-                        result.base_offset = -1
-                else:
-                    result.error = ErrorCode.REQUEST_TIMED_OUT
-                    result.message = "the ISR did not acknowledge the write within timeout_ms"
+            await asyncio.wait([f for _, _, _, f in waits], timeout=max(timeout_ms, 0) / 1000.0)
+            for result, tp, token, future in waits:
+                if not future.done():
+                    # timeout_ms ran out first: the core answers REQUEST_TIMED_OUT for it.
+                    rm.run(rm.engine.expire_produce(tp, token))
+                invariant(future.done(), f"{tp}: produce {token} is parked nowhere")
+                completion = future.result()
+                result.error = completion.error
+                result.message = completion.message
+                if completion.error != ErrorCode.NONE:
                     result.base_offset = -1
-                    # The core expires its own record of this produce at the same deadline.
-                    future.cancel()
         if all(r.error != ErrorCode.INVALID_REQUIRED_ACKS for r in results):
             # A request refused as a whole (bad acks) is not a failed produce (as in Kafka,
             # where KafkaApis refuses it before the append path counts).

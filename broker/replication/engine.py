@@ -33,6 +33,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from minibroker.broker.replication.eligibility import BrokerEligibilityView
 from minibroker.broker.replication.events import (
     AdvanceLogStartOffset,
     AlterPartitionResult,
@@ -58,7 +59,7 @@ from minibroker.broker.replication.events import (
     TruncateFullyAndStartAt,
     TruncateTo,
 )
-from minibroker.broker.replication.partition import BrokerEligibilityView, PartitionReplica
+from minibroker.broker.replication.partition import PartitionReplica
 from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.broker.storage.errors import is_log_dir_failure
 from minibroker.client import batch as batchlib
@@ -436,8 +437,6 @@ class HostedReplica(Generic[S]):
     # The follower fetch planned by `next_fetch`: only the answer to this very position is
     # applied, so a late answer to an older one (a stopping fetcher's) is dropped.
     pending_fetch: FetchPosition | None = None
-    # acks=all produces waiting on this replica, answered if it is removed or the dir fails.
-    tokens: set[int] = field(default_factory=set)
 
 
 class _FollowerAppendError(Exception):
@@ -710,15 +709,15 @@ class BrokerReplicas(Generic[S]):
         hosted.record_validation = RecordValidation.from_topic_config(configs)
 
     def remove(self, tp: TopicPartition, *, delete: bool, reason: str) -> list[Output]:
-        """Stop hosting `tp`: its waiting produces are answered NOT_LEADER_OR_FOLLOWER, its
-        long polls woken; the shell stops its fetcher and deletes the log when `delete`."""
+        """Stop hosting `tp`: the core answers its waiting produces NOT_LEADER_OR_FOLLOWER, its
+        long polls are woken; the shell stops its fetcher and deletes the log when `delete`."""
         hosted = self._hosted.pop(tp, None)
         if hosted is None:
             return []
         out: list[Output] = [StopFollowing(tp, reason)]
-        for token in sorted(hosted.tokens):
-            out.append(CompleteProduce(token, ErrorCode.NOT_LEADER_OR_FOLLOWER, -1, -1, reason))
-        hosted.tokens.clear()
+        self._interpret(
+            hosted, hosted.core.abort_produces(ErrorCode.NOT_LEADER_OR_FOLLOWER, reason)[1], out
+        )
         out.append(WakeFetches(tp))
         out.append(ReplicaRemoved(tp, delete, reason))
         return out
@@ -779,11 +778,8 @@ class BrokerReplicas(Generic[S]):
             for tp, hosted in self._hosted.items():
                 out.append(StopFollowing(tp, "log dir offline"))
                 hosted.pending_fetch = None
-                for token in sorted(hosted.tokens):
-                    out.append(
-                        CompleteProduce(token, ErrorCode.KAFKA_STORAGE_ERROR, -1, -1, message)
-                    )
-                hosted.tokens.clear()
+                effects = hosted.core.abort_produces(ErrorCode.KAFKA_STORAGE_ERROR, message)[1]
+                self._interpret(hosted, effects, out)
                 out.append(WakeFetches(tp))  # parked long polls answer now, with the error
         return True
 
@@ -805,11 +801,8 @@ class BrokerReplicas(Generic[S]):
             if isinstance(effect, AssignEpoch):
                 log.maybe_assign_epoch_start_offset(effect.leader_epoch, effect.start_offset)
             elif isinstance(effect, HighWatermarkChanged):
-                _record_high_watermark(log, effect.high_watermark)
                 out.append(HighWatermarkMoved(tp, effect.high_watermark))
             elif isinstance(effect, CompleteProduce):
-                if isinstance(effect.token, int):
-                    hosted.tokens.discard(effect.token)
                 out.append(effect)
             elif isinstance(effect, AppendAsFollower):
                 try:
@@ -924,19 +917,16 @@ class BrokerReplicas(Generic[S]):
             return reply, out
         plan, _ = core.plan_append(acks, [h for _, h in batches])
         if isinstance(plan, DuplicateAppend):
-            # A retry of a batch already in the log: its original offsets; acks=all waits
-            # for the HW to pass it like the first attempt did.
+            # A retry of a batch already in the log: its original offsets; acks=all waits for
+            # the HW to pass it like the first attempt did.
             reply.log_start_offset = core.log_start_offset
             reply.base_offset = plan.base_offset
             if acks == -1:
-                reply.token = self._new_token(hosted)
-                self._interpret(
-                    hosted,
-                    core.park_produce(reply.token, plan.base_offset, plan.last_offset, deadline_ms)[
-                        1
-                    ],
-                    out,
+                reply.token = self._new_token()
+                _, effects = core.park_produce(
+                    reply.token, plan.base_offset, plan.last_offset, deadline_ms
                 )
+                self._interpret(hosted, effects, out)
             return reply, out
         if not isinstance(plan, AppendPlan):
             reply.error, reply.message = plan.error, plan.message
@@ -970,19 +960,35 @@ class BrokerReplicas(Generic[S]):
             )
         )
         if acks == -1:
-            reply.token = self._new_token(hosted)
-        self._interpret(
-            hosted,
-            core.on_leader_appended(plan, now_ms, token=reply.token, deadline_ms=deadline_ms)[1],
-            out,
+            reply.token = self._new_token()
+        _, effects = core.on_leader_appended(
+            plan, now_ms, token=reply.token, deadline_ms=deadline_ms
         )
+        self._interpret(hosted, effects, out)
         out.append(WakeFollowerFetches(tp))  # wake followers' long polls
         return reply, out
 
-    def _new_token(self, hosted: HostedReplica[S]) -> int:
+    def _new_token(self) -> int:
         self._next_token += 1
-        hosted.tokens.add(self._next_token)
         return self._next_token
+
+    def expire_produce(self, tp: TopicPartition, token: int) -> list[Output]:
+        """The request's timeout_ms ran out before the acks=all produce under `token` was
+        answered: the core answers it REQUEST_TIMED_OUT (nothing when it was answered already,
+        e.g. with its replica removed)."""
+        out: list[Output] = []
+        hosted = self._hosted.get(tp)
+        if hosted is not None:
+            self._interpret(hosted, hosted.core.expire_produce(token)[1], out)
+        return out
+
+    def shutdown(self, reason: str = "broker shutting down") -> list[Output]:
+        """The broker stops: every parked produce is answered NOT_LEADER_OR_FOLLOWER."""
+        out: list[Output] = []
+        for hosted in self._hosted.values():
+            effects = hosted.core.abort_produces(ErrorCode.NOT_LEADER_OR_FOLLOWER, reason)[1]
+            self._interpret(hosted, effects, out)
+        return out
 
     # -- fetch (leader side) ------------------------------------------------------------
 
@@ -1107,8 +1113,7 @@ class BrokerReplicas(Generic[S]):
             broker = self.image.brokers.get(replica_id)
             if broker is None or broker.rack != rack or not broker.is_active:
                 continue
-            leo = _replica_leo(core, replica_id)
-            if leo is not None and leo >= fetch_offset:
+            if core.replica_leo(replica_id) >= fetch_offset:
                 return replica_id
         return None
 
@@ -1240,11 +1245,14 @@ class BrokerReplicas(Generic[S]):
             self._interpret(hosted, hosted.core.maybe_shrink_isr(now_ms)[1], out)
         return out
 
-    def on_log_start_offset_advanced(self, tp: TopicPartition) -> None:
+    def on_log_start_offset_advanced(self, tp: TopicPartition) -> list[Output]:
         """Retention deleted segments of `tp`: the core takes the log's new start offset."""
+        out: list[Output] = []
         hosted = self._hosted.get(tp)
         if hosted is not None:
-            hosted.core.on_log_start_offset_advanced(hosted.log.log_start_offset)
+            effects = hosted.core.on_log_start_offset_advanced(hosted.log.log_start_offset)[1]
+            self._interpret(hosted, effects, out)
+        return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -1259,7 +1267,7 @@ def _new_core(
     high_watermark: int,
     name: str,
 ) -> PartitionReplica:
-    core = PartitionReplica(
+    return PartitionReplica(
         broker_id,
         log.epoch_cache,
         brokers,
@@ -1270,14 +1278,6 @@ def _new_core(
         producer_batches=log.producer_batch_headers(),
         name=name,
     )
-    return core
-
-
-def _record_high_watermark(log: Storage, high_watermark: int) -> None:
-    """Keep a log that still tracks the HW in step (its log-start check reads it)."""
-    update = getattr(log, "update_high_watermark", None)
-    if update is not None:
-        update(high_watermark)
 
 
 def _fetching_leader(core: PartitionReplica) -> int | None:
@@ -1292,11 +1292,6 @@ def _follower_lag(core: PartitionReplica) -> int | None:
     if core.role is not Role.FOLLOWER or follower is None:
         return None
     return follower.leader_high_watermark - core.leo
-
-
-def _replica_leo(core: PartitionReplica, replica_id: int) -> int | None:
-    leo = core.replica_leo(replica_id)
-    return None if leo < 0 else leo
 
 
 def _follower_progress(core: PartitionReplica) -> tuple[FollowerProgress, ...]:

@@ -6,9 +6,9 @@ latest epoch in its epoch cache, and the leader's `diverging_epoch` answer drive
 Truncation never uses the local HW (KIP-101), and a follower only acts on answers to the fetch
 it sent in its current leader epoch (KIP-320: a stale answer is dropped, never truncated on).
 
-`FollowerState` is owned by `PartitionReplica` while the role is FOLLOWER; the shell talks to
-the replica, not to this class. The functions below are the rules as plain functions so the
-unit tests can table-drive them.
+`FollowerState` is owned by `PartitionReplica` while the role is FOLLOWER and holds the fetch
+rules (`next_fetch`, `on_fetch_response`); the shell talks to the replica, not to this class. The
+functions below are the rules as plain functions so the unit tests can table-drive them.
 
 Concurrency contract: single-threaded (owned by one PartitionReplica).
 """
@@ -18,7 +18,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from minibroker.broker.replication.events import (
+    AppendAsFollower,
+    Backoff,
+    Effect,
+    FetchPosition,
+    FetchResponse,
+    FollowerView,
+    StopFetching,
+    TruncateFullyAndStartAt,
+    TruncateTo,
+)
+from minibroker.client.batch import CorruptRecordError, parse_header
+from minibroker.client.errors import ErrorCode
 from minibroker.client.types import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+
+# Fetch errors that stop fetching until new metadata arrives (docs/protocol.md §11).
+_FOLLOWER_FATAL = frozenset({ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.KAFKA_STORAGE_ERROR})
 
 
 class EpochCacheView(Protocol):
@@ -109,3 +125,121 @@ class FollowerState:
     backoff_until_ms: int = 0
     leader_high_watermark: int = -1
     leader_log_start_offset: int = -1
+    # (fetch offset, last fetched epoch, diverging epoch, its end offset) of the last divergence
+    # answer acted on: the same answer again without progress backs off instead of spinning.
+    last_divergence: tuple[int, int, int, int] | None = None
+
+    def view(self) -> FollowerView:
+        """A frozen copy for the shell (`PartitionReplica.follower_state`)."""
+        return FollowerView(
+            self.leader_id,
+            self.leader_epoch,
+            self.leader_high_watermark,
+            self.leader_log_start_offset,
+            self.backoff_until_ms,
+            self.failed,
+        )
+
+    def next_fetch(
+        self, now_ms: int, leader_epoch: int, leo: int, log_start_offset: int, cache: EpochCacheView
+    ) -> FetchPosition | None:
+        """Fetch from our LEO with the latest epoch we hold; None while failed or backing off."""
+        if self.failed or now_ms < self.backoff_until_ms:
+            return None
+        return FetchPosition(
+            leader_id=self.leader_id,
+            current_leader_epoch=leader_epoch,
+            fetch_offset=leo,
+            last_fetched_epoch=latest_epoch_of(cache),
+            log_start_offset=log_start_offset,
+        )
+
+    def on_fetch_response(
+        self,
+        request: FetchPosition,
+        response: FetchResponse,
+        now_ms: int,
+        leader_epoch: int,
+        leo: int,
+        cache: EpochCacheView,
+        backoff_ms: int,
+    ) -> list[Effect] | None:
+        """The leader answered `request` (docs/protocol.md §11 steps 4-8): the effects to carry
+        out, or None for an accepted answer without records, after which the caller applies
+        the leader's HW and log start (kept here) to its own log."""
+        if (
+            self.failed
+            or request.leader_id != self.leader_id
+            or request.current_leader_epoch != leader_epoch
+            or request.fetch_offset != leo
+        ):
+            # KIP-320: only the answer to the fetch sent from this position in this epoch may
+            # truncate or append; anything else is stale.
+            return []
+        error = response.error
+        if error == ErrorCode.NONE:
+            if response.diverging_epoch is not None:
+                return self._on_diverging_epoch(request, response, now_ms, leo, cache, backoff_ms)
+            self.last_divergence = None
+            self.leader_high_watermark = response.high_watermark
+            self.leader_log_start_offset = response.log_start_offset
+            if not response.records:
+                return None
+            try:
+                base_offset = parse_header(response.records).base_offset
+            except CorruptRecordError as err:
+                return self.back_off(now_ms, backoff_ms, f"corrupt fetch response: {err.reason}")
+            if base_offset != leo:
+                return self.back_off(
+                    now_ms, backoff_ms, f"leader sent offset {base_offset}, expected {leo}"
+                )
+            return [AppendAsFollower(response.records, leo)]
+        if error == ErrorCode.OFFSET_OUT_OF_RANGE:
+            decision = decision_for_out_of_range(
+                leo, response.log_end_offset, response.log_start_offset
+            )
+            if decision.truncate_to is not None:
+                return [TruncateTo(decision.truncate_to, "leader log ends below ours")]
+            if decision.truncate_fully_and_start_at is not None:
+                return [
+                    TruncateFullyAndStartAt(
+                        decision.truncate_fully_and_start_at, "below the leader's log start"
+                    )
+                ]
+            return self.back_off(now_ms, backoff_ms, "offset out of range")
+        if error in _FOLLOWER_FATAL:
+            # Our epoch is behind (or the disk failed): stop until new metadata arrives.
+            self.failed = True
+            return [StopFetching(f"{error.name}: waiting for new metadata")]
+        return self.back_off(now_ms, backoff_ms, error.name)
+
+    def back_off(self, now_ms: int, delay_ms: int, reason: str) -> list[Effect]:
+        self.backoff_until_ms = now_ms + delay_ms
+        return [Backoff(delay_ms, reason)]
+
+    def _on_diverging_epoch(
+        self,
+        request: FetchPosition,
+        response: FetchResponse,
+        now_ms: int,
+        leo: int,
+        cache: EpochCacheView,
+        backoff_ms: int,
+    ) -> list[Effect]:
+        assert response.diverging_epoch is not None
+        epoch, end_offset = response.diverging_epoch
+        key = (request.fetch_offset, request.last_fetched_epoch, epoch, end_offset)
+        decision = truncation_for_diverging_epoch(epoch, end_offset, cache, leo)
+        if key == self.last_divergence and decision.offset >= leo:
+            # The same answer to the same question after a truncation that changed nothing:
+            # do not spin; the leader's state has to move first.
+            return self.back_off(now_ms, backoff_ms, "repeated divergence without progress")
+        self.last_divergence = key
+        # Truncate even at the LEO: it removes a stray epoch-cache entry (KAFKA-10706).
+        return [
+            TruncateTo(
+                decision.offset,
+                f"diverging epoch ({epoch}, {end_offset}) after last fetched epoch "
+                f"{request.last_fetched_epoch}",
+            )
+        ]

@@ -252,3 +252,35 @@ def _check_one(
             f"expected {expected}",
         )
     return SequenceVerdict(ErrorCode.NONE)
+
+
+class AppendBatchHeader(ProducerBatchHeader, Protocol):
+    """The header fields a leader append reads (client/batch.BatchHeader has them all)."""
+
+    @property
+    def last_offset_delta(self) -> int: ...
+
+
+def assign_offsets(
+    base_offset: int, batches: Sequence[AppendBatchHeader]
+) -> tuple[int, tuple[tuple[int, int, int, int, int, int], ...]]:
+    """The offsets a leader append gives `batches` from `base_offset`: (the next offset, and the
+    client batches as `record` takes them: producer id, epoch, first and last seq, first and
+    last offset)."""
+    offset = base_offset
+    stamped = []
+    for header in batches:
+        first = offset
+        offset += header.last_offset_delta + 1
+        if header.producer_id >= 0:
+            stamped.append(
+                (
+                    header.producer_id,
+                    header.producer_epoch,
+                    header.base_sequence,
+                    header.last_sequence,
+                    first,
+                    offset - 1,
+                )
+            )
+    return offset, tuple(stamped)

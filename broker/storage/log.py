@@ -2,14 +2,14 @@
 
 Does file I/O in the partition dir `<topic>-<partition>/`: the segments (segment.py), the
 `leader-epoch-checkpoint` (checkpoint.py) and nothing else; the three offset checkpoints of the
-data dir are the LogManager's. No replication decision is made here: the HW is a number the
-replication layer sets (this class only clamps it to [log start, LEO]), and the leader epoch to
-stamp comes in with each leader append.
+data dir are the LogManager's. No replication decision is made here: the high watermark is the
+replication core's alone (retention is told it, and a consumer read is bounded by it through
+`max_offset`), and the leader epoch to stamp comes in with each leader append.
 
 Invariants:
   * segments are sorted, contiguous (each base offset is the previous segment's end) and
     non-empty except possibly the last (the active segment);
-  * log_start_offset <= high_watermark <= leo, and recovery_point <= leo;
+  * log_start_offset <= leo, and recovery_point <= leo;
   * the epoch cache covers every epoch of the batches in the log at the batch's start offset;
     it is rewritten (atomically) before the first batch of a new epoch is written and after the
     log is truncated, so a crash leaves it a superset of the log's epochs, which loading trims.
@@ -164,7 +164,6 @@ class ReadInfo:
     fetch_offset: int
     first_offset: int
     next_offset: int
-    high_watermark: int
     log_start_offset: int
     leo: int
 
@@ -187,7 +186,7 @@ class _EpochSnapshot(NamedTuple):
 
 
 class PartitionLog:
-    """Ordered segments of one partition replica plus its epoch cache, HW and offsets."""
+    """Ordered segments of one partition replica plus its epoch cache and offsets."""
 
     def __init__(
         self,
@@ -197,7 +196,6 @@ class PartitionLog:
         segments: list[LogSegment],
         epoch_cache: EpochCache,
         log_start_offset: int,
-        high_watermark: int,
         recovery_point: int,
         now_ms: int,
     ) -> None:
@@ -210,7 +208,6 @@ class PartitionLog:
         self._epoch_cache = epoch_cache
         self._epoch_file = LeaderEpochCheckpointFile(directory / LEADER_EPOCH_CHECKPOINT)
         self._log_start_offset = log_start_offset
-        self._high_watermark = high_watermark
         self._recovery_point = recovery_point
         self._last_flush_ms = now_ms
         self._closed = False
@@ -233,14 +230,13 @@ class PartitionLog:
         *,
         recovery_point: int = 0,
         log_start_offset: int = 0,
-        high_watermark: int = 0,
         had_clean_shutdown: bool = False,
     ) -> PartitionLog:
         """Open (or create) the log in `directory`, recovering what an unclean stop left.
 
-        `recovery_point`, `log_start_offset` and `high_watermark` come from the data dir's
-        checkpoints. After an unclean shutdown, segments from the one holding the recovery point
-        on are recovered: scanned batch by batch, their indexes rebuilt, and the first torn or
+        `recovery_point` and `log_start_offset` come from the data dir's checkpoints. After an
+        unclean shutdown, segments from the one holding the recovery point on are recovered:
+        scanned batch by batch, their indexes rebuilt, and the first torn or
         corrupt batch and everything after it (later segments too) removed. Any segment whose
         indexes are missing or inconsistent is recovered the same way, whatever the shutdown.
         The other segments (all of them after a clean shutdown) are read and checked without
@@ -294,7 +290,6 @@ class PartitionLog:
                 stored,
                 recovery_point=recovery_point,
                 log_start_offset=log_start_offset,
-                high_watermark=high_watermark,
                 had_clean_shutdown=had_clean_shutdown,
             )
         except BaseException:
@@ -326,7 +321,7 @@ class PartitionLog:
         if entries:
             write_new_file(path / LEADER_EPOCH_CHECKPOINT, format_checkpoint(entries))
         segment = LogSegment.create(path, 0, config.index_interval_bytes, now_ms)
-        return cls(path, topic_partition, config, [segment], EpochCache(entries), 0, 0, 0, now_ms)
+        return cls(path, topic_partition, config, [segment], EpochCache(entries), 0, 0, now_ms)
 
     @classmethod
     def _recover(
@@ -342,7 +337,6 @@ class PartitionLog:
         *,
         recovery_point: int,
         log_start_offset: int,
-        high_watermark: int,
         had_clean_shutdown: bool,
     ) -> PartitionLog:
         """`open`'s second half: recover what needs it, then build the log and trim the cache."""
@@ -407,7 +401,6 @@ class PartitionLog:
             kept,
             cache,
             start,
-            min(max(high_watermark, start), leo),
             leo if had_clean_shutdown else min(recovery_point, leo),
             now_ms,
         )
@@ -471,10 +464,6 @@ class PartitionLog:
     @property
     def log_start_offset(self) -> int:
         return self._log_start_offset
-
-    @property
-    def high_watermark(self) -> int:
-        return self._high_watermark
 
     @property
     def recovery_point(self) -> int:
@@ -881,7 +870,7 @@ class PartitionLog:
                 f"log start {self._log_start_offset}, log end {leo}"
             )
         upper = leo if max_offset is None else min(max_offset, leo)
-        empty = ReadInfo(b"", offset, -1, offset, self._high_watermark, self._log_start_offset, leo)
+        empty = ReadInfo(b"", offset, -1, offset, self._log_start_offset, leo)
         if offset >= upper:
             return empty
         i = max(bisect.bisect_right(self._bases, offset) - 1, 0)
@@ -901,7 +890,6 @@ class PartitionLog:
                 offset,
                 first.base_offset,
                 next_offset,
-                self._high_watermark,
                 self._log_start_offset,
                 leo,
             )
@@ -921,20 +909,18 @@ class PartitionLog:
                     return found
         return None
 
-    # -- offsets set by the replication layer ---------------------------------------------------
-
-    def update_high_watermark(self, high_watermark: int) -> int:
-        """Set the HW, clamped to [log start, LEO]; returns the value stored. May go back."""
-        self._high_watermark = min(max(high_watermark, self._log_start_offset), self.leo)
-        return self._high_watermark
+    # -- the log start, raised by the replication layer ------------------------------------------
 
     def maybe_increment_log_start_offset(self, new_log_start_offset: int) -> bool:
         """Raise the log start (a follower copies its leader's); segments below it go at the
-        next `delete_retention`. It may not pass the HW (OffsetOutOfRangeError)."""
-        if new_log_start_offset > self._high_watermark:
+        next `delete_retention`. It may not pass the LEO (OffsetOutOfRangeError). Keeping it at
+        or below the high watermark is the caller's rule: the replication core asks only for
+        offsets up to its HW."""
+        leo = self.leo
+        if new_log_start_offset > leo:
             raise OffsetOutOfRangeError(
                 f"cannot raise the log start of {self.topic_partition} to "
-                f"{new_log_start_offset}: above the high watermark {self._high_watermark}"
+                f"{new_log_start_offset}: above the log end offset {leo}"
             )
         if new_log_start_offset <= self._log_start_offset:
             return False
@@ -1002,7 +988,6 @@ class PartitionLog:
         if self._epoch_cache.truncate_from_end(leo):
             self._persist_epoch_cache_after_shrink()
         self._log_start_offset = min(self._log_start_offset, leo)
-        self._high_watermark = min(self._high_watermark, leo)
         self._recovery_point = min(self._recovery_point, leo)
         return leo
 
@@ -1047,7 +1032,6 @@ class PartitionLog:
         if self._epoch_cache.clear() or self._epoch_file.path.exists():
             self._persist_epoch_cache_after_shrink()
         self._log_start_offset = offset
-        self._high_watermark = offset
         self._recovery_point = offset
         _log.info(
             "truncated_fully",
@@ -1059,19 +1043,21 @@ class PartitionLog:
 
     # -- retention ----------------------------------------------------------------------------
 
-    def delete_retention(self, now_ms: int) -> list[DeletedSegment]:
+    def delete_retention(self, now_ms: int, high_watermark: int) -> list[DeletedSegment]:
         """Delete whole old segments by retention.ms, retention.bytes and the log start offset.
 
         From the oldest segment on, stopping at the first one that may not go. A segment may go
-        only if the next segment's base offset is <= HW (nothing at or above the HW is ever
-        deleted) and it is not the active segment. The log start offset then moves up to the
-        first remaining segment.
+        only if the next segment's base offset is <= `high_watermark` (the replication core's:
+        nothing at or above it is ever deleted) and it is not the active segment. The log start
+        offset then moves up to the first remaining segment.
         """
         deleted: list[DeletedSegment] = []
         retention_ms = self.config.retention_ms
         if retention_ms >= 0:
             deleted += self._delete_oldest(
-                lambda s: now_ms - s.largest_timestamp() > retention_ms, "retention.ms"
+                high_watermark,
+                lambda s: now_ms - s.largest_timestamp() > retention_ms,
+                "retention.ms",
             )
         retention_bytes = self.config.retention_bytes
         if retention_bytes >= 0:
@@ -1084,20 +1070,20 @@ class PartitionLog:
                     return True
                 return False
 
-            deleted += self._delete_oldest(over_size, "retention.bytes")
+            deleted += self._delete_oldest(high_watermark, over_size, "retention.bytes")
         deleted += self._delete_oldest(
-            lambda s: s.next_offset <= self._log_start_offset, "log_start_offset"
+            high_watermark, lambda s: s.next_offset <= self._log_start_offset, "log_start_offset"
         )
         return deleted
 
     def _delete_oldest(
-        self, predicate: Callable[[LogSegment], bool], reason: str
+        self, high_watermark: int, predicate: Callable[[LogSegment], bool], reason: str
     ) -> list[DeletedSegment]:
         count = 0
         while count < len(self._segments) - 1:
             segment = self._segments[count]
             upper = self._segments[count + 1].base_offset
-            if self._high_watermark < upper or not predicate(segment):
+            if high_watermark < upper or not predicate(segment):
                 break
             count += 1
         if count == 0:
@@ -1188,7 +1174,7 @@ class PartitionLog:
     def __repr__(self) -> str:
         return (
             f"PartitionLog({self.topic_partition}, log_start={self._log_start_offset}, "
-            f"hw={self._high_watermark}, leo={self.leo}, segments={len(self._segments)})"
+            f"leo={self.leo}, segments={len(self._segments)})"
         )
 
 

@@ -4,7 +4,9 @@ Does file I/O under the data dir: opens every `<topic>-<partition>/` at start (r
 an unclean stop left, docs/design.md §4.5), creates and deletes partition dirs
 (with their `partition.metadata`: `version: 0` / `topic_id: <id>`), and writes
 `replication-offset-checkpoint` (HW), `recovery-point-offset-checkpoint` and
-`log-start-offset-checkpoint` atomically (checkpoint.py).
+`log-start-offset-checkpoint` atomically (checkpoint.py). The high watermarks are the replication
+core's: the manager writes the ones its caller passes (`checkpoint_high_watermarks`) and hands out
+the ones it read at start (`checkpointed_high_watermark`), holding none of its own.
 
 Deleting a log renames its dir to `<topic>-<partition>.<uuid>-delete` (the topic cut so the name
 fits 255 bytes, as Kafka's LocalLog.logDeleteDirName does), then removes it; a dir with that
@@ -27,8 +29,9 @@ Typical life (the broker's composition root):
     data_dir = DataDir.open(path, node_id, cluster_id)
     logs = LogManager.open(data_dir, LogConfig.from_configs(defaults=...))
     log = logs.get_or_create_log(tp, topic_id, config)
-    ...  # timers: checkpoint_high_watermarks(), delete_retention(now), maybe_flush(now)
-    logs.close()                        # flush, checkpoints, close files
+    hw = logs.checkpointed_high_watermark(tp)   # the replication core's first HW
+    ...  # timers: checkpoint_high_watermarks({tp: core HW}), maybe_flush(now), retention
+    logs.close()                        # flush, log start / recovery checkpoints, close files
     data_dir.mark_clean_shutdown(broker_epoch); data_dir.close()
 
 Concurrency contract: not thread-safe; one owner thread (the broker's event loop), which may run
@@ -169,6 +172,9 @@ class LogManager:
         self._hw_file = OffsetCheckpointFile(data_dir.path / REPLICATION_OFFSET_CHECKPOINT)
         self._recovery_file = OffsetCheckpointFile(data_dir.path / RECOVERY_POINT_CHECKPOINT)
         self._log_start_file = OffsetCheckpointFile(data_dir.path / LOG_START_OFFSET_CHECKPOINT)
+        # What the HW checkpoint held at start for each loaded log, until the log is deleted:
+        # the replication core starts from it (`checkpointed_high_watermark`).
+        self._loaded_high_watermarks: dict[TopicPartition, int] = {}
 
     @classmethod
     def open(
@@ -193,10 +199,11 @@ class LogManager:
                 now,
                 recovery_point=recovery_points.get(tp, 0),
                 log_start_offset=log_starts.get(tp, 0),
-                high_watermark=high_watermarks.get(tp, 0),
                 had_clean_shutdown=data_dir.had_clean_shutdown,
             )
             manager._logs[tp] = log
+            if tp in high_watermarks:
+                manager._loaded_high_watermarks[tp] = high_watermarks[tp]
             manager._topic_ids[tp] = read_partition_metadata(path)
         _log.info(
             "logs_loaded",
@@ -225,6 +232,17 @@ class LogManager:
 
     def topic_id(self, tp: TopicPartition) -> str | None:
         return self._topic_ids.get(tp)
+
+    def checkpointed_high_watermark(self, tp: TopicPartition) -> int:
+        """The HW the checkpoint held for `tp` when the logs were loaded, for the replication
+        core's initial value: clamped to the log's [log start, LEO] (the log may have been
+        recovered to less), and 0 ("learn it from replication") for a log created or adopted
+        since, or one without an entry."""
+        log = self._logs.get(tp)
+        if log is None:
+            return 0
+        high_watermark = self._loaded_high_watermarks.get(tp, 0)
+        return min(max(high_watermark, log.log_start_offset), log.leo)
 
     @property
     def pending_deletes(self) -> tuple[TopicPartition, ...]:
@@ -423,6 +441,7 @@ class LogManager:
         """
         log = self._logs.pop(tp, None)
         self._topic_ids.pop(tp, None)
+        self._loaded_high_watermarks.pop(tp, None)
         if log is not None:
             directory = log.directory
             try:
@@ -510,8 +529,21 @@ class LogManager:
 
     # -- periodic work ------------------------------------------------------------------------
 
-    def checkpoint_high_watermarks(self) -> None:
-        self._hw_file.write({tp: log.high_watermark for tp, log in self._logs.items()})
+    def checkpoint_high_watermarks(self, high_watermarks: Mapping[TopicPartition, int]) -> None:
+        """Write `replication-offset-checkpoint` from the caller's HWs (the replication core
+        holds them), for the partitions with a log here; a log without one is left out, which
+        reads back as "learn it from replication"."""
+        logs = self._logs
+        self._hw_file.write({tp: hw for tp, hw in high_watermarks.items() if tp in logs})
+
+    def _drop_deleted_high_watermarks(self) -> None:
+        """Rewrite the HW checkpoint without the partitions deleted since it was written, so a
+        new log of the same partition never starts from the old one's HW (the others keep the
+        HW last written, which is at most theirs now)."""
+        deleted = self._deleted_since_checkpoint
+        kept = self._read_checkpoint(self._hw_file)
+        if any(tp in deleted for tp in kept):
+            self._hw_file.write({tp: hw for tp, hw in kept.items() if tp not in deleted})
 
     def checkpoint_recovery_points(self) -> None:
         self._recovery_file.write({tp: log.recovery_point for tp, log in self._logs.items()})
@@ -520,13 +552,18 @@ class LogManager:
         self._log_start_file.write({tp: log.log_start_offset for tp, log in self._logs.items()})
 
     def checkpoint_all(self) -> None:
-        self.checkpoint_high_watermarks()
+        """Write the recovery point and log start checkpoints, and drop the entries of deleted
+        partitions from the HW checkpoint (whose values are the caller's to write)."""
+        self._drop_deleted_high_watermarks()
         self.checkpoint_recovery_points()
         self.checkpoint_log_start_offsets()
         self._deleted_since_checkpoint.clear()
 
-    def delete_retention(self, now_ms: int) -> dict[TopicPartition, list[DeletedSegment]]:
-        """Run retention on every log; returns the segments deleted, per partition.
+    def delete_retention(
+        self, now_ms: int, high_watermarks: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, list[DeletedSegment]]:
+        """Run retention on every log with a HW in `high_watermarks` (the replication core's);
+        returns the segments deleted, per partition.
 
         A log whose deletion fails part of the way (KafkaStorageError) does not stop the others;
         the log starts are checkpointed, then the first failure is raised.
@@ -534,8 +571,11 @@ class LogManager:
         deleted: dict[TopicPartition, list[DeletedSegment]] = {}
         failure: KafkaStorageError | None = None
         for tp, log in self._logs.items():
+            high_watermark = high_watermarks.get(tp)
+            if high_watermark is None:
+                continue
             try:
-                gone = log.delete_retention(now_ms)
+                gone = log.delete_retention(now_ms, high_watermark)
             except KafkaStorageError as err:
                 failure = failure or err
                 continue
@@ -560,7 +600,7 @@ class LogManager:
         self.checkpoint_recovery_points()
 
     def close(self) -> None:
-        """Flush every log, write the three checkpoints and close the files.
+        """Flush every log, write the checkpoints (`checkpoint_all`) and close the files.
 
         Every log is closed even when a flush or a checkpoint fails; the first failure is then
         raised, so the caller does not mark the shutdown clean (recovery runs at the next start).

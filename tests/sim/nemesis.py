@@ -137,6 +137,8 @@ class Nemesis:
         sim = self.sim
         sim.note(f"b{broker.broker_id} stops: {reason}")
         if broker.engine is not None:
+            # Parked produces are answered (NOT_LEADER_OR_FOLLOWER), then every log flushed.
+            broker.handle(broker.engine.shutdown(reason))
             for tp, high_watermark in broker.engine.high_watermarks().items():
                 broker.logs[tp.partition].flush(high_watermark)
         broker.stop_process()

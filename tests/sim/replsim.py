@@ -261,8 +261,8 @@ class Simulation:
         keep = [h.base_offset for h in log.headers if h.producer_id in self.workload.producer_ids]
         limit = min(engine.high_watermark(tp), max(keep, default=log.leo))
         if log.delete_retention(limit, self.rng.randint(1, 200)):
-            engine.on_log_start_offset_advanced(tp)
             self.stats["retention_passes"] += 1
+            broker.handle(engine.on_log_start_offset_advanced(tp))
 
     def _after_event(self, now_ms: int) -> None:
         self.checker.check(full=now_ms % 25 == 0)

@@ -39,6 +39,7 @@ from minibroker.broker.metrics import BrokerMetrics
 from minibroker.broker.replicas.manager import ReplicaManager
 from minibroker.broker.replication.engine import HostedReplica
 from minibroker.broker.replication.events import Role
+from minibroker.broker.storage.checkpoint import OffsetCheckpointFile
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir
 from minibroker.broker.storage.log import PartitionLog
@@ -135,7 +136,6 @@ def observable(hosted: HostedReplica[PartitionLog]) -> tuple[Any, ...]:
     assert follower is not None
     return (
         hosted.log.leo,
-        hosted.log.high_watermark,
         hosted.core.leo,
         hosted.core.high_watermark,
         hosted.core.log_start_offset,
@@ -210,3 +210,31 @@ async def test_an_answer_from_another_leader_is_dropped(follower: Follower) -> N
     await rm.apply_follower_fetch(LEADER, sent, leader_answer(sent))
     assert hosted.log.leo == RECORD_COUNT
     assert rm.fetching.asked(TP) is None
+
+
+async def test_the_cores_high_watermark_is_checkpointed_at_stop_and_seeds_the_next_start(
+    follower: Follower, tmp_path: Path
+) -> None:
+    """The core alone holds the HW: stopping the replica manager writes each core's HW to the
+    data dir's checkpoint (Kafka's ReplicaManager.shutdown), and the next start hands it to the
+    new core through the LogManager."""
+    rm = follower.rm
+    sent = planned(rm)
+    await rm.apply_follower_fetch(LEADER, sent, leader_answer(sent))
+    assert follower.hosted.core.high_watermark == RECORD_COUNT
+
+    await rm.stop()
+
+    checkpoint = OffsetCheckpointFile(tmp_path / "data" / "replication-offset-checkpoint")
+    assert checkpoint.read() == {TP: RECORD_COUNT}
+    rm.log_manager.flush_all()
+    config = build_config({"node.id": ME, "log.dirs": str(tmp_path / "data")})
+    again = LogManager.open(rm.log_manager.data_dir, LogConfig())
+    try:
+        assert again.checkpointed_high_watermark(TP) == RECORD_COUNT
+        restarted = ReplicaManager(config, again, BrokerMetrics(), config.controller)
+        restarted.load_existing_logs()
+        assert restarted.partitions[TP].core.high_watermark == RECORD_COUNT
+    finally:
+        for log in again.logs.values():
+            log.close()

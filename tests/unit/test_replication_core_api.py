@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from minibroker.broker.replication.eligibility import BrokerEligibilityView
 from minibroker.broker.replication.events import (
     AlterPartitionResult,
     AppendPlan,
@@ -27,13 +28,34 @@ from minibroker.broker.replication.events import (
     ProduceRejected,
     ReplicaConfig,
 )
-from minibroker.broker.replication.partition import BrokerEligibilityView, PartitionReplica
+from minibroker.broker.replication.partition import PartitionReplica
 from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.client.batch import iter_batches
 from minibroker.client.errors import ErrorCode
 from minibroker.client.records import encode_batch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The replica core's own modules: the only code that may touch its private state or build a
+# produce's answer. Everything else in broker/ (shells, an engine beside the core) and tests/
+# goes through the public API.
+CORE = ROOT / "broker" / "replication"
+CORE_MODULES = {
+    CORE / f"{name}.py"
+    for name in (
+        "acks",
+        "eligibility",
+        "events",
+        "follower",
+        "high_watermark",
+        "invariants",
+        "isr",
+        "partition",
+        "producer_state",
+        "reads",
+        "remote",
+        "state",
+    )
+}
 
 ENTRY_POINTS = {
     "apply_partition_state",
@@ -42,6 +64,8 @@ ENTRY_POINTS = {
     "on_leader_appended",
     "park_produce",
     "expire_produces",
+    "expire_produce",
+    "abort_produces",
     "handle_follower_fetch",
     "check_consumer_fetch",
     "list_offsets",
@@ -167,6 +191,8 @@ def _steps() -> list[tuple[str, Callable[[], tuple[object, object]]]]:
         ("plan_append", lambda: leader.plan_append(1, _headers())),
         ("park_produce", lambda: leader.park_produce("t", 0, 0, 10)),
         ("expire_produces", lambda: leader.expire_produces(100)),
+        ("expire_produce", lambda: leader.expire_produce("t")),
+        ("abort_produces", lambda: leader.abort_produces(ErrorCode.NOT_LEADER_OR_FOLLOWER, "x")),
         (
             "handle_follower_fetch",
             lambda: leader.handle_follower_fetch(FollowerFetch(2, 102, 3, 0, -1, 0), 0),
@@ -223,7 +249,45 @@ def _private_core_reads(path: pathlib.Path) -> list[str]:
 
 
 def test_no_shell_or_simulation_reads_core_internals() -> None:
-    paths = [p for p in (ROOT / "broker").rglob("*.py") if "replication" not in p.parts]
-    paths += list((ROOT / "tests").rglob("*.py"))
-    found = [hit for path in paths for hit in _private_core_reads(path)]
+    assert all(path.exists() for path in CORE_MODULES)  # the list follows the code
+    paths = [*(ROOT / "broker").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+    found = [hit for path in paths if path not in CORE_MODULES for hit in _private_core_reads(path)]
     assert found == []
+
+
+def test_only_the_core_answers_a_parked_produce() -> None:
+    """The acks=all wait is decided in one place: the core's purgatory. A shell keeps futures
+    keyed by token and completes them only from CompleteProduce effects, never by building its
+    own answer (a timeout, a removed replica, a failed dir and shutdown go through the core)."""
+    built = []
+    for path in (ROOT / "broker").rglob("*.py"):
+        if path in CORE_MODULES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "CompleteProduce"
+            ):
+                built.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert built == []
+
+
+def test_a_shell_timeout_and_an_abort_are_answered_by_the_core() -> None:
+    replica = _leader()
+    for token in ("a", "b", "c"):
+        plan, _ = replica.plan_append(-1, _headers())
+        assert isinstance(plan, AppendPlan)
+        replica.on_leader_appended(plan, 0, token=token, deadline_ms=10_000)
+    assert replica.pending_produce_count == 3
+    reply, effects = replica.expire_produce("b")
+    assert reply is None and [(e.token, e.error) for e in effects] == [  # type: ignore[union-attr]
+        ("b", ErrorCode.REQUEST_TIMED_OUT)
+    ]
+    assert replica.expire_produce("b") == (None, [])  # answered once only
+    _, effects = replica.abort_produces(ErrorCode.KAFKA_STORAGE_ERROR, "the log dir failed")
+    assert [(e.token, e.error, e.message) for e in effects] == [  # type: ignore[union-attr]
+        ("a", ErrorCode.KAFKA_STORAGE_ERROR, "the log dir failed"),
+        ("c", ErrorCode.KAFKA_STORAGE_ERROR, "the log dir failed"),
+    ]
+    assert replica.pending_produce_count == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from minibroker.broker.replication.eligibility import BrokerEligibilityView
 from minibroker.broker.replication.events import (
     AdvanceLogStartOffset,
     AppendAsFollower,
@@ -29,7 +30,7 @@ from minibroker.broker.replication.follower import (
     follower_high_watermark,
     truncation_for_diverging_epoch,
 )
-from minibroker.broker.replication.partition import BrokerEligibilityView, PartitionReplica
+from minibroker.broker.replication.partition import PartitionReplica
 from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.client.batch import iter_batches
 from minibroker.client.errors import ErrorCode

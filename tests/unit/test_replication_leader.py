@@ -7,6 +7,7 @@ no event loop; time is an explicit `now_ms`.
 
 from __future__ import annotations
 
+from minibroker.broker.replication.eligibility import BrokerEligibilityView
 from minibroker.broker.replication.events import (
     AlterPartitionResult,
     AppendPlan,
@@ -26,7 +27,7 @@ from minibroker.broker.replication.events import (
     Role,
     StartFetching,
 )
-from minibroker.broker.replication.partition import BrokerEligibilityView, PartitionReplica
+from minibroker.broker.replication.partition import PartitionReplica
 from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.client.batch import iter_batches
 from minibroker.client.errors import ErrorCode
@@ -219,6 +220,40 @@ def test_caught_up_follower_outside_the_isr_holds_the_hw() -> None:
     replica.maybe_shrink_isr(now_ms=2_000)  # long past its last caught-up time
     fetch(replica, 2, 4, now_ms=2_000)
     assert replica.high_watermark == 4
+
+
+def test_a_pending_expansion_gates_the_hw_even_when_it_lags() -> None:
+    """docs/protocol.md §6: the maximal ISR (ISR + the replica being added) gates the HW, so a
+    write is never committed without a replica the controller may be adding right now."""
+    replica, _, _ = make_leader(isr=(1, 2), lag_ms=100)
+    produce(replica, acks=1, records=2)
+    fetch(replica, 2, 2, now_ms=0)
+    _, effects = fetch(replica, 3, 2, now_ms=0)  # broker 3 reached the HW: expansion proposed
+    assert of_type(effects, ProposeIsr) and replica.maximal_isr == {1, 2, 3}
+    produce(replica, acks=1, records=2, now_ms=1_000)  # LEO 4; broker 3 is now far behind
+    fetch(replica, 2, 4, now_ms=1_000)
+    assert replica.high_watermark == 2  # held by broker 3, although it lags and is not in ISR
+
+
+def test_a_caught_up_outsider_holds_the_hw_only_while_isr_eligible() -> None:
+    """docs/protocol.md §6: the caught-up clause counts a follower that could rejoin; a fenced
+    broker's replica cannot, so it does not hold the HW back."""
+    for fenced, expected_hw in ((False, 2), (True, 4)):
+        view = brokers()
+        view.update(3, 103, fenced=fenced)
+        replica, _, _ = make_leader(isr=(1, 2), lag_ms=1_000, view=view)
+        produce(replica, acks=1, records=2)
+        fetch(replica, 2, 2, now_ms=10)
+        _, effects = fetch(replica, 3, 2, now_ms=10)  # caught up at 10
+        if not fenced:  # an eligible one is proposed; let the controller refuse it
+            proposal = of_type(effects, ProposeIsr)[0]
+            replica.on_alter_partition_result(
+                AlterPartitionResult(proposal.proposal_id, ErrorCode.INELIGIBLE_REPLICA), 10
+            )
+        assert replica.maximal_isr == {1, 2}
+        produce(replica, acks=1, records=2, now_ms=20)  # LEO 4
+        fetch(replica, 2, 4, now_ms=20)
+        assert replica.high_watermark == expected_hw, fenced
 
 
 def test_pending_shrink_keeps_the_old_isr_gating_the_hw() -> None:

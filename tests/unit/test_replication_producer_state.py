@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from minibroker.broker.replication.producer_state import (
     BATCHES_PER_PRODUCER,
     ProducerStateManager,
+    assign_offsets,
 )
 from minibroker.client.batch import iter_batches
 from minibroker.client.errors import ErrorCode
@@ -119,3 +120,15 @@ def test_a_retried_batch_is_stored_once(sizes: list[int], data: st.DataObject) -
         first_offset,
         last_offset,
     )
+
+
+def test_a_leader_append_stamps_consecutive_offsets_and_records_client_batches_only() -> None:
+    raw = (
+        encode_batch([(0, None, b"a", ())] * 3, producer_id=PID, producer_epoch=1, base_sequence=5)
+        + encode_batch([(0, None, b"b", ())] * 2)  # no producer id: not recorded
+        + encode_batch([(0, None, b"c", ())], producer_id=PID, producer_epoch=1, base_sequence=8)
+    )
+    headers = [h for _, h in iter_batches(raw)]
+    next_offset, stamped = assign_offsets(10, headers)
+    assert next_offset == 16
+    assert stamped == ((PID, 1, 5, 7, 10, 12), (PID, 1, 8, 8, 15, 15))

@@ -182,8 +182,7 @@ def test_log_manager_creates_reopens_and_checkpoints(tmp_path: pathlib.Path) -> 
     for _ in range(5):
         a0.append_as_leader(batch(), leader_epoch=1, now_ms=0)
         b0.append_as_leader(batch(), leader_epoch=2, now_ms=0)
-    a0.update_high_watermark(6)
-    b0.update_high_watermark(10)
+    logs.checkpoint_high_watermarks({A0: 6, B0: 10, A1: 3})  # A1 has no log here: left out
     assert read_partition_metadata(tmp_path / "alpha-0") == "tid-a"
     assert (tmp_path / "beta-topic-0" / "partition.metadata").read_text() == (
         "version: 0\ntopic_id: tid-b\n"
@@ -205,8 +204,8 @@ def test_log_manager_creates_reopens_and_checkpoints(tmp_path: pathlib.Path) -> 
     logs = LogManager.open(data_dir, topic_configs={"beta-topic": LogConfig(segment_bytes=300)})
     assert sorted(logs.logs) == [A0, B0]
     assert logs.topic_id(A0) == "tid-a"
-    assert (logs.logs[A0].leo, logs.logs[A0].high_watermark) == (10, 6)
-    assert logs.logs[B0].high_watermark == 10
+    assert (logs.logs[A0].leo, logs.checkpointed_high_watermark(A0)) == (10, 6)
+    assert logs.checkpointed_high_watermark(B0) == 10
     assert logs.logs[B0].config.segment_bytes == 300
     assert logs.logs[A0].recovery_point == 10
     with pytest.raises(InconsistentTopicIdError):
@@ -238,13 +237,13 @@ def test_log_manager_retention_and_flush_policies(tmp_path: pathlib.Path) -> Non
         )
         for _ in range(6):
             log.append_as_leader(batch(), leader_epoch=0, now_ms=0)
-        log.update_high_watermark(log.leo)
         assert logs.maybe_flush(now_ms=50) == []
         assert logs.maybe_flush(now_ms=10_000) == [A0]
-        deleted = logs.delete_retention(now_ms=10_000)
+        deleted = logs.delete_retention(now_ms=10_000, high_watermarks={A0: log.leo})
         assert A0 not in deleted  # this topic's retention.ms is the 7-day default
         logs.update_topic_config("alpha", LogConfig(segment_bytes=200, retention_ms=10))
-        deleted = logs.delete_retention(now_ms=10_000)
+        assert logs.delete_retention(now_ms=10_000, high_watermarks={}) == {}  # no HW: kept
+        deleted = logs.delete_retention(now_ms=10_000, high_watermarks={A0: log.leo})
         assert deleted[A0] and log.log_start_offset == log.segments[0].base_offset > 0
         checkpoint = OffsetCheckpointFile(tmp_path / "log-start-offset-checkpoint").read()
         assert checkpoint[A0] == log.log_start_offset
@@ -369,8 +368,8 @@ def test_a_topic_named_under_the_old_rule_costs_no_other_partition_its_checkpoin
             log = logs.get_or_create_log(tp, topic_id=topic_id)
             for _ in range(6):
                 log.append_as_leader(batch(), leader_epoch=0, now_ms=0)
-            log.update_high_watermark(8)
             assert log.maybe_increment_log_start_offset(5)
+        logs.checkpoint_high_watermarks({A0: 8, weird: 8})
         logs.close()
         data_dir.mark_clean_shutdown(3)
     # Its entries are kept too, each on one line.
@@ -380,5 +379,34 @@ def test_a_topic_named_under_the_old_rule_costs_no_other_partition_its_checkpoin
         logs = LogManager.open(data_dir, LogConfig(segment_bytes=200))
         again = logs.get_log(A0)
         assert again is not None
-        assert (again.high_watermark, again.log_start_offset, again.recovery_point) == (8, 5, 12)
+        hw = logs.checkpointed_high_watermark(A0)
+        assert (hw, again.log_start_offset, again.recovery_point) == (8, 5, 12)
+        logs.close()
+
+
+def test_checkpointed_high_watermark_is_clamped_to_the_loaded_log(tmp_path: pathlib.Path) -> None:
+    # The checkpoint may name more than a log recovered to less holds, or less than its log
+    # start: the core is handed a HW within [log start, LEO].
+    with DataDir.open(tmp_path, node_id=1) as data_dir:
+        logs = LogManager.open(data_dir)
+        for tp in (A0, A1, B0):
+            log = logs.get_or_create_log(tp, topic_id="t")
+            for _ in range(6):
+                log.append_as_leader(batch(), leader_epoch=0, now_ms=0)
+        assert logs.get_or_create_log(B0).maybe_increment_log_start_offset(6)
+        logs.close()
+    OffsetCheckpointFile(tmp_path / "replication-offset-checkpoint").write({A0: 999, A1: 4, B0: 2})
+    with DataDir.open(tmp_path, node_id=1) as data_dir:
+        logs = LogManager.open(data_dir)
+        assert logs.checkpointed_high_watermark(A0) == logs.logs[A0].leo == 12
+        assert logs.checkpointed_high_watermark(A1) == 4
+        assert logs.checkpointed_high_watermark(B0) == 6  # the log start
+        assert logs.checkpointed_high_watermark(TopicPartition("gamma", 0)) == 0  # no log
+        assert logs.delete_log(A1)
+        # A new log of the partition starts from nothing the old one's checkpoint said.
+        new = logs.get_or_create_log(A1, topic_id="t2")
+        assert new.leo == 0
+        for _ in range(3):
+            new.append_as_leader(batch(), leader_epoch=0, now_ms=0)
+        assert logs.checkpointed_high_watermark(A1) == 0
         logs.close()

@@ -279,8 +279,8 @@ def test_checkpoints_of_the_deleted_incarnation_never_reach_the_new_one(
         old = logs.get_or_create_log(tp, topic_id="old-id")
         for _ in range(5):
             old.append_as_leader(batch(), leader_epoch=0, now_ms=0)
-        old.update_high_watermark(10)
         assert old.maybe_increment_log_start_offset(8)
+        logs.checkpoint_high_watermarks({tp: 10})
         logs.checkpoint_all()
         assert logs.delete_log(tp)
         new = logs.get_or_create_log(tp, topic_id="new-id")
@@ -293,5 +293,6 @@ def test_checkpoints_of_the_deleted_incarnation_never_reach_the_new_one(
         assert again is not None
         # Not the old log start (8, past the new LEO: the new records would be dropped) and
         # not the old HW (10, which would expose records no follower has).
-        assert (again.log_start_offset, again.leo, again.high_watermark) == (0, 2, 0)
+        hw = logs.checkpointed_high_watermark(tp)
+        assert (again.log_start_offset, again.leo, hw) == (0, 2, 0)
         logs.close()

@@ -57,7 +57,7 @@ def open_log(path: pathlib.Path, **config: int | str) -> PartitionLog:
 
 def snapshot(log: PartitionLog) -> tuple[object, ...]:
     files = {p.name: p.read_bytes() for p in sorted(log.directory.iterdir()) if p.is_file()}
-    return (log.leo, log.log_start_offset, log.high_watermark, log.epoch_cache.entries, files)
+    return (log.leo, log.log_start_offset, log.epoch_cache.entries, files)
 
 
 def stored_batches(log: PartitionLog) -> list[tuple[int, int, int]]:
@@ -371,10 +371,8 @@ def test_truncate_to_removes_batches_and_their_epochs(tmp_path: pathlib.Path) ->
     log = open_log(tmp_path, segment_bytes=300)
     for epoch in (1, 1, 2, 2, 3, 3):
         log.append_as_leader(batch(2), leader_epoch=epoch, now_ms=0)
-    log.update_high_watermark(12)
     assert log.truncate_to(6)
     assert log.leo == 6
-    assert log.high_watermark == 6
     assert list(log.epoch_cache.entries) == [EpochEntry(1, 0), EpochEntry(2, 4)]
     assert stored_batches(log) == [(0, 1, 1), (2, 3, 1), (4, 5, 2)]
     on_disk = LeaderEpochCheckpointFile(log.directory / "leader-epoch-checkpoint").read()
@@ -394,19 +392,18 @@ def test_truncate_at_leo_still_drops_a_stray_epoch_entry(tmp_path: pathlib.Path)
 
 def test_truncate_below_the_first_segment_restarts_the_log(tmp_path: pathlib.Path) -> None:
     log = _filled(tmp_path, 8, segment_bytes=300)
-    log.update_high_watermark(log.leo)
-    log.delete_retention(now_ms=10**12)  # retention.ms: drops all but the active segment
+    log.delete_retention(now_ms=10**12, high_watermark=log.leo)  # all but the active segment
     first = log.segments[0].base_offset
     assert first > 0
     assert log.truncate_to(first - 1)
-    assert (log.log_start_offset, log.leo, log.high_watermark) == (first - 1,) * 3
+    assert (log.log_start_offset, log.leo) == (first - 1,) * 2
     assert len(log.segments) == 1 and log.epoch_cache.entries == ()
 
 
 def test_truncate_fully_and_start_at(tmp_path: pathlib.Path) -> None:
     log = _filled(tmp_path)
     log.truncate_fully_and_start_at(100)
-    assert (log.log_start_offset, log.leo, log.high_watermark, log.recovery_point) == (100,) * 4
+    assert (log.log_start_offset, log.leo, log.recovery_point) == (100,) * 3
     assert [s.base_offset for s in log.segments] == [100]
     info = log.append_as_follower(batch(2, base_offset=100, epoch=7), now_ms=0)
     assert info.first_offset == 100
@@ -428,20 +425,21 @@ def test_negative_offsets_are_rejected(tmp_path: pathlib.Path) -> None:
 # -- HW, log start, retention ----------------------------------------------------------------
 
 
-def test_high_watermark_is_clamped_to_the_log(tmp_path: pathlib.Path) -> None:
+def test_the_log_holds_no_high_watermark(tmp_path: pathlib.Path) -> None:
+    # The replication core alone holds it (it clamps its own, see test_replication_*); the log
+    # is told it where it needs it (retention) and never keeps a copy that could drift.
     log = _filled(tmp_path)
-    assert log.update_high_watermark(1_000) == log.leo
-    assert log.update_high_watermark(-5) == 0
-    assert log.update_high_watermark(4) == 4
-    assert log.update_high_watermark(2) == 2  # the replica core decides; the log may go back
-    assert log.high_watermark == 2
+    assert not hasattr(log, "high_watermark") and not hasattr(log, "update_high_watermark")
+    assert not hasattr(log.read(0, 100), "high_watermark")
 
 
-def test_log_start_offset_cannot_pass_the_high_watermark(tmp_path: pathlib.Path) -> None:
+def test_log_start_offset_cannot_pass_the_log_end(tmp_path: pathlib.Path) -> None:
+    # Keeping it at or below the HW is the core's rule (it asks only for offsets up to its HW).
     log = _filled(tmp_path)
-    log.update_high_watermark(4)
+    before = snapshot(log)
     with pytest.raises(OffsetOutOfRangeError):
-        log.maybe_increment_log_start_offset(5)
+        log.maybe_increment_log_start_offset(log.leo + 1)
+    assert snapshot(log) == before
     assert log.maybe_increment_log_start_offset(4)
     assert not log.maybe_increment_log_start_offset(3)
     with pytest.raises(OffsetOutOfRangeError):
@@ -453,8 +451,7 @@ def test_retention_by_time_deletes_only_below_the_high_watermark(tmp_path: pathl
     log = _filled(tmp_path, 10, segment_bytes=300, retention_ms=1_000)
     bases = [s.base_offset for s in log.segments]
     assert len(bases) >= 4
-    log.update_high_watermark(bases[2])
-    deleted = log.delete_retention(now_ms=10_000)
+    deleted = log.delete_retention(now_ms=10_000, high_watermark=bases[2])
     # Only segments whose successor starts at or below the HW may go.
     assert [d.base_offset for d in deleted] == bases[:2]
     assert {d.reason for d in deleted} == {"retention.ms"}
@@ -467,8 +464,7 @@ def test_retention_by_time_deletes_only_below_the_high_watermark(tmp_path: pathl
 
 def test_retention_never_deletes_the_active_segment(tmp_path: pathlib.Path) -> None:
     log = _filled(tmp_path, 10, segment_bytes=300, retention_ms=0)
-    log.update_high_watermark(log.leo)
-    log.delete_retention(now_ms=10**12)
+    log.delete_retention(now_ms=10**12, high_watermark=log.leo)
     assert len(log.segments) == 1
     assert log.segments[0].base_offset == log.log_start_offset
     assert log.leo == 20
@@ -476,10 +472,9 @@ def test_retention_never_deletes_the_active_segment(tmp_path: pathlib.Path) -> N
 
 def test_retention_by_bytes(tmp_path: pathlib.Path) -> None:
     log = _filled(tmp_path, 10, segment_bytes=300)
-    log.update_high_watermark(log.leo)
     sizes = [s.size for s in log.segments]
     log.update_config(LogConfig(segment_bytes=300, retention_bytes=sum(sizes[2:])))
-    deleted = log.delete_retention(now_ms=0)
+    deleted = log.delete_retention(now_ms=0, high_watermark=log.leo)
     assert [d.reason for d in deleted] == ["retention.bytes"] * 2
     assert log.size_bytes == sum(sizes[2:])
 
@@ -488,9 +483,8 @@ def test_retention_after_log_start_moves_up_trims_the_epoch_cache(tmp_path: path
     log = open_log(tmp_path, segment_bytes=300)
     for epoch in (1, 1, 2, 2, 3, 3, 3):
         log.append_as_leader(batch(2), leader_epoch=epoch, now_ms=0)
-    log.update_high_watermark(log.leo)
     log.maybe_increment_log_start_offset(9)
-    deleted = log.delete_retention(now_ms=0)
+    deleted = log.delete_retention(now_ms=0, high_watermark=log.leo)
     assert deleted and {d.reason for d in deleted} == {"log_start_offset"}
     assert log.log_start_offset == 9
     assert list(log.epoch_cache.entries) == [EpochEntry(3, 9)]
@@ -519,7 +513,6 @@ def test_maybe_flush_by_time(tmp_path: pathlib.Path) -> None:
 def test_clean_reopen_keeps_everything(tmp_path: pathlib.Path) -> None:
     log = _filled(tmp_path, 12, segment_bytes=400, index_interval_bytes=0)
     log.maybe_assign_epoch_start_offset(4, log.leo)
-    log.update_high_watermark(10)
     data = [log.read(s.base_offset, 1 << 20).records for s in log.segments]
     bases = [s.base_offset for s in log.segments]
     index_entries = [s.index.entries() for s in log.segments]
@@ -530,11 +523,10 @@ def test_clean_reopen_keeps_everything(tmp_path: pathlib.Path) -> None:
         TP,
         LogConfig(segment_bytes=400, index_interval_bytes=0),
         now_ms=0,
-        high_watermark=10,
         recovery_point=log.leo,
         had_clean_shutdown=True,
     )
-    assert again.leo == 24 and again.high_watermark == 10
+    assert again.leo == 24
     assert [s.base_offset for s in again.segments] == bases
     assert [again.read(b, 1 << 20).records for b in bases] == data
     assert [s.index.entries() for s in again.segments] == index_entries
@@ -542,10 +534,3 @@ def test_clean_reopen_keeps_everything(tmp_path: pathlib.Path) -> None:
     # yet is dropped and its leader assigns it again at election.
     assert list(again.epoch_cache.entries) == [EpochEntry(0, 0)]
     assert again.append_as_leader(batch(), leader_epoch=4, now_ms=0).first_offset == 24
-
-
-def test_high_watermark_from_checkpoint_is_clamped_on_open(tmp_path: pathlib.Path) -> None:
-    log = _filled(tmp_path)
-    log.close()
-    again = PartitionLog.open(tmp_path / "orders-0", TP, LogConfig(), now_ms=0, high_watermark=999)
-    assert again.high_watermark == again.leo == 12

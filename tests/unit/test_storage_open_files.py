@@ -97,7 +97,6 @@ def test_2000_segments_keep_open_files_within_the_budget(tmp_path: pathlib.Path,
             CONFIG,
             now_ms=NOW,
             recovery_point=SEGMENTS if clean else 0,
-            high_watermark=SEGMENTS,
             had_clean_shutdown=clean,
         )
         assert open_fds() - fds <= budget(1)
@@ -115,14 +114,13 @@ def test_retention_deletes_segments_whose_files_are_cached(
 ) -> None:
     log = PartitionLog.open(tmp_path / "orders-0", TP, CONFIG, now_ms=NOW)
     fill(log, SEGMENTS, fds)
-    log.update_high_watermark(log.leo)
     # Read the oldest segments last: their descriptors are the cached ones.
     for offset in range(10):
         log.read(offset, 1 << 20)
     cached = [s for s in log.segments[:10] if s._fd >= 0]
     assert len(cached) == 10
     log.maybe_increment_log_start_offset(SEGMENTS // 2)
-    deleted = log.delete_retention(now_ms=NOW)
+    deleted = log.delete_retention(now_ms=NOW, high_watermark=log.leo)
     assert len(deleted) == SEGMENTS // 2
     assert all(s._fd < 0 for s in cached)
     assert not any(s in segment_module.INACTIVE_SEGMENT_FILES._lru for s in cached)

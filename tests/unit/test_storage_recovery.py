@@ -311,7 +311,7 @@ def test_a_corrupt_batch_after_a_clean_shutdown_is_cut_and_the_broker_loads(
         log = logs.get_or_create_log(tp, topic_id="tid")
         for i in range(5):
             log.append_as_leader(_producer_batch(3 * i), leader_epoch=0, now_ms=0)
-        log.update_high_watermark(log.leo)
+        logs.checkpoint_high_watermarks({tp: log.leo})
         written = batches_of(log)
         logs.close()
         data_dir.mark_clean_shutdown(7)
@@ -329,7 +329,8 @@ def test_a_corrupt_batch_after_a_clean_shutdown_is_cut_and_the_broker_loads(
         log = logs.get_log(tp)
         assert log is not None
         assert batches_of(log) == written[:2]
-        assert (log.leo, log.high_watermark, log.recovery_point) == (6, 6, 6)
+        hw = logs.checkpointed_high_watermark(tp)
+        assert (log.leo, hw, log.recovery_point) == (6, 6, 6)
         assert segment.stat().st_size == middle
         # The producer state is rebuilt from what remains: the next sequence is 6.
         state = ProducerStateManager()
@@ -618,7 +619,6 @@ def test_the_producer_state_holds_exactly_the_batches_that_remain_after_a_cut(
             now_ms=0,
             recovery_point=flip.draw(st.integers(0, leo)),
             log_start_offset=log_start,
-            high_watermark=leo,
             had_clean_shutdown=clean,
         )
         state = ProducerStateManager()

@@ -158,7 +158,6 @@ def memory_state(log: PartitionLog) -> tuple[object, ...]:
     return (
         log.leo,
         log.log_start_offset,
-        log.high_watermark,
         log.recovery_point,
         log.epoch_cache.entries,
         segments,
@@ -214,7 +213,7 @@ def check_index_files(log: PartitionLog) -> None:
 
 def reopened_files(log: PartitionLog, config: LogConfig, *, clean: bool) -> dict[str, bytes]:
     """Close, reopen (with or without recovery), close again: the directory's bytes."""
-    hw, start, leo = log.high_watermark, log.log_start_offset, log.leo
+    start, leo = log.log_start_offset, log.leo
     expected = read_all(log)
     log.close()
     again = open_log(
@@ -222,7 +221,6 @@ def reopened_files(log: PartitionLog, config: LogConfig, *, clean: bool) -> dict
         config,
         recovery_point=leo if clean else 0,
         log_start_offset=start,
-        high_watermark=hw,
         had_clean_shutdown=clean,
     )
     assert again.leo == leo
@@ -420,7 +418,7 @@ def test_failed_roll_keeps_the_active_segment(tmp_path: pathlib.Path, faults: Di
     log = open_log(tmp_path / "orders-0", LogConfig(index_interval_bytes=0))
     log.append_as_leader(batch(2), leader_epoch=1, now_ms=0)
     names = sorted(files(log.directory))
-    before = memory_state(log)[:5]
+    before = memory_state(log)[:4]
     for fail_at in range(_MAX_FAILURE_POINTS):
         fds = open_fds()
         faults.arm(fail_at)
@@ -430,7 +428,7 @@ def test_failed_roll_keeps_the_active_segment(tmp_path: pathlib.Path, faults: Di
             faults.heal()
             assert [s.base_offset for s in log.segments] == [0]
             assert sorted(files(log.directory)) == names
-            assert memory_state(log)[:5] == before
+            assert memory_state(log)[:4] == before
             assert open_fds() == fds
             check_index_files(log)
             continue
@@ -462,7 +460,7 @@ def _check_consistent_prefix(log: PartitionLog, full: list[tuple[int, bytes]]) -
         e.start_offset < log.leo or e.start_offset == log.log_start_offset
         for e in log.epoch_cache.entries
     )
-    assert log.high_watermark <= log.leo and log.recovery_point <= log.leo
+    assert log.log_start_offset <= log.leo and log.recovery_point <= log.leo
     check_index_files(log)
 
 
@@ -482,8 +480,6 @@ def test_truncation_failing_anywhere_leaves_a_consistent_log_and_a_retry_finishe
     truncate = TRUNCATIONS[name]
     log, config = _three_segments(tmp_path / "a" / "orders-0")
     reference, _ = _three_segments(tmp_path / "b" / "orders-0")
-    log.update_high_watermark(log.leo)
-    reference.update_high_watermark(reference.leo)
     full = read_all(log)
     truncate(reference)
     failures = 0
@@ -502,7 +498,7 @@ def test_truncation_failing_anywhere_leaves_a_consistent_log_and_a_retry_finishe
             faults.heal()
         break
     assert failures >= 1
-    assert memory_state(log)[:5] == memory_state(reference)[:5]
+    assert memory_state(log)[:4] == memory_state(reference)[:4]
     assert read_all(log) == read_all(reference)
     for each in (log, reference):
         each.append_as_leader(batch(1), leader_epoch=4, now_ms=0)
@@ -515,13 +511,13 @@ def test_retention_failing_anywhere_deletes_oldest_first(
     tmp_path: pathlib.Path, faults: DiskFaults
 ) -> None:
     log, _ = _three_segments(tmp_path / "orders-0")
-    log.update_high_watermark(log.leo)
     full = read_all(log)
     failures = 0
     for fail_at in range(_MAX_FAILURE_POINTS):
         faults.arm(fail_at)
         try:
-            log.delete_retention(now_ms=10**12)  # retention.ms: all but the active segment
+            # retention.ms: all but the active segment
+            log.delete_retention(now_ms=10**12, high_watermark=log.leo)
         except KafkaStorageError:
             faults.heal()
             failures += 1
@@ -599,9 +595,9 @@ def _apply(log: PartitionLog, op: tuple[str, int, int], epoch_base: int) -> Call
         start = max(log.log_start_offset, log.leo - 2 * size)
 
         def retain() -> None:
-            log.update_high_watermark(log.leo)
             log.maybe_increment_log_start_offset(start)
-            log.delete_retention(now_ms=0)  # retention.ms is a week: the log start rule only
+            # retention.ms is a week: the log start rule only
+            log.delete_retention(now_ms=0, high_watermark=log.leo)
 
         return retain
     return lambda: log.roll(now_ms=0)
@@ -665,8 +661,8 @@ def test_any_failure_point_of_any_operation(
                     finally:
                         faults.heal()
                     break
-            assert memory_state(log)[:5] == expected[:5]
-            assert read_all(log) == expected[6]
+            assert memory_state(log)[:4] == expected[:4]
+            assert read_all(log) == expected[5]
             epoch_base += op[2]
         for each in (log, reference):
             each.append_as_leader(batch(1), leader_epoch=epoch_base + 1, now_ms=0)
