@@ -106,6 +106,7 @@ class ReplicaShell:
     def handle(self: SimBroker, outputs: list[Output]) -> None:
         """Do what the engine asked of the shell, in order."""
         sim = self.sim
+        sim.checker.touched.add(self)
         for output in outputs:
             if isinstance(output, CompleteProduce):
                 sim.workload.on_produce_complete(self, output)
@@ -207,6 +208,7 @@ class ReplicaShell:
         engine = self.engine
         if engine is None:
             return
+        self.sim.checker.touched.add(self)  # next_fetch may move a follower's fetch state
         for tp, fetcher in list(self.fetchers.items()):
             if fetcher.in_flight:
                 continue
