@@ -1,6 +1,6 @@
 """A simulated broker: its process lifecycle and control plane (tests/sim).
 
-Modelled on broker/controller_link.py and the metadata side of broker/replica_manager.py:
+Modelled on broker/controller_link.py and broker/replicas/metadata_apply.py:
 
 - a process start is a fresh incarnation; it registers (DUPLICATE_BROKER_REGISTRATION is
   retried), heartbeats on a virtual timer over a heartbeat stream, and is unfenced by the
@@ -9,7 +9,7 @@ Modelled on broker/controller_link.py and the metadata side of broker/replica_ma
 - the metadata log reaches it through a watch stream: batches are delayed and arrive out of
   order, the broker buffers them and applies them in offset order (a snapshot after a
   controller restart, for watchers behind its retained log), then acts on the image the way
-  `ReplicaManager.apply_metadata_batch` does;
+  `MetadataApplier.apply_batch` does;
 - a paused process (SIGSTOP) runs nothing until it wakes: what reaches it waits.
 
 Its partitions are hosted in the product's replica engine (`BrokerReplicas`, one per process)
