@@ -8,15 +8,16 @@ reconfigure, change role), produce (record validation, `plan_append` -> `append_
 `on_leader_appended`, duplicates parked for acks=all), follower and consumer fetches (KIP-392's
 preferred read replica included), ListOffsets, OffsetForLeaderEpoch, the follower's fetch
 positions and the answers to them, AlterPartition answers, and the ticks (produce expiry, ISR
-shrink). It is the only place a core's effects are carried out (`_interpret`), in list order:
-storage first, then what the I/O shell must do.
+shrink). A core's effects are carried out in one place only, `_interpret`, in list order:
+storage first, then what the I/O shell must do. The per-partition work that touches the log
+(a leader's append, reads, timestamp lookups) is `HostedReplica`'s (hosted.py).
 
-Every entry point returns what only an I/O shell can do as a list of outputs (the dataclasses
-below), in the order they must be done: answer a produce future by token, send AlterPartition,
-start or stop a fetcher, wake long polls, log and count ISR changes and truncations, delete a
-removed log, take the log dir offline. The broker's asyncio shell (broker/replicas/) and the
-simulation (tests/sim) both drive this class, so the code the simulation checks is the code
-that runs.
+Every entry point returns what only an I/O shell can do as a list of outputs (outputs.py,
+re-exported here), in the order they must be done: answer a produce future by token, send
+AlterPartition, start or stop a fetcher, wake long polls, log and count ISR changes and
+truncations, delete a removed log, take the log dir offline. The broker's asyncio shell
+(broker/replicas/) and the simulation (tests/sim) both drive this class, so the code the
+simulation checks is the code that runs.
 
 A storage call that fails with a log-dir failure (Kafka's LogDirFailureChannel: any I/O error
 of the dir) takes the whole dir offline here: from then on every partition answers
@@ -30,7 +31,6 @@ Concurrency contract: single-threaded; per partition, nothing may run between a 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from minibroker.broker.replication.eligibility import BrokerEligibilityView
@@ -38,11 +38,9 @@ from minibroker.broker.replication.events import (
     AdvanceLogStartOffset,
     AlterPartitionResult,
     AppendAsFollower,
-    AppendPlan,
     AssignEpoch,
     Backoff,
     CompleteProduce,
-    DuplicateAppend,
     Effect,
     FetchPosition,
     FetchResponse,
@@ -59,18 +57,80 @@ from minibroker.broker.replication.events import (
     TruncateFullyAndStartAt,
     TruncateTo,
 )
+from minibroker.broker.replication.hosted import FollowerAppendError, HostedReplica
+from minibroker.broker.replication.outputs import (
+    Appended,
+    CorruptProduce,
+    EngineConfig,
+    EpochEndOffsetReply,
+    FetchBackoff,
+    FetchReply,
+    FollowerAppendFailed,
+    FollowerProgress,
+    Gauges,
+    HighWatermarkMoved,
+    IsrChanged,
+    ListOffsetsReply,
+    LogConfigChanged,
+    LogDirFailed,
+    Output,
+    PartitionApplyFailed,
+    ProduceReply,
+    ReplicaDescription,
+    ReplicaRemoved,
+    RoleChanged,
+    SendAlterPartition,
+    StartFollowing,
+    StopFollowing,
+    Truncated,
+    WakeFetches,
+    WakeFollowerFetches,
+)
 from minibroker.broker.replication.partition import PartitionReplica
 from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.broker.storage.errors import is_log_dir_failure
-from minibroker.client import batch as batchlib
 from minibroker.client.batch import BatchHeader
 from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode, MiniBrokerError
 from minibroker.client.metadata.image import MetadataImage, TopicImage
 from minibroker.client.metadata.records import PartitionRecord
-from minibroker.client.records import RecordValidation, validate_producer_records
+from minibroker.client.records import RecordValidation
 from minibroker.client.topic_config import resolve_topic_config
 from minibroker.client.types import TopicPartition
+
+__all__ = [
+    "AppendResult",
+    "Appended",
+    "BrokerReplicas",
+    "CorruptProduce",
+    "EngineConfig",
+    "EpochEndOffsetReply",
+    "FetchBackoff",
+    "FetchReply",
+    "FollowerAppendFailed",
+    "FollowerProgress",
+    "Gauges",
+    "HighWatermarkMoved",
+    "HostedReplica",
+    "IsrChanged",
+    "ListOffsetsReply",
+    "LogConfigChanged",
+    "LogDirFailed",
+    "Output",
+    "PartitionApplyFailed",
+    "ProduceReply",
+    "ReadResult",
+    "ReplicaDescription",
+    "ReplicaRemoved",
+    "RoleChanged",
+    "SendAlterPartition",
+    "StartFollowing",
+    "StopFollowing",
+    "Storage",
+    "Truncated",
+    "WakeFetches",
+    "WakeFollowerFetches",
+]
 
 # ------------------------------------------------------------------------------------------
 # The storage a partition is hosted on
@@ -132,315 +192,7 @@ S = TypeVar("S", bound=Storage)
 
 
 # ------------------------------------------------------------------------------------------
-# Configuration
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """The broker settings the engine decides with (broker/config.py names in comments)."""
-
-    broker_id: int  # node.id
-    log_dir: str = ""  # the data dir, named in KAFKA_STORAGE_ERROR messages
-    rack: str = ""  # broker.rack
-    rack_aware_selector: bool = False  # replica.selector.class == RackAwareReplicaSelector
-    replica_lag_time_max_ms: int = 30_000
-    replica_fetch_backoff_ms: int = 1_000
-    replica_fetch_max_bytes: int = 1_048_576
-    max_pending_produces: int = 1_000  # queued.max.requests
-    topic_defaults: Mapping[str, Any] = field(default_factory=dict)
-
-
-# ------------------------------------------------------------------------------------------
-# Outputs: what the I/O shell must do, in list order
-
-
-@dataclass(frozen=True, slots=True)
-class SendAlterPartition:
-    """Send `proposal` to the controller (after `proposal.delay_ms`); hand its answer to
-    `on_alter_partition_result(tp, generation, ...)`."""
-
-    tp: TopicPartition
-    topic_id: str
-    generation: int
-    proposal: ProposeIsr
-
-
-@dataclass(frozen=True, slots=True)
-class StartFollowing:
-    """(Re)start fetching `tp` from `leader_id`."""
-
-    tp: TopicPartition
-    leader_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class StopFollowing:
-    tp: TopicPartition
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class FetchBackoff:
-    """The follower waits `delay_ms` before fetching `tp` again (logged only)."""
-
-    tp: TopicPartition
-    delay_ms: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class WakeFollowerFetches:
-    """New data at the leader: wake the followers' long polls on `tp`."""
-
-    tp: TopicPartition
-
-
-@dataclass(frozen=True, slots=True)
-class HighWatermarkMoved:
-    """The HW of `tp` moved: wake the consumers' long polls (they read up to the HW)."""
-
-    tp: TopicPartition
-    high_watermark: int
-
-
-@dataclass(frozen=True, slots=True)
-class WakeFetches:
-    """Wake every long poll on `tp` (its role, ISR or hosting changed: they answer now)."""
-
-    tp: TopicPartition
-
-
-@dataclass(frozen=True, slots=True)
-class Appended:
-    """Batches were appended to `tp` (for metrics and the flush policy)."""
-
-    tp: TopicPartition
-    as_leader: bool
-    base_offset: int
-    next_offset: int
-    leader_epoch: int
-    records: int  # record count (0 for a follower append: not counted)
-    size: int  # bytes: valid bytes on the leader, fetched bytes on a follower
-
-
-@dataclass(frozen=True, slots=True)
-class CorruptProduce:
-    """A produce's batches failed their CRC check (counted)."""
-
-    tp: TopicPartition
-
-
-@dataclass(frozen=True, slots=True)
-class Truncated:
-    tp: TopicPartition
-    fully: bool
-    from_offset: int
-    to_offset: int  # the LEO after (the new start offset when `fully`)
-    reason: str
-    leader_epoch: int
-
-
-@dataclass(frozen=True, slots=True)
-class IsrChanged:
-    tp: TopicPartition
-    update: IsrUpdated
-    leader_epoch: int
-    high_watermark: int
-
-
-@dataclass(frozen=True, slots=True)
-class RoleChanged:
-    """This replica's role or leader epoch changed on a partition record."""
-
-    tp: TopicPartition
-    role: Role
-    leader: int
-    leader_epoch: int
-    partition_epoch: int
-    isr: tuple[int, ...]
-    leo: int
-    high_watermark: int
-
-
-@dataclass(frozen=True, slots=True)
-class LogConfigChanged:
-    """The topic's configs changed: reconfigure the log of `tp` with them."""
-
-    tp: TopicPartition
-    configs: Mapping[str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaRemoved:
-    """`tp` is no longer hosted: stop fetching it, delete its log when `delete`."""
-
-    tp: TopicPartition
-    delete: bool
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class FollowerAppendFailed:
-    """The leader's batches for `tp` could not be appended (or a truncation stopped part
-    way); the fetch counts as failed and the follower backs off."""
-
-    tp: TopicPartition
-    leader_id: int
-    error: str
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionApplyFailed:
-    """Acting on the record of `tp` failed with a non-storage error (logged; the others go
-    on)."""
-
-    tp: TopicPartition
-    error: BaseException
-
-
-@dataclass(frozen=True, slots=True)
-class LogDirFailed:
-    """The data dir failed during `operation`: report it; every partition serves
-    KAFKA_STORAGE_ERROR with `serving_error` from now on."""
-
-    operation: str
-    error: BaseException
-    serving_error: str
-    partitions: int
-    leaderships: int
-
-
-Output = (
-    CompleteProduce
-    | SendAlterPartition
-    | StartFollowing
-    | StopFollowing
-    | FetchBackoff
-    | WakeFollowerFetches
-    | HighWatermarkMoved
-    | WakeFetches
-    | Appended
-    | CorruptProduce
-    | Truncated
-    | IsrChanged
-    | RoleChanged
-    | LogConfigChanged
-    | ReplicaRemoved
-    | FollowerAppendFailed
-    | PartitionApplyFailed
-    | LogDirFailed
-)
-
-
-# ------------------------------------------------------------------------------------------
-# Replies
-
-
-@dataclass(slots=True)
-class ProduceReply:
-    """One partition's produce answer. With `token`, an acks=all produce waits: the shell
-    awaits the CompleteProduce output carrying this token (possibly in this very call's
-    outputs) and answers REQUEST_TIMED_OUT at its deadline."""
-
-    error: ErrorCode = ErrorCode.NONE
-    message: str = ""
-    base_offset: int = -1
-    log_append_time_ms: int = -1
-    log_start_offset: int = -1
-    leader: tuple[int, int] | None = None  # (leader id, leader epoch) with NOT_LEADER
-    token: int | None = None
-
-
-@dataclass(slots=True)
-class FetchReply:
-    error: ErrorCode = ErrorCode.NONE
-    message: str = ""
-    high_watermark: int = -1
-    log_start_offset: int = -1
-    log_end_offset: int = -1
-    diverging_epoch: tuple[int, int] | None = None
-    current_leader: tuple[int, int] | None = None
-    preferred_read_replica: int = -1
-    records: bytes = b""
-
-
-@dataclass(slots=True)
-class ListOffsetsReply:
-    error: ErrorCode = ErrorCode.NONE
-    message: str = ""
-    timestamp: int = -1
-    offset: int = -1
-    leader_epoch: int = -1
-
-
-@dataclass(slots=True)
-class EpochEndOffsetReply:
-    error: ErrorCode = ErrorCode.NONE
-    message: str = ""
-    leader_epoch: int = -1
-    end_offset: int = -1
-
-
-@dataclass(frozen=True, slots=True)
-class FollowerProgress:
-    replica_id: int
-    log_end_offset: int
-    last_caught_up_time_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaDescription:
-    """One hosted replica as DescribeReplicas shows it."""
-
-    tp: TopicPartition
-    is_leader: bool
-    leader_id: int
-    leader_epoch: int
-    partition_epoch: int
-    log_start_offset: int
-    log_end_offset: int
-    high_watermark: int
-    isr: tuple[int, ...]
-    maximal_isr: tuple[int, ...]
-    followers: tuple[FollowerProgress, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Gauges:
-    under_replicated: int
-    under_min_isr: int
-    at_min_isr: int
-    leaders: int
-    partitions: int
-    max_lag: int
-    pending_produces: int
-
-
-# ------------------------------------------------------------------------------------------
 # The engine
-
-
-@dataclass(slots=True)
-class HostedReplica(Generic[S]):
-    """One partition replica hosted here: its log, its core, and what is in flight for it."""
-
-    tp: TopicPartition
-    topic_id: str
-    log: S
-    core: PartitionReplica
-    generation: int  # tells a re-hosted replica from the one an answer was meant for
-    # The topic configs the core and log were last configured with (None: broker defaults
-    # only, for a log opened from disk before metadata arrived).
-    topic_configs: dict[str, str] | None = None
-    record_validation: RecordValidation = field(default_factory=RecordValidation)
-    max_message_bytes: int = 1_048_588
-    # The follower fetch planned by `next_fetch`: only the answer to this very position is
-    # applied, so a late answer to an older one (a stopping fetcher's) is dropped.
-    pending_fetch: FetchPosition | None = None
-
-
-class _FollowerAppendError(Exception):
-    """A follower append or truncation failed; the fetch it answered counts as failed."""
 
 
 class BrokerReplicas(Generic[S]):
@@ -579,7 +331,7 @@ class BrokerReplicas(Generic[S]):
             str(tp),
         )
         self._next_generation += 1
-        hosted = HostedReplica(tp, topic_id, log, core, self._next_generation)
+        hosted = HostedReplica(tp, topic_id, log, core, self._next_generation, self._storage_failed)
         hosted.topic_configs = None if topic_configs is None else dict(topic_configs)
         hosted.record_validation = RecordValidation.from_topic_config(configs)
         hosted.max_message_bytes = (
@@ -761,14 +513,15 @@ class BrokerReplicas(Generic[S]):
         """The shell's own storage work (log creation, checkpoints, retention, flushes) failed
         with `err`: (True, outputs) when it is a log-dir failure, which takes the dir offline."""
         out: list[Output] = []
-        return self._storage_failed(err, operation, out), out
+        return self._storage_failed(err, operation, out) is not None, out
 
-    def _storage_failed(self, err: BaseException, operation: str, out: list[Output]) -> bool:
+    def _storage_failed(self, err: BaseException, operation: str, out: list[Output]) -> str | None:
         """Take the dir offline on a log-dir failure (Kafka: any I/O error of a log dir,
         whatever the operation: retrying on a failing disk would keep this broker leading
-        while its followers could serve). True when `err` was one."""
+        while its followers could serve). The KAFKA_STORAGE_ERROR message when `err` was
+        one, else None."""
         if not is_log_dir_failure(err):
-            return False
+            return None
         if self.offline is None:
             message = f"the broker's log dir {self.config.log_dir} is offline ({operation}: {err})"
             self.offline = message
@@ -781,7 +534,7 @@ class BrokerReplicas(Generic[S]):
                 effects = hosted.core.abort_produces(ErrorCode.KAFKA_STORAGE_ERROR, message)[1]
                 self._interpret(hosted, effects, out)
                 out.append(WakeFetches(tp))  # parked long polls answer now, with the error
-        return True
+        return self.offline
 
     def _offline_error(self) -> tuple[ErrorCode, str] | None:
         if self.offline is None:
@@ -795,7 +548,7 @@ class BrokerReplicas(Generic[S]):
     ) -> None:
         """Carry out a core's effects in order: storage now, the rest as outputs. The effects
         a storage fact returns run before the remaining ones (depth first), as the core's
-        contract asks."""
+        contract asks. The one effect interpreter of the product and the simulation."""
         core, log, tp = hosted.core, hosted.log, hosted.tp
         for effect in effects:
             if isinstance(effect, AssignEpoch):
@@ -811,7 +564,7 @@ class BrokerReplicas(Generic[S]):
                     # The log is unchanged and the core's LEO did not move; the fetch fails so
                     # the follower backs off (or, on a disk failure, stops with the dir).
                     self._storage_failed(err, f"follower append to {tp}", out)
-                    raise _FollowerAppendError(str(err)) from err
+                    raise FollowerAppendError(str(err)) from err
                 out.append(
                     Appended(
                         tp,
@@ -862,7 +615,7 @@ class BrokerReplicas(Generic[S]):
             # follower backs off and the leader's divergence check asks for the rest next time.
             self._interpret(hosted, core.on_log_truncated(log.leo, log.log_start_offset)[1], out)
             self._storage_failed(err, f"truncation of {tp}", out)
-            raise _FollowerAppendError(f"truncation failed: {err}") from err
+            raise FollowerAppendError(f"truncation failed: {err}") from err
         out.append(Truncated(tp, fully, old_leo, log.leo, effect.reason, core.leader_epoch))
         self._interpret(hosted, core.on_log_truncated(log.leo, log.log_start_offset)[1], out)
 
@@ -902,70 +655,12 @@ class BrokerReplicas(Generic[S]):
             reply.message = f"broker {self.broker_id} is not the leader of {tp}"
             reply.leader = (core.leader_id, core.leader_epoch)
             return reply, out
-        try:
-            # Headers for the core's idempotence and acks checks; the log reuses this
-            # validation when it appends (one CRC32C pass per batch).
-            batches = batchlib.validate_producer_batches(records, hosted.max_message_bytes)
-            # Then the records themselves (Kafka's LogValidator), on this leader path only.
-            validate_producer_records(records, batches, now_ms, hosted.record_validation)
-        except batchlib.CorruptRecordError as err:
-            out.append(CorruptProduce(tp))
-            reply.error, reply.message = ErrorCode.CORRUPT_MESSAGE, str(err)
-            return reply, out
-        except MiniBrokerError as err:
-            reply.error, reply.message = err.code, str(err)
-            return reply, out
-        plan, _ = core.plan_append(acks, [h for _, h in batches])
-        if isinstance(plan, DuplicateAppend):
-            # A retry of a batch already in the log: its original offsets; acks=all waits for
-            # the HW to pass it like the first attempt did.
-            reply.log_start_offset = core.log_start_offset
-            reply.base_offset = plan.base_offset
-            if acks == -1:
-                reply.token = self._new_token()
-                _, effects = core.park_produce(
-                    reply.token, plan.base_offset, plan.last_offset, deadline_ms
-                )
-                self._interpret(hosted, effects, out)
-            return reply, out
-        if not isinstance(plan, AppendPlan):
-            reply.error, reply.message = plan.error, plan.message
-            reply.log_start_offset = core.log_start_offset
-            return reply, out
-        try:
-            info = hosted.log.append_as_leader(
-                records, plan.leader_epoch, now_ms, validated=batches
-            )
-        except MiniBrokerError as err:
-            self._storage_failed(err, f"produce to {tp}", out)
-            reply.error, reply.message = err.code, str(err)
-            return reply, out
-        invariant(
-            info.first_offset == plan.base_offset,
-            f"{tp}: the log appended at {info.first_offset}, the core planned {plan.base_offset}",
-        )
-        reply.log_append_time_ms = info.log_append_time_ms
-        reply.base_offset = plan.base_offset
-        reply.log_start_offset = hosted.log.log_start_offset
-        count = sum(h.records_count for _, h in batches)
-        out.append(
-            Appended(
-                tp,
-                True,
-                plan.base_offset,
-                plan.next_offset,
-                plan.leader_epoch,
-                count,
-                info.valid_bytes,
-            )
-        )
-        if acks == -1:
-            reply.token = self._new_token()
-        _, effects = core.on_leader_appended(
-            plan, now_ms, token=reply.token, deadline_ms=deadline_ms
+        appended, effects = hosted.append_produce(
+            reply, acks, records, now_ms, deadline_ms, self._new_token, out
         )
         self._interpret(hosted, effects, out)
-        out.append(WakeFollowerFetches(tp))  # wake followers' long polls
+        if appended:
+            out.append(WakeFollowerFetches(tp))  # wake followers' long polls
         return reply, out
 
     def _new_token(self) -> int:
@@ -1022,7 +717,7 @@ class BrokerReplicas(Generic[S]):
         reply.current_leader = (core.leader_id, core.leader_epoch)
         readable = answer.error == ErrorCode.NONE and answer.diverging_epoch is None
         if readable and answer.read_until_offset > answer.fetch_offset:
-            self._read(hosted, reply, answer.fetch_offset, max_bytes, answer.read_until_offset, out)
+            hosted.read(reply, answer.fetch_offset, max_bytes, answer.read_until_offset, out)
         return reply, out
 
     def consumer_fetch(
@@ -1059,7 +754,7 @@ class BrokerReplicas(Generic[S]):
                 reply.preferred_read_replica = preferred
                 return reply, out
         if answer.read_until_offset > fetch_offset:
-            self._read(hosted, reply, fetch_offset, max_bytes, answer.read_until_offset, out)
+            hosted.read(reply, fetch_offset, max_bytes, answer.read_until_offset, out)
         return reply, out
 
     def fetch_max_bytes(self, requested: int) -> int:
@@ -1075,24 +770,6 @@ class BrokerReplicas(Generic[S]):
         if hosted is None:
             reply.error, reply.current_leader = self._not_hosted(tp)
         return hosted
-
-    def _read(
-        self,
-        hosted: HostedReplica[S],
-        reply: FetchReply,
-        offset: int,
-        max_bytes: int,
-        max_offset: int,
-        out: list[Output],
-    ) -> None:
-        """Fill `reply.records`; a read the disk fails takes the dir offline and answers
-        KAFKA_STORAGE_ERROR."""
-        try:
-            reply.records = hosted.log.read(offset, max_bytes, max_offset=max_offset).records
-        except Exception as err:
-            if not self._storage_failed(err, f"read from {hosted.tp}", out):
-                raise
-            reply.error, reply.message = self._offline_error() or (ErrorCode.NONE, "")
 
     def _serves_rack(self, rack: str) -> bool:
         return (
@@ -1140,16 +817,7 @@ class BrokerReplicas(Generic[S]):
         if not answer.needs_timestamp_lookup:
             reply.offset = answer.offset
             return reply, out
-        try:
-            found = hosted.log.offset_for_timestamp(timestamp)
-        except Exception as err:
-            if not self._storage_failed(err, f"timestamp lookup in {tp}", out):
-                raise
-            reply.error, reply.message = self._offline_error() or (ErrorCode.NONE, "")
-            return reply, out
-        found_offset = found[0] if found is not None else None
-        reply.error, reply.offset = answer.resolve(found_offset)
-        reply.timestamp = found[1] if found is not None and reply.offset >= 0 else -1
+        hosted.look_up_timestamp(reply, answer, timestamp, out)
         return reply, out
 
     def offset_for_leader_epoch(
@@ -1209,7 +877,7 @@ class BrokerReplicas(Generic[S]):
             self._interpret(
                 hosted, hosted.core.on_fetch_response(position, response, now_ms)[1], out
             )
-        except _FollowerAppendError as err:
+        except FollowerAppendError as err:
             out.append(FollowerAppendFailed(tp, leader_id, str(err)))
             failed = FetchResponse(error=ErrorCode.CORRUPT_MESSAGE)
             self._interpret(hosted, hosted.core.on_fetch_response(position, failed, now_ms)[1], out)

@@ -24,11 +24,14 @@ from typing import NamedTuple
 
 
 class FollowerProgress(NamedTuple):
-    """What the HW rule needs of one follower."""
+    """What the HW rule needs of one follower (a plain (leo, in_maximal_isr, caught_up) tuple
+    will do: the leader builds one per follower on every append and fetch)."""
 
     leo: int  # -1: unknown in this leadership
     in_maximal_isr: bool
-    caught_up: bool  # caught up within replica.lag.time.max.ms and its broker ISR-eligible
+    # Caught up within replica.lag.time.max.ms and its broker ISR-eligible; only consulted for
+    # a follower outside the maximal ISR.
+    caught_up: bool
 
 
 def leader_high_watermark(
@@ -36,13 +39,14 @@ def leader_high_watermark(
     leader_leo: int,
     isr_size: int,
     effective_min_isr: int,
-    followers: Iterable[FollowerProgress],
+    followers: Iterable[tuple[int, bool, bool]],
 ) -> int:
-    """The HW the leader may move to now: `high_watermark` itself when it may not advance."""
+    """The HW the leader may move to now: `high_watermark` itself when it may not advance.
+    `followers` are FollowerProgress values (leo, in_maximal_isr, caught_up)."""
     if isr_size < effective_min_isr:
         return high_watermark
     new_hw = leader_leo
-    for follower in followers:
-        if follower.leo < new_hw and (follower.in_maximal_isr or follower.caught_up):
-            new_hw = follower.leo
+    for leo, in_maximal_isr, caught_up in followers:
+        if leo < new_hw and (in_maximal_isr or caught_up):
+            new_hw = leo
     return max(new_hw, high_watermark)

@@ -74,7 +74,7 @@ from minibroker.broker.replication.follower import (
     FollowerState,
     follower_high_watermark,
 )
-from minibroker.broker.replication.high_watermark import FollowerProgress, leader_high_watermark
+from minibroker.broker.replication.high_watermark import leader_high_watermark
 from minibroker.broker.replication.isr import (
     AnswerAction,
     CommittedIsr,
@@ -347,26 +347,27 @@ class PartitionReplica(ReplicaState):
         if self._role is not Role.LEADER:
             return []
         maximal_isr = self.maximal_isr
-        lag_max = self._config.replica_lag_time_max_ms
-        followers = (
-            FollowerProgress(
+        min_isr = self.effective_min_isr
+        leo, lag_max, brokers = self._leo, self._config.replica_lag_time_max_ms, self._brokers
+        # FollowerProgress as plain tuples; "caught up" is only asked of followers outside
+        # the maximal ISR, the only ones for which the rule reads it.
+        followers = [
+            (r.leo, True, True)
+            if r.replica_id in maximal_isr
+            else (
                 r.leo,
-                r.replica_id in maximal_isr,
-                r.is_caught_up(self._leo, now_ms, lag_max)
-                and self._brokers.is_isr_eligible(r.replica_id, r.broker_epoch),
+                False,
+                r.is_caught_up(leo, now_ms, lag_max)
+                and brokers.is_isr_eligible(r.replica_id, r.broker_epoch),
             )
             for r in self._remotes.values()
-        )
-        new_hw = leader_high_watermark(
-            self._high_watermark, self._leo, len(self.isr), self.effective_min_isr, followers
-        )
+        ]
+        new_hw = leader_high_watermark(self._high_watermark, leo, len(self.isr), min_isr, followers)
         if new_hw == self._high_watermark:
             return []
         self._high_watermark = new_hw
         effects: list[Effect] = [HighWatermarkChanged(new_hw)]
-        effects += self._purgatory.complete(
-            new_hw, self._log_start_offset, maximal_isr, self.effective_min_isr
-        )
+        effects += self._purgatory.complete(new_hw, self._log_start_offset, maximal_isr, min_isr)
         return effects
 
     def _proposal(self, kind: IsrChangeKind, new_isr: frozenset[int]) -> ProposeIsr:

@@ -2,8 +2,8 @@
 
 Pure: no I/O. The keys, defaults and checks live once in `minibroker.client.topic_config`
 (shared with the controller, which validates CreateTopics with the same `ConfigKey`s); this module
-turns a resolved mapping into a typed, frozen value for the storage code and maps Kafka's
-broker-level names (`log.segment.bytes`, ...) onto the topic-level ones.
+turns a resolved mapping into a typed, frozen value for the storage code (Kafka's broker-level
+names, `log.segment.bytes`, ..., are mapped onto the topic-level ones by broker/config.py).
 
 Defaults that differ from Kafka's: `segment.bytes` is 64 MiB (Kafka: 1 GiB), which suits a local
 cluster's disks and keeps recovery of the active segment short.
@@ -16,28 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from minibroker.client.topic_config import resolve_topic_config
-
-# Kafka's broker-wide defaults for the topic-level log configs (LogConfig's "synonyms").
-BROKER_SYNONYMS: dict[str, str] = {
-    "log.segment.bytes": "segment.bytes",
-    "log.roll.ms": "segment.ms",
-    "log.retention.ms": "retention.ms",
-    "log.retention.bytes": "retention.bytes",
-    "log.index.interval.bytes": "index.interval.bytes",
-    "message.max.bytes": "max.message.bytes",
-    "log.flush.interval.messages": "flush.messages",
-    "log.flush.interval.ms": "flush.ms",
-    "log.message.timestamp.type": "message.timestamp.type",
-}
-
-
-def topic_defaults_from_broker(broker_configs: Mapping[str, Any]) -> dict[str, Any]:
-    """The topic-level defaults a broker's `log.*` properties set (unrelated keys are ignored)."""
-    return {
-        topic_name: broker_configs[broker_name]
-        for broker_name, topic_name in BROKER_SYNONYMS.items()
-        if broker_name in broker_configs
-    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,7 @@
 """A segment's sparse indexes: `.index` (offset -> file position) and `.timeindex` (time -> offset).
 
-Does file I/O on the index files. Layout (Kafka's OffsetIndex and TimeIndex), big-endian:
-
-    .index      8-byte entries: int32 relative offset (a batch's LAST offset - segment base),
-                int32 file position of that batch in the `.log`
-    .timeindex  12-byte entries: int64 largest timestamp so far, int32 relative offset of the
-                batch (its last offset) where that timestamp was reached
+Does file I/O on the index files, whose layout (Kafka's OffsetIndex and TimeIndex) is defined
+once, in client/log_format.py (`minibroker dump-log` reads it from there too).
 
 The segment adds an entry once more than `index.interval.bytes` have been written since the
 previous one. A lookup takes the largest entry <= the target and the caller scans batch headers
@@ -35,11 +31,16 @@ import pathlib
 import struct
 
 from minibroker.client.common.log import get_logger
+from minibroker.client.log_format import (
+    OFFSET_INDEX_ENTRY,
+    RELATIVE_OFFSET_MAX,
+    TIME_INDEX_ENTRY,
+    fits_relative_offset,
+    index_rows,
+)
 
 PENDING_ENTRIES_MAX = 128
-_OFFSET_ENTRY = struct.Struct(">ii")
-_TIME_ENTRY = struct.Struct(">qi")
-_INT32_MAX = 2**31 - 1
+_OFFSET_ENTRY = OFFSET_INDEX_ENTRY
 _log = get_logger("minibroker.broker.storage")
 
 
@@ -177,15 +178,14 @@ class _IndexFile:
             raw = path.read_bytes()
         except FileNotFoundError:
             return None
-        if len(raw) % cls.entry.size:
-            return None
-        return list(cls.entry.iter_unpack(raw))
+        rows, leftover = index_rows(raw, cls.entry)
+        return None if leftover else rows
 
 
 class OffsetIndex(_IndexFile):
     """`.index`: the file position of a batch, keyed by its last offset."""
 
-    entry = _OFFSET_ENTRY
+    entry = OFFSET_INDEX_ENTRY
 
     def __init__(self, path: pathlib.Path, base_offset: int) -> None:
         super().__init__(path, base_offset)
@@ -233,7 +233,7 @@ class OffsetIndex(_IndexFile):
         return self._offsets[-1], self._positions[-1]
 
     def can_append_offset(self, offset: int) -> bool:
-        return 0 <= offset - self.base_offset <= _INT32_MAX
+        return fits_relative_offset(self.base_offset, offset)
 
     def append(self, offset: int, position: int) -> None:
         # Once per indexed batch on the produce path: the checks and the pending write are
@@ -245,7 +245,7 @@ class OffsetIndex(_IndexFile):
                 f"({offsets[-1]}, {self._positions[-1]}) in {self.path}"
             )
         relative = offset - self.base_offset
-        if not 0 <= relative <= _INT32_MAX:
+        if not 0 <= relative <= RELATIVE_OFFSET_MAX:
             raise ValueError(f"offset {offset} does not fit segment {self.base_offset}")
         offsets.append(offset)
         self._positions.append(position)
@@ -292,7 +292,7 @@ class OffsetIndex(_IndexFile):
 class TimeIndex(_IndexFile):
     """`.timeindex`: the largest timestamp so far and the offset where it was reached."""
 
-    entry = _TIME_ENTRY
+    entry = TIME_INDEX_ENTRY
 
     def __init__(self, path: pathlib.Path, base_offset: int) -> None:
         super().__init__(path, base_offset)

@@ -2,14 +2,10 @@
 
 Does file I/O: appends with one `os.write`, reads with `os.pread`, `ftruncate`, `fsync`. The
 `.log` holds whole v2 record batches back to back, nothing else (docs/protocol.md §23). Offsets
-inside a
-segment are contiguous: the first batch starts at `base_offset` and each batch starts right after
-the previous one, so `base_offset` <= every offset here < the next segment's base offset.
-
-Reads work on batch boundaries found from the sparse offset index and a walk over batch headers
-(never over records); the segment never decodes a record. The CRC is checked on the way in (by
-the log, before `append`) and by `recover`, not on reads (Kafka serves fetches the same way;
-consumers check CRCs).
+inside a segment are contiguous: the first batch starts at `base_offset` and each batch starts
+right after the previous one, so `base_offset` <= every offset here < the next segment's base
+offset. Reads (segment_reads.py) never decode a record; which batches are sound is
+segment_scan.py's rule, shared by `recover` and the load's `find_damage`.
 
 Failures: `append` and `truncate_to` either complete or raise with the segment as it was (the
 `.log` cut back to its old size, the indexes to their old entries). `mark` / `rollback` let the
@@ -18,11 +14,8 @@ segment remembers that its file may be longer than `size` and cuts it before the
 flush or close (reads never look past `size`).
 
 Open files: only the active segment keeps its `.log` open (its indexes live in memory and their
-files are opened per write). An inactive segment's `.log` is opened when it is read (or cut or
-fsynced) and its descriptor is kept in `INACTIVE_SEGMENT_FILES`, a process-wide LRU of at most
-`INACTIVE_SEGMENT_FILES_MAX` descriptors: so a broker holds one descriptor per partition plus a
-fixed number, however many segments it has (Kafka keeps every segment's file open and maps its
-indexes lazily).
+files are opened per write); an inactive one's descriptor is opened when needed and kept in the
+process-wide LRU of segment_files.py.
 
 Concurrency contract: not thread-safe; one owner (the PartitionLog) calls it from one thread, and
 every segment of the process runs on that thread (the descriptor cache is shared).
@@ -34,35 +27,28 @@ import contextlib
 import errno
 import os
 import pathlib
-import struct
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from minibroker.broker.storage.index import OffsetIndex, TimeIndex
+from minibroker.broker.storage.segment_files import (
+    INACTIVE_SEGMENT_FILES,
+)
+from minibroker.broker.storage.segment_reads import SegmentReads
+from minibroker.broker.storage.segment_scan import BatchCheck, SegmentScan
 from minibroker.client.batch import (
-    BATCH_LENGTH_MIN,
-    LOG_OVERHEAD,
-    BatchHeader,
     CorruptRecordError,
     scan_valid_prefix,
 )
 from minibroker.client.common.log import get_logger
 from minibroker.client.errors import KafkaStorageError
+from minibroker.client.log_format import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    SEGMENT_SUFFIXES,
+    TIME_INDEX_SUFFIX,
+    segment_file_name,
+)
 
-LOG_SUFFIX = ".log"
-INDEX_SUFFIX = ".index"
-TIME_INDEX_SUFFIX = ".timeindex"
-
-# The first 43 header bytes: baseOffset, batchLength, partitionLeaderEpoch, magic, crc,
-# attributes, lastOffsetDelta, baseTimestamp, maxTimestamp (client/batch.py has the layout).
-_WALK_HEADER = struct.Struct(">qiibIhiqq")
-_WALK_READ_AHEAD = 8192
-_RECOVERY_CHUNK = 8 * 1024 * 1024
-# Descriptors of inactive segments' `.log` files kept open per process (README: the file
-# budget). A consumer or follower reading old data reads a segment many times in a row; 64
-# covers that for dozens of partitions at once, and a miss costs one open().
-INACTIVE_SEGMENT_FILES_MAX = 64
 _log = get_logger("minibroker.broker.storage")
 
 # One batch as `append` needs it: (position in the appended bytes, size, last offset, max ts).
@@ -71,94 +57,13 @@ AppendEntry = tuple[int, int, int, int]
 # index entry, rolling-based timestamp, offset index entries, time index entries). A plain
 # tuple: one is taken per append.
 SegmentMark = tuple[int, int, int, int, int, "int | None", int, int]
-# A recovery check beyond CRC and offsets: returns why the batch is bad, or None.
-BatchCheck = Callable[[BatchHeader], "str | None"]
 
 
 def segment_path(directory: pathlib.Path, base_offset: int, suffix: str) -> pathlib.Path:
-    return directory / f"{base_offset:020d}{suffix}"
+    return directory / segment_file_name(base_offset, suffix)
 
 
-class InactiveSegmentFiles:
-    """The open `.log` descriptors of inactive segments: at most `capacity`, the least recently
-    used closed first (the segment opens its file again when it next needs it).
-
-    The active segment's descriptor is never here: it stays open. Single-threaded.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self._capacity = capacity
-        self._lru: OrderedDict[LogSegment, None] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._lru)
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @capacity.setter
-    def capacity(self, capacity: int) -> None:
-        """At least 1 (the file being used stays open); a smaller one closes files at once."""
-        self._capacity = max(capacity, 1)
-        self._trim()
-
-    def touch(self, segment: LogSegment) -> None:
-        self._lru.move_to_end(segment)
-
-    def add(self, segment: LogSegment) -> None:
-        """`segment` holds an open descriptor now; close others' past the capacity (never the
-        one just added: its caller is about to use it)."""
-        self._lru[segment] = None
-        self._lru.move_to_end(segment)
-        self._trim()
-
-    def _trim(self) -> None:
-        while len(self._lru) > self._capacity:
-            oldest = next(iter(self._lru))
-            del self._lru[oldest]
-            oldest._close_file()
-
-    def forget(self, segment: LogSegment) -> None:
-        self._lru.pop(segment, None)
-
-
-INACTIVE_SEGMENT_FILES = InactiveSegmentFiles(INACTIVE_SEGMENT_FILES_MAX)
-
-
-def roll_clock(timestamp: int, now_ms: int, retention_ms: int) -> int:
-    """When a batch counts as written for segment.ms: its timestamp, taken into
-    [now - retention.ms, now] (no lower bound when retention.ms is -1); now when it has none.
-
-    Kafka measures a segment's age from its first batch's timestamp to the new batch's, so a
-    producer stamping each batch segment.ms after the last rolled a segment per batch, and one
-    stamped far ahead held its segment open for good. Bounded this way, each time roll moves
-    the segment's clock start forward by more than segment.ms inside [log's first clock -
-    retention.ms, now]: at most (retention.ms + elapsed broker time) / segment.ms time rolls
-    after each segment that was started otherwise (by size, truncation, an explicit roll).
-    A batch older than retention.ms is due for deletion anyway, so telling such batches apart
-    by segment gains nothing.
-    """
-    if timestamp < 0 or timestamp > now_ms:
-        return now_ms
-    if retention_ms >= 0 and timestamp < now_ms - retention_ms:
-        return now_ms - retention_ms
-    return timestamp
-
-
-@dataclass(frozen=True, slots=True)
-class BatchPosition:
-    """Where one batch sits in the `.log`, from its header only."""
-
-    position: int
-    size: int
-    base_offset: int
-    last_offset: int
-    partition_leader_epoch: int
-    max_timestamp: int
-
-
-class LogSegment:
+class LogSegment(SegmentReads):
     """A `.log` file of contiguous batches plus its two sparse indexes (Kafka's LogSegment)."""
 
     def __init__(
@@ -218,7 +123,7 @@ class LogSegment:
             )
         except BaseException:
             os.close(fd)
-            for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            for suffix in SEGMENT_SUFFIXES:
                 _unlink_quietly(segment_path(directory, base_offset, suffix))
             raise
         return cls(directory, base_offset, fd, 0, index, time_index, index_interval_bytes, now_ms)
@@ -463,177 +368,50 @@ class LogSegment:
             got += len(more)
         return b"".join(parts)
 
-    def _walk_one(self, position: int) -> BatchPosition | None:
-        for batch in self.walk(position, self._size):
-            return batch
-        return None
-
-    def walk(self, start: int, end: int) -> Iterator[BatchPosition]:
-        """The batches from `start` (a batch boundary) to `end`, from their headers only."""
-        chunk = b""
-        chunk_start = start
-        position = start
-        while position < end:
-            relative = position - chunk_start
-            if relative + _WALK_HEADER.size > len(chunk):
-                chunk = self._pread(position, min(_WALK_READ_AHEAD, self._size - position))
-                chunk_start, relative = position, 0
-                if len(chunk) < _WALK_HEADER.size:
-                    raise CorruptRecordError("truncated batch header in segment", position)
-            base, length, epoch, _magic, _crc, _attrs, delta, _base_ts, max_ts = (
-                _WALK_HEADER.unpack_from(chunk, relative)
-            )
-            size = length + LOG_OVERHEAD
-            if length < BATCH_LENGTH_MIN or position + size > self._size:
-                raise CorruptRecordError(f"bad batchLength {length} in segment", position)
-            yield BatchPosition(position, size, base, base + delta, epoch, max_ts)
-            position += size
-
-    def translate_offset(self, offset: int, start_position: int = 0) -> BatchPosition | None:
-        """The first batch whose last offset is >= `offset`, or None past the end."""
-        if offset >= self._next_offset:
-            return None
-        _, position = self.index.lookup(offset)
-        for batch in self.walk(max(position, start_position), self._size):
-            if batch.last_offset >= offset:
-                return batch
-        return None
-
-    def position_of(self, offset: int) -> int:
-        """The position of the batch holding `offset`: reads below it end before `offset`."""
-        batch = self.translate_offset(offset)
-        return self._size if batch is None else batch.position
-
-    def _boundary_at_or_below(self, start: int, limit: int) -> tuple[int, int]:
-        """The largest batch boundary in [start, limit] and the offset of the batch there."""
-        if limit >= self._size:
-            return self._size, self._next_offset
-        position = max(start, self.index.floor_position(limit))
-        for batch in self.walk(position, self._size):
-            if batch.position + batch.size > limit:
-                return batch.position, batch.base_offset
-        return self._size, self._next_offset
-
-    def read(
-        self, start_offset: int, max_bytes: int, max_position: int, min_one_batch: bool = True
-    ) -> tuple[bytes, BatchPosition, int] | None:
-        """Whole batches from the one holding `start_offset`, ending at or before `max_position`.
-
-        Returns (bytes, the first batch, the offset after the last batch returned). At most
-        `max_bytes`, except that with `min_one_batch` the first batch comes whole even when
-        larger (KIP-74). None when `start_offset` is past this segment's end; empty bytes when
-        the first batch is not below `max_position`.
-        """
-        if self._fd >= 0 and not self._active:
-            # Reads are what keep an inactive segment's file worth caching.
-            INACTIVE_SEGMENT_FILES.touch(self)
-        first = self.translate_offset(start_offset)
-        if first is None:
-            return None
-        if first.position >= max_position:
-            return b"", first, first.base_offset
-        limit = min(max_position, first.position + max(max_bytes, 0))
-        if min_one_batch and first.position + first.size > limit:
-            limit = first.position + first.size
-        end, next_offset = self._boundary_at_or_below(first.position, limit)
-        if end <= first.position:
-            return b"", first, first.base_offset
-        return self._pread(first.position, end - first.position), first, next_offset
-
-    def find_offset_by_timestamp(
-        self, timestamp: int, starting_offset: int
-    ) -> tuple[int, int] | None:
-        """(offset, maxTimestamp) of the first batch with maxTimestamp >= `timestamp`.
-
-        Batch granularity, as the broker never decodes records: the offset is the batch's first
-        offset (at least `starting_offset`); the records before the first matching one in that
-        batch are for the consumer to skip.
-        """
-        _, indexed_offset = self.time_index.lookup(timestamp)
-        _, position = self.index.lookup(max(indexed_offset, starting_offset))
-        for batch in self.walk(position, self._size):
-            if batch.max_timestamp >= timestamp and batch.last_offset >= starting_offset:
-                return max(batch.base_offset, starting_offset), batch.max_timestamp
-        return None
-
     # -- recovery and truncation -------------------------------------------------------------
 
     def recover(self, check: BatchCheck | None = None) -> int:
-        """Rebuild the indexes from the `.log` and cut it at the first bad batch.
-
-        A batch is bad when it is torn, fails its length, magic or CRC check, does not start
-        right after the previous one (baseOffset is outside the CRC), overflows the index, or
-        fails `check`. Returns the number of bytes truncated.
-        """
+        """Rebuild the indexes from the `.log` and cut it at the first bad batch (SegmentScan's
+        rules, then `check`). Returns the number of bytes truncated."""
         self.index.reset()
         self.time_index.reset()
         self._max_timestamp, self._offset_of_max_timestamp = -1, self.base_offset
         self._bytes_since_last_index_entry = 0
         self._rolling_based_timestamp = None
-        expected = self.base_offset
-        position = 0
-        chunk_size = _RECOVERY_CHUNK
-        while position < self._size:
-            chunk = self._pread(position, min(chunk_size, self._size - position))
-            chunk_size = _RECOVERY_CHUNK
-            valid, found, error = scan_valid_prefix(chunk)
-            stopped = False
-            problem: str | None = None
-            for relative, header in found:
-                if header.base_offset != expected:
-                    problem = f"baseOffset {header.base_offset}, expected {expected}"
-                elif not self.can_hold_offset(header.last_offset):
-                    problem = f"offset {header.last_offset} overflows the segment index"
-                elif check is not None:
-                    problem = check(header)
-                if problem is not None:
-                    position += relative
-                    stopped = True
-                    break
-                if self._rolling_based_timestamp is None:
-                    self._rolling_based_timestamp = min(header.max_timestamp, self.created_ms)
-                self._index_batch(
-                    position + relative, header.size, header.last_offset, header.max_timestamp
-                )
-                expected = header.next_offset
-            if stopped:
-                break
-            if error is None:
-                position += valid
-                continue
-            # The chunk may have cut a good batch in two: read it whole before judging it.
-            at = position + valid
-            if position + len(chunk) < self._size:
-                if valid + LOG_OVERHEAD > len(chunk):
-                    position = at
-                    continue
-                (length,) = struct.unpack_from(">i", chunk, valid + 8)
-                needed = length + LOG_OVERHEAD
-                fits_in_file = at + needed <= self._size
-                if length >= BATCH_LENGTH_MIN and valid + needed > len(chunk) and fits_in_file:
-                    position = at
-                    chunk_size = max(_RECOVERY_CHUNK, needed)
-                    continue
-            position = at
-            problem = error.reason
-            break
-        truncated = self._size - position
+        scan = SegmentScan(self._pread, self._size, self.base_offset, check)
+        for position, header in scan:
+            if self._rolling_based_timestamp is None:
+                self._rolling_based_timestamp = min(header.max_timestamp, self.created_ms)
+            self._index_batch(position, header.size, header.last_offset, header.max_timestamp)
+        truncated = self._size - scan.end
         if truncated:
             _log.warning(
                 "segment_truncated_on_recovery",
-                path=str(segment_path(self.directory, self.base_offset, LOG_SUFFIX)),
-                position=position,
+                path=str(self._log_path()),
+                position=scan.end,
                 truncated_bytes=truncated,
-                reason=problem or "torn batch",
+                reason=scan.problem or "torn batch",
             )
-            os.ftruncate(self._file(), position)
-            self._size = position
-        self._next_offset = expected
+            os.ftruncate(self._file(), scan.end)
+            self._size = scan.end
+        self._next_offset = scan.next_offset
         self.index.write_pending()
         self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
         self.time_index.write_pending()
         self.needs_recovery = False
         return truncated
+
+    def find_damage(self, check: BatchCheck | None = None) -> str | None:
+        """The first problem `recover` would cut the segment at, or None. Read-only: the load's
+        check of a segment that needs no recovery (it rebuilds nothing)."""
+        scan = SegmentScan(self._pread, self._size, self.base_offset, check)
+        for _ in scan:
+            pass
+        if scan.problem is not None:
+            return scan.problem
+        if scan.next_offset != self._next_offset:
+            return f"batches end at offset {scan.next_offset}, the segment at {self._next_offset}"
+        return None
 
     def truncate_to(self, offset: int) -> int:
         """Remove every batch whose last offset is >= `offset`; returns the bytes removed.

@@ -4,7 +4,8 @@ Does I/O: reads the named files, writes to stdout (and errors to stderr); runs i
 only. `.log` segments are read batch by batch (a whole segment is never held in memory) and
 validated with `minibroker.client.batch` (length, magic, CRC32C); `--print-data-log` decodes the
 records with `minibroker.client.records`. `.index` (int32 relative offset, int32 position) and
-`.timeindex` (int64 timestamp, int32 relative offset) entries are printed up to the
+`.timeindex` (int64 timestamp, int32 relative offset) entries, laid out as
+`minibroker.client.log_format` defines them for the broker's storage too, are printed up to the
 preallocated zero tail. The first torn or corrupt batch stops the dump of its file: its position
 and the reason go to stderr and the command exits 1. A batch whose length and magic are sound but
 whose CRC is wrong is still printed first, with `isvalid: false` / `"crc_valid": false`, as
@@ -38,6 +39,14 @@ from minibroker.client.batch import (
     parse_header,
     read_header,
 )
+from minibroker.client.log_format import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    OFFSET_INDEX_ENTRY,
+    TIME_INDEX_ENTRY,
+    TIME_INDEX_SUFFIX,
+    index_rows,
+)
 from minibroker.client.records import (
     DecodedBatch,
     DecodedRecord,
@@ -47,8 +56,6 @@ from minibroker.client.records import (
 )
 
 _INT32 = struct.Struct(">i")
-_INDEX_ENTRY = struct.Struct(">ii")  # relative offset, file position
-_TIME_INDEX_ENTRY = struct.Struct(">qi")  # timestamp, relative offset
 _CONTROL_TYPES = {0: "ABORT", 1: "COMMIT"}
 
 
@@ -81,11 +88,11 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             out.write(f"Dumping {path}\n")
         try:
-            if path.suffix == ".log":
+            if path.suffix == LOG_SUFFIX:
                 dump_segment(path, out, print_data_log=args.print_data_log, as_json=args.json)
-            elif path.suffix == ".index":
+            elif path.suffix == INDEX_SUFFIX:
                 dump_index(path, out, as_json=args.json)
-            elif path.suffix == ".timeindex":
+            elif path.suffix == TIME_INDEX_SUFFIX:
                 dump_time_index(path, out, as_json=args.json)
             else:
                 sys.stderr.write(f"Ignoring unknown file {path}\n")
@@ -291,26 +298,21 @@ def _batch_json(batch: DecodedBatch, crc_valid: bool, with_records: bool) -> str
 # .index and .timeindex
 
 
-def _read_entries(path: pathlib.Path, entry_size: int) -> bytes:
-    data = path.read_bytes()
-    return data[: len(data) - len(data) % entry_size]
-
-
-def _check_whole_entries(path: pathlib.Path, entry_size: int) -> None:
-    leftover = path.stat().st_size % entry_size
+def _check_whole_entries(size: int, leftover: int, entry_size: int) -> None:
     if leftover:
         raise DumpError(
-            f"{leftover} trailing bytes at position {path.stat().st_size - leftover} are not a "
+            f"{leftover} trailing bytes at position {size - leftover} are not a "
             f"whole {entry_size}-byte entry"
         )
 
 
 def dump_index(path: pathlib.Path, out: TextIO, *, as_json: bool = False) -> None:
     base_offset = base_offset_of(path)
-    data = _read_entries(path, _INDEX_ENTRY.size)
-    if not data and not as_json:
+    data = path.read_bytes()
+    rows, leftover = index_rows(data, OFFSET_INDEX_ENTRY)
+    if not rows and not as_json:
         out.write(f"{path} is empty.\n")
-    for i, (relative_offset, position) in enumerate(_INDEX_ENTRY.iter_unpack(data)):
+    for i, (relative_offset, position) in enumerate(rows):
         # Index files are preallocated with zeros; the first zero entry after entry 0 is the end
         # of what was written (DumpLogSegments stops there too).
         if i > 0 and relative_offset == 0:
@@ -320,15 +322,16 @@ def dump_index(path: pathlib.Path, out: TextIO, *, as_json: bool = False) -> Non
             out.write(json.dumps({"offset": offset, "position": position}) + "\n")
         else:
             out.write(f"offset: {offset} position: {position}\n")
-    _check_whole_entries(path, _INDEX_ENTRY.size)
+    _check_whole_entries(len(data), leftover, OFFSET_INDEX_ENTRY.size)
 
 
 def dump_time_index(path: pathlib.Path, out: TextIO, *, as_json: bool = False) -> None:
     base_offset = base_offset_of(path)
-    data = _read_entries(path, _TIME_INDEX_ENTRY.size)
-    if not data and not as_json:
+    data = path.read_bytes()
+    rows, leftover = index_rows(data, TIME_INDEX_ENTRY)
+    if not rows and not as_json:
         out.write(f"{path} is empty.\n")
-    for i, (timestamp, relative_offset) in enumerate(_TIME_INDEX_ENTRY.iter_unpack(data)):
+    for i, (timestamp, relative_offset) in enumerate(rows):
         if i > 0 and relative_offset == 0:
             return
         offset = base_offset + relative_offset
@@ -336,4 +339,4 @@ def dump_time_index(path: pathlib.Path, out: TextIO, *, as_json: bool = False) -
             out.write(json.dumps({"timestamp": timestamp, "offset": offset}) + "\n")
         else:
             out.write(f"timestamp: {timestamp} offset: {offset}\n")
-    _check_whole_entries(path, _TIME_INDEX_ENTRY.size)
+    _check_whole_entries(len(data), leftover, TIME_INDEX_ENTRY.size)

@@ -276,3 +276,22 @@ def test_missing_file_exits_1_and_other_files_still_print(tmp_path: pathlib.Path
     assert result.returncode == 1
     assert "cannot read" in result.stderr
     assert len(_json_lines(result.stdout)) == len(expected)
+
+
+def test_index_layouts_are_defined_once_for_storage_and_dump_log() -> None:
+    # The broker writes the index files and dump-log reads them: both take the entry layouts
+    # and file suffixes from client/log_format.py, so they cannot drift apart.
+    import inspect
+
+    from minibroker.broker.storage import index, segment
+    from minibroker.client import log_format
+    from minibroker.client.cli import dump_log
+
+    assert index.OffsetIndex.entry is log_format.OFFSET_INDEX_ENTRY
+    assert index.TimeIndex.entry is log_format.TIME_INDEX_ENTRY
+    assert dump_log.OFFSET_INDEX_ENTRY is log_format.OFFSET_INDEX_ENTRY
+    assert dump_log.TIME_INDEX_ENTRY is log_format.TIME_INDEX_ENTRY
+    assert segment.LOG_SUFFIX is log_format.LOG_SUFFIX
+    for module in (index, dump_log):
+        source = inspect.getsource(module)
+        assert 'Struct(">ii")' not in source and 'Struct(">qi")' not in source

@@ -32,8 +32,10 @@ from minibroker.broker.metrics import BrokerMetrics
 from minibroker.broker.replicas.manager import ReplicaManager
 from minibroker.broker.replication.events import Role
 from minibroker.broker.storage import checkpoint as checkpoint_module
+from minibroker.broker.storage import epoch_checkpoint as epoch_checkpoint_module
 from minibroker.broker.storage import index as index_module
 from minibroker.broker.storage import log as log_module
+from minibroker.broker.storage import log_loader as log_loader_module
 from minibroker.broker.storage import log_manager as log_manager_module
 from minibroker.broker.storage import segment as segment_module
 from minibroker.broker.storage.config import LogConfig
@@ -83,7 +85,16 @@ class Disk:
 @pytest.fixture
 def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[Disk]:
     injected = Disk()
-    for module in (checkpoint_module, index_module, log_module, log_manager_module, segment_module):
+    modules = (
+        checkpoint_module,
+        epoch_checkpoint_module,
+        index_module,
+        log_module,
+        log_loader_module,
+        log_manager_module,
+        segment_module,
+    )
+    for module in modules:
         monkeypatch.setattr(module, "os", injected)
     yield injected
     injected.failing.clear()

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from minibroker.broker.config import build_config
 from minibroker.broker.storage.checkpoint import (
     LeaderEpochCheckpointFile,
     OffsetCheckpointFile,
@@ -20,7 +21,7 @@ from minibroker.broker.storage.checkpoint import (
     unescape_topic,
     write_atomic,
 )
-from minibroker.broker.storage.config import LogConfig, topic_defaults_from_broker
+from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.epoch_cache import EpochEntry
 from minibroker.broker.storage.errors import CorruptCheckpointError
 from minibroker.broker.storage.index import PENDING_ENTRIES_MAX, OffsetIndex, TimeIndex
@@ -204,7 +205,9 @@ def test_time_index_keeps_only_growing_timestamps(tmp_path: pathlib.Path) -> Non
 def test_log_config_uses_the_shared_topic_config_keys() -> None:
     config = LogConfig.from_configs(
         {"segment.bytes": "1000", "message.timestamp.type": "LogAppendTime"},
-        defaults=topic_defaults_from_broker({"log.retention.ms": 5, "node.id": 1}),
+        defaults=build_config(
+            {"log.retention.ms": 5, "node.id": 1, "log.dirs": "/unused"}
+        ).topic_defaults,
     )
     assert config.segment_bytes == 1000
     assert config.retention_ms == 5

@@ -117,8 +117,8 @@ def test_new_leader_assigns_its_epoch_at_the_leo_before_writing(tmp_path: pathli
     log.append_as_leader(batch(), leader_epoch=1, now_ms=0)
     assert log.maybe_assign_epoch_start_offset(2, log.leo)
     assert not log.maybe_assign_epoch_start_offset(2, log.leo)
-    assert log.end_offset_for_epoch(1) == (1, 3)
-    assert log.end_offset_for_epoch(2) == (2, 3)
+    assert log.epoch_cache.end_offset_for(1, log.leo) == (1, 3)
+    assert log.epoch_cache.end_offset_for(2, log.leo) == (2, 3)
 
 
 def _corrupt_crc(data: bytes) -> bytes:

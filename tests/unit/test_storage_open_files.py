@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from minibroker.broker.storage import segment as segment_module
+from minibroker.broker.storage import segment_files as segment_files_module
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir
 from minibroker.broker.storage.log import PartitionLog
@@ -53,7 +54,7 @@ def fds() -> Iterator[int]:
 
 def budget(partitions: int) -> int:
     """The README's figure for storage: an active `.log` per partition plus the cache."""
-    return partitions + segment_module.INACTIVE_SEGMENT_FILES_MAX
+    return partitions + segment_files_module.INACTIVE_SEGMENT_FILES_MAX
 
 
 def fill(log: PartitionLog, count: int, start_fds: int, partitions: int = 1) -> None:

@@ -267,11 +267,11 @@ def test_recovery_reads_batches_that_straddle_its_read_chunks(
 ) -> None:
     # Recovery reads the .log in chunks (8 MiB in production); a batch cut in two by a chunk
     # boundary must be re-read whole, not taken for a torn batch.
-    from minibroker.broker.storage import segment as segment_module
+    from minibroker.broker.storage import segment_scan
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="mb-chunk-", dir=SCRATCH))
-    saved = segment_module._RECOVERY_CHUNK
-    segment_module._RECOVERY_CHUNK = chunk
+    saved = segment_scan.SCAN_CHUNK
+    segment_scan.SCAN_CHUNK = chunk
     try:
         _, written = build_log(root, seed, batches=10)
         layout = segment_layout(root)
@@ -283,7 +283,7 @@ def test_recovery_reads_batches_that_straddle_its_read_chunks(
         assert batches_of(log) == written[:n]
         log.close()
     finally:
-        segment_module._RECOVERY_CHUNK = saved
+        segment_scan.SCAN_CHUNK = saved
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -374,23 +374,23 @@ def test_the_load_time_check_reads_batches_that_straddle_its_chunks(
 ) -> None:
     # The check of segments that recovery skips reads in chunks too (8 MiB in production):
     # an undamaged log loads whole, a damaged one is cut right before the damaged batch.
-    from minibroker.broker.storage import log as log_module
+    from minibroker.broker.storage import log_loader, segment_scan
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="mb-scan-", dir=SCRATCH))
-    saved = log_module._SCAN_CHUNK
-    log_module._SCAN_CHUNK = chunk
+    saved = segment_scan.SCAN_CHUNK
+    segment_scan.SCAN_CHUNK = chunk
     try:
         _, written = build_log(root / "whole", seed, batches=10)
         whole = reopen(root / "whole", clean=True)
         assert batches_of(whole) == written
         # Found sound as it is (a false alarm would only cost a needless recovery).
-        check = log_module._RecoveryCheck(whole.epoch_cache)
+        check = log_loader.RecoveryCheck(whole.epoch_cache)
         for segment in whole.segments:
-            assert log_module._damage_in(whole.directory, segment, check) is None
+            assert segment.find_damage(check) is None
         whole.close()
         _check_flip(root / "damaged", seed, flip, clean=True)
     finally:
-        log_module._SCAN_CHUNK = saved
+        segment_scan.SCAN_CHUNK = saved
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -491,11 +491,10 @@ class CountingOs:
 
 @pytest.fixture
 def counting(monkeypatch: pytest.MonkeyPatch) -> CountingOs:
-    from minibroker.broker.storage import log as log_module
-    from minibroker.broker.storage import segment as segment_module
+    from minibroker.broker.storage import log_loader, segment
 
     counter = CountingOs()
-    for module in (log_module, segment_module):
+    for module in (log_loader, segment):
         monkeypatch.setattr(module, "os", counter)
     return counter
 
@@ -657,4 +656,29 @@ def test_a_log_changed_since_loading_rebuilds_its_producers_from_a_read(
     state.rebuild(log.producer_batch_headers())
     assert producers_of(state) == producers_of(replayed_in_full(log))
     assert 11 not in state.producers
+    log.close()
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_a_batch_whose_last_offset_overflows_the_segment_index_is_cut(
+    tmp_path: pathlib.Path, clean: bool
+) -> None:
+    # Offsets are stored relative to the segment's base in an int32: a batch claiming a
+    # lastOffsetDelta past that (CRC-clean, so only this rule catches it) is cut by the load's
+    # check and by recovery alike, with what follows it.
+    import struct
+
+    from minibroker.client.batch import ATTRIBUTES_OFFSET, CRC_OFFSET, crc_of
+
+    good = encode_batch([(1_000, None, b"v", ())], base_offset=0)
+    bad = bytearray(encode_batch([(1_000, None, b"w", ())], base_offset=1))
+    struct.pack_into(">i", bad, ATTRIBUTES_OFFSET + 2, 2**31 - 1)  # last offset 2**31
+    struct.pack_into(">I", bad, CRC_OFFSET, crc_of(bad, ATTRIBUTES_OFFSET, len(bad)))
+    root = tmp_path / "events-3"
+    root.mkdir()
+    (root / "00000000000000000000.log").write_bytes(good + bytes(bad))
+    log = reopen(tmp_path, clean=clean)
+    assert log.leo == 1
+    assert batches_of(log) == [good]
+    assert (root / "00000000000000000000.log").stat().st_size == len(good)
     log.close()

@@ -218,3 +218,31 @@ def test_time_rolls_are_bounded_by_the_broker_clock(
         elapsed = now - NOW
         assert len(log.segments) <= 1 + (elapsed + retention_ms) // segment_ms
         log.close()
+
+
+def test_one_append_into_an_empty_segment_splits_by_record_time(tmp_path: pathlib.Path) -> None:
+    # A follower's one fetch holding batches 2 days apart, segment.ms one day: the empty active
+    # segment's clock starts at the first batch, so each batch begins a segment of its own.
+    log = open_log(tmp_path, segment_ms=DAY, retention_ms=-1)
+    start = NOW - 10 * DAY
+    chunk = b"".join(batch(start + 2 * DAY * i, base_offset=i) for i in range(3))
+    log.append_as_follower(chunk, now_ms=NOW)
+    assert [s.base_offset for s in log.segments] == [0, 1, 2]
+    assert log.leo == 3
+
+
+def test_a_batch_past_the_segment_index_range_rolls_first(tmp_path: pathlib.Path) -> None:
+    # Offsets are indexed relative to the segment base in an int32: a batch whose last offset
+    # does not fit starts a new segment (Kafka's LogSegment.shouldRoll, canConvertToRelative).
+    import struct
+
+    from minibroker.client.batch import ATTRIBUTES_OFFSET, CRC_OFFSET, crc_of
+
+    log = open_log(tmp_path)
+    log.append_as_follower(batch(NOW, base_offset=0), now_ms=NOW)
+    wide = bytearray(batch(NOW, base_offset=1))
+    struct.pack_into(">i", wide, ATTRIBUTES_OFFSET + 2, 2**31 - 1)  # lastOffsetDelta
+    struct.pack_into(">I", wide, CRC_OFFSET, crc_of(wide, ATTRIBUTES_OFFSET, len(wide)))
+    log.append_as_follower(bytes(wide), now_ms=NOW)
+    assert [s.base_offset for s in log.segments] == [0, 1]
+    assert log.leo == 2**31 + 1

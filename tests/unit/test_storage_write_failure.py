@@ -31,10 +31,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minibroker.broker.storage import checkpoint as checkpoint_module
+from minibroker.broker.storage import epoch_checkpoint as epoch_checkpoint_module
 from minibroker.broker.storage import index as index_module
 from minibroker.broker.storage import log as log_module
+from minibroker.broker.storage import log_loader as log_loader_module
 from minibroker.broker.storage import log_manager as log_manager_module
 from minibroker.broker.storage import segment as segment_module
+from minibroker.broker.storage import segment_files as segment_files_module
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir
 from minibroker.broker.storage.epoch_cache import EpochEntry
@@ -46,7 +49,15 @@ from minibroker.client.records import encode_batch
 from minibroker.client.types import TopicPartition
 
 TP = TopicPartition("orders", 0)
-_MODULES = (checkpoint_module, index_module, log_module, log_manager_module, segment_module)
+_MODULES = (
+    checkpoint_module,
+    epoch_checkpoint_module,
+    index_module,
+    log_module,
+    log_loader_module,
+    log_manager_module,
+    segment_module,
+)
 # The calls that touch the disk. Reads (pread) are counted too: a truncation reads headers.
 _COUNTED = frozenset(
     {"open", "write", "ftruncate", "truncate", "fsync", "replace", "unlink", "pread"}
@@ -242,7 +253,7 @@ def exhaust_append(
     for fail_at in range(_MAX_FAILURE_POINTS):
         before = memory_state(log)
         before_files = data_files(log.directory)
-        if log._epoch_cache_dirty:
+        if log._epochs.dirty:
             # A truncation could not rewrite the checkpoint (it only logs that); the append
             # rewrites it first, legitimately changing the file.
             before_files.pop("leader-epoch-checkpoint", None)
@@ -616,7 +627,7 @@ def _apply(log: PartitionLog, op: tuple[str, int, int], epoch_base: int) -> Call
     index_interval_bytes=st.sampled_from([0, 100]),
     pending_entries_max=st.sampled_from([1, 3, index_module.PENDING_ENTRIES_MAX]),
     flush_messages=st.sampled_from([1, 2**63 - 1]),
-    cached_files=st.sampled_from([1, segment_module.INACTIVE_SEGMENT_FILES_MAX]),
+    cached_files=st.sampled_from([1, segment_files_module.INACTIVE_SEGMENT_FILES_MAX]),
 )
 def test_any_failure_point_of_any_operation(
     tmp_path: pathlib.Path,

@@ -1,0 +1,105 @@
+"""`EpochCheckpoint`: one log's leader epoch cache and its `leader-epoch-checkpoint`, in step.
+
+Does file I/O on that one file (checkpoint.py writes it atomically). The file must name the epoch
+of every batch in the log, so it is written before the first batch of a new epoch (KIP-279);
+after the log shrank it may lag the cache harmlessly (it names epochs no batch has any more,
+which loading trims), so a failed write there is only logged and the file is marked `dirty`:
+it is rewritten before the next batch is written. An append that fails is undone with
+`snapshot` / `restore`, which put the cache back and leave the file as the cache says.
+
+Concurrency contract: not thread-safe; owned by one PartitionLog.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import NamedTuple
+
+from minibroker.broker.storage.checkpoint import LeaderEpochCheckpointFile
+from minibroker.broker.storage.epoch_cache import EpochCache, EpochEntry
+from minibroker.broker.storage.errors import CorruptCheckpointError
+from minibroker.client.common.log import get_logger
+from minibroker.client.types import TopicPartition
+
+_log = get_logger("minibroker.broker.storage")
+
+
+class EpochSnapshot(NamedTuple):
+    """The epoch cache before a change that may be undone, and whether its file existed."""
+
+    entries: tuple[EpochEntry, ...]
+    file_existed: bool
+
+
+class EpochCheckpoint:
+    """The cache (read it freely) and its file; every change to the file goes through here."""
+
+    def __init__(
+        self, cache: EpochCache, path: pathlib.Path, topic_partition: TopicPartition
+    ) -> None:
+        self.cache = cache
+        self.file = LeaderEpochCheckpointFile(path)
+        self.topic_partition = topic_partition
+        # The file may differ from the cache (a write failed): it is rewritten before the next
+        # batch goes to disk, so that it always names every batch's epoch.
+        self.dirty = False
+
+    def persist(self) -> None:
+        """Write the cache to the file; OSError when that fails (the file is then `dirty`)."""
+        self.dirty = True
+        self.file.write(self.cache.entries)
+        self.dirty = False
+
+    def persist_after_shrink(self) -> None:
+        """Persist when the file may lag the cache harmlessly until the next batch is written
+        (module docstring); a failure is logged, not raised."""
+        try:
+            self.persist()
+        except OSError as err:
+            _log.warning(
+                "epoch_checkpoint_write_failed",
+                topic=self.topic_partition.topic,
+                partition=self.topic_partition.partition,
+                error=str(err),
+            )
+
+    def snapshot(self) -> EpochSnapshot:
+        return EpochSnapshot(self.cache.entries, self.file.path.exists())
+
+    def restore(self, snapshot: EpochSnapshot) -> None:
+        """Put back a snapshot of the cache (an undo); the file follows, best effort."""
+        cache = self.cache
+        if snapshot.entries != cache.entries:
+            cache.clear()
+            for entry in snapshot.entries:
+                cache.assign(entry.epoch, entry.start_offset)
+            self.dirty = True
+        if not self.dirty:
+            return
+        # No file and an empty cache load the same (no batch carries an epoch).
+        if not snapshot.file_existed and not snapshot.entries and _remove(self.file.path):
+            self.dirty = False
+        elif self._file_matches_cache():
+            # The failed write never reached the file: leave it alone.
+            self.dirty = False
+        else:
+            self.persist_after_shrink()
+
+    def _file_matches_cache(self) -> bool:
+        try:
+            stored = self.file.read()
+        except (OSError, CorruptCheckpointError):
+            return False
+        return stored is not None and tuple(stored) == self.cache.entries
+
+
+def _remove(path: pathlib.Path) -> bool:
+    """Unlink `path`; True when it is gone (or was never there)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True

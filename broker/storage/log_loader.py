@@ -1,0 +1,354 @@
+"""Loading a partition's log from its dir (Kafka's LogLoader): what `PartitionLog.open` runs.
+
+Does file I/O in the partition dir: lists it (removing `.tmp` leftovers and index files whose
+`.log` is gone), opens every segment, checks or recovers them (segment.py, with the batch rules
+of segment_scan.py plus the epoch rules of `RecoveryCheck`), and rewrites the
+`leader-epoch-checkpoint` when loading changed the cache.
+
+After an unclean shutdown, segments from the one holding the recovery point on are recovered:
+scanned batch by batch, their indexes rebuilt, and the first torn or corrupt batch and everything
+after it (later segments too) removed. Any segment whose indexes are missing or inconsistent is
+recovered the same way, whatever the shutdown. The other segments (all of them after a clean
+shutdown) are read and checked without rebuilding anything, and a corrupt batch found there is
+handled as after a crash: the log is recovered from that segment, so it is cut at the batch. The
+replicas re-fetch what was cut; nothing that loads a log meets a corrupt batch.
+
+That check or recovery is the load's only pass over the batches: it also rebuilds a missing
+epoch checkpoint and gathers the batches the idempotent-producer state is rebuilt from, so a log
+that needs no recovery is read once (besides each segment's index tail and first header, read
+when the segment is opened).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import pathlib
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from minibroker.broker.storage.checkpoint import LEADER_EPOCH_CHECKPOINT, LeaderEpochCheckpointFile
+from minibroker.broker.storage.config import LogConfig
+from minibroker.broker.storage.epoch_cache import EpochCache, EpochEntry
+from minibroker.broker.storage.errors import CorruptCheckpointError
+from minibroker.broker.storage.segment import LogSegment
+from minibroker.client.batch import NO_PARTITION_LEADER_EPOCH, BatchHeader
+from minibroker.client.common.log import get_logger
+from minibroker.client.log_format import LOG_SUFFIX, parse_segment_file_name
+from minibroker.client.types import TopicPartition
+
+_log = get_logger("minibroker.broker.storage")
+# How many of each producer's newest batches loading hands over for the idempotent-producer
+# state: at least as many as that state remembers per producer (BATCHES_PER_PRODUCER in the
+# replication layer; a unit test holds the two together). A producer's older batches cannot
+# change its state, so they need not be kept.
+PRODUCER_BATCHES_KEPT = 5
+
+
+@dataclass
+class LoadedLog:
+    """What loading found: the segments kept (contiguous, at least one), the offsets and the
+    epoch cache (trimmed to them, and on disk), and the newest batches of each producer."""
+
+    segments: list[LogSegment]
+    epoch_cache: EpochCache
+    log_start_offset: int
+    recovery_point: int
+    producer_batches: list[BatchHeader]
+
+
+def segment_bases(path: pathlib.Path) -> list[int]:
+    """The base offsets of the `.log` files in `path`, sorted; removes `.tmp` leftovers and the
+    files of a base offset whose `.log` is gone (they would shadow a future segment)."""
+    bases: list[int] = []
+    for name in os.listdir(path):
+        parsed = parse_segment_file_name(name)
+        if parsed is not None and parsed[1] == LOG_SUFFIX:
+            bases.append(parsed[0])
+        if name.endswith(".tmp"):
+            os.unlink(path / name)
+    bases.sort()
+    for name in os.listdir(path):
+        parsed = parse_segment_file_name(name)
+        if parsed is not None and parsed[0] not in bases:
+            os.unlink(path / name)
+    return bases
+
+
+def load_log(
+    path: pathlib.Path,
+    topic_partition: TopicPartition,
+    config: LogConfig,
+    now_ms: int,
+    *,
+    recovery_point: int,
+    log_start_offset: int,
+    had_clean_shutdown: bool,
+) -> LoadedLog:
+    """Open, check or recover every segment in `path` (module docstring). On failure no file
+    descriptor of the log stays open."""
+    bases = segment_bases(path)
+    epoch_file = LeaderEpochCheckpointFile(path / LEADER_EPOCH_CHECKPOINT)
+    try:
+        stored = epoch_file.read()
+    except CorruptCheckpointError as err:
+        _log.warning("epoch_checkpoint_unreadable", path=str(epoch_file.path), error=str(err))
+        stored = None
+    segments: list[LogSegment] = []
+    try:
+        for base in bases:
+            segments.append(LogSegment.open(path, base, config.index_interval_bytes, now_ms))
+        recover_from = len(segments)
+        if not had_clean_shutdown:
+            recover_from = max(bisect.bisect_right(bases, recovery_point) - 1, 0)
+        return _recover(
+            path,
+            topic_partition,
+            config,
+            now_ms,
+            segments,
+            recover_from,
+            epoch_file,
+            stored,
+            recovery_point=recovery_point,
+            log_start_offset=log_start_offset,
+            had_clean_shutdown=had_clean_shutdown,
+        )
+    except BaseException:
+        # Do not leak the file descriptors of a log that failed to load.
+        for segment in segments:
+            segment.release()
+        raise
+
+
+def _recover(
+    path: pathlib.Path,
+    topic_partition: TopicPartition,
+    config: LogConfig,
+    now_ms: int,
+    segments: list[LogSegment],
+    recover_from: int,
+    epoch_file: LeaderEpochCheckpointFile,
+    stored: list[EpochEntry] | None,
+    *,
+    recovery_point: int,
+    log_start_offset: int,
+    had_clean_shutdown: bool,
+) -> LoadedLog:
+    """`load_log`'s second half: recover what needs it, then trim the cache to the log."""
+    cache = EpochCache(stored or ())
+    trusted_cache = stored is not None
+    check = RecoveryCheck(cache if trusted_cache else None)
+    kept: list[LogSegment] = []
+    truncated_bytes = 0
+    recovered = 0
+    for i, segment in enumerate(segments):
+        if kept and segment.base_offset != kept[-1].next_offset:
+            _log.warning(
+                "log_segment_gap",
+                topic=topic_partition.topic,
+                partition=topic_partition.partition,
+                base_offset=segment.base_offset,
+                expected=kept[-1].next_offset,
+            )
+            for later in segments[i:]:
+                later.delete()
+            break
+        if i < recover_from and not segment.needs_recovery:
+            problem = segment.find_damage(check)
+            if problem is None:
+                check.commit()
+                kept.append(segment)
+                continue
+            check.discard()  # the segment is read again by its recovery
+            _log.warning(
+                "corrupt_batch_found_on_load",
+                topic=topic_partition.topic,
+                partition=topic_partition.partition,
+                base_offset=segment.base_offset,
+                problem=problem,
+                had_clean_shutdown=had_clean_shutdown,
+            )
+            recover_from = i
+        recovered += 1
+        truncated = segment.recover(check)
+        check.commit()
+        truncated_bytes += truncated
+        kept.append(segment)
+        if truncated:
+            for later in segments[i + 1 :]:
+                later.delete()
+            break
+
+    leo = kept[-1].next_offset if kept else log_start_offset
+    if kept and leo < log_start_offset:
+        # Kafka: the checkpointed log start is past everything left, start over there.
+        for segment in kept:
+            segment.delete()
+        kept = []
+        check.forget()
+    if not kept:
+        kept = [LogSegment.create(path, log_start_offset, config.index_interval_bytes, now_ms)]
+    leo = kept[-1].next_offset
+    start = max(log_start_offset, kept[0].base_offset)
+    changed = False
+    if not trusted_cache:
+        changed = _rebuild_epoch_cache(cache, check.epoch_starts)
+    changed = bool(cache.truncate_from_end(leo)) or changed
+    changed = bool(cache.truncate_from_start(start)) or changed
+    if changed or (stored is None and len(cache)):
+        epoch_file.write(cache.entries)
+    if recovered or truncated_bytes:
+        _log.info(
+            "log_recovered",
+            topic=topic_partition.topic,
+            partition=topic_partition.partition,
+            segments_recovered=recovered,
+            truncated_bytes=truncated_bytes,
+            leo=leo,
+        )
+    return LoadedLog(
+        kept,
+        cache,
+        start,
+        leo if had_clean_shutdown else min(recovery_point, leo),
+        check.producer_batches(),
+    )
+
+
+def _rebuild_epoch_cache(cache: EpochCache, epoch_starts: Sequence[tuple[int, int]]) -> bool:
+    """Rebuild the cache (the checkpoint was missing or corrupt) from where the load's pass saw
+    each epoch start."""
+    changed = cache.clear()
+    for epoch, start_offset in epoch_starts:
+        changed = cache.assign(epoch, start_offset) or changed
+    return changed
+
+
+class NewestBatches:
+    """The newest PRODUCER_BATCHES_KEPT batch headers of each producer id, given in log order
+    (batches without a producer id are left out: they do not touch the producer state)."""
+
+    __slots__ = ("_by_producer",)
+
+    def __init__(self) -> None:
+        self._by_producer: dict[int, deque[BatchHeader]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._by_producer)
+
+    def add(self, header: BatchHeader) -> None:
+        producer_id = header.producer_id
+        if producer_id < 0:
+            return
+        kept = self._by_producer.get(producer_id)
+        if kept is None:
+            kept = self._by_producer[producer_id] = deque(maxlen=PRODUCER_BATCHES_KEPT)
+        kept.append(header)
+
+    def extend(self, later: NewestBatches) -> None:
+        """Add `later`'s batches, which all follow this one's in the log."""
+        for producer_id, batches in later._by_producer.items():
+            kept = self._by_producer.get(producer_id)
+            if kept is None:
+                self._by_producer[producer_id] = batches
+            else:
+                kept.extend(batches)
+
+    def headers(self) -> list[BatchHeader]:
+        """Every kept header, oldest first."""
+        kept = [header for batches in self._by_producer.values() for header in batches]
+        kept.sort(key=_base_offset_of)
+        return kept
+
+
+def _base_offset_of(header: BatchHeader) -> int:
+    return header.base_offset
+
+
+class RecoveryCheck:
+    """The load's pass over the batches it keeps: checks beyond CRC and offsets (the epoch
+    fields), and what the rest of the load needs from those batches.
+
+    `partitionLeaderEpoch` sits outside the CRC, so a flipped byte there would pass it. Epochs
+    never go back along a log, and when the checkpointed cache is present it names the epoch
+    of every batch (it is written before the batch), so a batch that disagrees is corrupt.
+
+    `LogSegment.find_damage` and `LogSegment.recover` call it (through SegmentScan) on each
+    batch in log order, as the last test before keeping it, so a batch it passes is kept unless
+    the segment turns out to need recovery after all; what it learns (where each epoch starts,
+    each producer's newest batches) is therefore staged per segment: `commit` once the segment
+    is kept (checked whole, or recovered), `discard` when it is to be read again.
+    """
+
+    def __init__(self, cache: EpochCache | None) -> None:
+        # The cache does not change while the log loads: its columns are copied once.
+        entries = cache.entries if cache is not None else ()
+        self._starts = [entry.start_offset for entry in entries]
+        self._epochs = [entry.epoch for entry in entries]
+        self._previous_epoch = NO_PARTITION_LEADER_EPOCH
+        self._committed_epoch = NO_PARTITION_LEADER_EPOCH
+        self._staged_epoch_starts: list[tuple[int, int]] = []
+        self._epoch_starts: list[tuple[int, int]] = []
+        self._staged_producers = NewestBatches()
+        self._producers = NewestBatches()
+
+    def __call__(self, header: BatchHeader) -> str | None:
+        epoch = header.partition_leader_epoch
+        if epoch < NO_PARTITION_LEADER_EPOCH:
+            return f"invalid partitionLeaderEpoch {epoch}"
+        previous = self._previous_epoch
+        if epoch < previous:
+            return f"partitionLeaderEpoch {epoch} after {previous}"
+        starts = self._starts
+        if starts:
+            at = bisect.bisect_right(starts, header.base_offset)
+            # The last offset too: a log start raised into this batch restarts its epoch's
+            # entry inside it (truncate_from_start).
+            cached = self._epochs[at - 1] if at else epoch
+            if epoch != cached:
+                last = bisect.bisect_right(starts, header.last_offset)
+                if epoch != self._epochs[last - 1]:
+                    return f"partitionLeaderEpoch {epoch}, the epoch cache says {cached}"
+        if epoch > previous:
+            self._staged_epoch_starts.append((epoch, header.base_offset))
+            self._previous_epoch = epoch
+        producer_id = header.producer_id
+        if producer_id >= 0:  # `NewestBatches.add` inlined: this runs once per batch
+            staged = self._staged_producers._by_producer
+            kept = staged.get(producer_id)
+            if kept is None:
+                kept = staged[producer_id] = deque(maxlen=PRODUCER_BATCHES_KEPT)
+            kept.append(header)
+        return None
+
+    def commit(self) -> None:
+        """The batches passed since the last commit or discard stay in the log."""
+        self._committed_epoch = self._previous_epoch
+        self._epoch_starts += self._staged_epoch_starts
+        self._staged_epoch_starts.clear()
+        if self._staged_producers:
+            self._producers.extend(self._staged_producers)
+            self._staged_producers = NewestBatches()
+
+    def discard(self) -> None:
+        """The batches passed since the last commit or discard will be checked again."""
+        self._previous_epoch = self._committed_epoch
+        self._staged_epoch_starts.clear()
+        self._staged_producers = NewestBatches()
+
+    def forget(self) -> None:
+        """Every batch passed is gone from the log."""
+        self.discard()
+        self._epoch_starts.clear()
+        self._producers = NewestBatches()
+
+    @property
+    def epoch_starts(self) -> list[tuple[int, int]]:
+        """(epoch, offset of its first batch) for each epoch of the kept batches, in order."""
+        return self._epoch_starts
+
+    def producer_batches(self) -> list[BatchHeader]:
+        """The newest PRODUCER_BATCHES_KEPT kept batches of each producer id, oldest first."""
+        return self._producers.headers()
