@@ -177,7 +177,10 @@ class Checker:
                 )
         log = hosted.log
         key = (broker.broker_id, pid)
-        start = log.index_of(self.verified.get(key, 0))
+        # The log is what lies from its start on: batches below it (kept until retention, and
+        # perhaps stale: a follower that copied its leader's log start never compared them)
+        # are no longer part of it.
+        start = log.index_of(max(self.verified.get(key, 0), log.log_start_offset))
         for i in range(start, len(log.headers)):
             header = log.headers[i]
             if header.next_offset > hw:
@@ -324,8 +327,10 @@ class Checker:
                     f"p{pid}: broker {broker_id}'s log differs from the leader's",
                 )
                 check_batches_contiguous(log.triples(), log.log_start_offset, f"p{pid}: ")
+                # The cache starts at the log start; batches below it wait for retention.
+                kept = [b for b in log.triples() if b[1] >= log.log_start_offset]
                 check_epoch_cache_matches_batches(
-                    log.epoch_cache.entries, log.triples(), f"b{broker_id} p{pid}: "
+                    log.epoch_cache.entries, kept, f"b{broker_id} p{pid}: "
                 )
             # docs/design.md §8.5: every idempotent batch is stored once, acked or not (what
             # retention deleted was committed, so it is in `committed`).

@@ -5,14 +5,16 @@ It implements the replica engine's `Storage` protocol (broker/replication/engine
 leader append by the client library's `assign_offsets`), the real EpochCache kept in step with
 the batches, batch-granular truncation, a follower append that must start at the LEO
 (UnexpectedAppendOffsetError), reads of whole batches (at least one, KIP-74) that refuse an
-offset outside [log start, LEO], and a log start that only moves up and takes the epoch cache's
-older entries with it. Like PartitionLog it does not hold the high watermark; `hw_checkpoint`
-is the simulation's model of the HW checkpoint file, written at `flush`.
+offset outside [log start, LEO], and a log start that only moves up (never past the LEO) and
+takes the epoch cache's older entries with it, while the batches below it stay until retention
+deletes them. Like PartitionLog it does not hold the high watermark; `hw_checkpoint` is the
+simulation's model of the HW checkpoint file, written at `flush`. tests/sim/test_memlog.py runs
+the same operations on both and compares.
 
 On top, a model of the page cache: `flushed` counts the leading batches that are durable, and
 `crash` keeps them and a random part of the rest, the way a power loss keeps what was fsynced
-and maybe some of what was not. Batches wholly below a raised log start are dropped at once
-(PartitionLog leaves them to the next retention pass, which reads of them cannot tell apart).
+and maybe some of what was not. Retention (`delete_retention`) deletes batches as
+PartitionLog deletes segments: a batch stands for a segment.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class MemLog:
         self.bases: list[int] = []  # base offsets, for bisect
         self.epoch_cache = EpochCache()
         self.log_start_offset = 0
+        # Where the first (PartitionLog: segment; here: batch) starts, the LEO of an empty log.
+        self.base_offset = 0
         self.flushed = 0
         self.hw_checkpoint = 0
 
@@ -58,7 +62,7 @@ class MemLog:
 
     @property
     def leo(self) -> int:
-        return self.headers[-1].next_offset if self.headers else self.log_start_offset
+        return self.headers[-1].next_offset if self.headers else self.base_offset
 
     def maybe_assign_epoch_start_offset(self, leader_epoch: int, start_offset: int) -> bool:
         return self.epoch_cache.assign(leader_epoch, start_offset)
@@ -97,7 +101,7 @@ class MemLog:
         if offset >= self.leo:
             self.epoch_cache.truncate_from_end(offset)
             return False
-        if not self.headers or offset < self.headers[0].base_offset:
+        if offset < self.base_offset:
             self.truncate_fully_and_start_at(offset)
             return True
         keep = self.index_of(offset)
@@ -118,22 +122,18 @@ class MemLog:
         self.flushed = 0
         self.epoch_cache.clear()
         self.log_start_offset = offset
+        self.base_offset = offset
 
     def maybe_increment_log_start_offset(self, offset: int) -> bool:
-        """Raise the log start (a follower copies its leader's); never lowered. Whether it may
-        pass the HW is the core's to decide (it asks only up to its HW)."""
+        """Raise the log start (a follower copies its leader's), never past the LEO; the
+        batches below it go at the next `delete_retention`. Keeping it at or below the HW is
+        the core's rule (it asks only up to its HW)."""
+        if offset > self.leo:
+            raise OffsetOutOfRangeError(f"cannot raise the log start to {offset}: LEO {self.leo}")
         if offset <= self.log_start_offset:
             return False
         self.log_start_offset = offset
         self.epoch_cache.truncate_from_start(offset)
-        drop = 0
-        while drop < len(self.headers) and self.headers[drop].next_offset <= offset:
-            drop += 1
-        if drop:
-            del self.batches[:drop]
-            del self.headers[:drop]
-            del self.bases[:drop]
-            self.flushed = max(self.flushed - drop, 0)
         return True
 
     def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> MemRead:
@@ -164,7 +164,8 @@ class MemLog:
         return None
 
     def producer_batch_headers(self) -> list[BatchHeader]:
-        return list(self.headers)
+        start = self.log_start_offset
+        return [h for h in self.headers if h.last_offset >= start]
 
     # -- the simulation's own ------------------------------------------------------------------
 
@@ -204,19 +205,27 @@ class MemLog:
 
     def delete_retention(self, high_watermark: int, batches: int) -> bool:
         """Retention (PartitionLog.delete_retention, a batch for a segment): delete up to
-        `batches` of the oldest batches, each only while the next one starts at or below the HW
-        (nothing at or above the HW goes, nor the last batch); the log start moves up to the
-        first batch left. True when anything went."""
+        `batches` of the oldest batches, and those wholly below the log start, each only while
+        the next one starts at or below the HW (nothing at or above the HW goes, nor the last
+        batch); the log start moves up to the first batch left. True when anything went."""
         drop = 0
         while (
-            drop < batches
-            and drop + 1 < len(self.headers)
+            drop + 1 < len(self.headers)
             and self.headers[drop + 1].base_offset <= high_watermark
+            and (drop < batches or self.headers[drop].next_offset <= self.log_start_offset)
         ):
             drop += 1
         if not drop:
             return False
-        return self.maybe_increment_log_start_offset(self.headers[drop].base_offset)
+        del self.batches[:drop]
+        del self.headers[:drop]
+        del self.bases[:drop]
+        self.flushed = max(self.flushed - drop, 0)
+        first = self.base_offset = self.headers[0].base_offset
+        if first > self.log_start_offset:
+            self.log_start_offset = first
+            self.epoch_cache.truncate_from_start(first)
+        return True
 
     def flush(self, high_watermark: int) -> None:
         """fsync the log and write the HW checkpoint."""
