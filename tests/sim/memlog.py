@@ -234,20 +234,28 @@ class MemLog:
 
     def crash(self, rng: random.Random) -> None:
         """Power loss: keep the flushed batches and a random prefix of the unflushed ones."""
-        keep = rng.randint(self.flushed, len(self.batches))
+        self._recover(rng.randint(self.flushed, len(self.batches)))
+
+    def lose_unflushed(self) -> None:
+        """Power loss that keeps exactly the flushed prefix."""
+        self._recover(self.flushed)
+
+    def _recover(self, keep: int) -> None:
+        """What loading the log after a power loss that kept `keep` batches finds (the log
+        start, like its checkpoint, survives): PartitionLog's load."""
         del self.batches[keep:]
         del self.headers[keep:]
         del self.bases[keep:]
         self.flushed = keep
+        if self.leo < self.log_start_offset:
+            # The log start is past everything left: start over there, empty.
+            self.batches.clear()
+            self.headers.clear()
+            self.bases.clear()
+            self.flushed = 0
+            self.base_offset = self.log_start_offset
         self.epoch_cache.truncate_from_end(self.leo)
-        self.hw_checkpoint = min(self.hw_checkpoint, self.leo)
-
-    def lose_unflushed(self) -> None:
-        """Power loss that keeps exactly the flushed prefix."""
-        del self.batches[self.flushed :]
-        del self.headers[self.flushed :]
-        del self.bases[self.flushed :]
-        self.epoch_cache.truncate_from_end(self.leo)
+        self.epoch_cache.truncate_from_start(self.log_start_offset)
         self.hw_checkpoint = min(self.hw_checkpoint, self.leo)
 
     def triples(self) -> list[tuple[int, int, int]]:
