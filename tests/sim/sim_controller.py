@@ -10,7 +10,7 @@ journal and with the image the durable entries built, so a restart that changes 
 run.
 
 Pure apart from the core's own rules: no clock (now_ms comes in), randomness from the
-simulation's generator. Single-threaded, driven by tests/sim/replsim.py.
+simulation's generator. Single-threaded, driven by tests/sim/replsim.py (the Simulation).
 """
 
 from __future__ import annotations

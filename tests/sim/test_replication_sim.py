@@ -1,4 +1,4 @@
-"""Seeded whole-cluster simulation of the replication cores and the controller core
+"""Seeded whole-cluster simulation of the brokers' replica engine and the controller core
 (docs/design.md §2, §6, §8; the second test layer of §8).
 
 Each seed runs a safety phase (drops, delays, reordering, crashes that lose unflushed tails,
@@ -6,7 +6,9 @@ paused brokers and session timeouts, broken heartbeat streams, leader moves thro
 ControllerCore, controller crashes and restarts from its journal, offline partitions with
 unclean election disabled, acks=all producers, consumers) with the §8 invariants checked after
 every event, then a liveness phase with every fault healed that must converge to full ISRs,
-preferred leaders and identical logs holding every acknowledged batch.
+preferred leaders and identical logs holding every acknowledged batch. Each seed draws its own
+options (tests/sim/options.py: brokers, partitions, min.insync.replicas, replica.lag.time.max.ms,
+network loss and delay, each fault's rate, some faults off), TigerBeetle style.
 `MINIBROKER_SIM_SEEDS` bounds the seed count (default 30; `make sim SEEDS=N`);
 `MINIBROKER_SIM_SEED` runs one seed.
 """
@@ -34,7 +36,8 @@ def test_replication_invariants_hold(seed: int) -> None:
         pytest.fail(
             f"seed {seed} failed at {sim.now_ms} ms: {err}\n"
             f"reproduce: MINIBROKER_SIM_SEED={seed} .venv/bin/python -m pytest "
-            f"tests/sim/test_replication_sim.py -q\nfaults: {dict(sim.stats)}\n"
+            f"tests/sim/test_replication_sim.py -q\noptions: {sim.opt.describe()}\n"
+            f"faults: {dict(sim.stats)}\n"
             f"last events:\n{trace}",
             pytrace=False,
         )
@@ -68,7 +71,7 @@ def test_offline_partition_never_elects_the_live_out_of_sync_replica() -> None:
     brokers = sim.brokers
 
     def fence_broker_3_and_stop_the_isr() -> None:
-        sim._send_heartbeat(brokers[3], want_fence=True)
+        brokers[3].send_heartbeat(want_fence=True)
         for broker_id in (1, 2):
             brokers[broker_id].paused_until_ms = sim.now_ms + 1_500
 

@@ -1,93 +1,96 @@
 """Multi-replica scenarios of docs/design.md §8 (first test layer), driven step by step.
 
 Each test scripts one known failure (KIP-101 #1 and #2, KIP-279, KIP-320 fencing and zombie
-leaders, strict min ISR with acks=all) against real PartitionReplica cores, in-memory logs with
-real v2 batches and the real EpochCache (the simulation's MemLog), and checks the outcome the
-KIP promises. No sockets, no event loop: every "network" hop is a direct call.
+leaders, strict min ISR with acks=all) against the product's replica engine (`BrokerReplicas`,
+its cores and its one effect interpreter) over in-memory logs with real v2 batches and the real
+EpochCache (the simulation's MemLog), and checks the outcome the KIP promises. No sockets, no
+event loop: every "network" hop is a direct call, and the controller is the test itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import sys
-from collections.abc import Sequence
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "sim"))
 
-from replsim import MemLog
+from memlog import MemLog
 
-from minibroker.broker.replication.events import (
-    AppendAsFollower,
-    AssignEpoch,
-    CompleteProduce,
-    Effect,
-    FetchResponse,
-    FollowerFetch,
-    PartitionState,
-    ReplicaConfig,
-    TruncateFullyAndStartAt,
-    TruncateTo,
+from minibroker.broker.replication.engine import (
+    BrokerReplicas,
+    EngineConfig,
+    Output,
+    StartFollowing,
+    StopFollowing,
 )
-from minibroker.broker.replication.partition import (
-    BrokerEligibilityView,
-    PartitionReplica,
-)
-from minibroker.client.batch import iter_batches
+from minibroker.broker.replication.events import CompleteProduce, FetchResponse, FollowerFetch
 from minibroker.client.errors import ErrorCode
+from minibroker.client.metadata.image import BrokerRegistration, MetadataImage, TopicImage
+from minibroker.client.metadata.records import PartitionRecord
 from minibroker.client.records import encode_batch
+from minibroker.client.types import TopicPartition
 
 A, B, C = 1, 2, 3
+TOPIC, TOPIC_ID = "scenario", "scenario-topic-id"
+TP = TopicPartition(TOPIC, 0)
+
+
+class ScenarioLog(MemLog):
+    """A MemLog that can lose the epoch entries a new leader asks for (the KIP-279 negative
+    control: the log as it would be without the election entry)."""
+
+    forget_epoch_assignments = False
+
+    def maybe_assign_epoch_start_offset(self, leader_epoch: int, start_offset: int) -> bool:
+        if self.forget_epoch_assignments:
+            return False
+        return super().maybe_assign_epoch_start_offset(leader_epoch, start_offset)
 
 
 class Node:
-    """One broker's replica of the partition and its log; `restart` keeps only the disk."""
+    """One broker: the partition's log (its disk) and a BrokerReplicas engine hosting it (its
+    process); `restart` keeps only the disk."""
 
     def __init__(self, broker_id: int, cluster: Cluster) -> None:
         self.broker_id = broker_id
         self.cluster = cluster
-        self.log = MemLog()
-        self.core = self._new_core()
+        self.log = ScenarioLog()
         self.completed: list[CompleteProduce] = []
+        self.tokens: dict[object, object] = {}  # the engine's produce token -> the test's
+        self.engine = self._start()
 
-    def _new_core(self) -> PartitionReplica:
-        return PartitionReplica(
-            self.broker_id,
-            self.log.epoch_cache,
-            self.cluster.view,
-            self.cluster.config,
-            leo=self.log.leo,
-            log_start_offset=self.log.log_start_offset,
-            high_watermark=self.log.hw_checkpoint,
-            producer_batches=self.log.headers,
-            name=f"broker {self.broker_id}",
+    def _start(self) -> BrokerReplicas[ScenarioLog]:
+        config = EngineConfig(self.broker_id, replica_lag_time_max_ms=1_000)
+        engine: BrokerReplicas[ScenarioLog] = BrokerReplicas(config, self.cluster.image)
+        engine.act_on_metadata(self.cluster.now_ms)  # takes the brokers' registrations
+        engine.host(
+            TP, TOPIC_ID, self.log, self.cluster.configs, high_watermark=self.log.hw_checkpoint
         )
+        self.fetching_from: int | None = None
+        return engine
+
+    @property
+    def high_watermark(self) -> int:
+        return self.engine.high_watermark(TP)
 
     def restart(self, *, lose_unflushed: bool) -> None:
         if lose_unflushed:
-            # Power loss that keeps exactly the flushed prefix.
-            del self.log.batches[self.log.flushed :]
-            del self.log.headers[self.log.flushed :]
-            del self.log.bases[self.log.flushed :]
-            self.log.epoch_cache.truncate_from_end(self.log.leo)
+            self.log.lose_unflushed()  # power loss that keeps exactly the flushed prefix
         self.log.hw_checkpoint = min(self.log.hw_checkpoint, self.log.leo)
-        self.core = self._new_core()
+        self.engine = self._start()
 
-    def apply(self, effects: Sequence[Effect], *, skip_assign: bool = False) -> None:
-        for effect in effects:
-            if isinstance(effect, AssignEpoch):
-                if not skip_assign:
-                    self.log.epoch_cache.assign(effect.leader_epoch, effect.start_offset)
-            elif isinstance(effect, TruncateTo):
-                self.log.truncate_to(effect.offset)
-                self.apply(self.core.on_log_truncated(self.log.leo, self.log.log_start_offset)[1])
-            elif isinstance(effect, TruncateFullyAndStartAt):
-                self.log.truncate_fully_and_start_at(effect.offset)
-                self.apply(self.core.on_log_truncated(self.log.leo, self.log.log_start_offset)[1])
-            elif isinstance(effect, AppendAsFollower):
-                headers = self.log.append(effect.records)
-                self.apply(self.core.on_follower_appended(self.log.leo, headers)[1])
-            elif isinstance(effect, CompleteProduce):
-                self.completed.append(effect)
+    def handle(self, outputs: list[Output]) -> None:
+        """The shell's part: produce answers and whom to fetch from (AlterPartition requests
+        go nowhere: the test is the controller)."""
+        for output in outputs:
+            if isinstance(output, CompleteProduce):
+                token = self.tokens.pop(output.token, output.token)
+                self.completed.append(dataclasses.replace(output, token=token))
+            elif isinstance(output, StartFollowing):
+                self.fetching_from = output.leader_id
+            elif isinstance(output, StopFollowing):
+                self.fetching_from = None
 
     def values(self) -> list[tuple[int, int, bytes]]:
         """(base offset, epoch, batch bytes) along the log."""
@@ -100,13 +103,23 @@ class Node:
 class Cluster:
     def __init__(self, replicas: tuple[int, ...] = (A, B, C), min_isr: int = 1) -> None:
         self.replicas = replicas
-        self.view = BrokerEligibilityView()
+        self.image = MetadataImage()
         for broker_id in replicas:
-            self.view.update(broker_id, 100 + broker_id)
-        self.config = ReplicaConfig(min_insync_replicas=min_isr, replica_lag_time_max_ms=1_000)
-        self.nodes = {b: Node(b, self) for b in replicas}
+            self.image.brokers[broker_id] = BrokerRegistration(
+                broker_id,
+                f"i{broker_id}",
+                100 + broker_id,
+                "127.0.0.1",
+                9_000 + broker_id,
+                "",
+                False,
+                False,
+                0,
+            )
+        self.configs = {"min.insync.replicas": str(min_isr)}
         self.partition_epoch = 0
         self.now_ms = 0
+        self.nodes = {b: Node(b, self) for b in replicas}
 
     def elect(
         self,
@@ -116,44 +129,51 @@ class Cluster:
         to: tuple[int, ...] | None = None,
         *,
         skip_assign: bool = False,
-    ) -> PartitionState:
+    ) -> PartitionRecord:
         """The controller writes a record; `to` lists the brokers that receive it now."""
         self.partition_epoch += 1
-        state = PartitionState(
-            self.replicas, frozenset(isr), leader, leader_epoch, self.partition_epoch
+        record = PartitionRecord(
+            TOPIC_ID, 0, self.replicas, isr, leader, leader_epoch, self.partition_epoch
         )
         for broker_id in to if to is not None else self.replicas:
-            self.deliver(broker_id, state, skip_assign=skip_assign)
-        return state
+            self.deliver(broker_id, record, skip_assign=skip_assign)
+        return record
 
-    def deliver(self, broker_id: int, state: PartitionState, *, skip_assign: bool = False) -> None:
+    def deliver(
+        self, broker_id: int, record: PartitionRecord, *, skip_assign: bool = False
+    ) -> None:
         node = self.nodes[broker_id]
-        node.apply(node.core.apply_partition_state(state, self.now_ms)[1], skip_assign=skip_assign)
+        topic = TopicImage(TOPIC, TOPIC_ID, dict(self.configs), {0: record})
+        node.log.forget_epoch_assignments = skip_assign
+        try:
+            node.handle(node.engine.act_on_partition(topic, record, self.now_ms))
+        finally:
+            node.log.forget_epoch_assignments = False
 
     def produce(self, leader: int, value: bytes, *, acks: int = 1, token: object = None) -> int:
         node = self.nodes[leader]
         raw = encode_batch([(0, None, value, ())])
-        plan, _ = node.core.plan_append(acks, [h for _, h in iter_batches(raw)])
-        assert not hasattr(plan, "error"), plan
-        node.log.leader_append(raw, plan)  # type: ignore[arg-type]
-        node.apply(
-            node.core.on_leader_appended(
-                plan,  # type: ignore[arg-type]
-                self.now_ms,
-                token=token if token is not None else value,
-                deadline_ms=self.now_ms + 10_000,
-            )[1]
+        reply, outputs = node.engine.produce(
+            TP, acks, raw, self.now_ms, deadline_ms=self.now_ms + 10_000
         )
-        return plan.base_offset  # type: ignore[union-attr]
+        assert reply.error == ErrorCode.NONE, reply
+        if reply.token is not None:
+            node.tokens[reply.token] = token if token is not None else value
+        node.handle(outputs)
+        return reply.base_offset
 
     def fetch(self, follower: int, leader: int | None = None) -> FetchResponse | None:
         """One fetch round trip from `follower` to `leader` (default: whom it follows)."""
         node = self.nodes[follower]
-        position, _ = node.core.next_fetch(self.now_ms)
+        following = node.fetching_from
+        if following is None:
+            return None
+        position = node.engine.next_fetch(TP, following, self.now_ms)
         if position is None:
             return None
-        target = self.nodes[leader if leader is not None else position.leader_id]
-        answer, effects = target.core.handle_follower_fetch(
+        target = self.nodes[leader if leader is not None else following]
+        reply, outputs = target.engine.follower_fetch(
+            TP,
             FollowerFetch(
                 follower,
                 100 + follower,
@@ -162,21 +182,19 @@ class Cluster:
                 position.last_fetched_epoch,
                 position.log_start_offset,
             ),
+            1 << 20,
             self.now_ms,
         )
-        target.apply(effects)
-        records = b""
-        if answer.error == ErrorCode.NONE and answer.diverging_epoch is None:
-            records = target.log.read(answer.fetch_offset, answer.read_until_offset)
+        target.handle(outputs)
         response = FetchResponse(
-            answer.error,
-            answer.high_watermark,
-            answer.log_start_offset,
-            answer.log_end_offset,
-            answer.diverging_epoch,
-            records,
+            reply.error,
+            reply.high_watermark,
+            reply.log_start_offset,
+            reply.log_end_offset,
+            reply.diverging_epoch,
+            reply.records,
         )
-        node.apply(node.core.on_fetch_response(position, response, self.now_ms)[1])
+        node.handle(node.engine.on_fetch_response(TP, following, position, response, self.now_ms))
         return response
 
     def settle(self, followers: tuple[int, ...], rounds: int = 6) -> None:
@@ -199,8 +217,8 @@ def test_kip_101_1_no_hw_truncation_on_restart_keeps_an_acked_write() -> None:
     cluster.fetch(A)  # B's HW moves to 2 on this fetch: m2 is acknowledged
     node_a, node_b = cluster.nodes[A], cluster.nodes[B]
     assert CompleteProduce("m2", ErrorCode.NONE, 1, 0) in node_b.completed
-    assert node_a.core.high_watermark == 1 and node_a.log.leo == 2
-    node_a.log.flush(node_a.core.high_watermark)  # HW checkpoint = 1, data flushed
+    assert node_a.high_watermark == 1 and node_a.log.leo == 2
+    node_a.log.flush(node_a.high_watermark)  # HW checkpoint = 1, data flushed
     node_a.restart(lose_unflushed=False)
     assert node_a.log.leo == 2  # no truncation to the HW on restart (KIP-101)
     cluster.elect(A, 2, (A,), to=(A,))  # B died; A is elected
@@ -214,10 +232,10 @@ def test_kip_101_2_divergence_after_both_replicas_crash_is_repaired() -> None:
     cluster.produce(A, b"m1")
     cluster.settle((B,), rounds=2)
     node_a, node_b = cluster.nodes[A], cluster.nodes[B]
-    node_b.log.flush(node_b.core.high_watermark)  # B flushed m1 only
+    node_b.log.flush(node_b.high_watermark)  # B flushed m1 only
     cluster.produce(A, b"m2")
     cluster.settle((B,), rounds=3)
-    assert node_a.core.high_watermark == 2 and node_b.log.leo == 2
+    assert node_a.high_watermark == 2 and node_b.log.leo == 2
     node_a.log.flush(2)
     node_a.restart(lose_unflushed=True)
     node_b.restart(lose_unflushed=True)
@@ -296,15 +314,15 @@ def test_kip_320_zombie_leader_cannot_commit_or_truncate_others() -> None:
     zombie = cluster.nodes[A]
     cluster.produce(A, b"zombie", acks=-1, token="z")
     cluster.settle((C,), rounds=3)  # C still follows A in epoch 1 and copies the write
-    assert zombie.core.high_watermark == 1  # B never fetches from A: the HW is stuck
+    assert zombie.high_watermark == 1  # B never fetches from A: the HW is stuck
     assert not [c for c in zombie.completed if c.token == "z"]
     node_c = cluster.nodes[C]
-    position, _ = node_c.core.next_fetch(0)
+    position = node_c.engine.next_fetch(TP, A, 0)
     assert position is not None and position.current_leader_epoch == 1
     cluster.elect(B, 2, (B, C), to=(A, C))
     # The answer to C's epoch-1 fetch arrives after C moved to epoch 2: dropped, no truncation.
     late = FetchResponse(diverging_epoch=(0, 0))
-    assert node_c.core.on_fetch_response(position, late, 0) == (None, [])
+    assert node_c.engine.on_fetch_response(TP, A, position, late, 0) == []
     assert [c.error for c in zombie.completed if c.token == "z"] == [
         ErrorCode.NOT_LEADER_OR_FOLLOWER
     ]
@@ -326,8 +344,8 @@ def test_min_isr_acks_all_and_isr_shrink() -> None:
     cluster.elect(A, 1, (A,), to=(A, B, C))  # both followers were dropped (partitioned away)
     cluster.produce(A, b"y", acks=1)
     cluster.settle((B, C), rounds=2)
-    assert leader.core.high_watermark == 1  # strict min ISR: y is not committed
-    plan, _ = leader.core.plan_append(
-        -1, [h for _, h in iter_batches(encode_batch([(0, None, b"z", ())]))]
+    assert leader.high_watermark == 1  # strict min ISR: y is not committed
+    reply, _ = leader.engine.produce(
+        TP, -1, encode_batch([(0, None, b"z", ())]), 0, deadline_ms=10_000
     )
-    assert getattr(plan, "error", None) == ErrorCode.NOT_ENOUGH_REPLICAS
+    assert getattr(reply, "error", None) == ErrorCode.NOT_ENOUGH_REPLICAS

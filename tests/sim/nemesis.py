@@ -1,0 +1,225 @@
+"""The simulation's nemesis: the faults it injects into brokers, and the budget they keep to.
+
+Broker crashes that lose the unflushed tail, SIGSTOP-like pauses (nothing runs on a paused
+broker; its heartbeats stop, so a long pause is a session timeout and a zombie leader),
+brokers asking to be fenced and preferred elections (bursts of leader moves, KIP-279's
+scenario), controlled shutdowns (SIGTERM) and restarts, controller crashes (the controller
+process is replsim.py's), and offline periods (every ISR member of a partition paused past the
+session timeout, so the partition must stay offline: unclean election is disabled and an
+out-of-sync replica must never lead). Network faults are the Network's (scheduler.py).
+
+The fault budget (docs/design.md §8.1: an acked write survives while at most
+replication.factor - min.insync.replicas replicas are impaired at once). Data is lost only when
+a partition's ISR ends up holding nothing but "lossy" replicas: crashed ones that may have lost
+an acknowledged tail and have not registered again (registering takes a new incarnation out of
+every ISR). A lossy replica can still enter an ISR: a leader's pending expansion counted its
+fetches towards the HW and commits after it died. So:
+- a crash needs every other replica of its partitions healthy and min.insync.replicas healthy
+  members besides it in each ISR it is in;
+- faults that lose nothing (pauses past the session timeout, broken heartbeat streams, asking
+  to be fenced, controlled shutdowns, offline periods) only shrink ISRs, which is safe while no
+  replica is lossy, so they wait until none is (KIP-966's "last replica standing" scenario is
+  what they would cause otherwise).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING
+
+from minibroker.client.common.invariant import invariant
+from minibroker.client.types import NO_LEADER
+from minibroker.controller.core.election import Election
+
+if TYPE_CHECKING:
+    from node import SimBroker
+    from replsim import Simulation
+
+SHUTDOWN_TIMEOUT_MS = 2_000  # a broker stops after this long without the controller's grant
+
+
+class Nemesis:
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+
+    # -- the budget --------------------------------------------------------------------------
+
+    def healthy(self, broker_id: int) -> bool:
+        """Running, registered as this process, unfenced, not shutting down or paused."""
+        sim = self.sim
+        broker = sim.brokers[broker_id]
+        reg = sim.controller.image.brokers.get(broker_id)
+        return (
+            broker.alive
+            and not broker.paused()
+            and broker.registered
+            and reg is not None
+            and reg.broker_epoch == broker.broker_epoch
+            and not reg.fenced
+            and not reg.in_controlled_shutdown
+        )
+
+    def crash_ok(self, broker_id: int) -> bool:
+        """A crash may lose the unflushed tail (see the budget above)."""
+        if not self.healthy(broker_id):
+            return False
+        opt = self.sim.opt
+        impaired_max = opt.replication_factor - opt.min_insync_replicas - 1
+        for pid in range(opt.partitions):
+            record = self.sim.partition(pid)
+            if record is None or broker_id not in record.replicas:
+                continue
+            others = [b for b in record.replicas if b != broker_id]
+            if sum(1 for b in others if not self.healthy(b)) > impaired_max:
+                return False
+            if broker_id in record.isr:
+                healthy = sum(1 for b in record.isr if b != broker_id and self.healthy(b))
+                if healthy < opt.min_insync_replicas:
+                    return False
+        return True
+
+    def fence_ok(self) -> bool:
+        """A fault that loses nothing (see the budget above)."""
+        return not any(b.lossy for b in self.sim.brokers.values())
+
+    # -- broker processes --------------------------------------------------------------------
+
+    def crash(self, broker: SimBroker) -> None:
+        sim = self.sim
+        sim.note(f"crash b{broker.broker_id}")
+        sim.stats["broker_crashes"] += 1
+        broker.stop_process()
+        broker.lossy = True
+        for pid, log in broker.logs.items():
+            log.crash(sim.rng)
+            sim.checker.on_log_shortened(broker.broker_id, pid, log.leo)
+        # The heartbeat stream breaks. Usually the kernel resets the connection and the
+        # controller fences at once (docs/design.md §3.4); after a power loss or a network
+        # partition nothing arrives and only the session timeout fences the broker.
+        broker.break_heartbeat_stream(notice=sim.rng.random() < 0.7)
+        sim.at(sim.rng.randint(100, 1_500), lambda: self.restart(broker))
+
+    def controlled_shutdown(self, broker: SimBroker) -> None:
+        """SIGTERM (broker/app.py): ask the controller to move leaderships away, stop when it
+        says so (or after the shutdown timeout), flushing every log; start again later."""
+        sim = self.sim
+        if broker.shutting_down or not self.healthy(broker.broker_id):
+            return
+        sim.note(f"b{broker.broker_id} controlled shutdown")
+        sim.stats["controlled_shutdowns"] += 1
+        broker.shutting_down = True
+        incarnation = broker.incarnation
+        broker.send_heartbeat()
+        if sim.rng.random() < 0.3:
+            # The controller fails over in the middle of the change (docs/design.md §8, layer 2).
+            sim.at(sim.rng.randint(1, 60), sim.crash_controller)
+
+        def timed_out() -> None:
+            if not broker.alive or broker.incarnation != incarnation:
+                return
+            # Liveness (docs/protocol.md §16): a controller that has run for most of the wait,
+            # with this broker running too, grants the shutdown once the broker leads nothing
+            # and its peers have seen that (a paused peer is fenced within a session timeout).
+            steady_ms = sim.now_ms - 1_500
+            invariant(
+                not sim.controller.up
+                or sim.controller_up_since_ms > steady_ms
+                or broker.paused_until_ms > steady_ms,
+                f"b{broker.broker_id}: controlled shutdown not granted in {SHUTDOWN_TIMEOUT_MS} "
+                f"ms by a controller up since {sim.controller_up_since_ms}",
+            )
+            self.stop_broker(broker, "controlled shutdown timed out")
+
+        sim.at(SHUTDOWN_TIMEOUT_MS, timed_out)
+
+    def stop_broker(self, broker: SimBroker, reason: str) -> None:
+        """A clean stop: every log flushed, the heartbeat stream closed in order."""
+        sim = self.sim
+        sim.note(f"b{broker.broker_id} stops: {reason}")
+        if broker.engine is not None:
+            # Parked produces are answered (NOT_LEADER_OR_FOLLOWER), then every log flushed.
+            broker.handle(broker.engine.shutdown(reason))
+            for tp, high_watermark in broker.engine.high_watermarks().items():
+                broker.logs[tp.partition].flush(high_watermark)
+        broker.stop_process()
+        broker.break_heartbeat_stream(notice=True)
+        sim.at(sim.rng.randint(100, 1_000), lambda: self.restart(broker))
+
+    def restart(self, broker: SimBroker) -> None:
+        if broker.alive:
+            return
+        self.sim.note(f"restart b{broker.broker_id}")
+        broker.start()
+
+    # -- leadership and availability ---------------------------------------------------------
+
+    def move_leader(self, pid: int) -> None:
+        """A leader move: the leader asks to be fenced (its next heartbeat unfences it) or an
+        administrator asks for the preferred leader (ElectLeaders)."""
+        sim = self.sim
+        if not sim.net.faults:
+            return
+        record = sim.partition(pid)
+        if record is None:
+            return
+        if record.leader != NO_LEADER and sim.rng.random() < 0.6:
+            leader = sim.brokers[record.leader]
+            if self.healthy(leader.broker_id) and self.fence_ok():
+                sim.note(f"b{leader.broker_id} asks to be fenced")
+                sim.stats["self_fences"] += 1
+                leader.send_heartbeat(want_fence=True)
+            return
+        sim.stats["preferred_elections"] += 1
+        sim.call_controller(
+            lambda core, now: core.elect_leaders(Election.PREFERRED, [(sim.topic, pid)], now)
+        )
+
+    def offline_episode(self) -> None:
+        """Pause every ISR member of the partition with the smallest ISR past the session
+        timeout: the partition goes offline and must stay so (no unclean election) until an
+        ISR member returns, even though other replicas may be up."""
+        sim = self.sim
+        records = [r for r in (sim.partition(p) for p in range(sim.opt.partitions)) if r]
+        if not records or not self.fence_ok():
+            return
+        smallest = min(len(r.isr) for r in records)
+        record = sim.rng.choice([r for r in records if len(r.isr) == smallest])
+        until = sim.now_ms + sim.opt.session_timeout_ms + sim.rng.randint(200, 1_000)
+        sim.note(f"offline episode p{record.partition}: pause {list(record.isr)} to {until}")
+        sim.stats["offline_episodes"] += 1
+        for broker_id in record.isr:
+            broker = sim.brokers[broker_id]
+            broker.paused_until_ms = max(broker.paused_until_ms, until)
+
+    def maybe_fault(self) -> None:
+        """One scheduler tick's draw of faults, at the options' rates."""
+        sim = self.sim
+        if not sim.net.faults or sim.topic_id is None:
+            return
+        rng, opt = sim.rng, sim.opt
+        if rng.random() < opt.crash_rate:
+            candidates = [b for b in sim.brokers.values() if b.alive]
+            if candidates:
+                broker = rng.choice(candidates)
+                if self.crash_ok(broker.broker_id):
+                    self.crash(broker)
+        if rng.random() < opt.move_leader_rate:
+            pid = rng.randrange(opt.partitions)
+            self.move_leader(pid)
+            # Successive elections inside one fetch interval (KIP-279's scenario): the
+            # next leader may never have seen the last one's writes.
+            for _ in range(rng.randint(0, 2)):
+                sim.at(rng.randint(2, 20), partial(self.move_leader, pid))
+        if rng.random() < opt.pause_rate:
+            broker = rng.choice(list(sim.brokers.values()))
+            if self.fence_ok():
+                until = sim.now_ms + rng.randint(50, 800)
+                broker.paused_until_ms = max(broker.paused_until_ms, until)
+        if rng.random() < opt.shutdown_rate:
+            broker = rng.choice(list(sim.brokers.values()))
+            if self.fence_ok():
+                self.controlled_shutdown(broker)
+        if rng.random() < opt.controller_crash_rate:
+            sim.crash_controller()
+        if rng.random() < opt.offline_rate:
+            self.offline_episode()
