@@ -41,7 +41,7 @@ lint: install proto-check
 MYPY_VIEW := build/mypy
 mypy: install
 	rm -rf $(MYPY_VIEW) && mkdir -p $(MYPY_VIEW)/minibroker
-	for pkg in broker client controller deploy proto; do \
+	for pkg in broker client controller deploy metadata proto; do \
 	  ln -s ../../../$$pkg $(MYPY_VIEW)/minibroker/$$pkg; done
 	ln -s ../../examples $(MYPY_VIEW)/examples
 	cd $(MYPY_VIEW) && ../../$(BIN)/mypy --config-file ../../pyproject.toml minibroker examples

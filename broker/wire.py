@@ -16,9 +16,9 @@ from minibroker.broker.replication.events import (
     ProposeIsr,
 )
 from minibroker.client.errors import ErrorCode
-from minibroker.client.metadata.image import MetadataImage
 from minibroker.client.topic_name import invalid_topic_name
 from minibroker.client.types import NO_LEADER
+from minibroker.metadata.image import MetadataImage
 from minibroker.proto import minibroker_pb2 as pb
 
 

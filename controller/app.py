@@ -25,15 +25,15 @@ from minibroker.client.common import metrics as common_metrics
 from minibroker.client.common import runtime
 from minibroker.client.common.grpc_limits import LimitsInterceptor, RequestBudget
 from minibroker.client.common.log import get_logger
-from minibroker.client.metadata.image import MetadataImage
-from minibroker.client.metadata.records import LogEntry
-from minibroker.client.metadata.wire import batch_to_pb, snapshot_to_pb
 from minibroker.controller.config import ControllerConfig
 from minibroker.controller.core.controller import ControllerCore
 from minibroker.controller.core.messages import Outcome
 from minibroker.controller.journal import DataDir, MetadataJournal, write_atomically
 from minibroker.controller.metrics import ControllerMetrics
 from minibroker.controller.service import ControllerServicer
+from minibroker.metadata.image import MetadataImage
+from minibroker.metadata.records import LogEntry
+from minibroker.metadata.wire import batch_to_pb, snapshot_to_pb
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 

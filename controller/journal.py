@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import crc32c
 
-from minibroker.client.metadata.records import LogEntry, MetadataRecord
-from minibroker.client.metadata.wire import (
+from minibroker.metadata.records import LogEntry, MetadataRecord
+from minibroker.metadata.wire import (
     batch_to_pb,
     entry_from_pb,
     record_from_pb,

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from minibroker.client.metadata.image import MetadataImage
 from minibroker.controller.core.messages import Event
+from minibroker.metadata.image import MetadataImage
 
 KAFKA_CONTROLLER = "kafka_controller_KafkaController_"
 CONTROLLER_STATS = "kafka_controller_ControllerStats_"

@@ -68,8 +68,8 @@ from minibroker.broker.storage.log_manager import LogManager
 from minibroker.client.common.clock import wall_clock_ms
 from minibroker.client.common.log import get_logger
 from minibroker.client.errors import ErrorCode, MiniBrokerError
-from minibroker.client.metadata.image import MetadataImage
 from minibroker.client.types import TopicPartition
+from minibroker.metadata.image import MetadataImage
 from minibroker.proto import minibroker_pb2 as pb
 
 log = get_logger("minibroker.broker.replica_manager")

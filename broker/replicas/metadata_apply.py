@@ -16,10 +16,10 @@ from minibroker.broker.storage.log import PartitionLog
 from minibroker.broker.storage.log_manager import NewLog
 from minibroker.client.common.clock import wall_clock_ms
 from minibroker.client.common.log import get_logger
-from minibroker.client.metadata.image import TopicImage
-from minibroker.client.metadata.records import PartitionRecord
-from minibroker.client.metadata.wire import apply_batch
 from minibroker.client.types import TopicPartition
+from minibroker.metadata.image import TopicImage
+from minibroker.metadata.records import PartitionRecord
+from minibroker.metadata.wire import apply_batch
 from minibroker.proto import minibroker_pb2 as pb
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ class BrokerEligibility:
     """The part of a broker's registration that decides its ISR eligibility (KIP-841/903).
 
     A projection, not the registration: the metadata image's full record is
-    `minibroker.client.metadata.image.BrokerRegistration` (host, port, rack, incarnation, ...).
+    `minibroker.metadata.image.BrokerRegistration` (host, port, rack, incarnation, ...).
     """
 
     broker_epoch: int

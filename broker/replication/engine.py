@@ -92,11 +92,11 @@ from minibroker.broker.storage.errors import is_log_dir_failure
 from minibroker.client.batch import BatchHeader
 from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode, MiniBrokerError
-from minibroker.client.metadata.image import MetadataImage, TopicImage
-from minibroker.client.metadata.records import PartitionRecord
 from minibroker.client.records import RecordValidation
 from minibroker.client.topic_config import resolve_topic_config
 from minibroker.client.types import TopicPartition
+from minibroker.metadata.image import MetadataImage, TopicImage
+from minibroker.metadata.records import PartitionRecord
 
 __all__ = [
     "AppendResult",

@@ -14,8 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from minibroker.client.metadata.image import BrokerRegistration, MetadataImage
-from minibroker.client.metadata.records import (
+from minibroker.client.types import NO_LEADER
+from minibroker.client.watch.observations import ReplicaReport
+from minibroker.metadata.image import BrokerRegistration, MetadataImage
+from minibroker.metadata.records import (
     LEADER_RECOVERING,
     BrokerRegistrationChangeRecord,
     MetadataRecord,
@@ -25,8 +27,6 @@ from minibroker.client.metadata.records import (
     TopicRecord,
     UnregisterBrokerRecord,
 )
-from minibroker.client.types import NO_LEADER
-from minibroker.client.watch.observations import ReplicaReport
 
 
 class EventKind(StrEnum):

@@ -32,7 +32,6 @@ from rich.console import Console
 from rich.live import Live
 
 from minibroker.client.common.clock import wall_clock_ms
-from minibroker.client.metadata.wire import batch_from_pb
 from minibroker.client.transport import CHANNEL_OPTIONS, parse_bootstrap
 from minibroker.client.watch.model import WatchModel
 from minibroker.client.watch.observations import (
@@ -45,6 +44,7 @@ from minibroker.client.watch.observations import (
     TruncationReport,
 )
 from minibroker.client.watch.render import render
+from minibroker.metadata.wire import batch_from_pb
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 

@@ -25,8 +25,6 @@ import bisect
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 
-from minibroker.client.metadata.image import MetadataImage
-from minibroker.client.metadata.records import LogEntry, MetadataRecord
 from minibroker.client.watch.events import (
     ClusterEvent,
     EventKind,
@@ -50,6 +48,8 @@ from minibroker.client.watch.rows import (
     int_or_none,
     partition_rows,
 )
+from minibroker.metadata.image import MetadataImage
+from minibroker.metadata.records import LogEntry, MetadataRecord
 
 DEFAULT_MAX_EVENTS = 500
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from minibroker.client.metadata.image import BrokerRegistration
-from minibroker.client.metadata.records import LEADER_RECOVERING, PartitionRecord
 from minibroker.client.types import NO_LEADER
 from minibroker.client.watch.observations import ProcessInfo, Reachability, ReplicaReport
+from minibroker.metadata.image import BrokerRegistration
+from minibroker.metadata.records import LEADER_RECOVERING, PartitionRecord
 
 if TYPE_CHECKING:
     from minibroker.client.watch.model import WatchModel

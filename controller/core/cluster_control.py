@@ -12,12 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from minibroker.client.errors import ErrorCode
-from minibroker.client.metadata.records import (
-    BrokerRegistrationChangeRecord,
-    ProducerIdsRecord,
-    RegisterBrokerRecord,
-    UnregisterBrokerRecord,
-)
 from minibroker.client.types import NO_LEADER
 from minibroker.controller.core.control_base import ControlBase
 from minibroker.controller.core.election import build_partition_change, remove_from_isr
@@ -34,6 +28,12 @@ from minibroker.controller.core.messages import (
     UnregisterBrokerReply,
 )
 from minibroker.controller.core.registration import invalid_cluster_id, invalid_registration
+from minibroker.metadata.records import (
+    BrokerRegistrationChangeRecord,
+    ProducerIdsRecord,
+    RegisterBrokerRecord,
+    UnregisterBrokerRecord,
+)
 
 # A heartbeat's offline-log-dir report (Kafka's OfflineLogDirs): one dir per broker, a path.
 MAX_OFFLINE_LOG_DIRS = 1

@@ -13,8 +13,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from minibroker.client.metadata.image import MetadataImage, TopicImage
-from minibroker.client.metadata.records import LogEntry, MetadataRecord
 from minibroker.client.topic_config import resolve_topic_config
 from minibroker.client.types import NO_LEADER
 from minibroker.controller.core.election import Election, PartitionChange, check_partition_change
@@ -26,6 +24,8 @@ from minibroker.controller.core.partition_limits import (
     DEFAULT_MAX_PARTITIONS,
     PartitionLimits,
 )
+from minibroker.metadata.image import MetadataImage, TopicImage
+from minibroker.metadata.records import LogEntry, MetadataRecord
 
 R = TypeVar("R")
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from minibroker.client.common.invariant import InvariantViolation
-from minibroker.client.metadata.records import LEADER_RECOVERED, LEADER_RECOVERING, PartitionRecord
 from minibroker.client.types import NO_LEADER
+from minibroker.metadata.records import LEADER_RECOVERED, LEADER_RECOVERING, PartitionRecord
 
 
 class Election(enum.Enum):

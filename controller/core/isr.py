@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from minibroker.client.errors import ErrorCode
-from minibroker.client.metadata.image import BrokerRegistration
-from minibroker.client.metadata.records import (
+from minibroker.metadata.image import BrokerRegistration
+from minibroker.metadata.records import (
     LEADER_RECOVERED,
     LEADER_RECOVERING,
     PartitionRecord,

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from minibroker.client.errors import ErrorCode
-from minibroker.client.metadata.image import BrokerRegistration
-from minibroker.client.metadata.records import LogEntry, PartitionRecord
 from minibroker.controller.core.isr import AlterPartitionProposal
+from minibroker.metadata.image import BrokerRegistration
+from minibroker.metadata.records import LogEntry, PartitionRecord
 
 R = TypeVar("R")
 

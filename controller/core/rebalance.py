@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from minibroker.client.metadata.records import PartitionRecord
+from minibroker.metadata.records import PartitionRecord
 
 
 def imbalance_ratios(partitions: Iterable[PartitionRecord]) -> dict[int, float]:

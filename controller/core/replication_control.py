@@ -16,7 +16,6 @@ from typing import Any
 
 from minibroker.client.common.config import ConfigError
 from minibroker.client.errors import ErrorCode
-from minibroker.client.metadata.records import PartitionRecord, RemoveTopicRecord, TopicRecord
 from minibroker.client.topic_config import resolve_topic_config, validate_topic_configs
 from minibroker.client.types import NO_LEADER
 from minibroker.controller.core.control_base import ControlBase
@@ -46,6 +45,7 @@ from minibroker.controller.core.partition_limits import (
 from minibroker.controller.core.placement import BrokerSlot, PlacementError, place_replicas
 from minibroker.controller.core.rebalance import partitions_to_rebalance
 from minibroker.controller.core.topics import collision_key, invalid_topic_name
+from minibroker.metadata.records import PartitionRecord, RemoveTopicRecord, TopicRecord
 
 
 class ReplicationControl(ControlBase):

@@ -27,8 +27,8 @@ from typing import Any
 import grpc
 from cluster_harness import wait_until
 
-from minibroker.client.metadata.image import MetadataImage
-from minibroker.client.metadata.wire import apply_batch
+from minibroker.metadata.image import MetadataImage
+from minibroker.metadata.wire import apply_batch
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 

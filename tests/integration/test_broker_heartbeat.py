@@ -20,8 +20,8 @@ import pytest
 from controller_harness import ControllerProcess
 
 from minibroker.broker.controller_link import ControllerLink
-from minibroker.client.metadata.image import MetadataImage
-from minibroker.client.metadata.wire import apply_batch
+from minibroker.metadata.image import MetadataImage
+from minibroker.metadata.wire import apply_batch
 from minibroker.proto import minibroker_pb2 as pb
 
 pytestmark = pytest.mark.integration

@@ -17,8 +17,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from minibroker.client.errors import ErrorCode
-from minibroker.client.metadata.image import MetadataImage
-from minibroker.client.metadata.wire import apply_batch
+from minibroker.metadata.image import MetadataImage
+from minibroker.metadata.wire import apply_batch
 from minibroker.proto import minibroker_pb2 as pb
 from tests.integration.controller_harness import (
     ControllerProcess,

@@ -27,9 +27,9 @@ from minibroker.broker.replication.invariants import (
 from minibroker.client.batch import BatchHeader, iter_batches
 from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode
-from minibroker.client.metadata.records import LogEntry, PartitionRecord
 from minibroker.client.types import NO_LEADER
 from minibroker.controller.core.messages import Event
+from minibroker.metadata.records import LogEntry, PartitionRecord
 
 if TYPE_CHECKING:
     from node import SimBroker

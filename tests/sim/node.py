@@ -28,8 +28,6 @@ from replica_shell import Fetcher, ReplicaShell
 
 from minibroker.broker.replication.engine import BrokerReplicas, EngineConfig
 from minibroker.client.errors import ErrorCode
-from minibroker.client.metadata.image import MetadataImage
-from minibroker.client.metadata.records import LogEntry
 from minibroker.client.types import TopicPartition
 from minibroker.controller.core.messages import (
     HeartbeatReply,
@@ -37,6 +35,8 @@ from minibroker.controller.core.messages import (
     RegisterReply,
     RegisterRequest,
 )
+from minibroker.metadata.image import MetadataImage
+from minibroker.metadata.records import LogEntry
 
 if TYPE_CHECKING:
     from replsim import Simulation

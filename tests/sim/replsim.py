@@ -43,10 +43,10 @@ from sim_controller import SimControllerNode
 from workload import Workload
 
 from minibroker.client.errors import ErrorCode
-from minibroker.client.metadata.records import LogEntry, PartitionRecord
 from minibroker.client.types import NO_LEADER
 from minibroker.controller.core.controller import ControllerCore, ControllerSettings
 from minibroker.controller.core.messages import CreatableTopic, CreateTopicResult, Outcome
+from minibroker.metadata.records import LogEntry, PartitionRecord
 
 __all__ = ["SimOptions", "Simulation"]
 

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 from minibroker.client.common.invariant import invariant
-from minibroker.client.metadata.image import MetadataImage
-from minibroker.client.metadata.records import LogEntry, MetadataRecord
 from minibroker.controller.core.controller import ControllerCore, ControllerSettings
 from minibroker.controller.core.messages import Event, Outcome
+from minibroker.metadata.image import MetadataImage
+from minibroker.metadata.records import LogEntry, MetadataRecord
 
 
 class ControllerDown(Exception):

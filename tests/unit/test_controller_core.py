@@ -15,14 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minibroker.client.errors import ErrorCode
-from minibroker.client.metadata.image import MetadataImage
-from minibroker.client.metadata.records import (
-    BrokerRegistrationChangeRecord,
-    PartitionRecord,
-    RegisterBrokerRecord,
-    TopicRecord,
-)
-from minibroker.client.metadata.wire import entry_from_pb, entry_to_pb, record_from_pb, record_to_pb
 from minibroker.client.types import NO_LEADER
 from minibroker.controller.core.controller import ControllerCore, ControllerSettings
 from minibroker.controller.core.election import Election
@@ -34,6 +26,14 @@ from minibroker.controller.core.messages import (
     Outcome,
     RegisterRequest,
 )
+from minibroker.metadata.image import MetadataImage
+from minibroker.metadata.records import (
+    BrokerRegistrationChangeRecord,
+    PartitionRecord,
+    RegisterBrokerRecord,
+    TopicRecord,
+)
+from minibroker.metadata.wire import entry_from_pb, entry_to_pb, record_from_pb, record_to_pb
 
 CLUSTER = "cluster-A"
 

@@ -8,15 +8,15 @@ import pathlib
 
 import pytest
 
-from minibroker.client.metadata.image import MetadataImage
-from minibroker.client.metadata.records import (
+from minibroker.controller.journal import DataDir, JournalError, MetadataJournal
+from minibroker.metadata.image import MetadataImage
+from minibroker.metadata.records import (
     LogEntry,
     NoOpRecord,
     PartitionRecord,
     RegisterBrokerRecord,
     TopicRecord,
 )
-from minibroker.controller.journal import DataDir, JournalError, MetadataJournal
 
 
 def command(offset: int, n: int = 2) -> list[LogEntry]:

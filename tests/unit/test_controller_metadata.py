@@ -1,4 +1,4 @@
-"""The shared metadata records, image and wire form (client/metadata/): every record type
+"""The shared metadata records, image and wire form (metadata/): every record type
 survives the protobuf round trip; the image applies each record as brokers and tools expect;
 snapshots rebuild an equal image; a resent prefix after a reconnect is skipped."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from minibroker.client.metadata.image import MetadataImage
-from minibroker.client.metadata.records import (
+from minibroker.metadata.image import MetadataImage
+from minibroker.metadata.records import (
     BrokerRegistrationChangeRecord,
     ConfigRecord,
     LogEntry,
@@ -18,7 +18,7 @@ from minibroker.client.metadata.records import (
     RemoveTopicRecord,
     TopicRecord,
 )
-from minibroker.client.metadata.wire import (
+from minibroker.metadata.wire import (
     apply_batch,
     batch_to_pb,
     record_from_pb,

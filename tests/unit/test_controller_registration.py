@@ -17,9 +17,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minibroker.client.errors import ErrorCode, InvalidRequestError
-from minibroker.client.metadata.image import MetadataImage
-from minibroker.client.metadata.records import UnregisterBrokerRecord
-from minibroker.client.metadata.wire import entry_from_pb, entry_to_pb
 from minibroker.client.types import NO_LEADER
 from minibroker.controller import wire
 from minibroker.controller.core.election import Election
@@ -29,6 +26,9 @@ from minibroker.controller.core.registration import (
     invalid_port,
     invalid_registration,
 )
+from minibroker.metadata.image import MetadataImage
+from minibroker.metadata.records import UnregisterBrokerRecord
+from minibroker.metadata.wire import entry_from_pb, entry_to_pb
 from minibroker.proto import minibroker_pb2 as pb
 from tests.unit.test_controller_core import CLUSTER, Harness
 

@@ -12,8 +12,6 @@ from hypothesis import strategies as st
 
 from minibroker.client.common.invariant import InvariantViolation
 from minibroker.client.errors import ErrorCode
-from minibroker.client.metadata.image import BrokerRegistration
-from minibroker.client.metadata.records import LEADER_RECOVERING, PartitionRecord
 from minibroker.client.types import NO_LEADER
 from minibroker.controller.core.election import (
     Election,
@@ -29,6 +27,8 @@ from minibroker.controller.core.isr import (
 from minibroker.controller.core.placement import BrokerSlot, place_replicas, rack_alternated
 from minibroker.controller.core.rebalance import partitions_to_rebalance
 from minibroker.controller.core.topics import invalid_topic_name
+from minibroker.metadata.image import BrokerRegistration
+from minibroker.metadata.records import LEADER_RECOVERING, PartitionRecord
 
 
 def part(replicas, isr, leader, le=5, pe=9, lrs=0) -> PartitionRecord:

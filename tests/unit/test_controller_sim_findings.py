@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import random
 
-from minibroker.client.metadata.image import MetadataImage
-from minibroker.client.metadata.records import LogEntry
 from minibroker.controller.core.controller import ControllerCore, ControllerSettings
 from minibroker.controller.core.messages import (
     CreatableTopic,
@@ -18,6 +16,8 @@ from minibroker.controller.core.messages import (
     Outcome,
     RegisterRequest,
 )
+from minibroker.metadata.image import MetadataImage
+from minibroker.metadata.records import LogEntry
 
 CLUSTER = "cluster-sim"
 SETTINGS = ControllerSettings(auto_leader_rebalance_enable=False, session_timeout_ms=3_000)

@@ -35,8 +35,8 @@ PURE = [
     "client/completed_fetch.py",
     "client/producer_record.py",
     "client/metadata_cache.py",
-    "client/metadata/records.py",
-    "client/metadata/image.py",
+    "metadata/records.py",
+    "metadata/image.py",
     "client/spark/options.py",
     "client/watch/events.py",
     "client/watch/model.py",
@@ -62,11 +62,14 @@ FORBIDDEN_EDGES = {
     "client": {"minibroker.broker", "minibroker.controller", "minibroker.deploy"},
     "broker": {"minibroker.controller", "minibroker.deploy"},
     "controller": {"minibroker.broker", "minibroker.deploy"},
+    # The cluster metadata model is shared by controller, brokers and tools: it knows none of them.
+    "metadata": {"minibroker.broker", "minibroker.controller", "minibroker.deploy"},
     "proto": {
         "minibroker.broker",
         "minibroker.controller",
         "minibroker.client",
         "minibroker.deploy",
+        "minibroker.metadata",
     },
 }
 

@@ -34,16 +34,16 @@ from minibroker.broker.storage.log_manager import (
     NewLog,
     read_partition_metadata,
 )
-from minibroker.client.metadata.records import (
+from minibroker.client.records import encode_batch
+from minibroker.client.types import TopicPartition
+from minibroker.metadata.records import (
     LogEntry,
     MetadataRecord,
     PartitionRecord,
     RegisterBrokerRecord,
     TopicRecord,
 )
-from minibroker.client.metadata.wire import batch_to_pb
-from minibroker.client.records import encode_batch
-from minibroker.client.types import TopicPartition
+from minibroker.metadata.wire import batch_to_pb
 from minibroker.proto import minibroker_pb2 as pb
 
 ME = 1

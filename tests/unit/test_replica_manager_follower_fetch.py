@@ -44,15 +44,15 @@ from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir
 from minibroker.broker.storage.log import PartitionLog
 from minibroker.broker.storage.log_manager import LogManager
-from minibroker.client.metadata.records import (
+from minibroker.client.records import encode_batch
+from minibroker.client.types import TopicPartition
+from minibroker.metadata.records import (
     LogEntry,
     PartitionRecord,
     RegisterBrokerRecord,
     TopicRecord,
 )
-from minibroker.client.metadata.wire import batch_to_pb
-from minibroker.client.records import encode_batch
-from minibroker.client.types import TopicPartition
+from minibroker.metadata.wire import batch_to_pb
 
 ME = 2
 LEADER = 1

@@ -42,15 +42,15 @@ from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir
 from minibroker.broker.storage.log_manager import LogManager
 from minibroker.client.errors import ErrorCode
-from minibroker.client.metadata.records import (
+from minibroker.client.records import encode_batch
+from minibroker.client.types import TopicPartition
+from minibroker.metadata.records import (
     LogEntry,
     PartitionRecord,
     RegisterBrokerRecord,
     TopicRecord,
 )
-from minibroker.client.metadata.wire import batch_to_pb
-from minibroker.client.records import encode_batch
-from minibroker.client.types import TopicPartition
+from minibroker.metadata.wire import batch_to_pb
 
 ME = 1
 OTHER = 2

@@ -21,16 +21,16 @@ from minibroker.broker.replicas.manager import ReplicaManager
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir
 from minibroker.broker.storage.log_manager import LogManager, read_partition_metadata
-from minibroker.client.metadata.records import (
+from minibroker.client.records import encode_batch
+from minibroker.client.types import TopicPartition
+from minibroker.metadata.records import (
     LogEntry,
     MetadataRecord,
     PartitionRecord,
     RegisterBrokerRecord,
     TopicRecord,
 )
-from minibroker.client.metadata.wire import batch_to_pb
-from minibroker.client.records import encode_batch
-from minibroker.client.types import TopicPartition
+from minibroker.metadata.wire import batch_to_pb
 
 ME = 1
 GONE = TopicPartition("gone", 0)  # deleted while the broker was down

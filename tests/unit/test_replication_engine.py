@@ -48,16 +48,16 @@ from minibroker.broker.replication.events import (
 from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.client.batch import BatchHeader, assign_offsets, iter_batches
 from minibroker.client.errors import ErrorCode, InvalidRecordError, KafkaStorageError
-from minibroker.client.metadata.image import MetadataImage
-from minibroker.client.metadata.records import (
+from minibroker.client.records import encode_batch
+from minibroker.client.types import TopicPartition
+from minibroker.metadata.image import MetadataImage
+from minibroker.metadata.records import (
     LogEntry,
     PartitionRecord,
     RegisterBrokerRecord,
     RemoveTopicRecord,
     TopicRecord,
 )
-from minibroker.client.records import encode_batch
-from minibroker.client.types import TopicPartition
 
 ME, B2, B3 = 1, 2, 3
 TOPIC, TOPIC_ID = "events", "id-events"

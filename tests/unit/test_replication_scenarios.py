@@ -26,10 +26,10 @@ from minibroker.broker.replication.engine import (
 )
 from minibroker.broker.replication.events import CompleteProduce, FetchResponse, FollowerFetch
 from minibroker.client.errors import ErrorCode
-from minibroker.client.metadata.image import BrokerRegistration, MetadataImage, TopicImage
-from minibroker.client.metadata.records import PartitionRecord
 from minibroker.client.records import encode_batch
 from minibroker.client.types import TopicPartition
+from minibroker.metadata.image import BrokerRegistration, MetadataImage, TopicImage
+from minibroker.metadata.records import PartitionRecord
 
 A, B, C = 1, 2, 3
 TOPIC, TOPIC_ID = "scenario", "scenario-topic-id"

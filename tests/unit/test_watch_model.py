@@ -16,18 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from minibroker.client.metadata.records import (
-    LEADER_RECOVERING,
-    BrokerRegistrationChangeRecord,
-    LogEntry,
-    MetadataRecord,
-    NoOpRecord,
-    PartitionRecord,
-    RegisterBrokerRecord,
-    RemoveTopicRecord,
-    TopicRecord,
-    UnregisterBrokerRecord,
-)
 from minibroker.client.types import NO_LEADER
 from minibroker.client.watch.events import ClusterEvent, EventKind
 from minibroker.client.watch.live import replica_reports_from_pb
@@ -39,6 +27,18 @@ from minibroker.client.watch.observations import (
     ReplicaReport,
 )
 from minibroker.client.watch.render import format_time, render
+from minibroker.metadata.records import (
+    LEADER_RECOVERING,
+    BrokerRegistrationChangeRecord,
+    LogEntry,
+    MetadataRecord,
+    NoOpRecord,
+    PartitionRecord,
+    RegisterBrokerRecord,
+    RemoveTopicRecord,
+    TopicRecord,
+    UnregisterBrokerRecord,
+)
 from minibroker.proto import minibroker_pb2 as pb
 
 T0 = 1_763_000_000_000
@@ -341,7 +341,7 @@ def test_under_replicated_and_under_min_isr() -> None:
     model.apply_entries([log.add(part(1, (2,), 2, 0, 1, replicas=(2, 3, 1)))])
     row = model.partition_rows()[1]
     assert row.under_replicated and not row.under_min_isr  # min.insync.replicas not on topic
-    from minibroker.client.metadata.records import ConfigRecord
+    from minibroker.metadata.records import ConfigRecord
 
     model.apply_entries([log.add(ConfigRecord(TOPIC_ID, "min.insync.replicas", "2"))])
     row = model.partition_rows()[1]

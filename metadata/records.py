@@ -1,7 +1,7 @@
 """The metadata log's record types as plain frozen dataclasses (KRaft's metadata records).
 
 Pure: no I/O. These mirror the `MetadataRecord` oneof of proto/minibroker.proto one to one;
-`minibroker.client.metadata.wire` converts between the two. The controller writes them, brokers
+`minibroker.metadata.wire` converts between the two. The controller writes them, brokers
 and tools apply them to a `MetadataImage` in offset order. A `LogEntry` is one record at its
 offset in the log; the offset of a broker's RegisterBrokerRecord is its broker epoch (Kafka).
 """

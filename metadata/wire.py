@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from minibroker.client.metadata.image import MetadataImage
-from minibroker.client.metadata.records import (
+from minibroker.metadata.image import MetadataImage
+from minibroker.metadata.records import (
     BrokerRegistrationChangeRecord,
     ConfigRecord,
     LogEntry,

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
-from minibroker.client.metadata.records import (
+from minibroker.client.types import NO_LEADER
+from minibroker.metadata.records import (
     BrokerRegistrationChangeRecord,
     ConfigRecord,
     LogEntry,
@@ -24,7 +25,6 @@ from minibroker.client.metadata.records import (
     TopicRecord,
     UnregisterBrokerRecord,
 )
-from minibroker.client.types import NO_LEADER
 
 
 @dataclass(frozen=True, slots=True)
