@@ -32,15 +32,21 @@ from minibroker.broker.replicas.fetch import FetchHandler
 from minibroker.broker.replicas.metadata_apply import MetadataApplier
 from minibroker.broker.replicas.produce import ProduceHandler
 from minibroker.broker.replicas.producer_ids import ProducerIds
-from minibroker.broker.replication.engine import (
+from minibroker.broker.replication.engine import BrokerReplicas
+from minibroker.broker.replication.events import (
+    AlterPartitionResult,
+    CompleteProduce,
+    IsrChangeKind,
+    Role,
+)
+from minibroker.broker.replication.hosted import HostedReplica
+from minibroker.broker.replication.outputs import (
     Appended,
-    BrokerReplicas,
     CorruptProduce,
     EngineConfig,
     FetchBackoff,
     FollowerAppendFailed,
     HighWatermarkMoved,
-    HostedReplica,
     IsrChanged,
     LogConfigChanged,
     LogDirFailed,
@@ -54,12 +60,6 @@ from minibroker.broker.replication.engine import (
     Truncated,
     WakeFetches,
     WakeFollowerFetches,
-)
-from minibroker.broker.replication.events import (
-    AlterPartitionResult,
-    CompleteProduce,
-    IsrChangeKind,
-    Role,
 )
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.errors import disk_error_advice

@@ -1,23 +1,28 @@
 """The broker's replica engine: every hosted partition, the one effect interpreter, the decisions.
 
-Pure and synchronous: no asyncio, no clock, no files but through the `Storage` each partition is
-handed. `BrokerReplicas` owns the partitions this broker hosts (tp -> log, `PartitionReplica`
-core, topic id, follower fetch in flight), the broker-eligibility view the cores read, and the
-decisions around the cores: acting on the controller's partition records (host, remove,
-reconfigure, change role), produce (record validation, `plan_append` -> `append_as_leader` ->
-`on_leader_appended`, duplicates parked for acks=all), follower and consumer fetches (KIP-392's
-preferred read replica included), ListOffsets, OffsetForLeaderEpoch, the follower's fetch
-positions and the answers to them, AlterPartition answers, and the ticks (produce expiry, ISR
-shrink). A core's effects are carried out in one place only, `_interpret`, in list order:
-storage first, then what the I/O shell must do. The per-partition work that touches the log
-(a leader's append, reads, timestamp lookups) is `HostedReplica`'s (hosted.py).
+Pure and synchronous: no asyncio, no clock, no files but through the `Storage` (storage.py) each
+partition is handed. `BrokerReplicas` owns the partitions this broker hosts (tp -> log,
+`PartitionReplica` core, topic id, follower fetch in flight: a `HostedReplica`, hosted.py), the
+broker-eligibility view the cores read, and THE one place a core's effects are carried out,
+`_interpret`, in list order: storage first, then what the I/O shell must do. The engine's jobs
+live in one room each:
 
-Every entry point returns what only an I/O shell can do as a list of outputs (outputs.py,
-re-exported here), in the order they must be done: answer a produce future by token, send
-AlterPartition, start or stop a fetcher, wake long polls, log and count ISR changes and
-truncations, delete a removed log, take the log dir offline. The broker's asyncio shell
-(broker/replicas/) and the simulation (tests/sim) both drive this class, so the code the
-simulation checks is the code that runs.
+  * here: acting on the controller's partition records (host, remove, reconfigure, change role),
+    the log dir going offline, the interpreter, the follower side (its fetch positions and the
+    answers to them), AlterPartition answers and the ticks (produce expiry, ISR shrink, log
+    start);
+  * serving.py (`ReplicaServing`, a mixin): the requests answered from the hosted replicas,
+    Produce, Fetch (KIP-392's preferred read replica included), ListOffsets,
+    OffsetForLeaderEpoch;
+  * views.py (`ReplicaViews`, a mixin): read-only views (describe, gauges, followed leaders);
+  * hosted.py: the per-partition work that touches the log (a leader's append, reads,
+    timestamp lookups); outputs.py: the config, replies and outputs.
+
+Every entry point returns what only an I/O shell can do as a list of outputs (outputs.py), in
+the order they must be done: answer a produce future by token, send AlterPartition, start or
+stop a fetcher, wake long polls, log and count ISR changes and truncations, delete a removed
+log, take the log dir offline. The broker's asyncio shell (broker/replicas/) and the simulation
+(tests/sim) both drive this class, so the code the simulation checks is the code that runs.
 
 A storage call that fails with a log-dir failure (Kafka's LogDirFailureChannel: any I/O error
 of the dir) takes the whole dir offline here: from then on every partition answers
@@ -25,13 +30,13 @@ KAFKA_STORAGE_ERROR, fetching stops, parked produces are answered, and `LogDirFa
 shell to report it.
 
 Concurrency contract: single-threaded; per partition, nothing may run between a core's
-`plan_append` and `on_leader_appended` (this class calls both within `produce`).
+`plan_append` and `on_leader_appended` (`produce` calls both).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
 
 from minibroker.broker.replication.eligibility import BrokerEligibilityView
 from minibroker.broker.replication.events import (
@@ -44,14 +49,12 @@ from minibroker.broker.replication.events import (
     Effect,
     FetchPosition,
     FetchResponse,
-    FollowerFetch,
     HighWatermarkChanged,
     IsrUpdated,
     LeaderRecoveryState,
     PartitionState,
     ProposeIsr,
     ReplicaConfig,
-    Role,
     StartFetching,
     StopFetching,
     TruncateFullyAndStartAt,
@@ -60,23 +63,15 @@ from minibroker.broker.replication.events import (
 from minibroker.broker.replication.hosted import FollowerAppendError, HostedReplica
 from minibroker.broker.replication.outputs import (
     Appended,
-    CorruptProduce,
     EngineConfig,
-    EpochEndOffsetReply,
     FetchBackoff,
-    FetchReply,
     FollowerAppendFailed,
-    FollowerProgress,
-    Gauges,
     HighWatermarkMoved,
     IsrChanged,
-    ListOffsetsReply,
     LogConfigChanged,
     LogDirFailed,
     Output,
     PartitionApplyFailed,
-    ProduceReply,
-    ReplicaDescription,
     ReplicaRemoved,
     RoleChanged,
     SendAlterPartition,
@@ -84,13 +79,12 @@ from minibroker.broker.replication.outputs import (
     StopFollowing,
     Truncated,
     WakeFetches,
-    WakeFollowerFetches,
 )
 from minibroker.broker.replication.partition import PartitionReplica
-from minibroker.broker.storage.epoch_cache import EpochCache
+from minibroker.broker.replication.serving import ReplicaServing
+from minibroker.broker.replication.storage import Storage
+from minibroker.broker.replication.views import ReplicaViews
 from minibroker.broker.storage.errors import is_log_dir_failure
-from minibroker.client.batch import BatchHeader
-from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode, MiniBrokerError
 from minibroker.client.records import RecordValidation
 from minibroker.client.topic_config import resolve_topic_config
@@ -98,104 +92,10 @@ from minibroker.client.types import TopicPartition
 from minibroker.metadata.image import MetadataImage, TopicImage
 from minibroker.metadata.records import PartitionRecord
 
-__all__ = [
-    "AppendResult",
-    "Appended",
-    "BrokerReplicas",
-    "CorruptProduce",
-    "EngineConfig",
-    "EpochEndOffsetReply",
-    "FetchBackoff",
-    "FetchReply",
-    "FollowerAppendFailed",
-    "FollowerProgress",
-    "Gauges",
-    "HighWatermarkMoved",
-    "HostedReplica",
-    "IsrChanged",
-    "ListOffsetsReply",
-    "LogConfigChanged",
-    "LogDirFailed",
-    "Output",
-    "PartitionApplyFailed",
-    "ProduceReply",
-    "ReadResult",
-    "ReplicaDescription",
-    "ReplicaRemoved",
-    "RoleChanged",
-    "SendAlterPartition",
-    "StartFollowing",
-    "StopFollowing",
-    "Storage",
-    "Truncated",
-    "WakeFetches",
-    "WakeFollowerFetches",
-]
-
-# ------------------------------------------------------------------------------------------
-# The storage a partition is hosted on
-
-
-class AppendResult(Protocol):
-    """What an append wrote (PartitionLog's AppendInfo)."""
-
-    @property
-    def first_offset(self) -> int: ...
-    @property
-    def batches(self) -> Sequence[BatchHeader]: ...
-    @property
-    def log_append_time_ms(self) -> int: ...
-    @property
-    def valid_bytes(self) -> int: ...
-
-
-class ReadResult(Protocol):
-    @property
-    def records(self) -> bytes: ...
-
-
-class Storage(Protocol):
-    """One partition's log as the engine uses it. `PartitionLog` (broker/storage/log.py) and the
-    simulation's in-memory log satisfy it structurally. A failed call raises; a log-dir failure
-    (`is_log_dir_failure`) takes the dir offline. The log does not hold the high watermark: the
-    core does."""
-
-    @property
-    def leo(self) -> int: ...
-    @property
-    def log_start_offset(self) -> int: ...
-    @property
-    def epoch_cache(self) -> EpochCache: ...
-
-    def maybe_assign_epoch_start_offset(self, leader_epoch: int, start_offset: int, /) -> bool: ...
-
-    def append_as_leader(
-        self,
-        records: bytes,
-        leader_epoch: int,
-        now_ms: int,
-        /,
-        *,
-        validated: list[tuple[int, BatchHeader]] | None = ...,
-    ) -> AppendResult: ...
-
-    def append_as_follower(self, records: bytes, /) -> AppendResult: ...
-    def truncate_to(self, offset: int, /) -> bool: ...
-    def truncate_fully_and_start_at(self, offset: int, /) -> None: ...
-    def maybe_increment_log_start_offset(self, offset: int, /) -> bool: ...
-    def read(self, offset: int, max_bytes: int, /, *, max_offset: int) -> ReadResult: ...
-    def offset_for_timestamp(self, timestamp: int, /) -> tuple[int, int] | None: ...
-    def producer_batch_headers(self) -> list[BatchHeader]: ...
-
-
 S = TypeVar("S", bound=Storage)
 
 
-# ------------------------------------------------------------------------------------------
-# The engine
-
-
-class BrokerReplicas(Generic[S]):
+class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
     """Every partition replica this broker hosts, over one `Storage` each."""
 
     def __init__(self, config: EngineConfig, image: MetadataImage | None = None) -> None:
@@ -212,99 +112,6 @@ class BrokerReplicas(Generic[S]):
         # The KAFKA_STORAGE_ERROR message once the dir is offline; never cleared (a failed dir
         # comes back only with a new broker process).
         self.offline: str | None = None
-
-    # -- views --------------------------------------------------------------------------
-
-    def __contains__(self, tp: object) -> bool:
-        return tp in self._hosted
-
-    def __len__(self) -> int:
-        return len(self._hosted)
-
-    def __iter__(self) -> Iterator[TopicPartition]:
-        return iter(list(self._hosted))
-
-    def get(self, tp: TopicPartition) -> HostedReplica[S] | None:
-        return self._hosted.get(tp)
-
-    def hosted(self) -> Mapping[TopicPartition, HostedReplica[S]]:
-        """Read-only view of the hosted replicas (for tests and the simulation's checks)."""
-        return self._hosted
-
-    def log(self, tp: TopicPartition) -> S | None:
-        hosted = self._hosted.get(tp)
-        return None if hosted is None else hosted.log
-
-    def topic_id(self, tp: TopicPartition) -> str | None:
-        hosted = self._hosted.get(tp)
-        return None if hosted is None else hosted.topic_id
-
-    def role(self, tp: TopicPartition) -> Role:
-        hosted = self._hosted.get(tp)
-        return Role.NONE if hosted is None else hosted.core.role
-
-    def high_watermark(self, tp: TopicPartition) -> int:
-        hosted = self._hosted.get(tp)
-        invariant(hosted is not None, f"{tp} is not hosted")
-        return hosted.core.high_watermark  # type: ignore[union-attr]
-
-    def high_watermarks(self) -> dict[TopicPartition, int]:
-        """Every hosted replica's HW (what the HW checkpoint writes)."""
-        return {tp: h.core.high_watermark for tp, h in self._hosted.items()}
-
-    def led_partitions(self) -> int:
-        return sum(1 for h in self._hosted.values() if h.core.is_leader)
-
-    def followed_leaders(self) -> Iterator[tuple[TopicPartition, int]]:
-        """(tp, leader id) for every replica that follows a leader and may fetch."""
-        for tp, hosted in self._hosted.items():
-            leader_id = _fetching_leader(hosted.core)
-            if leader_id is not None:
-                yield tp, leader_id
-
-    def describe(self, topics: Iterable[str] = ()) -> list[ReplicaDescription]:
-        wanted = set(topics)
-        out = []
-        for tp, hosted in sorted(self._hosted.items()):
-            if wanted and tp.topic not in wanted:
-                continue
-            core = hosted.core
-            out.append(
-                ReplicaDescription(
-                    tp=tp,
-                    is_leader=core.is_leader,
-                    leader_id=core.leader_id,
-                    leader_epoch=core.leader_epoch,
-                    partition_epoch=core.partition_epoch,
-                    log_start_offset=core.log_start_offset,
-                    log_end_offset=core.leo,
-                    high_watermark=core.high_watermark,
-                    isr=tuple(sorted(core.isr)),
-                    maximal_isr=tuple(sorted(core.maximal_isr)),
-                    followers=_follower_progress(core) if core.is_leader else (),
-                )
-            )
-        return out
-
-    def gauges(self) -> Gauges:
-        under_replicated = under_min = at_min = leaders = 0
-        max_lag = pending = 0
-        for hosted in self._hosted.values():
-            core = hosted.core
-            pending += core.pending_produce_count
-            if core.is_leader:
-                leaders += 1
-                isr = len(core.isr)
-                under_replicated += isr < len(core.replicas)
-                under_min += isr < core.effective_min_isr
-                at_min += isr == core.effective_min_isr
-            else:
-                lag = _follower_lag(core)
-                if lag is not None:
-                    max_lag = max(max_lag, lag)
-        return Gauges(
-            under_replicated, under_min, at_min, leaders, len(self._hosted), max_lag, pending
-        )
 
     # -- hosting and metadata -----------------------------------------------------------
 
@@ -536,11 +343,6 @@ class BrokerReplicas(Generic[S]):
                 out.append(WakeFetches(tp))  # parked long polls answer now, with the error
         return self.offline
 
-    def _offline_error(self) -> tuple[ErrorCode, str] | None:
-        if self.offline is None:
-            return None
-        return ErrorCode.KAFKA_STORAGE_ERROR, self.offline
-
     # -- the effect interpreter ---------------------------------------------------------
 
     def _interpret(
@@ -619,224 +421,6 @@ class BrokerReplicas(Generic[S]):
         out.append(Truncated(tp, fully, old_leo, log.leo, effect.reason, core.leader_epoch))
         self._interpret(hosted, core.on_log_truncated(log.leo, log.log_start_offset)[1], out)
 
-    # -- produce ------------------------------------------------------------------------
-
-    def produce(
-        self, tp: TopicPartition, acks: int, records: bytes, now_ms: int, deadline_ms: int
-    ) -> tuple[ProduceReply, list[Output]]:
-        """Append a produce request's records for `tp` as the leader (Kafka's
-        `appendRecordsToLeader`): check the batches and records, plan, append, and for acks=all
-        park the produce until the HW passes it (reply.token)."""
-        reply = ProduceReply()
-        out: list[Output] = []
-        if acks not in (-1, 0, 1):
-            reply.error = ErrorCode.INVALID_REQUIRED_ACKS
-            reply.message = f"acks must be 0, 1 or -1 (all), got {acks}"
-            return reply, out
-        offline = self._offline_error()
-        if offline is not None:
-            reply.error, reply.message = offline
-            return reply, out
-        hosted = self._hosted.get(tp)
-        if hosted is None:
-            known = self.image.topic(tp.topic)
-            if known is None or tp.partition not in known.partitions:
-                reply.error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                reply.message = f"{tp} does not exist"
-            else:
-                reply.error = ErrorCode.NOT_LEADER_OR_FOLLOWER
-                reply.message = f"broker {self.broker_id} does not host {tp}"
-                record = known.partitions[tp.partition]
-                reply.leader = (record.leader, record.leader_epoch)
-            return reply, out
-        core = hosted.core
-        if core.role is not Role.LEADER:
-            reply.error = ErrorCode.NOT_LEADER_OR_FOLLOWER
-            reply.message = f"broker {self.broker_id} is not the leader of {tp}"
-            reply.leader = (core.leader_id, core.leader_epoch)
-            return reply, out
-        appended, effects = hosted.append_produce(
-            reply, acks, records, now_ms, deadline_ms, self._new_token, out
-        )
-        self._interpret(hosted, effects, out)
-        if appended:
-            out.append(WakeFollowerFetches(tp))  # wake followers' long polls
-        return reply, out
-
-    def _new_token(self) -> int:
-        self._next_token += 1
-        return self._next_token
-
-    def expire_produce(self, tp: TopicPartition, token: int) -> list[Output]:
-        """The request's timeout_ms ran out before the acks=all produce under `token` was
-        answered: the core answers it REQUEST_TIMED_OUT (nothing when it was answered already,
-        e.g. with its replica removed)."""
-        out: list[Output] = []
-        hosted = self._hosted.get(tp)
-        if hosted is not None:
-            self._interpret(hosted, hosted.core.expire_produce(token)[1], out)
-        return out
-
-    def shutdown(self, reason: str = "broker shutting down") -> list[Output]:
-        """The broker stops: every parked produce is answered NOT_LEADER_OR_FOLLOWER."""
-        out: list[Output] = []
-        for hosted in self._hosted.values():
-            effects = hosted.core.abort_produces(ErrorCode.NOT_LEADER_OR_FOLLOWER, reason)[1]
-            self._interpret(hosted, effects, out)
-        return out
-
-    # -- fetch (leader side) ------------------------------------------------------------
-
-    def _not_hosted(self, tp: TopicPartition) -> tuple[ErrorCode, tuple[int, int] | None]:
-        """The error for a partition not hosted here: it does not exist at all, or lives on
-        other brokers (with its leader, when the image knows it)."""
-        known = self.image.topic(tp.topic)
-        if known is None or tp.partition not in known.partitions:
-            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, None
-        record = known.partitions[tp.partition]
-        return ErrorCode.NOT_LEADER_OR_FOLLOWER, (record.leader, record.leader_epoch)
-
-    def follower_fetch(
-        self, tp: TopicPartition, fetch: FollowerFetch, max_bytes: int, now_ms: int
-    ) -> tuple[FetchReply, list[Output]]:
-        """A follower's fetch of `tp` (leader side): the core's checks and state update, then
-        the records up to the LEO taken before the read."""
-        reply = FetchReply()
-        out: list[Output] = []
-        hosted = self._serving(tp, reply)
-        if hosted is None:
-            return reply, out
-        core = hosted.core
-        answer, effects = core.handle_follower_fetch(fetch, now_ms)
-        self._interpret(hosted, effects, out)
-        reply.error, reply.message = answer.error, answer.message
-        reply.high_watermark = answer.high_watermark
-        reply.log_start_offset = answer.log_start_offset
-        reply.log_end_offset = answer.log_end_offset
-        reply.diverging_epoch = answer.diverging_epoch
-        reply.current_leader = (core.leader_id, core.leader_epoch)
-        readable = answer.error == ErrorCode.NONE and answer.diverging_epoch is None
-        if readable and answer.read_until_offset > answer.fetch_offset:
-            hosted.read(reply, answer.fetch_offset, max_bytes, answer.read_until_offset, out)
-        return reply, out
-
-    def consumer_fetch(
-        self,
-        tp: TopicPartition,
-        current_leader_epoch: int,
-        fetch_offset: int,
-        max_bytes: int,
-        rack_id: str = "",
-    ) -> tuple[FetchReply, list[Output]]:
-        """A consumer's fetch of `tp`: from the leader, or an in-sync follower in the client's
-        rack (KIP-392), up to the HW; the leader may point a client in another rack at a
-        follower there (`preferred_read_replica`)."""
-        reply = FetchReply()
-        out: list[Output] = []
-        hosted = self._serving(tp, reply)
-        if hosted is None:
-            return reply, out
-        core = hosted.core
-        allow_follower = bool(rack_id) and self._serves_rack(rack_id)
-        answer, _ = core.check_consumer_fetch(
-            current_leader_epoch, fetch_offset, allow_follower=allow_follower
-        )
-        reply.error, reply.message = answer.error, answer.message
-        reply.high_watermark = answer.high_watermark
-        reply.log_start_offset = answer.log_start_offset
-        reply.log_end_offset = answer.log_end_offset
-        reply.current_leader = (core.leader_id, core.leader_epoch)
-        if answer.error != ErrorCode.NONE:
-            return reply, out
-        if core.is_leader and rack_id:
-            preferred = self._preferred_read_replica(core, rack_id, fetch_offset)
-            if preferred is not None:
-                reply.preferred_read_replica = preferred
-                return reply, out
-        if answer.read_until_offset > fetch_offset:
-            hosted.read(reply, fetch_offset, max_bytes, answer.read_until_offset, out)
-        return reply, out
-
-    def fetch_max_bytes(self, requested: int) -> int:
-        """A partition's fetch size: the request's, or replica.fetch.max.bytes when unset."""
-        return requested if requested > 0 else self.config.replica_fetch_max_bytes
-
-    def _serving(self, tp: TopicPartition, reply: FetchReply) -> HostedReplica[S] | None:
-        offline = self._offline_error()
-        if offline is not None:
-            reply.error, reply.message = offline
-            return None
-        hosted = self._hosted.get(tp)
-        if hosted is None:
-            reply.error, reply.current_leader = self._not_hosted(tp)
-        return hosted
-
-    def _serves_rack(self, rack: str) -> bool:
-        return (
-            self.config.rack_aware_selector and bool(self.config.rack) and self.config.rack == rack
-        )
-
-    def _preferred_read_replica(
-        self, core: PartitionReplica, rack: str, fetch_offset: int
-    ) -> int | None:
-        """KIP-392: an in-sync follower in the client's rack that holds the offset."""
-        if not self.config.rack_aware_selector:
-            return None
-        if self.config.rack == rack:
-            return None  # the leader is in the client's rack already
-        for replica_id in core.replicas:
-            if replica_id == self.broker_id or replica_id not in core.isr:
-                continue
-            broker = self.image.brokers.get(replica_id)
-            if broker is None or broker.rack != rack or not broker.is_active:
-                continue
-            if core.replica_leo(replica_id) >= fetch_offset:
-                return replica_id
-        return None
-
-    # -- offsets --------------------------------------------------------------------------
-
-    def list_offsets(
-        self, tp: TopicPartition, current_leader_epoch: int, timestamp: int
-    ) -> tuple[ListOffsetsReply, list[Output]]:
-        reply = ListOffsetsReply()
-        out: list[Output] = []
-        offline = self._offline_error()
-        if offline is not None:
-            reply.error, reply.message = offline
-            return reply, out
-        hosted = self._hosted.get(tp)
-        if hosted is None:
-            reply.error = self._not_hosted(tp)[0]
-            return reply, out
-        answer, _ = hosted.core.list_offsets(current_leader_epoch, timestamp)
-        reply.error, reply.message = answer.error, answer.message
-        reply.leader_epoch = answer.leader_epoch
-        if answer.error != ErrorCode.NONE:
-            return reply, out
-        if not answer.needs_timestamp_lookup:
-            reply.offset = answer.offset
-            return reply, out
-        hosted.look_up_timestamp(reply, answer, timestamp, out)
-        return reply, out
-
-    def offset_for_leader_epoch(
-        self, tp: TopicPartition, current_leader_epoch: int, leader_epoch: int
-    ) -> tuple[EpochEndOffsetReply, list[Output]]:
-        reply = EpochEndOffsetReply()
-        offline = self._offline_error()
-        if offline is not None:
-            reply.error, reply.message = offline
-            return reply, []
-        hosted = self._hosted.get(tp)
-        if hosted is None:
-            reply.error = self._not_hosted(tp)[0]
-            return reply, []
-        answer, _ = hosted.core.offset_for_leader_epoch(current_leader_epoch, leader_epoch)
-        reply.error, reply.message = answer.error, answer.message
-        reply.leader_epoch, reply.end_offset = answer.leader_epoch, answer.end_offset
-        return reply, []
-
     # -- follower side --------------------------------------------------------------------
 
     def next_fetch(self, tp: TopicPartition, leader_id: int, now_ms: int) -> FetchPosition | None:
@@ -851,10 +435,6 @@ class BrokerReplicas(Generic[S]):
             return None
         hosted.pending_fetch = position
         return position
-
-    def pending_fetch(self, tp: TopicPartition) -> FetchPosition | None:
-        hosted = self._hosted.get(tp)
-        return None if hosted is None else hosted.pending_fetch
 
     def on_fetch_response(
         self,
@@ -883,7 +463,7 @@ class BrokerReplicas(Generic[S]):
             self._interpret(hosted, hosted.core.on_fetch_response(position, failed, now_ms)[1], out)
         return out
 
-    # -- AlterPartition, ticks, retention -----------------------------------------------
+    # -- AlterPartition, produce expiry, ticks, retention, shutdown -----------------------
 
     def on_alter_partition_result(
         self, tp: TopicPartition, generation: int, result: AlterPartitionResult, now_ms: int
@@ -895,6 +475,16 @@ class BrokerReplicas(Generic[S]):
         if hosted is None or hosted.generation != generation:
             return out
         self._interpret(hosted, hosted.core.on_alter_partition_result(result, now_ms)[1], out)
+        return out
+
+    def expire_produce(self, tp: TopicPartition, token: int) -> list[Output]:
+        """The request's timeout_ms ran out before the acks=all produce under `token` was
+        answered: the core answers it REQUEST_TIMED_OUT (nothing when it was answered already,
+        e.g. with its replica removed)."""
+        out: list[Output] = []
+        hosted = self._hosted.get(tp)
+        if hosted is not None:
+            self._interpret(hosted, hosted.core.expire_produce(token)[1], out)
         return out
 
     def expire_produces(self, tp: TopicPartition, now_ms: int) -> list[Output]:
@@ -922,6 +512,14 @@ class BrokerReplicas(Generic[S]):
             self._interpret(hosted, effects, out)
         return out
 
+    def shutdown(self, reason: str = "broker shutting down") -> list[Output]:
+        """The broker stops: every parked produce is answered NOT_LEADER_OR_FOLLOWER."""
+        out: list[Output] = []
+        for hosted in self._hosted.values():
+            effects = hosted.core.abort_produces(ErrorCode.NOT_LEADER_OR_FOLLOWER, reason)[1]
+            self._interpret(hosted, effects, out)
+        return out
+
 
 # ------------------------------------------------------------------------------------------
 # Where the engine meets the core's and storage's current shapes (one place each)
@@ -945,25 +543,4 @@ def _new_core(
         high_watermark=high_watermark,
         producer_batches=log.producer_batch_headers(),
         name=name,
-    )
-
-
-def _fetching_leader(core: PartitionReplica) -> int | None:
-    follower = core.follower_state
-    if core.role is not Role.FOLLOWER or follower is None or follower.failed:
-        return None
-    return follower.leader_id
-
-
-def _follower_lag(core: PartitionReplica) -> int | None:
-    follower = core.follower_state
-    if core.role is not Role.FOLLOWER or follower is None:
-        return None
-    return follower.leader_high_watermark - core.leo
-
-
-def _follower_progress(core: PartitionReplica) -> tuple[FollowerProgress, ...]:
-    return tuple(
-        FollowerProgress(r.replica_id, r.leo, r.last_caught_up_time_ms)
-        for r in core.remote_replicas
     )

@@ -1,11 +1,11 @@
 """One partition replica hosted by the replica engine: its log, its core, what is in flight.
 
-Pure: no I/O but through the replica's `Storage` (engine.py). `HostedReplica` is what
-`BrokerReplicas` keeps per partition, with the per-partition half of the engine's requests that
-touch the log: a leader's append (`append_produce`: validation, plan, append; the core's effects
-go back to the engine, whose `_interpret` is the one place effects are carried out), reads and
-timestamp lookups. A storage failure is reported through `storage_failed`, the engine's, which
-takes the whole dir offline on a log-dir failure.
+Pure: no I/O but through the replica's `Storage` (storage.py). `HostedReplica` is what
+`BrokerReplicas` (engine.py) keeps per partition, with the per-partition half of the requests
+that touch the log (serving.py asks for them): a leader's append (`append_produce`: validation,
+plan, append; the core's effects go back to the engine, whose `_interpret` is the one place
+effects are carried out), reads and timestamp lookups. A storage failure is reported through
+`storage_failed`, the engine's, which takes the whole dir offline on a log-dir failure.
 
 Concurrency contract: single-threaded, driven by its engine.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from minibroker.broker.replication.events import (
     AppendPlan,
@@ -32,16 +32,14 @@ from minibroker.broker.replication.outputs import (
     ProduceReply,
 )
 from minibroker.broker.replication.partition import PartitionReplica
+from minibroker.broker.replication.storage import Storage
 from minibroker.client import batch as batchlib
 from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode, MiniBrokerError
 from minibroker.client.records import RecordValidation, validate_producer_records
 from minibroker.client.types import TopicPartition
 
-if TYPE_CHECKING:
-    from minibroker.broker.replication.engine import Storage
-
-S = TypeVar("S", bound="Storage")
+S = TypeVar("S", bound=Storage)
 
 # The engine's handler of a failed storage call: (error, operation, outputs) -> the
 # KAFKA_STORAGE_ERROR message when it was a log-dir failure (the dir is offline now), else None.

@@ -5,7 +5,7 @@ Pure: frozen (or per-call) dataclasses, no I/O. Every entry point of `BrokerRepl
 outputs are what only an I/O shell can do, in the order it must do them (answer a produce
 future by token, send AlterPartition, start or stop a fetcher, wake long polls, log and count,
 reconfigure or delete a log, report the log dir failed). The broker's shell (broker/replicas/)
-and the simulation (tests/sim) carry them out; engine.py re-exports every name here.
+and the simulation (tests/sim) carry them out, importing them from here.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """MemLog: one replica's log in memory, for the simulation and the scenario tests.
 
-It implements the replica engine's `Storage` protocol (broker/replication/engine.py) the way
+It implements the replica engine's `Storage` protocol (broker/replication/storage.py) the way
 `PartitionLog` (broker/storage/log.py) does, minus the files: real v2 batch bytes (stamped on a
 leader append by the client library's `assign_offsets`), the real EpochCache kept in step with
 the batches, batch-granular truncation, a follower append that must start at the LEO

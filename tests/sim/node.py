@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 from memlog import MemLog
 from replica_shell import Fetcher, ReplicaShell
 
-from minibroker.broker.replication.engine import BrokerReplicas, EngineConfig
+from minibroker.broker.replication.engine import BrokerReplicas
+from minibroker.broker.replication.outputs import EngineConfig
 from minibroker.client.errors import ErrorCode
 from minibroker.client.types import TopicPartition
 from minibroker.controller.core.messages import (

@@ -17,22 +17,7 @@ from typing import TYPE_CHECKING
 
 from memlog import MemLog
 
-from minibroker.broker.replication.engine import (
-    Appended,
-    BrokerReplicas,
-    CorruptProduce,
-    FollowerAppendFailed,
-    HighWatermarkMoved,
-    HostedReplica,
-    LogDirFailed,
-    Output,
-    PartitionApplyFailed,
-    RoleChanged,
-    SendAlterPartition,
-    StartFollowing,
-    StopFollowing,
-    Truncated,
-)
+from minibroker.broker.replication.engine import BrokerReplicas
 from minibroker.broker.replication.events import (
     AlterPartitionResult,
     CompleteProduce,
@@ -41,6 +26,21 @@ from minibroker.broker.replication.events import (
     FollowerFetch,
     LeaderRecoveryState,
     Role,
+)
+from minibroker.broker.replication.hosted import HostedReplica
+from minibroker.broker.replication.outputs import (
+    Appended,
+    CorruptProduce,
+    FollowerAppendFailed,
+    HighWatermarkMoved,
+    LogDirFailed,
+    Output,
+    PartitionApplyFailed,
+    RoleChanged,
+    SendAlterPartition,
+    StartFollowing,
+    StopFollowing,
+    Truncated,
 )
 from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from minibroker.broker.replication.engine import ProduceReply
 from minibroker.broker.replication.events import CompleteProduce
+from minibroker.broker.replication.outputs import ProduceReply
 from minibroker.client.batch import iter_batches
 from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode

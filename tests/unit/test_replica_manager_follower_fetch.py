@@ -37,8 +37,8 @@ from minibroker.broker import wire
 from minibroker.broker.config import build_config
 from minibroker.broker.metrics import BrokerMetrics
 from minibroker.broker.replicas.manager import ReplicaManager
-from minibroker.broker.replication.engine import HostedReplica
 from minibroker.broker.replication.events import Role
+from minibroker.broker.replication.hosted import HostedReplica
 from minibroker.broker.storage.checkpoint import OffsetCheckpointFile
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir

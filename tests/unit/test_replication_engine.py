@@ -19,9 +19,16 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from minibroker.broker.replication.engine import (
+from minibroker.broker.replication.engine import BrokerReplicas
+from minibroker.broker.replication.events import (
+    AlterPartitionResult,
+    CompleteProduce,
+    FetchResponse,
+    FollowerFetch,
+    Role,
+)
+from minibroker.broker.replication.outputs import (
     Appended,
-    BrokerReplicas,
     CorruptProduce,
     EngineConfig,
     FetchBackoff,
@@ -37,13 +44,6 @@ from minibroker.broker.replication.engine import (
     Truncated,
     WakeFetches,
     WakeFollowerFetches,
-)
-from minibroker.broker.replication.events import (
-    AlterPartitionResult,
-    CompleteProduce,
-    FetchResponse,
-    FollowerFetch,
-    Role,
 )
 from minibroker.broker.storage.epoch_cache import EpochCache
 from minibroker.client.batch import BatchHeader, assign_offsets, iter_batches

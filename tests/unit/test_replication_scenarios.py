@@ -17,14 +17,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "sim"))
 
 from memlog import MemLog
 
-from minibroker.broker.replication.engine import (
-    BrokerReplicas,
+from minibroker.broker.replication.engine import BrokerReplicas
+from minibroker.broker.replication.events import CompleteProduce, FetchResponse, FollowerFetch
+from minibroker.broker.replication.outputs import (
     EngineConfig,
     Output,
     StartFollowing,
     StopFollowing,
 )
-from minibroker.broker.replication.events import CompleteProduce, FetchResponse, FollowerFetch
 from minibroker.client.errors import ErrorCode
 from minibroker.client.records import encode_batch
 from minibroker.client.types import TopicPartition
