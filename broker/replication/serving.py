@@ -44,6 +44,7 @@ from minibroker.client.types import TopicPartition
 from minibroker.metadata.image import MetadataImage
 
 S = TypeVar("S", bound=Storage)
+Reply = ProduceReply | FetchReply | ListOffsetsReply | EpochEndOffsetReply
 
 
 class ReplicaServing(Generic[S]):
@@ -77,9 +78,7 @@ class ReplicaServing(Generic[S]):
             reply.error = ErrorCode.INVALID_REQUIRED_ACKS
             reply.message = f"acks must be 0, 1 or -1 (all), got {acks}"
             return reply, out
-        offline = self._offline_error()
-        if offline is not None:
-            reply.error, reply.message = offline
+        if self._answered_offline(reply):
             return reply, out
         hosted = self._hosted.get(tp)
         if hosted is None:
@@ -123,9 +122,8 @@ class ReplicaServing(Generic[S]):
     ) -> tuple[FetchReply, list[Output]]:
         """A follower's fetch of `tp` (leader side): the core's checks and state update, then
         the records up to the LEO taken before the read."""
-        reply = FetchReply()
+        reply, hosted = self._serving(tp)
         out: list[Output] = []
-        hosted = self._serving(tp, reply)
         if hosted is None:
             return reply, out
         core = hosted.core
@@ -153,9 +151,8 @@ class ReplicaServing(Generic[S]):
         """A consumer's fetch of `tp`: from the leader, or an in-sync follower in the client's
         rack (KIP-392), up to the HW; the leader may point a client in another rack at a
         follower there (`preferred_read_replica`)."""
-        reply = FetchReply()
+        reply, hosted = self._serving(tp)
         out: list[Output] = []
-        hosted = self._serving(tp, reply)
         if hosted is None:
             return reply, out
         core = hosted.core
@@ -183,15 +180,15 @@ class ReplicaServing(Generic[S]):
         """A partition's fetch size: the request's, or replica.fetch.max.bytes when unset."""
         return requested if requested > 0 else self.config.replica_fetch_max_bytes
 
-    def _serving(self, tp: TopicPartition, reply: FetchReply) -> HostedReplica[S] | None:
-        offline = self._offline_error()
-        if offline is not None:
-            reply.error, reply.message = offline
-            return None
+    def _serving(self, tp: TopicPartition) -> tuple[FetchReply, HostedReplica[S] | None]:
+        """A fetch's reply and the replica that serves `tp` (None: the reply has the error)."""
+        reply = FetchReply()
+        if self._answered_offline(reply):
+            return reply, None
         hosted = self._hosted.get(tp)
         if hosted is None:
             reply.error, reply.current_leader = self._not_hosted(tp)
-        return hosted
+        return reply, hosted
 
     def _serves_rack(self, rack: str) -> bool:
         return (
@@ -223,9 +220,7 @@ class ReplicaServing(Generic[S]):
     ) -> tuple[ListOffsetsReply, list[Output]]:
         reply = ListOffsetsReply()
         out: list[Output] = []
-        offline = self._offline_error()
-        if offline is not None:
-            reply.error, reply.message = offline
+        if self._answered_offline(reply):
             return reply, out
         hosted = self._hosted.get(tp)
         if hosted is None:
@@ -246,9 +241,7 @@ class ReplicaServing(Generic[S]):
         self, tp: TopicPartition, current_leader_epoch: int, leader_epoch: int
     ) -> tuple[EpochEndOffsetReply, list[Output]]:
         reply = EpochEndOffsetReply()
-        offline = self._offline_error()
-        if offline is not None:
-            reply.error, reply.message = offline
+        if self._answered_offline(reply):
             return reply, []
         hosted = self._hosted.get(tp)
         if hosted is None:
@@ -259,7 +252,9 @@ class ReplicaServing(Generic[S]):
         reply.leader_epoch, reply.end_offset = answer.leader_epoch, answer.end_offset
         return reply, []
 
-    def _offline_error(self) -> tuple[ErrorCode, str] | None:
+    def _answered_offline(self, reply: Reply) -> bool:
+        """Once the log dir is offline, answer KAFKA_STORAGE_ERROR (True) with why."""
         if self.offline is None:
-            return None
-        return ErrorCode.KAFKA_STORAGE_ERROR, self.offline
+            return False
+        reply.error, reply.message = ErrorCode.KAFKA_STORAGE_ERROR, self.offline
+        return True
