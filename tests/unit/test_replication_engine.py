@@ -1,4 +1,4 @@
-"""The replica engine's own rules (broker/replication/engine.py), over an in-memory Storage.
+"""The replica engine's own rules (broker/replication/engine.py), over the simulation's MemLog.
 
 Each test drives `BrokerReplicas` through its public entry points, as the broker's shell and the
 simulation do, and checks the replies, the outputs the shell must carry out, and what reached
@@ -13,11 +13,10 @@ answered, fetching stops). No event loop, no files.
 
 from __future__ import annotations
 
-import bisect
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
+from memlog import MemAppend, MemLog, MemRead
 
 from minibroker.broker.replication.engine import BrokerReplicas
 from minibroker.broker.replication.events import (
@@ -45,8 +44,7 @@ from minibroker.broker.replication.outputs import (
     WakeFetches,
     WakeFollowerFetches,
 )
-from minibroker.broker.storage.epoch_cache import EpochCache
-from minibroker.client.batch import BatchHeader, assign_offsets, iter_batches
+from minibroker.client.batch import BatchHeader
 from minibroker.client.errors import ErrorCode, InvalidRecordError, KafkaStorageError
 from minibroker.client.records import encode_batch
 from minibroker.client.types import TopicPartition
@@ -66,53 +64,22 @@ NOW = 1_000_000
 
 
 # ------------------------------------------------------------------------------------------
-# An in-memory Storage
+# The storage: the simulation's MemLog; ProbedLog where a test injects a fault or watches a call
 
 
-class Info(NamedTuple):
-    first_offset: int
-    batches: tuple[BatchHeader, ...]
-    log_append_time_ms: int
-    valid_bytes: int
+class ProbedLog(MemLog):
+    """A MemLog whose next call of a method named in `fail` raises that error, and which
+    records the log starts it is asked for (`calls`)."""
 
-
-class Read(NamedTuple):
-    records: bytes
-
-
-@dataclass
-class MemStorage:
-    """Whole batches in offset order and an epoch cache; `fail` makes the named call raise."""
-
-    batches: list[bytes] = field(default_factory=list)
-    headers: list[BatchHeader] = field(default_factory=list)
-    epoch_cache: EpochCache = field(default_factory=EpochCache)
-    log_start_offset: int = 0
-    fail: dict[str, BaseException] = field(default_factory=dict)
-    calls: list[tuple[str, int]] = field(default_factory=list)
-
-    @property
-    def leo(self) -> int:
-        return self.headers[-1].next_offset if self.headers else self.log_start_offset
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail: dict[str, BaseException] = {}
+        self.calls: list[tuple[str, int]] = []
 
     def _maybe_fail(self, name: str) -> None:
         err = self.fail.pop(name, None)
         if err is not None:
             raise err
-
-    def maybe_assign_epoch_start_offset(self, leader_epoch: int, start_offset: int) -> bool:
-        self._maybe_fail("assign")
-        return self.epoch_cache.assign(leader_epoch, start_offset)
-
-    def _append(self, data: bytes) -> tuple[BatchHeader, ...]:
-        appended = []
-        for pos, header in iter_batches(data):
-            assert header.base_offset == self.leo
-            self.epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
-            self.batches.append(bytes(data[pos : pos + header.size]))
-            self.headers.append(header)
-            appended.append(header)
-        return tuple(appended)
 
     def append_as_leader(
         self,
@@ -121,56 +88,21 @@ class MemStorage:
         now_ms: int,
         *,
         validated: list[tuple[int, BatchHeader]] | None = None,
-    ) -> Info:
+    ) -> MemAppend:
         self._maybe_fail("append_as_leader")
-        buf = bytearray(records)
-        first = self.leo
-        assign_offsets(buf, list(iter_batches(buf)), first, leader_epoch)
-        return Info(first, self._append(bytes(buf)), -1, len(records))
+        return super().append_as_leader(records, leader_epoch, now_ms, validated=validated)
 
-    def append_as_follower(self, records: bytes) -> Info:
+    def append_as_follower(self, records: bytes) -> MemAppend:
         self._maybe_fail("append_as_follower")
-        first = self.leo
-        return Info(first, self._append(records), -1, len(records))
+        return super().append_as_follower(records)
 
-    def truncate_to(self, offset: int) -> bool:
-        self._maybe_fail("truncate_to")
-        keep = bisect.bisect_left([h.base_offset for h in self.headers], offset)
-        del self.batches[keep:]
-        del self.headers[keep:]
-        self.epoch_cache.truncate_from_end(min(offset, self.leo))
-        return True
-
-    def truncate_fully_and_start_at(self, offset: int) -> None:
-        self.batches.clear()
-        self.headers.clear()
-        self.epoch_cache.clear()
-        self.log_start_offset = offset
+    def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> MemRead:
+        self._maybe_fail("read")
+        return super().read(offset, max_bytes, max_offset=max_offset)
 
     def maybe_increment_log_start_offset(self, offset: int) -> bool:
         self.calls.append(("log_start", offset))
-        if offset <= self.log_start_offset:
-            return False
-        self.log_start_offset = offset
-        return True
-
-    def read(self, offset: int, max_bytes: int, *, max_offset: int) -> Read:
-        self._maybe_fail("read")
-        out = [
-            b
-            for h, b in zip(self.headers, self.batches, strict=True)
-            if h.last_offset >= offset and h.next_offset <= max_offset
-        ]
-        return Read(b"".join(out))
-
-    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
-        for h in self.headers:
-            if h.max_timestamp >= timestamp:
-                return h.base_offset, h.max_timestamp
-        return None
-
-    def producer_batch_headers(self) -> list[BatchHeader]:
-        return list(self.headers)
+        return super().maybe_increment_log_start_offset(offset)
 
 
 # ------------------------------------------------------------------------------------------
@@ -180,12 +112,15 @@ class MemStorage:
 class Broker:
     """One broker's engine with the metadata image it acts on."""
 
-    def __init__(self, broker_id: int = ME, **config: Any) -> None:
+    def __init__(
+        self, broker_id: int = ME, *, log_type: type[MemLog] = MemLog, **config: Any
+    ) -> None:
         self.image = MetadataImage()
-        self.engine: BrokerReplicas[MemStorage] = BrokerReplicas(
+        self.engine: BrokerReplicas[MemLog] = BrokerReplicas(
             EngineConfig(broker_id=broker_id, log_dir="/data", **config), self.image
         )
-        self.logs: dict[TopicPartition, MemStorage] = {}
+        self.log_type = log_type
+        self.logs: dict[TopicPartition, Any] = {}  # MemLogs (ProbedLogs with log_type)
         self.offset = 0
 
     def record(self, record: Any) -> None:
@@ -197,7 +132,7 @@ class Broker:
         new, out = self.engine.act_on_metadata(NOW)
         for topic, record in new:
             tp = TopicPartition(topic.name, record.partition)
-            log = self.logs.setdefault(tp, MemStorage())
+            log = self.logs.setdefault(tp, self.log_type())
             self.engine.host(tp, topic.topic_id, log, dict(topic.configs), high_watermark=0)
             out += self.engine.act_on_partition(topic, record, NOW)
         return out
@@ -209,9 +144,10 @@ def cluster(
     replicas: tuple[int, ...] = (ME, B2),
     epoch: int = 1,
     racks: dict[int, str] | None = None,
+    log_type: type[MemLog] = MemLog,
     **config: Any,
 ) -> Broker:
-    broker = Broker(**config)
+    broker = Broker(log_type=log_type, **config)
     for b in (ME, B2, B3):
         rack = (racks or {}).get(b, "")
         broker.record(RegisterBrokerRecord(b, f"inc-{b}", 100 + b, "h", 9000 + b, rack, False))
@@ -388,7 +324,7 @@ def test_only_the_answer_to_the_pending_position_applies() -> None:
 
 def test_the_leaders_log_start_goes_through_the_storages_check() -> None:
     """AdvanceLogStartOffset is `maybe_increment_log_start_offset`, never a field write."""
-    broker = cluster(leader=B2)
+    broker = cluster(leader=B2, log_type=ProbedLog)
     engine = broker.engine
     data = encode_batch([(NOW, None, b"x", ())] * 3, partition_leader_epoch=1)
     position = engine.next_fetch(TP, B2, NOW)
@@ -401,7 +337,7 @@ def test_the_leaders_log_start_goes_through_the_storages_check() -> None:
 
 
 def test_a_failed_follower_append_is_a_failed_fetch() -> None:
-    broker = cluster(leader=B2)
+    broker = cluster(leader=B2, log_type=ProbedLog)
     engine = broker.engine
     broker.logs[TP].fail["append_as_follower"] = InvalidRecordError("bad batch")
     position = engine.next_fetch(TP, B2, NOW)
@@ -477,9 +413,9 @@ def test_a_deleted_topic_is_removed_and_a_recreated_one_gets_a_new_log() -> None
 
 def test_a_log_loaded_without_a_topic_id_is_replaced_and_strays_go() -> None:
     broker = Broker()
-    broker.engine.host(TP, "", MemStorage(), None, high_watermark=0)
+    broker.engine.host(TP, "", MemLog(), None, high_watermark=0)
     other = TopicPartition("gone", 0)
-    broker.engine.host(other, "old-id", MemStorage(), None, high_watermark=0)
+    broker.engine.host(other, "old-id", MemLog(), None, high_watermark=0)
     broker.record(TopicRecord(TOPIC, TOPIC_ID))
     broker.record(PartitionRecord(TOPIC_ID, 0, (ME,), (ME,), ME, 1, 1))
     new, out = broker.engine.act_on_metadata(NOW)
@@ -510,7 +446,7 @@ def test_an_alter_partition_answer_for_a_replaced_replica_is_dropped() -> None:
 
 
 def test_a_failed_append_takes_the_dir_offline_everywhere() -> None:
-    broker = cluster()
+    broker = cluster(log_type=ProbedLog)
     other = TopicPartition(TOPIC, 1)
     broker.record(PartitionRecord(TOPIC_ID, 1, (ME, B2), (ME, B2), ME, 1, 1))
     broker.act()
@@ -538,7 +474,7 @@ def test_a_failed_append_takes_the_dir_offline_everywhere() -> None:
 
 
 def test_a_read_failure_takes_the_dir_offline_and_other_errors_raise() -> None:
-    broker = cluster(isr=(ME,))
+    broker = cluster(isr=(ME,), log_type=ProbedLog)
     broker.engine.produce(TP, 1, batch(), NOW, NOW)
     broker.logs[TP].fail["read"] = ValueError("a bug, not the disk")
     with pytest.raises(ValueError):
