@@ -442,6 +442,44 @@ def test_an_alter_partition_answer_for_a_replaced_replica_is_dropped() -> None:
 
 
 # ------------------------------------------------------------------------------------------
+# Views: gauges, followed leaders, describe
+
+
+def test_gauges_followed_leaders_and_describe_read_the_hosted_replicas() -> None:
+    broker = cluster()  # partition 0: led here, ISR {ME, B2} of (ME, B2)
+    broker.record(PartitionRecord(TOPIC_ID, 1, (ME, B2), (ME,), ME, 1, 1))  # led, ISR shrunk
+    broker.record(PartitionRecord(TOPIC_ID, 2, (ME, B2), (ME, B2), B2, 1, 1))  # followed
+    broker.act()
+    parked, _ = broker.engine.produce(TP, -1, batch(), NOW, NOW + 5_000)
+    assert parked.token is not None
+    followed = TopicPartition(TOPIC, 2)
+    assert list(broker.engine.followed_leaders()) == [(followed, B2)]
+    # The leader of partition 2 is at HW 5; this follower holds nothing yet: it lags by 5.
+    position = broker.engine.next_fetch(followed, B2, NOW)
+    assert position is not None
+    broker.engine.on_fetch_response(
+        followed, B2, position, FetchResponse(ErrorCode.NONE, 5, 0, 5, None, b""), NOW
+    )
+    gauges = broker.engine.gauges()
+    # (under-replicated, under min ISR, at min ISR (min.insync.replicas 1), leaders,
+    # partitions, max follower lag, parked produces)
+    assert (
+        gauges.under_replicated,
+        gauges.under_min_isr,
+        gauges.at_min_isr,
+        gauges.leaders,
+        gauges.partitions,
+        gauges.max_lag,
+        gauges.pending_produces,
+    ) == (1, 0, 1, 2, 3, 5, 1)
+    follower_fetch(broker, 1)  # B2 reaches the LEO of partition 0
+    described = broker.engine.describe([TOPIC])[0]  # sorted: partition 0 first
+    assert (described.tp, described.is_leader, described.high_watermark) == (TP, True, 1)
+    assert [(f.replica_id, f.log_end_offset) for f in described.followers] == [(B2, 1)]
+    assert broker.engine.describe(["other"]) == []
+
+
+# ------------------------------------------------------------------------------------------
 # The log dir going offline
 
 
