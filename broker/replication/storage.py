@@ -1,11 +1,9 @@
 """The storage a hosted partition replica runs over, as the replica engine sees it.
 
 Pure typing: `Storage` is one partition's log as the engine (engine.py, hosted.py) uses it, with
-`AppendResult` and `ReadResult` the shapes its appends and reads hand back. `PartitionLog`
-(broker/storage/log.py) and the simulation's in-memory log (tests/sim/memlog.py) satisfy them
-structurally; nothing here imports either. A failed call raises; a log-dir failure
-(`is_log_dir_failure`) takes the whole dir offline in the engine. The log does not hold the high
-watermark: the replica's core does.
+`AppendResult` and `ReadResult` the shapes its appends and reads hand back. Nothing here imports
+a log: the logs satisfy the protocols structurally (tests/unit/test_replication_storage.py
+checks both).
 
 Concurrency contract: none here; a Storage is called from its engine's one thread.
 """
@@ -38,7 +36,10 @@ class ReadResult(Protocol):
 
 
 class Storage(Protocol):
-    """One partition's log as the engine uses it."""
+    """One partition's log as the engine uses it. `PartitionLog` (broker/storage/log.py) and the
+    simulation's in-memory log (tests/sim/memlog.py) satisfy it structurally. A failed call
+    raises; a log-dir failure (`is_log_dir_failure`) takes the dir offline. The log does not
+    hold the high watermark: the core does."""
 
     @property
     def leo(self) -> int: ...
