@@ -30,7 +30,7 @@ KAFKA_STORAGE_ERROR, fetching stops, parked produces are answered, and `LogDirFa
 shell to report it.
 
 Concurrency contract: single-threaded; per partition, nothing may run between a core's
-`plan_append` and `on_leader_appended` (`produce` calls both).
+`plan_append` and `on_leader_appended` (serving.py's `produce` calls both).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
         self.brokers = BrokerEligibilityView()
         self._hosted: dict[TopicPartition, HostedReplica[S]] = {}
         self._known_topics: dict[str, str] = {}  # topic id -> name, as last acted on
-        self._next_token = 0
+        self._next_token = 0  # the last acks=all produce token (serving.py's `produce`)
         self._next_generation = 0
         # The KAFKA_STORAGE_ERROR message once the dir is offline; never cleared (a failed dir
         # comes back only with a new broker process).
