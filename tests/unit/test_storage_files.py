@@ -245,5 +245,9 @@ def test_bench_log_runs_and_prints_the_three_ratios(
     for label in ("append (leader, 1/call)", "append (follower)", "read (sequential)"):
         line = next(line for line in out.splitlines() if line.startswith(label))
         log_mb, raw_mb, ratio = (float(x) for x in line[len(label) :].split())
-        assert log_mb > 0 and raw_mb > 0 and ratio > 0
+        # Figures, not speeds: on a loaded machine the log's figure may print as 0.0, so the
+        # check is that the three columns are what they say (the ratio is log / raw, to the
+        # printed precision), not that either side is fast.
+        assert log_mb >= 0 and raw_mb > 0
+        assert abs(ratio - log_mb / raw_mb) <= 0.006 + 0.05 / raw_mb
     assert list(tmp_path.iterdir()) == []  # scratch removed
