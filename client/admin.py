@@ -16,28 +16,23 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-
+from minibroker.client import wire
 from minibroker.client.errors import (
     ErrorCode,
     MiniBrokerError,
     NetworkExceptionError,
     RequestTimedOutError,
-    UnknownTopicOrPartitionError,
-    error_for,
 )
 from minibroker.client.transport import (
     DEFAULT_BOOTSTRAP,
     ClientClosedError,
     ClusterClient,
     check_topic_name,
-    error_from_rpc,
     now_ms,
     topic_metadata_error,
     unknown_topic_error,
 )
 from minibroker.client.types import TopicPartition
-from minibroker.proto import minibroker_pb2 as pb
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +105,6 @@ class CreatedTopic:
     replication_factor: int
 
 
-_ELECTION_TYPES = {"preferred": pb.PREFERRED, "unclean": pb.UNCLEAN}
 _MAX_INT32 = 2**31 - 1
 
 
@@ -171,10 +165,11 @@ class AsyncAdmin:
                     await asyncio.sleep(self.cluster.retry_backoff_ms / 1000)
                     continue
             stub = self.cluster.controller_stub(address)
+            pending = getattr(stub, method)(request, timeout=self.request_timeout_ms / 1000)
             try:
-                return await getattr(stub, method)(request, timeout=self.request_timeout_ms / 1000)
-            except grpc.aio.AioRpcError as rpc_err:
-                last = error_from_rpc(rpc_err, f"controller {address}")
+                return await wire.call(pending, f"controller {address}")
+            except wire.CallFailed as failed:
+                last = failed.error
                 if not last.retriable:
                     raise last from None
                 # The controller may have moved or restarted: ask the brokers again.
@@ -191,25 +186,17 @@ class AsyncAdmin:
         for topic in topics:
             # The controller refuses these too; refusing here needs no cluster to answer.
             check_topic_name(topic.name)
-        request = pb.CreateTopicsRequest(
-            topics=[
-                pb.CreatableTopic(
-                    name=t.name,
-                    num_partitions=t.num_partitions,
-                    replication_factor=t.replication_factor,
-                    configs=dict(t.configs),
-                )
-                for t in topics
-            ],
-            timeout_ms=self.request_timeout_ms,
-            validate_only=validate_only,
+        request = wire.create_topics_request(
+            [(t.name, t.num_partitions, t.replication_factor, t.configs) for t in topics],
+            self.request_timeout_ms,
+            validate_only,
         )
         resp = await self._controller_call("CreateTopics", request)
         created: dict[str, CreatedTopic] = {}
         failures: list[tuple[str, MiniBrokerError]] = []
-        for r in resp.topics:
-            if r.error_code != ErrorCode.NONE:
-                failures.append((r.name, error_for(r.error_code, r.error_message)))
+        for r in wire.created_topics(resp):
+            if r.error is not None:
+                failures.append((r.name, r.error))
             else:
                 created[r.name] = CreatedTopic(
                     r.name, r.topic_id, r.num_partitions, r.replication_factor
@@ -256,39 +243,21 @@ class AsyncAdmin:
 
     async def delete_topics(self, names: Iterable[str]) -> None:
         names = list(names)
-        request = pb.DeleteTopicsRequest(topic_names=names, timeout_ms=self.request_timeout_ms)
+        request = wire.delete_topics_request(names, self.request_timeout_ms)
         resp = await self._controller_call("DeleteTopics", request)
-        failures: list[tuple[str, MiniBrokerError]] = []
-        for r in resp.results:
-            if r.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-                failures.append(
-                    (r.name, UnknownTopicOrPartitionError(f"topic {r.name!r} does not exist"))
-                )
-            elif r.error_code != ErrorCode.NONE:
-                failures.append((r.name, error_for(r.error_code, r.error_message)))
-        _raise_first(failures, "delete topic")
+        _raise_first(wire.delete_topics_failures(resp), "delete topic")
 
     async def describe_cluster(self) -> ClusterDescription:
-        resp = await self._controller_call("DescribeCluster", pb.DescribeClusterRequest())
-        if resp.error_code != ErrorCode.NONE:
-            raise error_for(resp.error_code, resp.error_message)
+        resp = await self._controller_call("DescribeCluster", wire.describe_cluster_request())
+        error = wire.answer_error(resp)
+        if error is not None:
+            raise error
+        cluster = wire.cluster_answer(resp)
         return ClusterDescription(
-            cluster_id=resp.cluster_id,
-            controller_id=resp.controller_id,
-            metadata_offset=resp.metadata_offset,
-            brokers=tuple(
-                BrokerDescription(
-                    b.broker_id,
-                    b.host,
-                    b.port,
-                    b.rack,
-                    b.fenced,
-                    b.in_controlled_shutdown,
-                    b.broker_epoch,
-                    b.last_heartbeat_ms_ago,
-                )
-                for b in sorted(resp.brokers, key=lambda b: b.broker_id)
-            ),
+            cluster_id=cluster.cluster_id,
+            controller_id=cluster.controller_id,
+            metadata_offset=cluster.metadata_offset,
+            brokers=tuple(BrokerDescription(*b) for b in cluster.brokers),
         )
 
     async def elect_leaders(
@@ -301,32 +270,17 @@ class AsyncAdmin:
         Returns each partition's outcome: None for success, else its error
         (ElectionNotNeededError when the wanted leader already leads).
         """
-        kind = _ELECTION_TYPES.get(str(election_type).lower())
-        if kind is None:
+        kind = str(election_type).lower()
+        if kind not in wire.ELECTION_TYPES:
             raise ValueError(
                 f"election_type must be 'preferred' or 'unclean', got {election_type!r}"
             )
-        by_topic: dict[str, list[int]] = {}
-        if partitions is not None:
-            for tp in partitions:
-                by_topic.setdefault(tp[0], []).append(tp[1])
-        request = pb.ElectLeadersRequest(
-            election_type=kind,
-            topic_partitions=[
-                pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()
-            ],
-            all_partitions=partitions is None,
-            timeout_ms=self.request_timeout_ms,
-        )
+        request = wire.elect_leaders_request(kind, partitions, self.request_timeout_ms)
         resp = await self._controller_call("ElectLeaders", request)
-        if resp.error_code != ErrorCode.NONE:
-            raise error_for(resp.error_code, resp.error_message)
-        return {
-            TopicPartition(r.topic, r.partition): (
-                None if r.error_code == ErrorCode.NONE else error_for(r.error_code, r.error_message)
-            )
-            for r in resp.results
-        }
+        error = wire.answer_error(resp)
+        if error is not None:
+            raise error
+        return wire.election_results(resp)
 
     async def unregister_broker(self, broker_id: int) -> None:
         """Remove the registration of a broker that is gone for good (Kafka's
@@ -340,10 +294,11 @@ class AsyncAdmin:
         if not 0 <= broker_id <= _MAX_INT32:
             raise ValueError(f"broker_id must be between 0 and {_MAX_INT32}, got {broker_id}")
         resp = await self._controller_call(
-            "UnregisterBroker", pb.UnregisterBrokerRequest(broker_id=broker_id)
+            "UnregisterBroker", wire.unregister_broker_request(broker_id)
         )
-        if resp.error_code != ErrorCode.NONE:
-            raise error_for(resp.error_code, resp.error_message)
+        error = wire.answer_error(resp)
+        if error is not None:
+            raise error
 
     # -- broker calls --------------------------------------------------------------------------
 
@@ -372,15 +327,13 @@ class AsyncAdmin:
                 raise unknown_topic_error(name)
             if info.error_code != ErrorCode.NONE:
                 raise topic_metadata_error(name, info.error_code)
-        replica_state: dict[tuple[str, int, int], pb.ReplicaDescription] = {}
+        replica_state: dict[tuple[str, int, int], wire.ReplicaOffsets] = {}
         if include_offsets:
             topics = sorted(snapshot.topics)
             calls = [self._describe_replicas(b.address, topics) for b in snapshot.brokers.values()]
-            for resp in await asyncio.gather(*calls):
-                if resp is None:
-                    continue
-                for rep in resp.replicas:
-                    replica_state[(rep.topic, rep.partition, resp.broker_id)] = rep
+            for replicas in await asyncio.gather(*calls):
+                for rep in replicas:
+                    replica_state[(rep.topic, rep.partition, rep.broker_id)] = rep
         out: list[TopicDescription] = []
         for name in sorted(snapshot.topics):
             info = snapshot.topics[name]
@@ -392,10 +345,10 @@ class AsyncAdmin:
                 hw = -1
                 leos: dict[int, int | None] = {}
                 for replica in pi.replicas:
-                    rep = replica_state.get((name, p, replica))
-                    leos[replica] = rep.log_end_offset if rep is not None else None
-                    if rep is not None and replica == pi.leader and rep.is_leader:
-                        hw = rep.high_watermark
+                    state = replica_state.get((name, p, replica))
+                    leos[replica] = state.log_end_offset if state is not None else None
+                    if state is not None and replica == pi.leader and state.is_leader:
+                        hw = state.high_watermark
                 parts.append(
                     PartitionDescription(
                         topic=name,
@@ -415,14 +368,15 @@ class AsyncAdmin:
 
     async def _describe_replicas(
         self, address: str, topics: list[str]
-    ) -> pb.DescribeReplicasResponse | None:
+    ) -> list[wire.ReplicaOffsets]:
+        pending = self.cluster.broker_stub(address).DescribeReplicas(
+            wire.describe_replicas_request(topics),
+            timeout=min(self.request_timeout_ms, 5_000) / 1000,
+        )
         try:
-            return await self.cluster.broker_stub(address).DescribeReplicas(
-                pb.DescribeReplicasRequest(topics=topics),
-                timeout=min(self.request_timeout_ms, 5_000) / 1000,
-            )
-        except grpc.aio.AioRpcError:
-            return None  # a down broker: its replicas show no LEO
+            return list(wire.replica_offsets(await wire.call(pending, address)))
+        except wire.CallFailed:
+            return []  # a down broker: its replicas show no LEO
 
 
 def _raise_first(failures: list[tuple[str, MiniBrokerError]], what: str) -> None:

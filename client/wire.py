@@ -1,5 +1,5 @@
-"""The client's wire: every request the producer and consumer build, every answer they parse,
-and the translation of a failed gRPC call into the Kafka error a client acts on.
+"""The client's wire: every request the producer, consumer and admin build, every answer they
+parse, and the translation of a failed gRPC call into the Kafka error a client acts on.
 
 Builds and reads protobuf messages and maps gRPC statuses; does no I/O of its own (`call`
 awaits a call its caller made). Everything above this module sees Kafka's terms only: topic
@@ -14,7 +14,7 @@ upb copy each again, record batches included (about 2 ms per MiB against 0.1 ms)
 from __future__ import annotations
 
 from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import grpc
 
@@ -25,6 +25,7 @@ from minibroker.client.errors import (
     RecordListTooLargeError,
     RequestTimedOutError,
     UnknownServerError,
+    UnknownTopicOrPartitionError,
     error_for,
 )
 from minibroker.client.metadata_cache import (
@@ -337,15 +338,195 @@ def epoch_end_answers(resp: pb.OffsetForLeaderEpochResponse) -> Iterator[EpochEn
             )
 
 
+# -- Admin: the controller's topic, cluster and election calls, and DescribeReplicas -------------
+
+
+class _Answer(Protocol):
+    """An answer with a top-level error (DescribeCluster, ElectLeaders, UnregisterBroker)."""
+
+    @property
+    def error_code(self) -> int: ...
+    @property
+    def error_message(self) -> str: ...
+
+
+def answer_error(resp: _Answer) -> MiniBrokerError | None:
+    """The typed error of an answer's top-level error code; None when it has none."""
+    if resp.error_code == ErrorCode.NONE:
+        return None
+    return error_for(resp.error_code, resp.error_message)
+
+
+class CreatedTopicAnswer(NamedTuple):
+    """One topic's CreateTopics answer: `error` None when it was created."""
+
+    name: str
+    error: MiniBrokerError | None
+    topic_id: str
+    num_partitions: int
+    replication_factor: int
+
+
+def create_topics_request(
+    topics: Iterable[tuple[str, int, int, Mapping[str, str]]], timeout_ms: int, validate_only: bool
+) -> pb.CreateTopicsRequest:
+    """CreateTopics for each (name, partitions, replication factor, configs); -1: the
+    controller's default."""
+    request = pb.CreateTopicsRequest(timeout_ms=timeout_ms, validate_only=validate_only)
+    for name, num_partitions, replication_factor, configs in topics:
+        request.topics.add(
+            name=name,
+            num_partitions=num_partitions,
+            replication_factor=replication_factor,
+            configs=dict(configs),
+        )
+    return request
+
+
+def created_topics(resp: pb.CreateTopicsResponse) -> Iterator[CreatedTopicAnswer]:
+    for r in resp.topics:
+        error = None if r.error_code == ErrorCode.NONE else error_for(r.error_code, r.error_message)
+        yield CreatedTopicAnswer(r.name, error, r.topic_id, r.num_partitions, r.replication_factor)
+
+
+def delete_topics_request(names: Iterable[str], timeout_ms: int) -> pb.DeleteTopicsRequest:
+    return pb.DeleteTopicsRequest(topic_names=list(names), timeout_ms=timeout_ms)
+
+
+def delete_topics_failures(resp: pb.DeleteTopicsResponse) -> list[tuple[str, MiniBrokerError]]:
+    """Each topic the controller did not delete, with its typed error, in answer order."""
+    failures: list[tuple[str, MiniBrokerError]] = []
+    for r in resp.results:
+        if r.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+            failures.append(
+                (r.name, UnknownTopicOrPartitionError(f"topic {r.name!r} does not exist"))
+            )
+        elif r.error_code != ErrorCode.NONE:
+            failures.append((r.name, error_for(r.error_code, r.error_message)))
+    return failures
+
+
+# One broker of a DescribeCluster answer: (broker_id, host, port, rack, fenced,
+# in_controlled_shutdown, broker_epoch, last_heartbeat_ms_ago), admin's BrokerDescription's
+# fields in its order.
+BrokerFields = tuple[int, str, int, str, bool, bool, int, int]
+
+
+class ClusterAnswer(NamedTuple):
+    cluster_id: str
+    controller_id: int
+    metadata_offset: int
+    brokers: tuple[BrokerFields, ...]  # by broker id
+
+
+def describe_cluster_request() -> pb.DescribeClusterRequest:
+    return pb.DescribeClusterRequest()
+
+
+def cluster_answer(resp: pb.DescribeClusterResponse) -> ClusterAnswer:
+    """The cluster a DescribeCluster answer describes (its error is `answer_error`'s)."""
+    return ClusterAnswer(
+        resp.cluster_id,
+        resp.controller_id,
+        resp.metadata_offset,
+        tuple(
+            (
+                b.broker_id,
+                b.host,
+                b.port,
+                b.rack,
+                b.fenced,
+                b.in_controlled_shutdown,
+                b.broker_epoch,
+                b.last_heartbeat_ms_ago,
+            )
+            for b in sorted(resp.brokers, key=lambda b: b.broker_id)
+        ),
+    )
+
+
+_ELECTION_TYPES = {"preferred": pb.PREFERRED, "unclean": pb.UNCLEAN}
+ELECTION_TYPES = frozenset(_ELECTION_TYPES)
+
+
+def elect_leaders_request(
+    election_type: str, partitions: Iterable[TopicPartition] | None, timeout_ms: int
+) -> pb.ElectLeadersRequest:
+    """An election of `election_type` (one of ELECTION_TYPES) for `partitions` (None: every
+    partition)."""
+    by_topic: dict[str, list[int]] = {}
+    for tp in partitions or ():
+        by_topic.setdefault(tp[0], []).append(tp[1])
+    return pb.ElectLeadersRequest(
+        election_type=_ELECTION_TYPES[election_type],
+        topic_partitions=[pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()],
+        all_partitions=partitions is None,
+        timeout_ms=timeout_ms,
+    )
+
+
+def election_results(
+    resp: pb.ElectLeadersResponse,
+) -> dict[TopicPartition, MiniBrokerError | None]:
+    """Each partition's election outcome: None for success, else its typed error."""
+    return {
+        TopicPartition(r.topic, r.partition): (
+            None if r.error_code == ErrorCode.NONE else error_for(r.error_code, r.error_message)
+        )
+        for r in resp.results
+    }
+
+
+def unregister_broker_request(broker_id: int) -> pb.UnregisterBrokerRequest:
+    return pb.UnregisterBrokerRequest(broker_id=broker_id)
+
+
+class ReplicaOffsets(NamedTuple):
+    """One replica's offsets as its broker reports them (DescribeReplicas)."""
+
+    topic: str
+    partition: int
+    broker_id: int
+    is_leader: bool
+    high_watermark: int
+    log_end_offset: int
+
+
+def describe_replicas_request(topics: Iterable[str]) -> pb.DescribeReplicasRequest:
+    return pb.DescribeReplicasRequest(topics=list(topics))
+
+
+def replica_offsets(resp: pb.DescribeReplicasResponse) -> Iterator[ReplicaOffsets]:
+    for r in resp.replicas:
+        yield ReplicaOffsets(
+            r.topic, r.partition, resp.broker_id, r.is_leader, r.high_watermark, r.log_end_offset
+        )
+
+
 __all__ = [
+    "ELECTION_TYPES",
+    "BrokerFields",
     "CallFailed",
+    "ClusterAnswer",
+    "CreatedTopicAnswer",
     "EpochEndAnswer",
     "FetchTarget",
     "FetchedPartition",
     "OffsetAnswer",
     "ProduceResult",
     "ProducerIdAnswer",
+    "ReplicaOffsets",
+    "answer_error",
     "call",
+    "cluster_answer",
+    "create_topics_request",
+    "created_topics",
+    "delete_topics_failures",
+    "delete_topics_request",
+    "describe_cluster_request",
+    "describe_replicas_request",
+    "elect_leaders_request",
+    "election_results",
     "epoch_end_answers",
     "error_from_rpc",
     "fetch_request",
@@ -360,4 +541,6 @@ __all__ = [
     "produce_request",
     "produce_results",
     "producer_id_answer",
+    "replica_offsets",
+    "unregister_broker_request",
 ]

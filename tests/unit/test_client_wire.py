@@ -1,5 +1,5 @@
 """client/wire.py: the requests the client builds, the answers it reads, and failed calls mapped
-to Kafka's errors; and that the producer's and consumer's modules leave all of that to it.
+to Kafka's errors; and that the producer's, consumer's and admin's modules leave all of that to it.
 """
 
 from __future__ import annotations
@@ -12,13 +12,18 @@ import grpc
 import pytest
 
 from minibroker.client import wire
+from minibroker.client.admin import BrokerDescription
 from minibroker.client.errors import (
+    ElectionNotNeededError,
     ErrorCode,
     FencedLeaderEpochError,
     NetworkExceptionError,
+    PolicyViolationError,
     RecordListTooLargeError,
     RequestTimedOutError,
+    TopicAlreadyExistsError,
     UnknownServerError,
+    UnknownTopicOrPartitionError,
 )
 from minibroker.client.stream import rpc_error
 from minibroker.client.types import EARLIEST_TIMESTAMP, TopicPartition
@@ -29,6 +34,7 @@ A0, A1, B0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b",
 
 # The client modules that talk to brokers only through wire.py.
 THROUGH_WIRE = [
+    "client/admin.py",
     "client/consumer.py",
     "client/producer.py",
     "client/fetcher.py",
@@ -39,7 +45,7 @@ THROUGH_WIRE = [
 
 
 @pytest.mark.parametrize("path", THROUGH_WIRE)
-def test_the_producer_and_consumer_neither_build_protobufs_nor_catch_grpc_errors(path: str) -> None:
+def test_the_client_modules_neither_build_protobufs_nor_catch_grpc_errors(path: str) -> None:
     tree = ast.parse((ROOT / path).read_text())
     imported: set[str] = set()
     for node in ast.walk(tree):
@@ -172,6 +178,102 @@ def test_offset_for_leader_epoch_round_trip() -> None:
         ]
     )
     assert list(wire.epoch_end_answers(resp)) == [wire.EpochEndAnswer(A0, 0, "", 4, 17)]
+
+
+def test_create_topics_round_trip() -> None:
+    request = wire.create_topics_request(
+        [("a", 3, 2, {"cleanup.policy": "compact"}), ("b", -1, -1, {})], 5000, True
+    )
+    assert (request.timeout_ms, request.validate_only) == (5000, True)
+    assert [
+        (t.name, t.num_partitions, t.replication_factor, dict(t.configs)) for t in request.topics
+    ] == [("a", 3, 2, {"cleanup.policy": "compact"}), ("b", -1, -1, {})]
+    resp = pb.CreateTopicsResponse(
+        topics=[
+            pb.CreatableTopicResult(
+                name="a", topic_id="t1", num_partitions=3, replication_factor=2
+            ),
+            pb.CreatableTopicResult(
+                name="b", error_code=ErrorCode.TOPIC_ALREADY_EXISTS, error_message="there"
+            ),
+        ]
+    )
+    created, exists = wire.created_topics(resp)
+    assert created == wire.CreatedTopicAnswer("a", None, "t1", 3, 2)
+    assert exists.name == "b" and isinstance(exists.error, TopicAlreadyExistsError)
+
+
+def test_delete_topics_failures_name_each_topic_with_its_error() -> None:
+    request = wire.delete_topics_request(["a", "b", "c"], 700)
+    assert (list(request.topic_names), request.timeout_ms) == (["a", "b", "c"], 700)
+    resp = pb.DeleteTopicsResponse(
+        results=[
+            pb.DeletableTopicResult(name="a"),
+            pb.DeletableTopicResult(name="b", error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+            pb.DeletableTopicResult(name="c", error_code=ErrorCode.POLICY_VIOLATION),
+        ]
+    )
+    (b, unknown), (c, refused) = wire.delete_topics_failures(resp)
+    assert (b, c) == ("b", "c")
+    assert isinstance(unknown, UnknownTopicOrPartitionError) and "'b'" in str(unknown)
+    assert isinstance(refused, PolicyViolationError)
+
+
+def test_a_cluster_answer_lists_brokers_by_id_with_admins_fields() -> None:
+    resp = pb.DescribeClusterResponse(
+        cluster_id="c",
+        controller_id=3000,
+        metadata_offset=42,
+        brokers=[
+            pb.ClusterBroker(broker_id=2, host="h", port=2, fenced=True, broker_epoch=7),
+            pb.ClusterBroker(broker_id=1, host="h", port=1, rack="r", last_heartbeat_ms_ago=5),
+        ],
+    )
+    assert wire.answer_error(resp) is None
+    answer = wire.cluster_answer(resp)
+    assert answer[:3] == ("c", 3000, 42)
+    # admin builds BrokerDescription(*fields): the fields must be its own, in its order.
+    assert tuple(BrokerDescription(*b) for b in answer.brokers) == (
+        BrokerDescription(1, "h", 1, "r", False, False, 0, 5),
+        BrokerDescription(2, "h", 2, "", True, False, 7, 0),
+    )
+    refused = pb.DescribeClusterResponse(error_code=ErrorCode.NOT_CONTROLLER, error_message="no")
+    assert wire.answer_error(refused) is not None
+
+
+def test_elect_leaders_round_trip() -> None:
+    everything = wire.elect_leaders_request("unclean", None, 900)
+    assert (everything.election_type, everything.all_partitions) == (pb.UNCLEAN, True)
+    assert list(everything.topic_partitions) == []
+    some = wire.elect_leaders_request("preferred", [A0, B0, A1], 900)
+    assert (some.election_type, some.all_partitions, some.timeout_ms) == (pb.PREFERRED, False, 900)
+    assert [(t.topic, list(t.partitions)) for t in some.topic_partitions] == [
+        ("a", [0, 1]),
+        ("b", [0]),
+    ]
+    assert {"preferred", "unclean"} == wire.ELECTION_TYPES
+    resp = pb.ElectLeadersResponse(
+        results=[
+            pb.ElectionResult(topic="a", partition=0),
+            pb.ElectionResult(topic="a", partition=1, error_code=ErrorCode.ELECTION_NOT_NEEDED),
+        ]
+    )
+    results = wire.election_results(resp)
+    assert results[A0] is None and isinstance(results[A1], ElectionNotNeededError)
+
+
+def test_replica_offsets_carry_the_answering_broker() -> None:
+    assert list(wire.describe_replicas_request(["a", "b"]).topics) == ["a", "b"]
+    assert wire.unregister_broker_request(4).broker_id == 4
+    resp = pb.DescribeReplicasResponse(
+        broker_id=2,
+        replicas=[
+            pb.ReplicaDescription(
+                topic="a", partition=1, is_leader=True, high_watermark=5, log_end_offset=9
+            )
+        ],
+    )
+    assert list(wire.replica_offsets(resp)) == [wire.ReplicaOffsets("a", 1, 2, True, 5, 9)]
 
 
 @pytest.mark.parametrize(
