@@ -427,8 +427,10 @@ def test_spark_pipeline_stops_with_exit_0_and_restarts_without_new_samples(
         compose.run("--profile", "spark", "stop", "pipeline")
         log = compose.logs("pipeline")
         assert compose.exit_code("pipeline") == 0, log[-3000:]
-        bad = [line for line in log.splitlines() if any(b in line for b in BAD_LOG)]
-        assert not bad, "\n".join(bad[:20])
+        lines = log.splitlines()
+        bad = [i for i, line in enumerate(lines) if any(b in line for b in BAD_LOG)]
+        # Each bad line with what follows it (a traceback's frames and its error).
+        assert not bad, "\n---\n".join("\n".join(lines[i : i + 30]) for i in bad[:5])
         assert log.count("pipeline: stopped on SIGTERM") == run, log[-3000:]
         if run == 1:
             compose.run("--profile", "spark", "start", "pipeline")
