@@ -352,50 +352,59 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
         a storage fact returns run before the remaining ones (depth first), as the core's
         contract asks. The one effect interpreter of the product and the simulation."""
         core, log, tp = hosted.core, hosted.log, hosted.tp
-        for effect in effects:
-            if isinstance(effect, AssignEpoch):
-                log.maybe_assign_epoch_start_offset(effect.leader_epoch, effect.start_offset)
-            elif isinstance(effect, HighWatermarkChanged):
-                out.append(HighWatermarkMoved(tp, effect.high_watermark))
-            elif isinstance(effect, CompleteProduce):
-                out.append(effect)
-            elif isinstance(effect, AppendAsFollower):
-                try:
-                    info = log.append_as_follower(effect.records)
-                except MiniBrokerError as err:
-                    # The log is unchanged and the core's LEO did not move; the fetch fails so
-                    # the follower backs off (or, on a disk failure, stops with the dir).
-                    self._storage_failed(err, f"follower append to {tp}", out)
-                    raise FollowerAppendError(str(err)) from err
-                out.append(
-                    Appended(
-                        tp,
-                        False,
-                        effect.base_offset,
-                        log.leo,
-                        core.leader_epoch,
-                        0,
-                        len(effect.records),
+        effects = list(effects)
+        for i, effect in enumerate(effects):
+            try:
+                if isinstance(effect, AssignEpoch):
+                    log.maybe_assign_epoch_start_offset(effect.leader_epoch, effect.start_offset)
+                elif isinstance(effect, HighWatermarkChanged):
+                    out.append(HighWatermarkMoved(tp, effect.high_watermark))
+                elif isinstance(effect, CompleteProduce):
+                    out.append(effect)
+                elif isinstance(effect, AppendAsFollower):
+                    try:
+                        info = log.append_as_follower(effect.records)
+                    except MiniBrokerError as err:
+                        # The log is unchanged and the core's LEO did not move; the fetch fails so
+                        # the follower backs off (or, on a disk failure, stops with the dir).
+                        self._storage_failed(err, f"follower append to {tp}", out)
+                        raise FollowerAppendError(str(err)) from err
+                    out.append(
+                        Appended(
+                            tp,
+                            False,
+                            effect.base_offset,
+                            log.leo,
+                            core.leader_epoch,
+                            0,
+                            len(effect.records),
+                        )
                     )
-                )
-                self._interpret(hosted, core.on_follower_appended(log.leo, info.batches)[1], out)
-            elif isinstance(effect, TruncateTo | TruncateFullyAndStartAt):
-                self._truncate(hosted, effect, out)
-            elif isinstance(effect, AdvanceLogStartOffset):
-                log.maybe_increment_log_start_offset(effect.offset)
-            elif isinstance(effect, ProposeIsr):
-                out.append(SendAlterPartition(tp, hosted.topic_id, hosted.generation, effect))
-            elif isinstance(effect, IsrUpdated):
-                out.append(IsrChanged(tp, effect, core.leader_epoch, core.high_watermark))
-                out.append(WakeFetches(tp))
-            elif isinstance(effect, StartFetching):
-                out.append(StartFollowing(tp, effect.leader_id))
-            elif isinstance(effect, StopFetching):
-                out.append(StopFollowing(tp, effect.reason))
-            elif isinstance(effect, Backoff):
-                out.append(FetchBackoff(tp, effect.delay_ms, effect.reason))
-            else:  # pragma: no cover - a new effect type without a handler is a bug
-                raise TypeError(f"unhandled effect {effect!r}")
+                    appended = core.on_follower_appended(log.leo, info.batches)[1]
+                    self._interpret(hosted, appended, out)
+                elif isinstance(effect, TruncateTo | TruncateFullyAndStartAt):
+                    self._truncate(hosted, effect, out)
+                elif isinstance(effect, AdvanceLogStartOffset):
+                    log.maybe_increment_log_start_offset(effect.offset)
+                elif isinstance(effect, ProposeIsr):
+                    out.append(SendAlterPartition(tp, hosted.topic_id, hosted.generation, effect))
+                elif isinstance(effect, IsrUpdated):
+                    out.append(IsrChanged(tp, effect, core.leader_epoch, core.high_watermark))
+                    out.append(WakeFetches(tp))
+                elif isinstance(effect, StartFetching):
+                    out.append(StartFollowing(tp, effect.leader_id))
+                elif isinstance(effect, StopFetching):
+                    out.append(StopFollowing(tp, effect.reason))
+                elif isinstance(effect, Backoff):
+                    out.append(FetchBackoff(tp, effect.delay_ms, effect.reason))
+                else:  # pragma: no cover - a new effect type without a handler is a bug
+                    raise TypeError(f"unhandled effect {effect!r}")
+            except BaseException:
+                # The core handed the produces it completes over in these effects and holds
+                # them no longer: when an earlier effect fails (a disk error), they are
+                # still answered, as the core decided, before the error goes on.
+                out.extend(e for e in effects[i + 1 :] if isinstance(e, CompleteProduce))
+                raise
 
     def _truncate(
         self,

@@ -30,6 +30,7 @@ class ReplicaViews(Generic[S]):
 
     # Set and written by BrokerReplicas only.
     _hosted: dict[TopicPartition, HostedReplica[S]]
+    offline: str | None
 
     def __contains__(self, tp: object) -> bool:
         return tp in self._hosted
@@ -72,7 +73,10 @@ class ReplicaViews(Generic[S]):
         return sum(1 for h in self._hosted.values() if h.core.is_leader)
 
     def followed_leaders(self) -> Iterator[tuple[TopicPartition, int]]:
-        """(tp, leader id) for every replica that follows a leader and may fetch."""
+        """(tp, leader id) for every replica that follows a leader and may fetch: none once the
+        log dir is offline (it stopped every fetcher, and nothing may write there again)."""
+        if self.offline is not None:
+            return
         for tp, hosted in self._hosted.items():
             leader_id = _fetching_leader(hosted.core)
             if leader_id is not None:

@@ -92,6 +92,10 @@ class ProbedLog(MemLog):
         self._maybe_fail("append_as_leader")
         return super().append_as_leader(records, leader_epoch, now_ms, validated=validated)
 
+    def maybe_assign_epoch_start_offset(self, leader_epoch: int, start_offset: int) -> bool:
+        self._maybe_fail("maybe_assign_epoch_start_offset")
+        return super().maybe_assign_epoch_start_offset(leader_epoch, start_offset)
+
     def append_as_follower(self, records: bytes) -> MemAppend:
         self._maybe_fail("append_as_follower")
         return super().append_as_follower(records)
@@ -522,3 +526,28 @@ def test_a_read_failure_takes_the_dir_offline_and_other_errors_raise() -> None:
     reply, out = broker.engine.consumer_fetch(TP, 1, 0, 100)
     assert reply.error == ErrorCode.KAFKA_STORAGE_ERROR
     assert [f.operation for f in of(out, LogDirFailed)] == [f"read from {TP}"]
+
+
+def test_a_produce_the_core_completes_after_a_failed_storage_effect_is_still_answered() -> None:
+    # Found in review: the core hands a parked produce over in its CompleteProduce effect; when
+    # an earlier effect of the same list failed on the disk (here the new epoch's entry), the
+    # rest of the list was dropped, so that produce was answered by no one, and its timeout hit
+    # an invariant inside the produce call.
+    broker = cluster(log_type=ProbedLog)
+    reply, out = broker.engine.produce(TP, -1, batch(), NOW, NOW + 5_000)
+    assert reply.token is not None and not of(out, CompleteProduce)
+    broker.logs[TP].fail["maybe_assign_epoch_start_offset"] = KafkaStorageError("disk gone")
+    # Re-elected at epoch 2 with an ISR of this broker alone: the HW passes the batch.
+    broker.record(PartitionRecord(TOPIC_ID, 0, (ME, B2), (ME,), ME, 2, 2))
+    out = broker.act()
+    assert [c.token for c in of(out, CompleteProduce)] == [reply.token]
+    assert of(out, LogDirFailed)
+
+
+def test_no_replica_follows_a_leader_once_the_log_dir_is_offline() -> None:
+    # Found in review: every metadata batch re-started the fetchers the failed dir had stopped.
+    broker = cluster(leader=B2)
+    assert list(broker.engine.followed_leaders()) == [(TP, B2)]
+    offline, _ = broker.engine.storage_failed(KafkaStorageError("disk gone"), "checkpoint")
+    assert offline
+    assert list(broker.engine.followed_leaders()) == []
