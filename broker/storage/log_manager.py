@@ -531,10 +531,16 @@ class LogManager:
 
     def checkpoint_high_watermarks(self, high_watermarks: Mapping[TopicPartition, int]) -> None:
         """Write `replication-offset-checkpoint` from the caller's HWs (the replication core
-        holds them), for the partitions with a log here; a log without one is left out, which
-        reads back as "learn it from replication"."""
+        holds them), for the partitions with a log here. A loaded log the caller does not host
+        yet (the metadata has not reached it since the start) keeps the HW it was loaded with,
+        as Kafka keeps a partition's HW until its replica is made; a log with neither is left
+        out, which reads back as "learn it from replication"."""
         logs = self._logs
-        self._hw_file.write({tp: hw for tp, hw in high_watermarks.items() if tp in logs})
+        written = {tp: hw for tp, hw in high_watermarks.items() if tp in logs}
+        for tp in self._loaded_high_watermarks.keys() - written.keys():
+            if tp in logs:
+                written[tp] = self.checkpointed_high_watermark(tp)
+        self._hw_file.write(written)
 
     def _drop_deleted_high_watermarks(self) -> None:
         """Rewrite the HW checkpoint without the partitions deleted since it was written, so a

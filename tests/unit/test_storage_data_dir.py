@@ -410,3 +410,27 @@ def test_checkpointed_high_watermark_is_clamped_to_the_loaded_log(tmp_path: path
             new.append_as_leader(batch(), leader_epoch=0, now_ms=0)
         assert logs.checkpointed_high_watermark(A1) == 0
         logs.close()
+
+
+def test_a_checkpoint_keeps_the_loaded_high_watermark_of_a_log_not_hosted_yet(
+    tmp_path: pathlib.Path,
+) -> None:
+    # Found in review: the first checkpoint after a start comes before the metadata has hosted
+    # anything, and the caller's map then lacked every loaded log: the file was emptied, and
+    # after the next restart those partitions' HWs started back at their log start.
+    with DataDir.open(tmp_path, node_id=1) as data_dir:
+        logs = LogManager.open(data_dir)
+        for tp in (A0, B0):
+            log = logs.get_or_create_log(tp, topic_id="t")
+            for _ in range(6):
+                log.append_as_leader(batch(), leader_epoch=0, now_ms=0)
+        logs.checkpoint_high_watermarks({A0: 4, B0: 5})
+        logs.close()
+    with DataDir.open(tmp_path, node_id=1) as data_dir:
+        logs = LogManager.open(data_dir)
+        logs.checkpoint_high_watermarks({B0: 6})  # only B0 hosted so far
+        logs.close()
+    assert OffsetCheckpointFile(tmp_path / "replication-offset-checkpoint").read() == {
+        A0: 4,
+        B0: 6,
+    }
