@@ -217,6 +217,39 @@ class BatchBuilder:
         self._count = count + 1
         return True
 
+    def append_index(
+        self,
+        timestamp_ms: int,
+        key: bytes | str | None,
+        value: bytes | str | None,
+        headers: HeaderList | None = None,
+    ) -> int:
+        """`append` for the producer's accumulator: the record's index in the batch, or -1
+        when it would overflow (nothing added)."""
+        if isinstance(key, str):
+            key = key.encode("utf-8")
+        if isinstance(value, str):
+            value = value.encode("utf-8")
+        count = self._count
+        return count if self.append(timestamp_ms, key, value, headers or ()) else -1
+
+    def append_values(
+        self,
+        timestamp_ms: int,
+        values: Sequence[bytes | str | None],
+        keys: Sequence[bytes | str | None] | None = None,
+        start: int = 0,
+    ) -> int:
+        """Append `values[start:]` (and `keys`), all stamped `timestamp_ms`, until one does not
+        fit; returns how many were appended."""
+        added = 0
+        for i in range(start, len(values)):
+            key = keys[i] if keys is not None else None
+            if self.append_index(timestamp_ms, key, values[i]) < 0:
+                break
+            added += 1
+        return added
+
     def build(self) -> bytes:
         """Close the batch and return its bytes (cached: later calls return the same bytes)."""
         if self._built is not None:

@@ -11,6 +11,7 @@ import pytest
 from minibroker.client.accumulator import RecordAccumulator
 from minibroker.client.batch import read_header
 from minibroker.client.errors import MessageTooLargeError
+from minibroker.client.produce_result import FutureRecordMetadata
 from minibroker.client.records import BatchBuilder, iter_records
 from minibroker.client.types import TopicPartition
 
@@ -31,10 +32,12 @@ def make(batch_size: int = 1024, linger_ms: int = 5, idempotent: bool = True) ->
     return acc
 
 
-def add(acc: RecordAccumulator, tp: TopicPartition, value: bytes, now: int = 0) -> object:
-    handle = object()
-    acc.append(tp, now, None, value, (), handle, now)
-    return handle
+def add(
+    acc: RecordAccumulator, tp: TopicPartition, value: bytes, now: int = 0
+) -> FutureRecordMetadata:
+    future = acc.append(tp, now, None, value, (), now)
+    assert future is not None
+    return future
 
 
 def test_a_batch_is_ready_after_linger_ms_not_before() -> None:
@@ -54,7 +57,10 @@ def test_a_full_batch_is_ready_at_once_and_records_keep_their_order() -> None:
     drained = acc.drain({1: [A0]}, 1 << 20, 0)[1]
     assert len(drained) == 1
     first = drained[0]
-    assert first.handles == handles[: first.record_count]
+    assert [(f[0], f[1]) for f in handles[: first.record_count]] == [
+        (first.result, i) for i in range(first.record_count)
+    ], "each record's future is its batch's result and its index there"
+    assert handles[first.record_count][0] is not first.result
     values = [r.value for r in iter_records(first.buffer)]
     assert values == [bytes([i]) * 40 for i in range(first.record_count)]
 
@@ -158,12 +164,12 @@ def test_expire_removes_old_queued_batches_only() -> None:
 
 def test_abort_on_new_batch_appends_nothing() -> None:
     acc = make()
-    result = acc.append(A0, 0, None, b"x", (), object(), 0, abort_on_new_batch=True)
-    assert not result.appended and result.new_batch
+    result = acc.append(A0, 0, None, b"x", (), 0, abort_on_new_batch=True)
+    assert result is None and acc.batches_created == 0
     assert not acc.has_unsent()
-    acc.append(A0, 0, None, b"x", (), object(), 0)
-    joined = acc.append(A0, 0, None, b"y", (), object(), 0, abort_on_new_batch=True)
-    assert joined.appended and not joined.new_batch
+    acc.append(A0, 0, None, b"x", (), 0)
+    joined = acc.append(A0, 0, None, b"y", (), 0, abort_on_new_batch=True)
+    assert joined is not None and joined[1] == 1 and acc.batches_created == 1
 
 
 def test_buffered_bytes_track_incomplete_batches() -> None:
@@ -187,14 +193,17 @@ def test_a_record_larger_than_batch_size_gets_its_own_batch() -> None:
 
 def test_a_builder_that_refuses_the_first_record_is_an_error() -> None:
     class Refusing:
-        def append(self, *args: object) -> bool:
-            return False
+        estimated_size = 10
+
+        def append_index(self, *args: object) -> int:
+            return -1
 
     acc = RecordAccumulator(
         batch_size=10, linger_ms=0, new_builder=lambda tp: Refusing(), idempotent=False
     )  # type: ignore[arg-type]
     with pytest.raises(MessageTooLargeError):
-        acc.append(A0, 0, None, b"x", (), object(), 0)
+        acc.append(A0, 0, None, b"x", (), 0)
+    assert not acc.has_unsent(), "a refused record leaves no empty batch behind"
 
 
 def records_of(batch_bytes: bytes) -> list[tuple[int, bytes | None, bytes | None, tuple]]:
@@ -211,8 +220,14 @@ def test_a_batch_split_in_halves_keeps_order_and_the_sequence_range() -> None:
     later = add(acc, A0, b"later")
     parts = acc.split_and_reenqueue(big, records_of(big.buffer), lambda: BatchBuilder(1 << 30))
     assert [p.record_count for p in parts] == [3, 2]
-    assert [p.handles for p in parts] == [handles[:3], handles[3:]]
-    assert [p.timestamps for p in parts] == [[0, 1, 2], [3, 4]]
+    assert [big.result.locate(f[1]) for f in handles] == [
+        (parts[0].result, 0),
+        (parts[0].result, 1),
+        (parts[0].result, 2),
+        (parts[1].result, 0),
+        (parts[1].result, 1),
+    ], "each record's future follows the part that holds it"
+    assert [[r[0] for r in records_of(p.buffer)] for p in parts] == [[0, 1, 2], [3, 4]]
     headers = [read_header(p.buffer) for p in parts]
     assert [(h.producer_id, h.base_sequence) for h in headers] == [(42, 0), (42, 3)]
     assert [r[2] for p in parts for r in records_of(p.buffer)] == [
@@ -226,7 +241,7 @@ def test_a_batch_split_in_halves_keeps_order_and_the_sequence_range() -> None:
         sent.append(batch)
         acc.complete(batch)
     assert sent[:2] == parts, "the halves go first, one at a time"
-    assert sent[2].handles == [later] and sent[2].base_sequence == 5
+    assert later[0] is sent[2].result and sent[2].base_sequence == 5
     assert acc.buffered_bytes == 0
 
 

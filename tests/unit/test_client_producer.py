@@ -1,13 +1,13 @@
 """AsyncProducer's decisions without a network: validation, retry vs fail, completion.
 
-No event loop runs here: records carry concurrent.futures.Future handles (what the blocking
-facade uses), and the accumulator and response handling are driven directly.
+No event loop runs here: records are appended with `_append` (the record path shared by `send`,
+`send_batch` and the blocking facade), their futures are waited on with `result()`, and the
+accumulator and response handling are driven directly.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 
 import pytest
 
@@ -22,7 +22,8 @@ from minibroker.client.errors import (
 )
 from minibroker.client.metadata_cache import BrokerInfo, ClusterSnapshot, PartitionInfo, TopicInfo
 from minibroker.client.partitioner import partition_for_key
-from minibroker.client.producer import AsyncProducer, parse_acks
+from minibroker.client.producer import AsyncProducer, FutureRecordMetadata, parse_acks
+from minibroker.client.records import iter_records
 from minibroker.client.types import RecordMetadata, TopicPartition
 
 TOPIC = TopicInfo(
@@ -51,10 +52,8 @@ def producer(**config: object) -> AsyncProducer:
     return p
 
 
-def send(p: AsyncProducer, value: bytes, partition: int = 0) -> concurrent.futures.Future:
-    future: concurrent.futures.Future = concurrent.futures.Future()
-    p._enqueue(p._prepare("t", value, None, partition, None, 1234, TOPIC), future)
-    return future
+def send(p: AsyncProducer, value: bytes, partition: int = 0) -> FutureRecordMetadata:
+    return p._append("t", value, None, partition, None, 1234, TOPIC)
 
 
 def drain_one(p: AsyncProducer, now: int = 0):  # type: ignore[no-untyped-def]
@@ -83,26 +82,50 @@ def test_configuration_checks() -> None:
         AsyncProducer("nohostport")
 
 
+def append(p: AsyncProducer, *args: object) -> FutureRecordMetadata:
+    value, key, partition, headers, timestamp_ms = args
+    return p._append("t", value, key, partition, headers, timestamp_ms, TOPIC)  # type: ignore[arg-type]
+
+
 def test_bad_input_raises_typed_errors_that_say_what_to_fix() -> None:
     p = producer()
     with pytest.raises(UnknownTopicOrPartitionError, match=r"has 3 partitions \(0..2\)"):
-        p._prepare("t", b"v", None, 3, None, None, TOPIC)
+        append(p, b"v", None, 3, None, None)
     with pytest.raises(MessageTooLargeError, match=r"max.message.bytes of topic 't' \(2000\)"):
-        p._prepare("t", b"v" * 5000, None, None, None, None, TOPIC)
+        append(p, b"v" * 5000, None, None, None, None)
+    with pytest.raises(MessageTooLargeError, match=r"max.message.bytes of topic 't' \(2000\)"):
+        append(p, b"v" * 1000, b"k" * 1000, None, None, None)
     with pytest.raises(TypeError, match="serialize it first"):
-        p._prepare("t", 42, None, None, None, None, TOPIC)
+        append(p, 42, None, None, None, None)
+    with pytest.raises(TypeError, match="serialize it first"):
+        append(p, b"v", 4.2, None, None, None)
     with pytest.raises(TypeError, match="header names must be str"):
-        p._prepare("t", b"v", None, None, [(1, b"x")], None, TOPIC)  # type: ignore[list-item]
+        append(p, b"v", None, None, [(1, b"x")], None)
+    assert not p.accumulator.has_incomplete() and p.accumulator.buffered_bytes == 0
 
 
-def test_prepare_encodes_text_and_places_keys_like_kafka() -> None:
+def test_append_encodes_text_and_places_keys_like_kafka() -> None:
     p = producer()
-    rec = p._prepare("t", "värde", "key-9", None, {"h": "x"}, 55, TOPIC)
-    assert rec.value == "värde".encode() and rec.key == b"key-9"
-    assert rec.headers == (("h", b"x"),)
-    assert rec.partition == partition_for_key(b"key-9", 3)
-    assert rec.timestamp_ms == 55
-    assert p._prepare("t", b"v", None, None, None, None, TOPIC).partition == -1, "sticky"
+    future = append(p, "värde", "key-9", None, {"h": "x"}, 55)
+    tp = TopicPartition("t", partition_for_key(b"key-9", 3))
+    p.accumulator.flushing += 1
+    (batch,) = p.accumulator.drain({1: [tp]}, 1 << 20, 0)[1]
+    (record,) = iter_records(batch.buffer)
+    assert record.value == "värde".encode() and record.key == b"key-9"
+    assert record.headers == (("h", b"x"),)
+    assert record.timestamp == 55
+    p._sender.finish_ok(batch, 7, -1)
+    assert future.result(timeout=0) == RecordMetadata("t", tp.partition, 7, 55)
+
+
+def test_null_keys_stick_to_one_partition_until_its_batch_is_full() -> None:
+    """KIP-480: records without key or partition fill one partition's batch, then move on."""
+    p = producer(batch_size=300)
+    futures = [append(p, bytes([i]) * 100, None, None, None, 1) for i in range(6)]
+    partitions = [f[0].tp.partition for f in futures]
+    assert partitions[0] == partitions[1], "the second record joins the first one's batch"
+    assert partitions[1] != partitions[2], "a full batch moves the stickiness on"
+    assert [f[1] for f in futures] == [0, 1, 0, 1, 0, 1], "each record's index in its batch"
 
 
 def test_a_retriable_error_requeues_the_same_bytes_and_forgets_the_leader() -> None:
@@ -163,14 +186,29 @@ def test_a_broker_size_refusal_says_which_setting_to_change() -> None:
         future.result()
 
 
-def test_send_after_close_fails_the_future() -> None:
+def test_send_after_close_raises_and_queues_nothing() -> None:
     from minibroker.client.transport import ClientClosedError
 
     p = producer()
     p._closed = True
-    future = send(p, b"a")
     with pytest.raises(ClientClosedError, match="closed"):
-        future.result()
+        send(p, b"a")
+    assert not p.accumulator.has_incomplete()
+
+
+def test_a_record_appended_after_the_last_abort_is_refused_not_left_unsent() -> None:
+    """close() ends with one atomic step (refuse later appends, fail what is queued): a record
+    from another thread either fails with the queued ones or is refused at once."""
+    from minibroker.client.transport import ClientClosedError
+
+    p = producer()
+    queued = send(p, b"a")
+    p._sender.fail_everything(ClientClosedError("closed"), close=True)
+    with pytest.raises(ClientClosedError):
+        queued.result(timeout=0)
+    with pytest.raises(ClientClosedError):
+        send(p, b"b")
+    assert not p.accumulator.has_incomplete()
 
 
 @pytest.mark.parametrize("bad", [-5, -1, 2**63])
@@ -180,18 +218,19 @@ def test_a_timestamp_out_of_range_is_refused_at_send_and_nothing_is_queued(bad: 
     the record must not get into a batch with others."""
     p = producer()
     with pytest.raises(ValueError, match=rf"Invalid timestamp: {bad}\. Timestamp should"):
-        p._prepare("t", b"v", None, 0, None, bad, TOPIC)
+        append(p, b"v", None, 0, None, bad)
     with pytest.raises(ValueError, match="Invalid timestamp"):
         asyncio.run(p.send("t", b"v", partition=0, timestamp_ms=bad))
     assert not p.accumulator.has_incomplete() and p.accumulator.buffered_bytes == 0
-    assert p._prepare("t", b"v", None, 0, None, 0, TOPIC).timestamp_ms == 0, "0 is valid"
+    assert not p.accumulator.has_incomplete() and p.accumulator.buffered_bytes == 0
+    assert append(p, b"v", None, 0, None, 0)[2] == 0, "0 is valid"
 
 
 @pytest.mark.parametrize("bad", [1.5e12, "1700000000000", True])
 def test_a_timestamp_that_is_not_an_int_is_refused_at_send(bad: object) -> None:
     p = producer()
     with pytest.raises(TypeError, match="timestamp_ms must be an int"):
-        p._prepare("t", b"v", None, 0, None, bad, TOPIC)  # type: ignore[arg-type]
+        append(p, b"v", None, 0, None, bad)
     assert not p.accumulator.has_incomplete()
 
 
@@ -206,7 +245,8 @@ def test_the_blocking_producer_refuses_a_negative_timestamp_and_queues_nothing()
         )
         with pytest.raises(ValueError, match="Invalid timestamp: -5"):
             sync_producer.send("t", b"v", timestamp_ms=-5)
-        assert not sync_producer._pending and sync_producer._unacked_bytes == 0
+        acc = inner.accumulator
+        assert not acc.has_incomplete() and acc.buffered_bytes == 0
     finally:
         sync_producer.close(timeout_ms=0)  # no broker: do not wait for a delivery
 
