@@ -22,6 +22,8 @@ has, and each record resolves through the part that holds it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 import threading
 from collections.abc import Callable, Generator, Sequence
@@ -269,9 +271,17 @@ class FutureRecordMetadata(tuple):  # type: ignore[type-arg]
         outcome = self._outcome()
         return outcome if isinstance(outcome, BaseException) else None
 
-    def add_done_callback(self, fn: Callable[[FutureRecordMetadata], object]) -> None:
+    def add_done_callback(
+        self,
+        fn: Callable[[FutureRecordMetadata], object],
+        *,
+        context: contextvars.Context | None = None,
+    ) -> None:
         """Call `fn(self)` once the record is acknowledged or failed (on the producer's sender
-        thread, or at once here when it is already done)."""
+        thread, or at once here when it is already done); in `context` if given, as
+        asyncio's futures do."""
+        if context is not None:
+            fn = functools.partial(context.run, fn)
         self[0].add_callback(fn, self)
 
     def __await__(self) -> Generator[Any, None, RecordMetadata]:

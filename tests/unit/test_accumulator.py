@@ -259,3 +259,56 @@ def test_a_half_that_is_refused_again_is_split_again_down_to_one_record() -> Non
     assert [read_header(b.buffer).base_sequence for b in (one, two)] == [0, 1]
     with pytest.raises(ValueError, match="more than one record"):
         acc.split_and_reenqueue(one, records_of(one.buffer), lambda: BatchBuilder(1 << 30))
+
+
+def test_appends_from_many_threads_while_batches_drain_lose_and_reorder_nothing() -> None:
+    """Kafka's accumulator is appended to by caller threads while the sender drains it. With the
+    lock, every record lands in exactly one batch, at its own index, and each thread's records
+    keep their order within a partition, whatever the interleaving."""
+    import threading
+
+    acc = RecordAccumulator(
+        batch_size=400,
+        linger_ms=0,
+        new_builder=lambda tp: BatchBuilder(400),
+        idempotent=True,
+        lock=threading.Lock(),
+        clock_ms=lambda: 0,
+    )
+    acc.set_producer_id(1, 0)
+    per_thread = 2000
+    futures: dict[int, list[FutureRecordMetadata]] = {}
+
+    def producer(n: int) -> None:
+        mine = futures.setdefault(n, [])
+        for i in range(per_thread):
+            mine.append(add(acc, (A0, A1)[i % 2], f"{n}:{i}".encode()))
+
+    threads = [threading.Thread(target=producer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    offsets = {A0: 0, A1: 0}
+    batches = 0
+    while any(t.is_alive() for t in threads) or acc.has_unsent():
+        for batch in acc.drain({1: [A0, A1]}, 1 << 20, 0).get(1, []):
+            values = [r.value for r in iter_records(batch.buffer)]
+            assert len(values) == batch.record_count
+            batch.result.complete(offsets[batch.tp])
+            offsets[batch.tp] += batch.record_count
+            acc.complete(batch)
+            batches += 1
+    for t in threads:
+        t.join()
+    assert batches > 2
+    where: dict[tuple[TopicPartition, int], bytes] = {}
+    for n, mine in futures.items():
+        last = {A0: -1, A1: -1}
+        for i, future in enumerate(mine):
+            meta = future.result(timeout=0)
+            tp = TopicPartition(meta.topic, meta.partition)
+            assert meta.offset > last[tp], f"thread {n}'s records stay in order on {tp}"
+            last[tp] = meta.offset
+            assert (tp, meta.offset) not in where, "two records at one offset"
+            where[(tp, meta.offset)] = f"{n}:{i}".encode()
+    assert len(where) == 4 * per_thread
+    assert acc.buffered_bytes == 0

@@ -8,6 +8,7 @@ accumulator and response handling are driven directly.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -18,6 +19,7 @@ from minibroker.client.errors import (
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
     OutOfOrderSequenceError,
+    RequestTimedOutError,
     UnknownTopicOrPartitionError,
 )
 from minibroker.client.metadata_cache import BrokerInfo, ClusterSnapshot, PartitionInfo, TopicInfo
@@ -287,3 +289,84 @@ def test_a_batch_refused_as_too_large_is_split_and_sent_again_in_order() -> None
     assert second.record_count == 2 and read_header(second.buffer).base_sequence == 2
     p._sender.finish_ok(second, 12, -1)
     assert [f.result(timeout=0).offset for f in futures] == [10, 11, 12, 13]
+
+
+def test_a_full_buffer_blocks_the_blocking_send_for_max_block_ms_then_raises() -> None:
+    """Kafka's send blocks while buffer.memory is used up, for at most max.block.ms."""
+    import time
+
+    p = producer(buffer_memory=1000, max_block_ms=50)
+    send(p, b"x" * 900)
+    send(p, b"y" * 200)
+    assert p.accumulator.buffered_bytes >= p.buffer_memory
+    started = time.monotonic()
+    with pytest.raises(RequestTimedOutError, match=r"buffer_memory \(1000 bytes\) stayed full"):
+        p._block_for_space()
+    assert time.monotonic() - started >= 0.05, "it waited max_block_ms first"
+
+
+def test_a_blocked_send_goes_on_once_an_acknowledged_batch_frees_the_buffer() -> None:
+    import threading
+
+    p = producer(buffer_memory=1000, max_block_ms=60_000)
+    first = send(p, b"x" * 1100)
+    outcome: list[object] = []
+
+    def blocked_sender() -> None:
+        p._block_for_space()
+        outcome.append(send(p, b"after"))
+
+    thread = threading.Thread(target=blocked_sender)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while p._blocked == 0 and time.monotonic() < deadline:
+        thread.join(0.001)
+    assert p._blocked == 1 and outcome == [], "the sender thread waits for room"
+    p._sender.finish_ok(drain_one(p), 0, -1)  # the batch is acknowledged: room again
+    thread.join(30)
+    assert first.result(0).offset == 0
+    assert len(outcome) == 1 and not thread.is_alive()
+
+
+def test_the_async_send_waits_for_room_then_raises_after_max_block_ms() -> None:
+    p = producer(buffer_memory=1000, max_block_ms=50)
+    send(p, b"x" * 1100)
+
+    async def main() -> None:
+        p._loop = asyncio.get_running_loop()
+        p._space = asyncio.Event()
+        await p.send("t", b"more", partition=0)
+
+    with pytest.raises(RequestTimedOutError, match="stayed full for max_block_ms"):
+        asyncio.run(main())
+    assert p.accumulator.incomplete()[0].record_count == 1, "the refused record was not queued"
+
+
+def test_send_batch_appends_every_value_in_order_and_checks_all_before_queueing_any() -> None:
+    p = producer(batch_size=500)
+
+    async def main(values: list[object], partition: int | None = 0) -> object:
+        p._loop = asyncio.get_running_loop()
+        p._space = asyncio.Event()
+        return await p.send_batch("t", values, partition=partition, timestamp_ms=9)
+
+    with pytest.raises(TypeError, match="serialize it first"):
+        asyncio.run(main([b"ok", 5]))
+    with pytest.raises(MessageTooLargeError, match=r"max.message.bytes of topic 't' \(2000\)"):
+        asyncio.run(main([b"ok", b"x" * 5000]))
+    assert not p.accumulator.has_incomplete(), "a refused batch queues none of its records"
+    values = [bytes([i]) * 50 for i in range(20)]
+    sent = asyncio.run(main(values))
+    assert len(sent) == 20  # type: ignore[arg-type]
+    p.accumulator.flushing += 1
+    batches = []
+    while p.accumulator.has_unsent():
+        (batch,) = p.accumulator.drain({1: [TopicPartition("t", 0)]}, 1 << 20, 0)[1]
+        batches.append(batch)
+        p._sender.finish_ok(batch, sum(b.record_count for b in batches[:-1]), -1)
+    assert p.accumulator.buffered_bytes == 0
+    assert len(batches) > 1, "20 x 50 B do not fit one 500 B batch"
+    assert [r.value for b in batches for r in iter_records(b.buffer)] == values
+    metadata = sent.result(timeout=0)  # type: ignore[attr-defined]
+    assert [m.offset for m in metadata] == list(range(20))
+    assert {m.timestamp for m in metadata} == {9}
