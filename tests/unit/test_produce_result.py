@@ -115,7 +115,7 @@ def test_a_callback_runs_in_the_context_it_was_given() -> None:
 def test_result_blocks_until_another_thread_completes_and_times_out_otherwise() -> None:
     result = ProduceRequestResult(TP)
     (f,) = futures(result, 1)
-    with pytest.raises(RequestTimedOutError, match="within 0.01 s"):
+    with pytest.raises(RequestTimedOutError, match=r"within 0\.01 s"):
         f.result(timeout=0.01)
     got: list[RecordMetadata] = []
     waiter = threading.Thread(target=lambda: got.append(f.result(timeout=30)))
