@@ -378,6 +378,20 @@ class SentRecords(Sequence[FutureRecordMetadata]):
             raise error
         return [self[i]._outcome() for i in range(self._count)]  # type: ignore[misc]
 
+    def last_offsets(self) -> dict[TopicPartition, int]:
+        """The highest offset per partition among these records (all must be acknowledged):
+        one look per batch, not per record."""
+        last: dict[TopicPartition, int] = {}
+        for _, result, start, count in self._runs:
+            for index in (start, start + count - 1):
+                part, at = result.locate(index)
+                if part.error is not None:
+                    raise part.error
+                offset = part.base_offset + at if part.base_offset >= 0 else -1
+                if offset > last.get(part.tp, -1):
+                    last[part.tp] = offset
+        return last
+
     def __await__(self) -> Generator[Any, None, list[RecordMetadata]]:
         for _, result, _, _ in self._runs:
             if not result.done:
