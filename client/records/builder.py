@@ -63,7 +63,16 @@ Data = bytes | bytearray | memoryview | str
 HeaderList = Sequence[tuple[str, Data | None]]
 RecordInput = tuple[int, Data | None, Data | None, HeaderList]
 
-__all__ = ["COMPILED", "CREATE_TIME", "LOG_APPEND_TIME", "BatchBuilder", "encode_batch"]
+__all__ = [
+    "COMPILED",
+    "CREATE_TIME",
+    "LOG_APPEND_TIME",
+    "BatchBuilder",
+    "Data",
+    "HeaderList",
+    "RecordInput",
+    "encode_batch",
+]
 
 
 def _as_bytes(data: object, what: str) -> bytes:
