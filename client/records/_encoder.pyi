@@ -1,0 +1,33 @@
+# The compiled record encoder (client/records/_encoder.c); see its header comment.
+from collections.abc import Sequence
+
+HEADER_SIZE: int
+
+_Data = bytes | bytearray | memoryview | str | None
+
+class RecordsBuilder:
+    def __init__(self, batch_size: int) -> None: ...
+    def append(
+        self,
+        timestamp_ms: int,
+        key: _Data,
+        value: _Data,
+        headers: Sequence[tuple[str, _Data]] | None = None,
+        /,
+    ) -> int: ...
+    def append_values(
+        self, timestamp_ms: int, values: Sequence[_Data], keys: Sequence[_Data] | None = None, /
+    ) -> int: ...
+    def records(self) -> bytes: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def base_timestamp(self) -> int: ...
+    @property
+    def max_timestamp(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def last_record_size(self) -> int: ...

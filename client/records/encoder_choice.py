@@ -1,0 +1,22 @@
+"""Which record encoder `BatchBuilder` uses: the compiled `_encoder` module, or the pure path.
+
+Reads one environment variable, once, at import: `MINIBROKER_PURE_CODEC=1` forces the pure
+Python path (for tests and comparisons); so does a build without the compiled module (a machine
+without a C compiler). No other I/O. `COMPILED` says which is in use.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+RecordsBuilder: Any
+try:
+    from minibroker.client.records._encoder import RecordsBuilder
+except ImportError:  # built without a C compiler: the pure path is the fallback
+    RecordsBuilder = None
+
+if os.environ.get("MINIBROKER_PURE_CODEC", "") not in ("", "0"):
+    RecordsBuilder = None
+
+COMPILED: bool = RecordsBuilder is not None
