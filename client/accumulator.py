@@ -60,19 +60,22 @@ RecordInput = tuple[int, bytes | None, bytes | None, Headers]
 _new_tuple = tuple.__new__
 
 
+class RecordEncoderLike(Protocol):
+    """A batch's per-record encoder (`BatchBuilder.encoder`: the compiled `RecordsBuilder`)."""
+
+    @property
+    def size(self) -> int: ...
+
+    def append(self, timestamp_ms: int, key: Any, value: Any, headers: Any = None, /) -> int: ...
+
+    def append_values(self, timestamp_ms: int, values: Any, keys: Any = None, /) -> int: ...
+
+
 class BatchBuilderLike(Protocol):
     """What the accumulator needs from `minibroker.client.records.BatchBuilder`."""
 
     @property
-    def estimated_size(self) -> int: ...
-
-    def append_index(
-        self, timestamp_ms: int, key: Any, value: Any, headers: Headers | None
-    ) -> int: ...
-
-    def append_values(
-        self, timestamp_ms: int, values: Sequence[Any], keys: Sequence[Any] | None, start: int
-    ) -> int: ...
+    def encoder(self) -> RecordEncoderLike: ...
 
     def set_producer_state(
         self, producer_id: int, producer_epoch: int, base_sequence: int
@@ -112,6 +115,8 @@ class ProducerBatch:
     builder: BatchBuilderLike | None
     created_ms: int
     result: ProduceRequestResult = field(init=False)
+    # The builder's per-record encoder while records may still be appended, then None.
+    encoder: RecordEncoderLike | None = field(init=False)
     record_count: int = 0
     approx_bytes: int = 0
     full: bool = False
@@ -124,6 +129,7 @@ class ProducerBatch:
 
     def __post_init__(self) -> None:
         self.result = ProduceRequestResult(self.tp)
+        self.encoder = self.builder.encoder if self.builder is not None else None
 
     @property
     def closed(self) -> bool:
@@ -214,11 +220,11 @@ class RecordAccumulator:
             queue = self._batches.get(tp)
             if queue:
                 last = queue[-1]
-                builder = last.builder
-                if builder is not None and not last.full:
-                    index = builder.append_index(timestamp_ms, key, value, headers)
+                encoder = last.encoder
+                if encoder is not None and not last.full:
+                    index = encoder.append(timestamp_ms, key, value, headers)
                     if index >= 0:
-                        size = builder.estimated_size
+                        size = encoder.size
                         self.buffered_bytes += size - last.approx_bytes
                         last.approx_bytes = size
                         last.record_count = index + 1
@@ -247,11 +253,11 @@ class RecordAccumulator:
             queue = self._batches.get(tp)
             if queue:
                 last = queue[-1]
-                builder = last.builder
-                if builder is not None and not last.full:
-                    index = builder.append_index(timestamp_ms, key, value, headers)
+                encoder = last.encoder
+                if encoder is not None and not last.full:
+                    index = encoder.append(timestamp_ms, key, value, headers)
                     if index >= 0:
-                        size = builder.estimated_size
+                        size = encoder.size
                         self.buffered_bytes += size - last.approx_bytes
                         last.approx_bytes = size
                         last.record_count = index + 1
@@ -283,8 +289,10 @@ class RecordAccumulator:
             queue = self._batches.get(tp)
             last = queue[-1] if queue else None
             added = 0
-            if last is not None and last.builder is not None and not last.full:
-                added = last.builder.append_values(timestamp_ms, values, keys, start)
+            rest = values[start:] if start else values
+            rest_keys = keys[start:] if start and keys is not None else keys
+            if last is not None and last.encoder is not None and not last.full:
+                added = last.encoder.append_values(timestamp_ms, rest, rest_keys)
                 if added == 0:
                     last.full = True
             if added == 0:
@@ -294,16 +302,16 @@ class RecordAccumulator:
                     part = sticky.on_new_batch(topic, count, part)
                     tp = partitions[part]
                 fresh = self._new_builder(tp)
-                added = fresh.append_values(timestamp_ms, values, keys, start)
+                added = fresh.encoder.append_values(timestamp_ms, rest, rest_keys)
                 if added == 0:
                     raise MessageTooLargeError(
                         f"record {start} does not fit in an empty batch for {tp}"
                     )
                 last = self._queue_new(tp, fresh, None)
-            builder = last.builder
-            assert builder is not None
+            encoder = last.encoder
+            assert encoder is not None
             first = last.record_count
-            size = builder.estimated_size
+            size = encoder.size
             self.buffered_bytes += size - last.approx_bytes
             last.approx_bytes = size
             last.record_count = first + added
@@ -348,15 +356,15 @@ class RecordAccumulator:
         if self.closed:
             raise ClientClosedError("send() after close(): the producer is closed")
         builder = self._new_builder(tp)
-        index = builder.append_index(timestamp_ms, key, value, headers)
+        encoder = builder.encoder
+        index = encoder.append(timestamp_ms, key, value, headers)
         if index < 0:
             raise MessageTooLargeError(
-                f"a record of about {builder.estimated_size} bytes does not fit in an empty "
-                f"batch for {tp}"
+                f"a record of about {encoder.size} bytes does not fit in an empty batch for {tp}"
             )
         batch = self._queue_new(tp, builder, now_ms)
         batch.record_count = 1
-        batch.approx_bytes = builder.estimated_size
+        batch.approx_bytes = encoder.size
         self.buffered_bytes += batch.approx_bytes
         return _new_tuple(FutureRecordMetadata, (batch.result, 0, timestamp_ms))
 
@@ -445,6 +453,7 @@ class RecordAccumulator:
             batch.builder.set_producer_state(self.producer_id, self.producer_epoch, seq)
         raw = batch.builder.build()
         batch.builder = None
+        batch.encoder = None
         self.buffered_bytes += len(raw) - batch.approx_bytes
         batch.approx_bytes = len(raw)
         batch.buffer = raw
@@ -499,8 +508,9 @@ class RecordAccumulator:
         parts: list[ProducerBatch] = []
         for lo, hi in ((0, half), (half, count)):
             builder = new_builder()
+            encoder = builder.encoder
             for timestamp_ms, key, value, headers in records[lo:hi]:
-                if builder.append_index(timestamp_ms, key, value, headers) < 0:
+                if encoder.append(timestamp_ms, key, value, headers) < 0:
                     raise ValueError("the builder for a split batch must hold all its records")
             part = ProducerBatch(batch.tp, None, batch.created_ms, record_count=hi - lo)
             if sequence != NO_SEQUENCE:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 from operator import index
-from typing import Any
+from typing import Any, Protocol
 
 from minibroker.client.batch import (
     ATTRIBUTES_OFFSET,
@@ -173,6 +173,16 @@ class BatchBuilder:
         return self._batch_size
 
     @property
+    def encoder(self) -> RecordEncoder:
+        """What the producer's accumulator appends to, record by record, until `build`: the
+        compiled `RecordsBuilder` itself when there is one (its `append` answers the record's
+        index, or -1 when full, with no Python frame in between), else this builder's pure path
+        behind the same interface."""
+        if self._built is not None:
+            raise RuntimeError("the batch is already built")
+        return self._native if self._native is not None else _PureEncoder(self)
+
+    @property
     def record_count(self) -> int:
         return self._count if self._native is None else self._native.count
 
@@ -281,39 +291,6 @@ class BatchBuilder:
         self._count = count + 1
         return True
 
-    def append_index(
-        self,
-        timestamp_ms: int,
-        key: bytes | str | None,
-        value: bytes | str | None,
-        headers: HeaderList | None = None,
-    ) -> int:
-        """`append` for the producer's accumulator: the record's index in the batch, or -1
-        when it would overflow (nothing added)."""
-        if isinstance(key, str):
-            key = key.encode("utf-8")
-        if isinstance(value, str):
-            value = value.encode("utf-8")
-        count = self._count
-        return count if self.append(timestamp_ms, key, value, headers or ()) else -1
-
-    def append_values(
-        self,
-        timestamp_ms: int,
-        values: Sequence[bytes | str | None],
-        keys: Sequence[bytes | str | None] | None = None,
-        start: int = 0,
-    ) -> int:
-        """Append `values[start:]` (and `keys`), all stamped `timestamp_ms`, until one does not
-        fit; returns how many were appended."""
-        added = 0
-        for i in range(start, len(values)):
-            key = keys[i] if keys is not None else None
-            if self.append_index(timestamp_ms, key, values[i]) < 0:
-                break
-            added += 1
-        return added
-
     def build(self) -> bytes:
         """Close the batch and return its bytes (cached: later calls return the same bytes)."""
         if self._built is not None:
@@ -390,6 +367,41 @@ class BatchBuilder:
             if not self.append(timestamp_ms, None if keys is None else keys[i], value, None):
                 return i
         return len(values)
+
+
+class RecordEncoder(Protocol):
+    """The per-record interface of `_encoder.RecordsBuilder`, which `_PureEncoder` copies."""
+
+    @property
+    def size(self) -> int: ...
+
+    def append(
+        self, timestamp_ms: int, key: Data | None, value: Data | None, headers: Any = None, /
+    ) -> int: ...
+
+    def append_values(self, timestamp_ms: int, values: Any, keys: Any = None, /) -> int: ...
+
+
+class _PureEncoder:
+    """`RecordEncoder` over a BatchBuilder's pure path (no compiled encoder)."""
+
+    __slots__ = ("_builder",)
+
+    def __init__(self, builder: BatchBuilder) -> None:
+        self._builder = builder
+
+    @property
+    def size(self) -> int:
+        return self._builder.estimated_size
+
+    def append(
+        self, timestamp_ms: int, key: Data | None, value: Data | None, headers: Any = None, /
+    ) -> int:
+        count = self._builder.record_count
+        return count if self._builder.append(timestamp_ms, key, value, headers or ()) else -1
+
+    def append_values(self, timestamp_ms: int, values: Any, keys: Any = None, /) -> int:
+        return self._builder.append_values(timestamp_ms, values, keys)
 
 
 class _AnyTimestampBuilder(BatchBuilder):

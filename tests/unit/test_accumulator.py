@@ -192,11 +192,14 @@ def test_a_record_larger_than_batch_size_gets_its_own_batch() -> None:
 
 
 def test_a_builder_that_refuses_the_first_record_is_an_error() -> None:
-    class Refusing:
-        estimated_size = 10
+    class RefusingEncoder:
+        size = 10
 
-        def append_index(self, *args: object) -> int:
+        def append(self, *args: object) -> int:
             return -1
+
+    class Refusing:
+        encoder = RefusingEncoder()
 
     acc = RecordAccumulator(
         batch_size=10, linger_ms=0, new_builder=lambda tp: Refusing(), idempotent=False
