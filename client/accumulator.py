@@ -169,6 +169,8 @@ class RecordAccumulator:
         self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
         self._in_flight: dict[TopicPartition, ProducerBatch] = {}
         self._next_sequence: dict[TopicPartition, int] = {}
+        # Per topic, the sticky partition's open batch (append_sticky's shortcut).
+        self._sticky_open: dict[str, ProducerBatch] = {}
         self.producer_id = NO_PRODUCER_ID
         self.producer_epoch = NO_PRODUCER_EPOCH
         self.flushing = 0
@@ -245,14 +247,14 @@ class RecordAccumulator:
         headers: Headers | None,
     ) -> FutureRecordMetadata:
         """Append a record with no partition and no key to the topic's sticky partition,
-        moving the stickiness on when that partition's batch is full (KIP-480), atomically."""
-        count = len(partitions)
+        moving the stickiness on when that partition's batch is full (KIP-480), atomically.
+
+        The sticky partition's open batch is remembered per topic, so the usual record costs
+        one dict lookup and the encoder's call: an open batch that is not full is always its
+        partition's last, and the stickiness moves only here."""
         with self._lock:
-            part = sticky.partition(topic, count)
-            tp = partitions[part]
-            queue = self._batches.get(tp)
-            if queue:
-                last = queue[-1]
+            last = self._sticky_open.get(topic)
+            if last is not None:
                 encoder = last.encoder
                 if encoder is not None and not last.full:
                     index = encoder.append(timestamp_ms, key, value, headers)
@@ -263,8 +265,42 @@ class RecordAccumulator:
                         last.record_count = index + 1
                         return _new_tuple(FutureRecordMetadata, (last.result, index, timestamp_ms))
                     last.full = True
-            part = sticky.on_new_batch(topic, count, part)
-            return self._append_new(partitions[part], timestamp_ms, key, value, headers, None)
+            return self._append_sticky_slow(
+                topic, partitions, sticky, timestamp_ms, key, value, headers
+            )
+
+    def _append_sticky_slow(
+        self,
+        topic: str,
+        partitions: Sequence[TopicPartition],
+        sticky: StickyPartitioner,
+        timestamp_ms: int,
+        key: Any,
+        value: Any,
+        headers: Headers | None,
+    ) -> FutureRecordMetadata:
+        """append_sticky without a remembered open batch (lock held)."""
+        count = len(partitions)
+        part = sticky.partition(topic, count)
+        tp = partitions[part]
+        queue = self._batches.get(tp)
+        if queue:
+            last = queue[-1]
+            encoder = last.encoder
+            if encoder is not None and not last.full:
+                index = encoder.append(timestamp_ms, key, value, headers)
+                if index >= 0:
+                    size = encoder.size
+                    self.buffered_bytes += size - last.approx_bytes
+                    last.approx_bytes = size
+                    last.record_count = index + 1
+                    self._sticky_open[topic] = last
+                    return _new_tuple(FutureRecordMetadata, (last.result, index, timestamp_ms))
+                last.full = True
+        part = sticky.on_new_batch(topic, count, part)
+        future = self._append_new(partitions[part], timestamp_ms, key, value, headers, None)
+        self._sticky_open[topic] = self._batches[partitions[part]][-1]
+        return future
 
     def append_values(
         self,

@@ -254,7 +254,7 @@ class AsyncProducer:
             > self._small_record_bytes
         ):
             self._check_size(topic, key, value, headers, info)
-        count = info.num_partitions
+        count = len(info.partitions)
         tps = self._tps.get(topic)
         if tps is None or len(tps) != count:
             tps = self._partitions(topic, count)
