@@ -2,8 +2,8 @@
 
     apt-get install -y --no-install-recommends rabbitmq-server   # Debian's; not started by apt
     .venv/bin/pip install rstream                                 # for the run only
-    .venv/bin/python examples/compare_rabbitmq.py                 # 100 B and 1 KiB, 3 rounds
-    .venv/bin/python examples/compare_rabbitmq.py --sizes 100 --rounds 5 --records 300000 \\
+    .venv/bin/python examples/compare_rabbitmq.py                 # 100 B and 1 KiB, 5 rounds
+    .venv/bin/python examples/compare_rabbitmq.py --sizes 100 --rounds 3 --records 300000 \\
         --json-out /tmp/compare.json
 
 Measures, never asserts; not part of CI. Everything it starts lives under one temp dir on the
@@ -66,14 +66,14 @@ GC_THRESHOLD = 100_000  # what `minibroker bench` uses; the rstream child gets t
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="100,1024", help="record sizes in bytes (comma list)")
-    parser.add_argument("--records", type=int, default=300_000, help="records per 100 B run")
+    parser.add_argument("--records", type=int, default=500_000, help="records per 100 B run")
     parser.add_argument(
         "--records-1k",
         type=int,
         default=200_000,
         help="records per run for sizes >= 1 KiB",
     )
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per size")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per size")
     parser.add_argument("--dir", default="", help="parent of the temp dir (default: system temp)")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, data)")
     parser.add_argument("--rstream-mode", choices=["batch", "send"], default="batch")
@@ -86,6 +86,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         metavar="KEY=VALUE",
         help="passed to `minibroker bench produce --producer-props`",
+    )
+    parser.add_argument(
+        "--no-latency",
+        action="store_true",
+        help="run `bench produce --no-latency` (the client CPU is then the producer's alone)",
     )
     parser.add_argument("--skip-rabbitmq", action="store_true", help="minibroker runs only")
     parser.add_argument("--skip-disk", action="store_true")
@@ -535,6 +540,8 @@ def minibroker_run(
         "--bootstrap-server",
         state.bootstrap_servers,
     ]
+    if args.no_latency:
+        argv.append("--no-latency")
     if args.producer_props:
         argv += ["--producer-props", *args.producer_props]
     try:
@@ -631,7 +638,6 @@ def report(runs: list[dict[str, Any]], disk: list[dict[str, float]]) -> None:
     )
     print(header)
     sizes = sorted({r["record_size"] for r in runs})
-    disk_best = max((d["with_fsync_mb_per_sec"] for d in disk), default=0.0)
     for size in sizes:
         medians: dict[str, float] = {}
         for system in ("rabbitmq", "minibroker"):
@@ -648,11 +654,13 @@ def report(runs: list[dict[str, Any]], disk: list[dict[str, float]]) -> None:
                 f"{median(mine, 'client_cpu_us_per_record'):>13.2f} "
                 f"{median(mine, 'server_cpu_us_per_record'):>13.2f} {3 * mbps:>9.2f}"
             )
-            if system == "minibroker" and disk_best:
-                print(
-                    f"{'':>6} {'':<11} replicated writes = {3 * mbps / disk_best:.0%} of the "
-                    f"disk's sequential rate with fsync ({disk_best:.0f} MB/s)"
+            if disk:
+                shares = ", ".join(
+                    f"{3 * mbps / d['with_fsync_mb_per_sec']:.0%} of {d['chunk']} B writes "
+                    f"({d['with_fsync_mb_per_sec']:.0f} MB/s)"
+                    for d in disk
                 )
+                print(f"{'':>6} {'':<11} replicated bytes/s = {shares}")
         if len(medians) == 2:
             ratios = [
                 m["records_per_sec"] / r["records_per_sec"]
@@ -669,12 +677,39 @@ def report(runs: list[dict[str, Any]], disk: list[dict[str, float]]) -> None:
             )
 
 
+def versions() -> dict[str, str]:
+    """What was measured: the packages' versions and minibroker's commit."""
+    from importlib import metadata
+
+    import minibroker.client
+
+    def quiet(argv: list[str]) -> str:
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()
+        except OSError:
+            return ""
+
+    try:
+        rstream_version = metadata.version("rstream")
+    except metadata.PackageNotFoundError:
+        rstream_version = "not installed"
+    repo = pathlib.Path(minibroker.client.__file__).resolve().parent.parent
+    return {
+        "rabbitmq_server": quiet(["dpkg-query", "-W", "-f=${Version}", "rabbitmq-server"]),
+        "rstream": rstream_version,
+        "minibroker_commit": quiet(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"]),
+        "minibroker_repo": str(repo),
+        "python": sys.version.split()[0],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     signal.signal(signal.SIGTERM, _raise_on_signal)
     root = pathlib.Path(tempfile.mkdtemp(prefix="minibroker-vs-rabbitmq-", dir=args.dir or None))
-    print(f"working dir {root}", flush=True)
+    setup = versions()
+    print(f"working dir {root}; {json.dumps(setup)}", flush=True)
     runs: list[dict[str, Any]] = []
     disk: list[dict[str, float]] = []
     try:
@@ -709,6 +744,7 @@ def main(argv: list[str] | None = None) -> int:
                         else:
                             fields = minibroker_run(target, name, records, size, args)
                         fields["round"] = rnd
+                        fields["load_avg_1m"] = round(os.getloadavg()[0], 2)
                         runs.append(fields)
                         print(
                             f"{size:>5} B round {rnd} {system:<10} "
@@ -716,6 +752,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"{fields['mb_per_sec']:>7.2f} MB/s  client "
                             f"{fields['client_cpu_us_per_record']:.2f} us/rec  servers "
                             f"{fields.get('broker_cpu_us_per_record', float('nan')):.2f} us/rec"
+                            + f"  load {fields['load_avg_1m']:.1f}"
                             + (f"  FAILED {fields['failed']}" if fields.get("failed") else ""),
                             flush=True,
                         )
@@ -741,7 +778,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
     report(runs, disk)
     if args.json_out:
-        pathlib.Path(args.json_out).write_text(json.dumps({"runs": runs, "disk": disk}, indent=1))
+        out = {"setup": setup, "runs": runs, "disk": disk}
+        pathlib.Path(args.json_out).write_text(json.dumps(out, indent=1))
     return 0
 
 
