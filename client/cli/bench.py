@@ -452,14 +452,18 @@ async def bench_produce(args: argparse.Namespace, out: TextIO) -> BenchResult:
         monotonic = time.monotonic
         # One context for every callback: add_done_callback would copy one per record.
         context = contextvars.copy_context()
+        # asyncio's futures call back on this loop; a producer may also resolve its futures on
+        # a thread of its own, so the stats are updated under a lock.
+        lock = threading.Lock()
 
         def done(future: asyncio.Future[Any]) -> None:
             now = monotonic()
-            started = sent_at.pop(future)
-            if future.cancelled() or future.exception() is not None:
-                failures.append(future.exception() or asyncio.CancelledError())
-                return
-            stats.record((now - started) * 1000, size, now)
+            with lock:
+                started = sent_at.pop(future)
+                if future.cancelled() or future.exception() is not None:
+                    failures.append(future.exception() or asyncio.CancelledError())
+                    return
+                stats.record((now - started) * 1000, size, now)
 
         for i in range(args.num_records):
             if args.throughput > 0:
