@@ -19,6 +19,19 @@ each value starts with the send time (wall-clock ns, big-endian int64, one clock
 processes on one machine) and latency is the consumer's receive time minus that, so
 sub-millisecond figures survive (record timestamps are whole ms). The summary line has the
 producer tool's shape, with latencies in fractional ms.
+
+CPU per record: `produce` and `consume` also print the client process's CPU time (user + sys, all
+threads: `time.process_time()`) over the measured interval divided by the records sent or read,
+in us: after the Kafka-shaped summary for `produce` (`client CPU 3.10 us/record (...)`) and as the
+extra CSV column client.cpu.us.per.msg for `consume`. `--broker-pids PID,...` adds the same for
+other processes (e.g. the brokers of a local cluster), from their utime + stime in
+/proc/<pid>/stat. `--json` prints one JSON object with every figure instead (progress lines go to
+stderr). The produce figure includes the tool's own per-record work (a send time and a done
+callback per record, ~0.5 us); `--no-latency` drops it, so the figure is the producer's alone.
+
+`produce --client sync` runs the blocking `minibroker.client.sync.Producer` (send returns a
+concurrent future, one flush at the end) from this thread instead of AsyncProducer; its client
+CPU includes the client's event-loop thread.
 """
 
 from __future__ import annotations
@@ -29,13 +42,16 @@ import contextlib
 import contextvars
 import datetime
 import gc
+import json
 import multiprocessing
 import operator
 import os
 import struct
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from minibroker.client.cli.common import (
@@ -54,8 +70,9 @@ REPORT_INTERVAL_S = 5.0
 def register(sub: Any) -> None:
     produce = sub.add_parser(
         "produce",
-        help="producer throughput and latency (kafka-producer-perf-test.sh)",
-        description="Send records as fast as allowed and report throughput and latency.",
+        help="producer throughput, latency and client CPU per record (kafka-producer-perf-test.sh)",
+        description="Send records as fast as allowed and report throughput, latency and the "
+        "client's CPU time per record (user + sys over the measured interval).",
     )
     produce.add_argument("--topic", required=True)
     produce.add_argument("--num-records", type=int, required=True)
@@ -69,22 +86,39 @@ def register(sub: Any) -> None:
         nargs="*",
         default=[],
         metavar="KEY=VALUE",
-        help="AsyncProducer keyword arguments, e.g. linger_ms=5 batch_size=1048576",
+        help="producer keyword arguments, e.g. linger_ms=5 batch_size=1048576",
     )
+    produce.add_argument(
+        "--client",
+        choices=["async", "sync"],
+        default="async",
+        help="async: AsyncProducer on one event loop (default); sync: the blocking "
+        "minibroker.client.sync.Producer (send returns a future, one flush at the end)",
+    )
+    produce.add_argument(
+        "--no-latency",
+        dest="latency",
+        action="store_false",
+        help="time no record (no done callback per record): the client CPU per record is then "
+        "the producer's own; the latency figures print as 0",
+    )
+    _add_cpu_arguments(produce)
     _add_gc_argument(produce)
     add_bootstrap_argument(produce)
     produce.set_defaults(func=guarded(_bench_produce))
 
     consume = sub.add_parser(
         "consume",
-        help="consumer throughput (kafka-consumer-perf-test.sh)",
-        description="Read records from the start of a topic and report throughput.",
+        help="consumer throughput and client CPU per record (kafka-consumer-perf-test.sh)",
+        description="Read records from the start of a topic and report throughput and the "
+        "client's CPU time per record (user + sys over the measured interval).",
     )
     consume.add_argument("--topic", required=True)
     consume.add_argument("--messages", type=int, required=True)
     consume.add_argument(
         "--timeout", type=int, default=10_000, help="max ms between records before giving up"
     )
+    _add_cpu_arguments(consume)
     _add_gc_argument(consume)
     add_bootstrap_argument(consume)
     consume.set_defaults(func=guarded(_bench_consume))
@@ -121,6 +155,123 @@ def register(sub: Any) -> None:
 
 
 DEFAULT_GC_THRESHOLD = 100_000
+
+
+def _pid_list(text: str) -> list[int]:
+    try:
+        pids = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected PID[,PID...], got {text!r}") from None
+    if not pids or min(pids) <= 0:
+        raise argparse.ArgumentTypeError(f"expected PID[,PID...], got {text!r}")
+    return pids
+
+
+def _add_cpu_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--broker-pids",
+        type=_pid_list,
+        default=[],
+        metavar="PID[,PID...]",
+        help="also print these processes' CPU per record (e.g. the brokers'), from /proc",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object with every figure (progress lines go to stderr)",
+    )
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def pid_cpu_s(pid: int) -> float | None:
+    """User + sys CPU seconds of a process, all its threads (/proc/<pid>/stat utime + stime);
+    None when it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its last ")".
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # fields 14 and 15 of stat
+
+
+@dataclass(slots=True)
+class CpuUsage:
+    """CPU time spent over a measured interval, and per record of it."""
+
+    records: int
+    client_s: float
+    broker_s: float | None = None  # None: no --broker-pids
+    broker_pids: int = 0  # how many of them were measured at both ends
+
+    @property
+    def client_us_per_record(self) -> float:
+        return self.client_s * 1e6 / max(self.records, 1)
+
+    @property
+    def broker_us_per_record(self) -> float | None:
+        if self.broker_s is None:
+            return None
+        return self.broker_s * 1e6 / max(self.records, 1)
+
+    def text(self) -> str:
+        line = f"client CPU {self.client_us_per_record:.2f} us/record ({self.client_s:.2f} s)"
+        if self.broker_s is not None:
+            line += (
+                f", brokers' CPU {self.broker_us_per_record:.2f} us/record "
+                f"({self.broker_s:.2f} s, {self.broker_pids} processes)"
+            )
+        return line + "."
+
+    def fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "client_cpu_s": round(self.client_s, 6),
+            "client_cpu_us_per_record": round(self.client_us_per_record, 4),
+        }
+        if self.broker_s is not None:
+            out["broker_cpu_s"] = round(self.broker_s, 6)
+            out["broker_cpu_us_per_record"] = round(self.broker_us_per_record or 0.0, 4)
+            out["broker_pids"] = self.broker_pids
+        return out
+
+
+class CpuMeter:
+    """`start()` ... `stop(records)`: this process's CPU (every thread, `time.process_time`)
+    and, optionally, other processes' (from /proc) over the interval."""
+
+    def __init__(self, pids: Sequence[int] = ()) -> None:
+        self.pids = list(pids)
+        self.client_start = 0.0
+        self.pid_start: dict[int, float | None] = {}
+
+    def start(self) -> None:
+        self.pid_start = {pid: pid_cpu_s(pid) for pid in self.pids}
+        self.client_start = time.process_time()
+
+    def stop(self, records: int) -> CpuUsage:
+        client = time.process_time() - self.client_start
+        if not self.pids:
+            return CpuUsage(records, client)
+        total = 0.0
+        counted = 0
+        for pid, before in self.pid_start.items():
+            after = pid_cpu_s(pid)
+            if before is not None and after is not None:
+                total += after - before
+                counted += 1
+        return CpuUsage(records, client, total, counted)
+
+
+@dataclass(slots=True)
+class BenchResult:
+    """One run's figures: `line` is the text output's summary, `fields` the --json object."""
+
+    line: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    warning: str | None = None
 
 
 def _add_gc_argument(parser: argparse.ArgumentParser) -> None:
@@ -209,6 +360,24 @@ class LatencyStats:
             f"{pct(0.95)} ms 95th, {pct(0.99)} ms 99th, {pct(0.999)} ms 99.9th."
         )
 
+    def fields(self, end: float) -> dict[str, Any]:
+        """The summary's figures for --json (latencies in fractional ms)."""
+        elapsed = max(end - self.start, 1e-9)
+        summary = LatencySummary(self.latencies)
+        count = len(self.latencies)
+        return {
+            "records": count,
+            "elapsed_s": round(elapsed, 6),
+            "records_per_sec": round(count / elapsed, 3),
+            "mb_per_sec": round(self.bytes / MB / elapsed, 4),
+            "avg_latency_ms": round(sum(self.latencies) / max(count, 1), 4),
+            "max_latency_ms": round(max(self.latencies, default=0.0), 4),
+            "p50_ms": round(summary.pct(0.5), 4),
+            "p95_ms": round(summary.pct(0.95), 4),
+            "p99_ms": round(summary.pct(0.99), 4),
+            "p999_ms": round(summary.pct(0.999), 4),
+        }
+
 
 # Kafka property names whose AsyncProducer keyword is not simply the dotted name with "_".
 _PRODUCER_ALIASES = {
@@ -231,17 +400,49 @@ def _typed_props(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-async def bench_produce(args: argparse.Namespace, out: TextIO) -> str:
+def _produce_result(
+    args: argparse.Namespace,
+    stats: LatencyStats,
+    end: float,
+    cpu: CpuUsage,
+    failures: list[BaseException],
+) -> BenchResult:
+    if not getattr(args, "latency", True):
+        # No callback timed the records: count the acknowledged ones, latency 0.
+        acked = args.num_records - len(failures)
+        stats.latencies = [0.0] * acked
+        stats.bytes = acked * args.record_size
+    line = f"{stats.summary(end)} {cpu.text()}"
+    if failures:
+        line += f" ({len(failures)} failed: {type(failures[0]).__name__}: {failures[0]})"
+    fields: dict[str, Any] = {
+        "bench": "produce",
+        "client": getattr(args, "client", "async"),
+        "record_size": args.record_size,
+        "records_sent": args.num_records,
+        **stats.fields(end),
+        "failed": len(failures),
+        **cpu.fields(),
+    }
+    return BenchResult(line, fields)
+
+
+async def bench_produce(args: argparse.Namespace, out: TextIO) -> BenchResult:
+    """AsyncProducer on this event loop (`--client async`)."""
     from minibroker.client.producer import AsyncProducer
 
     payload = os.urandom(args.record_size)
     stats = LatencyStats(args.num_records, out)
     props = {"acks": args.acks, **_typed_props(args.producer_props)}
     bootstrap = props.pop("bootstrap_servers", None) or bootstrap_of(args)
+    timed = getattr(args, "latency", True)
+    meter = CpuMeter(getattr(args, "broker_pids", ()))
     failures: list[BaseException] = []
+    untimed: list[asyncio.Future[Any]] = []
     async with AsyncProducer(bootstrap, **props) as producer:
         await producer.partitions_for(args.topic)  # fail fast on an unknown topic
         size = len(payload)
+        meter.start()
         start = time.monotonic()
         stats.start = stats.window_start = start
 
@@ -251,14 +452,18 @@ async def bench_produce(args: argparse.Namespace, out: TextIO) -> str:
         monotonic = time.monotonic
         # One context for every callback: add_done_callback would copy one per record.
         context = contextvars.copy_context()
+        # asyncio's futures call back on this loop; a producer may also resolve its futures on
+        # a thread of its own, so the stats are updated under a lock.
+        lock = threading.Lock()
 
         def done(future: asyncio.Future[Any]) -> None:
             now = monotonic()
-            started = sent_at.pop(future)
-            if future.cancelled() or future.exception() is not None:
-                failures.append(future.exception() or asyncio.CancelledError())
-                return
-            stats.record((now - started) * 1000, size, now)
+            with lock:
+                started = sent_at.pop(future)
+                if future.cancelled() or future.exception() is not None:
+                    failures.append(future.exception() or asyncio.CancelledError())
+                    return
+                stats.record((now - started) * 1000, size, now)
 
         for i in range(args.num_records):
             if args.throughput > 0:
@@ -266,21 +471,86 @@ async def bench_produce(args: argparse.Namespace, out: TextIO) -> str:
                 ahead = i / args.throughput - (time.monotonic() - start)
                 if ahead > 0.001:
                     await asyncio.sleep(ahead)
-            started = monotonic()
-            future = await producer.send(args.topic, payload)
-            sent_at[future] = started
-            future.add_done_callback(done, context=context)
+            if timed:
+                started = monotonic()
+                future = await producer.send(args.topic, payload)
+                sent_at[future] = started
+                future.add_done_callback(done, context=context)
+            else:
+                untimed.append(await producer.send(args.topic, payload))
         await producer.flush()
         end = time.monotonic()
-    line = stats.summary(end)
-    if failures:
-        line += f" ({len(failures)} failed: {type(failures[0]).__name__}: {failures[0]})"
-    return line
+        cpu = meter.stop(args.num_records)
+    for future in untimed:  # after the measured interval
+        if future.cancelled() or future.exception() is not None:
+            failures.append(future.exception() or asyncio.CancelledError())
+    return _produce_result(args, stats, end, cpu, failures)
+
+
+def bench_produce_sync(args: argparse.Namespace, out: TextIO) -> BenchResult:
+    """The blocking Producer from this thread (`--client sync`); its acknowledgements (and
+    so the latency callbacks) arrive on the client's event-loop thread."""
+    import concurrent.futures
+
+    from minibroker.client.sync import Producer
+
+    payload = os.urandom(args.record_size)
+    stats = LatencyStats(args.num_records, out)
+    props = {"acks": args.acks, **_typed_props(args.producer_props)}
+    bootstrap = props.pop("bootstrap_servers", None) or bootstrap_of(args)
+    timed = getattr(args, "latency", True)
+    meter = CpuMeter(getattr(args, "broker_pids", ()))
+    failures: list[BaseException] = []
+    untimed: list[concurrent.futures.Future[Any]] = []
+    with Producer(bootstrap, **props) as producer:
+        producer.partitions_for(args.topic)  # fail fast on an unknown topic
+        size = len(payload)
+        sent_at: dict[concurrent.futures.Future[Any], float] = {}
+        monotonic = time.monotonic
+        # Callbacks run on the loop thread, or on this one for a future already done.
+        lock = threading.Lock()
+
+        def done(future: concurrent.futures.Future[Any]) -> None:
+            now = monotonic()
+            with lock:
+                started = sent_at.pop(future)
+                if future.cancelled() or future.exception() is not None:
+                    failures.append(future.exception() or concurrent.futures.CancelledError())
+                    return
+                stats.record((now - started) * 1000, size, now)
+
+        meter.start()
+        start = time.monotonic()
+        stats.start = stats.window_start = start
+        for i in range(args.num_records):
+            if args.throughput > 0:
+                ahead = i / args.throughput - (time.monotonic() - start)
+                if ahead > 0.001:
+                    time.sleep(ahead)
+            if timed:
+                started = monotonic()
+                future = producer.send(args.topic, payload)
+                sent_at[future] = started
+                future.add_done_callback(done)
+            else:
+                untimed.append(producer.send(args.topic, payload))
+        producer.flush()
+        end = time.monotonic()
+        cpu = meter.stop(args.num_records)
+    for future in untimed:
+        if future.cancelled() or future.exception() is not None:
+            failures.append(future.exception() or concurrent.futures.CancelledError())
+    return _produce_result(args, stats, end, cpu, failures)
 
 
 def _bench_produce(args: argparse.Namespace) -> int:
     tune_gc(args.gc_threshold)
-    print(run_async(bench_produce(args, sys.stdout)))
+    progress = sys.stderr if args.json else sys.stdout
+    if args.client == "sync":
+        result = bench_produce_sync(args, progress)
+    else:
+        result = run_async(bench_produce(args, progress))
+    print(json.dumps(result.fields) if args.json else result.line)
     return 0
 
 
@@ -500,24 +770,43 @@ CONSUMER_HEADER = (
     "start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec, "
     "rebalance.time.ms, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec"
 )
+CPU_COLUMN = "client.cpu.us.per.msg"
+BROKER_CPU_COLUMN = "broker.cpu.us.per.msg"
 
 
-def consumer_line(start: float, end: float, total_bytes: int, messages: int) -> str:
+def consumer_header(cpu: CpuUsage | None = None) -> str:
+    """Kafka's CSV header, plus a column per CPU figure `consumer_line` adds for `cpu`."""
+    if cpu is None:
+        return CONSUMER_HEADER
+    header = f"{CONSUMER_HEADER}, {CPU_COLUMN}"
+    return header + (f", {BROKER_CPU_COLUMN}" if cpu.broker_s is not None else "")
+
+
+def consumer_line(
+    start: float, end: float, total_bytes: int, messages: int, cpu: CpuUsage | None = None
+) -> str:
     elapsed = max(end - start, 1e-9)
     mb = total_bytes / MB
     fetch_ms = int(elapsed * 1000)
-    return (
+    line = (
         f"{_fmt_time(start)}, {_fmt_time(end)}, {mb:.4f}, {mb / elapsed:.4f}, {messages}, "
         f"{messages / elapsed:.4f}, 0, {fetch_ms}, {mb / elapsed:.4f}, {messages / elapsed:.4f}"
     )
+    if cpu is not None:
+        line += f", {cpu.client_us_per_record:.4f}"
+        if cpu.broker_us_per_record is not None:
+            line += f", {cpu.broker_us_per_record:.4f}"
+    return line
 
 
-async def bench_consume(args: argparse.Namespace) -> tuple[str, str | None]:
+async def bench_consume(args: argparse.Namespace) -> BenchResult:
     from minibroker.client.consumer import AsyncConsumer
 
+    meter = CpuMeter(getattr(args, "broker_pids", ()))
     async with AsyncConsumer(bootstrap_of(args), auto_offset_reset="earliest") as consumer:
         info = await consumer.cluster.wait_for_topic(args.topic, consumer.max_block_ms)
         consumer.assign([TopicPartition(args.topic, p) for p in sorted(info.partitions)])
+        meter.start()
         start = time.time()
         count = 0
         total = 0
@@ -536,14 +825,31 @@ async def bench_consume(args: argparse.Namespace) -> tuple[str, str | None]:
             total += sum(map(len, filter(None, map(_VALUE, records))))
             total += sum(map(len, filter(None, map(_KEY, records))))
         end = time.time()
-    return consumer_line(start, end, total, count), warning
+        cpu = meter.stop(count)
+    elapsed = max(end - start, 1e-9)
+    fields: dict[str, Any] = {
+        "bench": "consume",
+        "records": count,
+        "bytes": total,
+        "elapsed_s": round(elapsed, 6),
+        "records_per_sec": round(count / elapsed, 3),
+        "mb_per_sec": round(total / MB / elapsed, 4),
+        **cpu.fields(),
+    }
+    if warning:
+        fields["warning"] = warning
+    return BenchResult(consumer_line(start, end, total, count, cpu), fields, warning)
 
 
 def _bench_consume(args: argparse.Namespace) -> int:
     tune_gc(args.gc_threshold)
-    line, warning = run_async(bench_consume(args))
-    if warning:
-        print(warning, file=sys.stderr)
-    print(CONSUMER_HEADER)
-    print(line)
+    result = run_async(bench_consume(args))
+    if result.warning:
+        print(result.warning, file=sys.stderr)
+    if args.json:
+        print(json.dumps(result.fields))
+        return 0
+    cpu = CpuUsage(0, 0.0, 0.0 if "broker_cpu_s" in result.fields else None)
+    print(consumer_header(cpu))
+    print(result.line)
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
+import json
 import re
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
@@ -33,26 +34,76 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
-def test_produce_then_consume_count_every_record(cluster: LocalCluster) -> None:
-    produce = argparse.Namespace(
+def _positive(fields: dict[str, Any], *names: str) -> None:
+    for name in names:
+        value = fields.get(name)
+        assert isinstance(value, (int, float)) and value > 0, (name, fields)
+
+
+def _produce_args(cluster: LocalCluster, num_records: int, **extra: Any) -> argparse.Namespace:
+    return argparse.Namespace(
         topic="bench",
-        num_records=600,
+        num_records=num_records,
         record_size=100,
         acks="all",
         throughput=-1,
         producer_props=["linger_ms=2", "batch_size=4096"],
         bootstrap_server=cluster.bootstrap,
+        **extra,
     )
-    line = _run(bench.bench_produce(produce, io.StringIO()))
-    assert re.match(r"^600 records sent, [\d.]+ records/sec .* ms 99\.9th\.$", line), line
+
+
+def _broker_pids(cluster: LocalCluster) -> list[int]:
+    return [spec.pid for spec in cluster.state.brokers]
+
+
+def test_produce_then_consume_count_every_record(cluster: LocalCluster) -> None:
+    produce = _produce_args(cluster, 600, broker_pids=_broker_pids(cluster))
+    result = _run(bench.bench_produce(produce, io.StringIO()))
+    assert re.match(
+        r"^600 records sent, [\d.]+ records/sec .* ms 99\.9th\. client CPU [\d.]+ us/record "
+        r"\([\d.]+ s\), brokers' CPU [\d.]+ us/record \([\d.]+ s, 3 processes\)\.$",
+        result.line,
+    ), result.line
+    assert result.fields["records"] == 600 and result.fields["failed"] == 0, result.fields
+    assert result.fields["client"] == "async" and result.fields["broker_pids"] == 3
+    _positive(result.fields, "records_per_sec", "client_cpu_s", "client_cpu_us_per_record")
+    # /proc counts CPU in clock ticks (10 ms): a tiny run may see none on the brokers' side.
+    assert result.fields["broker_cpu_s"] >= 0 and result.fields["broker_cpu_us_per_record"] >= 0
+    json.dumps(result.fields)  # the --json output
     consume = argparse.Namespace(
-        topic="bench", messages=600, timeout=10_000, bootstrap_server=cluster.bootstrap
+        topic="bench",
+        messages=600,
+        timeout=10_000,
+        bootstrap_server=cluster.bootstrap,
+        broker_pids=_broker_pids(cluster),
     )
-    csv, warning = _run(bench.bench_consume(consume))
-    assert warning is None
-    fields = csv.split(", ")
-    assert fields[4] == "600", csv
-    assert fields[2] == f"{600 * 100 / bench.MB:.4f}", csv
+    consumed = _run(bench.bench_consume(consume))
+    assert consumed.warning is None
+    fields = consumed.line.split(", ")
+    header = bench.consumer_header(bench.CpuUsage(1, 0.0, 0.0)).split(", ")
+    assert len(fields) == len(header) == 12, consumed.line
+    assert fields[4] == "600", consumed.line
+    assert fields[2] == f"{600 * 100 / bench.MB:.4f}", consumed.line
+    assert float(fields[10]) > 0 and float(fields[11]) >= 0, consumed.line
+    assert consumed.fields["records"] == 600 and consumed.fields["bytes"] == 600 * 100
+    _positive(consumed.fields, "records_per_sec", "client_cpu_us_per_record")
+    assert consumed.fields["broker_cpu_us_per_record"] >= 0
+
+
+@pytest.mark.parametrize("latency", [True, False], ids=["timed", "no-latency"])
+def test_sync_producer_counts_every_record(cluster: LocalCluster, latency: bool) -> None:
+    args = _produce_args(cluster, 300, client="sync", latency=latency)
+    result = bench.bench_produce_sync(args, io.StringIO())
+    assert result.line.startswith("300 records sent, "), result.line
+    assert "client CPU " in result.line and "brokers' CPU" not in result.line, result.line
+    assert result.fields["client"] == "sync" and result.fields["records"] == 300
+    assert result.fields["failed"] == 0 and "broker_cpu_s" not in result.fields
+    _positive(result.fields, "records_per_sec", "client_cpu_s", "client_cpu_us_per_record")
+    if latency:
+        _positive(result.fields, "p50_ms", "max_latency_ms")
+    else:
+        assert result.fields["max_latency_ms"] == 0
 
 
 @pytest.mark.parametrize("same_process", [False, True], ids=["consumer-process", "one-loop"])
