@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from minibroker.client.batch import (
     NO_PRODUCER_EPOCH,
@@ -47,6 +47,7 @@ from minibroker.client.batch import (
 from minibroker.client.errors import ClientClosedError, MessageTooLargeError
 from minibroker.client.partitioner import StickyPartitioner
 from minibroker.client.produce_result import FutureRecordMetadata, ProduceRequestResult
+from minibroker.client.records.encoder_choice import ByteCount
 from minibroker.client.types import TopicPartition
 
 # Per-record framing in a v2 batch is at most ~21 bytes of varints and attributes; used only for
@@ -66,7 +67,14 @@ class RecordEncoderLike(Protocol):
     @property
     def size(self) -> int: ...
 
-    def append(self, timestamp_ms: int, key: Any, value: Any, headers: Any = None, /) -> int: ...
+    @property
+    def count(self) -> int: ...
+
+    def bind(self, future_type: type, result: Any, counter: Any, /) -> None: ...
+
+    def append_future(
+        self, timestamp_ms: int, key: Any, value: Any, headers: Any = None, /
+    ) -> Any: ...
 
     def append_values(self, timestamp_ms: int, values: Any, keys: Any = None, /) -> int: ...
 
@@ -137,7 +145,15 @@ class ProducerBatch:
 
     @property
     def size_bytes(self) -> int:
-        return len(self.buffer) if self.buffer is not None else self.approx_bytes
+        if self.buffer is not None:
+            return len(self.buffer)
+        return self.encoder.size if self.encoder is not None else self.approx_bytes
+
+    def count_records(self) -> int:
+        """record_count, brought up to date from the encoder while the batch is open."""
+        if self.encoder is not None:
+            self.record_count = self.encoder.count
+        return self.record_count
 
 
 class RecordAccumulator:
@@ -177,8 +193,9 @@ class RecordAccumulator:
         self.closing = False
         # Set under the lock by `close_and_abort`: from then on every append raises.
         self.closed = False
-        # Sum of size_bytes over incomplete batches (queued or in flight): the memory bound.
-        self.buffered_bytes = 0
+        # Sum of size_bytes over incomplete batches (queued or in flight): the memory bound. Open
+        # batches' encoders add each record as they take it (no Python per record).
+        self.bytes = ByteCount()
         # Batches opened so far (a send that opened one lets the sender run).
         self.batches_created = 0
         self._drain_rotation = 0
@@ -224,13 +241,9 @@ class RecordAccumulator:
                 last = queue[-1]
                 encoder = last.encoder
                 if encoder is not None and not last.full:
-                    index = encoder.append(timestamp_ms, key, value, headers)
-                    if index >= 0:
-                        size = encoder.size
-                        self.buffered_bytes += size - last.approx_bytes
-                        last.approx_bytes = size
-                        last.record_count = index + 1
-                        return _new_tuple(FutureRecordMetadata, (last.result, index, timestamp_ms))
+                    future = encoder.append_future(timestamp_ms, key, value, headers)
+                    if future is not None:
+                        return future
                     last.full = True
             if abort_on_new_batch:
                 return None
@@ -257,13 +270,9 @@ class RecordAccumulator:
             if last is not None:
                 encoder = last.encoder
                 if encoder is not None and not last.full:
-                    index = encoder.append(timestamp_ms, key, value, headers)
-                    if index >= 0:
-                        size = encoder.size
-                        self.buffered_bytes += size - last.approx_bytes
-                        last.approx_bytes = size
-                        last.record_count = index + 1
-                        return _new_tuple(FutureRecordMetadata, (last.result, index, timestamp_ms))
+                    future = encoder.append_future(timestamp_ms, key, value, headers)
+                    if future is not None:
+                        return future
                     last.full = True
             return self._append_sticky_slow(
                 topic, partitions, sticky, timestamp_ms, key, value, headers
@@ -288,14 +297,10 @@ class RecordAccumulator:
             last = queue[-1]
             encoder = last.encoder
             if encoder is not None and not last.full:
-                index = encoder.append(timestamp_ms, key, value, headers)
-                if index >= 0:
-                    size = encoder.size
-                    self.buffered_bytes += size - last.approx_bytes
-                    last.approx_bytes = size
-                    last.record_count = index + 1
+                future = encoder.append_future(timestamp_ms, key, value, headers)
+                if future is not None:
                     self._sticky_open[topic] = last
-                    return _new_tuple(FutureRecordMetadata, (last.result, index, timestamp_ms))
+                    return future
                 last.full = True
         part = sticky.on_new_batch(topic, count, part)
         future = self._append_new(partitions[part], timestamp_ms, key, value, headers, None)
@@ -327,7 +332,9 @@ class RecordAccumulator:
             added = 0
             rest = values[start:] if start else values
             rest_keys = keys[start:] if start and keys is not None else keys
+            first = 0
             if last is not None and last.encoder is not None and not last.full:
+                first = last.encoder.count
                 added = last.encoder.append_values(timestamp_ms, rest, rest_keys)
                 if added == 0:
                     last.full = True
@@ -337,24 +344,23 @@ class RecordAccumulator:
                 if partition is None:
                     part = sticky.on_new_batch(topic, count, part)
                     tp = partitions[part]
-                fresh = self._new_builder(tp)
-                added = fresh.encoder.append_values(timestamp_ms, rest, rest_keys)
+                last = self._new_batch(tp, None)
+                assert last.encoder is not None
+                first = 0
+                added = last.encoder.append_values(timestamp_ms, rest, rest_keys)
                 if added == 0:
                     raise MessageTooLargeError(
                         f"record {start} does not fit in an empty batch for {tp}"
                     )
-                last = self._queue_new(tp, fresh, None)
-            encoder = last.encoder
-            assert encoder is not None
-            first = last.record_count
-            size = encoder.size
-            self.buffered_bytes += size - last.approx_bytes
-            last.approx_bytes = size
-            last.record_count = first + added
+                self._queue(last)
             if start + added < len(values):
                 last.full = True
             out._add_run(last.result, first, added)
             return added
+
+    @property
+    def buffered_bytes(self) -> int:
+        return int(self.bytes.value)
 
     def _now(self, now_ms: int | None) -> int:
         if now_ms is not None:
@@ -363,20 +369,25 @@ class RecordAccumulator:
             raise ValueError("now_ms is needed: this accumulator was given no clock")
         return self._clock_ms()
 
-    def _queue_new(
-        self, tp: TopicPartition, builder: BatchBuilderLike, now_ms: int | None
-    ) -> ProducerBatch:
-        """Queue a new batch holding what `builder` already has (lock held): a refused record
-        never leaves an empty batch behind."""
-        batch = ProducerBatch(tp, builder, self._now(now_ms))
-        queue = self._batches.get(tp)
+    def _new_batch(self, tp: TopicPartition, now_ms: int | None) -> ProducerBatch:
+        """A new empty batch whose encoder makes its records' futures and counts their bytes
+        (lock held); `_queue` it once it holds a record, so a refused record leaves no empty
+        batch behind."""
+        if self.closed:
+            raise ClientClosedError("send() after close(): the producer is closed")
+        batch = ProducerBatch(tp, self._new_builder(tp), self._now(now_ms))
+        assert batch.encoder is not None
+        batch.encoder.bind(FutureRecordMetadata, batch.result, self.bytes)
+        return batch
+
+    def _queue(self, batch: ProducerBatch) -> None:
+        queue = self._batches.get(batch.tp)
         if queue is None:
-            queue = self._batches[tp] = deque()
+            queue = self._batches[batch.tp] = deque()
         queue.append(batch)
         self.batches_created += 1
         if self._on_new_batch is not None:
             self._on_new_batch()
-        return batch
 
     def _append_new(
         self,
@@ -387,22 +398,14 @@ class RecordAccumulator:
         headers: Headers | None,
         now_ms: int | None,
     ) -> FutureRecordMetadata:
-        """Open a batch for one record (lock held). The record is checked before the batch is
-        queued, so a refused record leaves no empty batch behind."""
-        if self.closed:
-            raise ClientClosedError("send() after close(): the producer is closed")
-        builder = self._new_builder(tp)
-        encoder = builder.encoder
-        index = encoder.append(timestamp_ms, key, value, headers)
-        if index < 0:
-            raise MessageTooLargeError(
-                f"a record of about {encoder.size} bytes does not fit in an empty batch for {tp}"
-            )
-        batch = self._queue_new(tp, builder, now_ms)
-        batch.record_count = 1
-        batch.approx_bytes = encoder.size
-        self.buffered_bytes += batch.approx_bytes
-        return _new_tuple(FutureRecordMetadata, (batch.result, 0, timestamp_ms))
+        """Open a batch for one record (lock held)."""
+        batch = self._new_batch(tp, now_ms)
+        assert batch.encoder is not None
+        future = batch.encoder.append_future(timestamp_ms, key, value, headers)
+        if future is None:  # an empty builder takes any one record: never
+            raise MessageTooLargeError(f"a record does not fit in an empty batch for {tp}")
+        self._queue(batch)
+        return cast(FutureRecordMetadata, future)
 
     # -- readiness and draining ----------------------------------------------------------------
 
@@ -480,6 +483,8 @@ class RecordAccumulator:
             return
         if batch.builder is None:
             raise RuntimeError(f"batch for {batch.tp} has neither bytes nor a builder")
+        open_size = batch.size_bytes
+        batch.count_records()
         if self.idempotent and self.producer_id != NO_PRODUCER_ID:
             seq = self._next_sequence.get(batch.tp, 0)
             self._next_sequence[batch.tp] = (seq + batch.record_count) % SEQUENCE_MODULUS
@@ -490,7 +495,7 @@ class RecordAccumulator:
         raw = batch.builder.build()
         batch.builder = None
         batch.encoder = None
-        self.buffered_bytes += len(raw) - batch.approx_bytes
+        self.bytes.add(len(raw) - open_size)
         batch.approx_bytes = len(raw)
         batch.buffer = raw
 
@@ -502,7 +507,7 @@ class RecordAccumulator:
         with self._lock:
             if self._in_flight.get(batch.tp) is batch:
                 del self._in_flight[batch.tp]
-            self.buffered_bytes -= batch.size_bytes
+            self.bytes.add(-batch.size_bytes)
 
     fail = complete
 
@@ -544,9 +549,8 @@ class RecordAccumulator:
         parts: list[ProducerBatch] = []
         for lo, hi in ((0, half), (half, count)):
             builder = new_builder()
-            encoder = builder.encoder
             for timestamp_ms, key, value, headers in records[lo:hi]:
-                if encoder.append(timestamp_ms, key, value, headers) < 0:
+                if not builder.append(timestamp_ms, key, value, headers):
                     raise ValueError("the builder for a split batch must hold all its records")
             part = ProducerBatch(batch.tp, None, batch.created_ms, record_count=hi - lo)
             if sequence != NO_SEQUENCE:
@@ -562,8 +566,7 @@ class RecordAccumulator:
         with self._lock:
             if self._in_flight.get(batch.tp) is batch:
                 del self._in_flight[batch.tp]
-            self.buffered_bytes -= batch.size_bytes
-            self.buffered_bytes += sum(p.approx_bytes for p in parts)
+            self.bytes.add(sum(p.approx_bytes for p in parts) - batch.size_bytes)
             queue = self._batches.setdefault(batch.tp, deque())
             for part in reversed(parts):
                 queue.appendleft(part)
@@ -577,6 +580,8 @@ class RecordAccumulator:
             for queue in self._batches.values():
                 while queue and now_ms - queue[0].created_ms >= delivery_timeout_ms:
                     expired.append(queue.popleft())
+            for batch in expired:
+                batch.count_records()
         return expired
 
     def abort_all(self) -> list[ProducerBatch]:
@@ -586,6 +591,8 @@ class RecordAccumulator:
             aborted = [b for queue in self._batches.values() for b in queue]
             for queue in self._batches.values():
                 queue.clear()
+            for batch in aborted:
+                batch.count_records()
         return aborted
 
     def close_and_abort(self) -> list[ProducerBatch]:
@@ -597,6 +604,8 @@ class RecordAccumulator:
             aborted = [b for queue in self._batches.values() for b in queue]
             for queue in self._batches.values():
                 queue.clear()
+            for batch in aborted:
+                batch.count_records()
         return aborted
 
     # -- introspection -------------------------------------------------------------------------

@@ -156,6 +156,8 @@ class AsyncProducer:
             clock_ms=now_ms,
             lock=threading.Lock(),
         )
+        # The accumulator's byte count (buffer_memory's), read per record without a Python call.
+        self._buffered = self.accumulator.bytes
         self._sticky = StickyPartitioner(rng or random.Random())
         self._tps: dict[str, list[TopicPartition]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -460,7 +462,7 @@ class AsyncProducer:
         if info is None:
             info = await self._topic(topic)
         acc = self.accumulator
-        if acc.buffered_bytes >= self.buffer_memory:
+        if self._buffered.value >= self.buffer_memory:
             await self._wait_for_space()
         opened = acc.batches_created
         future = self._append(topic, value, key, partition, headers, timestamp_ms, info)

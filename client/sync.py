@@ -157,7 +157,7 @@ class Producer:
         info = p.cluster.metadata.topics.get(topic) if type(topic) is str else None
         if info is None:
             info = self._info(topic)
-        if p.accumulator.buffered_bytes >= p.buffer_memory:
+        if p._buffered.value >= p.buffer_memory:
             p._block_for_space()
         return p._append(topic, value, key, partition, headers, timestamp_ms, info)
 

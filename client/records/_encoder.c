@@ -335,6 +335,56 @@ fail:
 /* ---------------------------------------------------------------------------------------------
    RecordsBuilder */
 
+/* ---------------------------------------------------------------------------------------------
+   ByteCount: the producer's buffered bytes, added to by every builder bound to it as it commits a
+   record (the header's 61 bytes with a batch's first record), so the accumulator keeps its memory
+   bound (buffer_memory) with no Python arithmetic per record. */
+
+typedef struct {
+    PyObject_HEAD
+    long long value;
+} ByteCount;
+
+static PyObject *
+ByteCount_add(ByteCount *self, PyObject *arg)
+{
+    long long delta = PyLong_AsLongLong(arg);
+
+    if (delta == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    self->value += delta;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+ByteCount_get_value(ByteCount *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(self->value);
+}
+
+static PyMethodDef ByteCount_methods[] = {
+    {"add", (PyCFunction)ByteCount_add, METH_O,
+     "add($self, delta, /)\n--\n\nAdd delta (negative to take bytes off)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef ByteCount_getset[] = {
+    {"value", (getter)ByteCount_get_value, NULL, "The bytes counted.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ByteCountType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "minibroker.client.records._encoder.ByteCount",
+    .tp_basicsize = sizeof(ByteCount),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "ByteCount()\n--\n\nA count of bytes that bound builders add to as they commit records.",
+    .tp_methods = ByteCount_methods,
+    .tp_getset = ByteCount_getset,
+    .tp_new = PyType_GenericNew,
+};
+
 typedef struct {
     PyObject_HEAD
     unsigned char *buf;          /* the records section; buf[0:len] holds the committed records */
@@ -346,6 +396,12 @@ typedef struct {
     int64_t max_timestamp;       /* the largest record timestamp; 0 while empty */
     Py_ssize_t last_record_size; /* bytes the last committed record took, length included */
     int busy;                    /* inside append: Python code a header pair runs may not re-enter */
+    /* Set by bind() (the producer's accumulator): append_future's tuple type and the batch's
+       shared result, and the count every committed record is added to. None hold a reference back
+       to this builder, so there is no cycle. */
+    PyTypeObject *future_type;
+    PyObject *result;
+    ByteCount *counter;
 } RecordsBuilder;
 
 /* Make room for `end` bytes at buf (doubling). */
@@ -388,6 +444,9 @@ fits(const RecordsBuilder *self, Py_ssize_t record_size)
 static void
 commit(RecordsBuilder *self, int64_t timestamp, Py_ssize_t record_size)
 {
+    if (self->counter != NULL) {
+        self->counter->value += record_size + (self->count == 0 ? HEADER_SIZE : 0);
+    }
     if (self->count == 0) {
         self->base_timestamp = timestamp;
         self->max_timestamp = timestamp;
@@ -608,6 +667,90 @@ RecordsBuilder_append(RecordsBuilder *self, PyObject *const *args, Py_ssize_t na
     return PyLong_FromLong(rc ? (long)self->count - 1 : -1L);
 }
 
+/* append, answered the way the producer's accumulator needs: the record's future, a
+   future_type tuple (result, index, timestamp) as FutureRecordMetadata.of makes it, or None when
+   the record does not fit. Needs bind() first. */
+static PyObject *
+RecordsBuilder_append_future(RecordsBuilder *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t timestamp;
+    int rc;
+    PyObject *future, *index;
+
+    if (nargs < 3 || nargs > 4) {
+        PyErr_Format(PyExc_TypeError,
+                     "append_future() takes from 3 to 4 positional arguments but %zd were given",
+                     nargs);
+        return NULL;
+    }
+    if (self->future_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "append_future() needs bind() first");
+        return NULL;
+    }
+    if (checked_timestamp(args[0], &timestamp) < 0 || enter(self) < 0) {
+        return NULL;
+    }
+    rc = encode_record(self, timestamp, args[1], args[2], nargs == 4 ? args[3] : Py_None);
+    self->busy = 0;
+    if (rc < 0) {
+        return NULL;
+    }
+    if (rc == 0) {
+        Py_RETURN_NONE;
+    }
+    index = PyLong_FromLong((long)self->count - 1);
+    if (index == NULL) {
+        return NULL;
+    }
+    future = self->future_type->tp_alloc(self->future_type, 3);
+    if (future == NULL) {
+        Py_DECREF(index);
+        return NULL;
+    }
+    Py_INCREF(self->result);
+    PyTuple_SET_ITEM(future, 0, self->result);
+    PyTuple_SET_ITEM(future, 1, index);
+    Py_INCREF(args[0]);
+    PyTuple_SET_ITEM(future, 2, args[0]);
+    return future;
+}
+
+static PyObject *
+RecordsBuilder_bind(RecordsBuilder *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *type, *result, *counter;
+
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "bind() takes 3 positional arguments but %zd were given",
+                     nargs);
+        return NULL;
+    }
+    type = args[0];
+    result = args[1];
+    counter = args[2];
+    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "bind() needs a subclass of tuple as its future type");
+        return NULL;
+    }
+    if (counter != Py_None && !PyObject_TypeCheck(counter, &ByteCountType)) {
+        PyErr_SetString(PyExc_TypeError, "bind() needs a ByteCount or None as its counter");
+        return NULL;
+    }
+    if (self->count != 0 || self->future_type != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "bind() is for a new, unbound builder");
+        return NULL;
+    }
+    Py_INCREF(type);
+    self->future_type = (PyTypeObject *)type;
+    Py_INCREF(result);
+    self->result = result;
+    if (counter != Py_None) {
+        Py_INCREF(counter);
+        self->counter = (ByteCount *)counter;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 RecordsBuilder_append_values(RecordsBuilder *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -713,6 +856,9 @@ static void
 RecordsBuilder_dealloc(RecordsBuilder *self)
 {
     PyMem_Free(self->buf);
+    Py_XDECREF(self->future_type);
+    Py_XDECREF(self->result);
+    Py_XDECREF(self->counter);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -761,6 +907,14 @@ static PyMethodDef RecordsBuilder_methods[] = {
      "append_values($self, timestamp_ms, values, keys=None, /)\n--\n\n"
      "Append values (a list or tuple) with one timestamp, no headers and the same-length keys\n"
      "(or null keys), from the front until one does not fit; returns how many were appended."},
+    {"append_future", (PyCFunction)(void (*)(void))RecordsBuilder_append_future, METH_FASTCALL,
+     "append_future($self, timestamp_ms, key, value, headers=None, /)\n--\n\n"
+     "append for the producer: the record's future_type((result, index, timestamp_ms)), or None\n"
+     "when it does not fit. Needs bind()."},
+    {"bind", (PyCFunction)(void (*)(void))RecordsBuilder_bind, METH_FASTCALL,
+     "bind($self, future_type, result, counter, /)\n--\n\n"
+     "Give a new builder append_future's tuple type and the batch's result, and a ByteCount\n"
+     "(or None) that every committed record's size is added to (61 more with the first)."},
     {"records", (PyCFunction)RecordsBuilder_records, METH_NOARGS,
      "records($self, /)\n--\n\nThe encoded records section (uncompressed), as bytes."},
     {NULL, NULL, 0, NULL},
@@ -806,7 +960,7 @@ PyInit__encoder(void)
 {
     PyObject *module;
 
-    if (PyType_Ready(&RecordsBuilderType) < 0) {
+    if (PyType_Ready(&RecordsBuilderType) < 0 || PyType_Ready(&ByteCountType) < 0) {
         return NULL;
     }
     module = PyModule_Create(&encoder_module);
@@ -814,7 +968,8 @@ PyInit__encoder(void)
         return NULL;
     }
     if (PyModule_AddIntConstant(module, "HEADER_SIZE", HEADER_SIZE) < 0
-        || PyModule_AddObjectRef(module, "RecordsBuilder", (PyObject *)&RecordsBuilderType) < 0) {
+        || PyModule_AddObjectRef(module, "RecordsBuilder", (PyObject *)&RecordsBuilderType) < 0
+        || PyModule_AddObjectRef(module, "ByteCount", (PyObject *)&ByteCountType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -375,9 +375,14 @@ class RecordEncoder(Protocol):
     @property
     def size(self) -> int: ...
 
-    def append(
+    @property
+    def count(self) -> int: ...
+
+    def bind(self, future_type: type, result: Any, counter: Any, /) -> None: ...
+
+    def append_future(
         self, timestamp_ms: int, key: Data | None, value: Data | None, headers: Any = None, /
-    ) -> int: ...
+    ) -> Any: ...
 
     def append_values(self, timestamp_ms: int, values: Any, keys: Any = None, /) -> int: ...
 
@@ -385,23 +390,52 @@ class RecordEncoder(Protocol):
 class _PureEncoder:
     """`RecordEncoder` over a BatchBuilder's pure path (no compiled encoder)."""
 
-    __slots__ = ("_builder",)
+    __slots__ = ("_builder", "_counter", "_future_type", "_result")
 
     def __init__(self, builder: BatchBuilder) -> None:
         self._builder = builder
+        self._future_type: Any = None
+        self._result: Any = None
+        self._counter: Any = None
 
     @property
     def size(self) -> int:
         return self._builder.estimated_size
 
-    def append(
+    @property
+    def count(self) -> int:
+        return self._builder.record_count
+
+    def bind(self, future_type: type, result: Any, counter: Any, /) -> None:
+        if self._builder.record_count or self._future_type is not None:
+            raise RuntimeError("bind() is for a new, unbound builder")
+        self._future_type, self._result, self._counter = future_type, result, counter
+
+    def append_future(
         self, timestamp_ms: int, key: Data | None, value: Data | None, headers: Any = None, /
-    ) -> int:
-        count = self._builder.record_count
-        return count if self._builder.append(timestamp_ms, key, value, headers or ()) else -1
+    ) -> Any:
+        builder = self._builder
+        if self._future_type is None:
+            raise RuntimeError("append_future() needs bind() first")
+        count, records = builder.record_count, builder.estimated_size - HEADER_SIZE
+        if not builder.append(timestamp_ms, key, value, headers or ()):
+            return None
+        self._count_since(count, records)
+        return tuple.__new__(self._future_type, (self._result, count, timestamp_ms))
 
     def append_values(self, timestamp_ms: int, values: Any, keys: Any = None, /) -> int:
-        return self._builder.append_values(timestamp_ms, values, keys)
+        count, records = self._builder.record_count, self._builder.estimated_size - HEADER_SIZE
+        added = self._builder.append_values(timestamp_ms, values, keys)
+        if added:
+            self._count_since(count, records)
+        return added
+
+    def _count_since(self, count: int, records: int) -> None:
+        """Add what was appended since (count, records bytes) to the counter, as the compiled
+        encoder does: the records' bytes, and the header with a batch's first record."""
+        if self._counter is not None:
+            grown = self._builder.estimated_size - HEADER_SIZE - records
+            self._counter.add(grown + (HEADER_SIZE if count == 0 else 0))
 
 
 class _AnyTimestampBuilder(BatchBuilder):

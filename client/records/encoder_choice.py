@@ -10,13 +10,29 @@ from __future__ import annotations
 import os
 from typing import Any
 
+
+class PureByteCount:
+    """`_encoder.ByteCount` for the pure path: a count of bytes with `add` and `value`."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def add(self, delta: int) -> None:
+        self.value += delta
+
+
 RecordsBuilder: Any
+ByteCount: Any
 try:
-    from minibroker.client.records._encoder import RecordsBuilder
+    from minibroker.client.records._encoder import ByteCount, RecordsBuilder
 except ImportError:  # built without a C compiler: the pure path is the fallback
     RecordsBuilder = None
 
 if os.environ.get("MINIBROKER_PURE_CODEC", "") not in ("", "0"):
     RecordsBuilder = None
+if RecordsBuilder is None:
+    ByteCount = PureByteCount
 
 COMPILED: bool = RecordsBuilder is not None

@@ -194,9 +194,13 @@ def test_a_record_larger_than_batch_size_gets_its_own_batch() -> None:
 def test_a_builder_that_refuses_the_first_record_is_an_error() -> None:
     class RefusingEncoder:
         size = 10
+        count = 0
 
-        def append(self, *args: object) -> int:
-            return -1
+        def bind(self, *args: object) -> None:
+            return None
+
+        def append_future(self, *args: object) -> None:
+            return None
 
     class Refusing:
         encoder = RefusingEncoder()

@@ -339,7 +339,7 @@ def test_the_async_send_waits_for_room_then_raises_after_max_block_ms() -> None:
 
     with pytest.raises(RequestTimedOutError, match="stayed full for max_block_ms"):
         asyncio.run(main())
-    assert p.accumulator.incomplete()[0].record_count == 1, "the refused record was not queued"
+    assert p.accumulator.incomplete()[0].count_records() == 1, "the refused record was not queued"
 
 
 def test_send_batch_appends_every_value_in_order_and_checks_all_before_queueing_any() -> None:

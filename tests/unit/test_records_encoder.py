@@ -549,3 +549,81 @@ def test_python_code_inside_an_append_cannot_corrupt_it() -> None:
     pair.target = None
     assert native.append(1, None, b"v", [pair]) == 0
     assert native.append(2, None, b"w", [iter(["h", b"x"])]) == 1
+
+
+# -- the producer's interface: bind, append_future, ByteCount --------------------------------------
+
+
+def _bound(make: Callable[..., BatchBuilder], batch_size: int) -> tuple[Any, Any, Any]:
+    from minibroker.client.produce_result import FutureRecordMetadata, ProduceRequestResult
+    from minibroker.client.records._encoder import ByteCount
+    from minibroker.client.types import TopicPartition
+
+    encoder = make(batch_size).encoder
+    result = ProduceRequestResult(TopicPartition("t", 0))
+    counter = ByteCount() if make is compiled else encoder_choice.PureByteCount()
+    encoder.bind(FutureRecordMetadata, result, counter)
+    return encoder, result, counter
+
+
+@SETTINGS
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2**40),
+            st.none() | st.binary(max_size=30),
+            st.none() | st.binary(max_size=300),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    st.integers(100, 3000),
+)
+def test_append_future_and_its_byte_count_agree_on_both_paths(
+    records: list[tuple[int, bytes | None, bytes | None]], batch_size: int
+) -> None:
+    """The accumulator appends through append_future: the record's future (result, index,
+    timestamp), or None when full; the counter holds the batch's size (header included) on
+    both paths, so buffer_memory means the same whatever was built."""
+    outcomes = []
+    for make in (pure, compiled):
+        encoder, result, counter = _bound(make, batch_size)
+        got = []
+        for ts, key, value in records:
+            future = encoder.append_future(ts, key, value)
+            got.append(None if future is None else (future[0] is result, future[1], future[2]))
+        assert counter.value == (encoder.size if encoder.count else 0)
+        outcomes.append((got, counter.value, encoder.count))
+    assert outcomes[0] == outcomes[1]
+    got, _, count = outcomes[1]
+    assert [g[1] for g in got if g is not None] == list(range(count))
+
+
+def test_append_future_needs_bind_and_bind_is_once() -> None:
+    from minibroker.client.produce_result import FutureRecordMetadata
+
+    for make in (pure, compiled):
+        encoder = make(1000).encoder
+        with pytest.raises(RuntimeError, match="needs bind"):
+            encoder.append_future(1, None, b"v")
+        encoder.bind(FutureRecordMetadata, object(), None)
+        with pytest.raises(RuntimeError, match="new, unbound builder"):
+            encoder.bind(FutureRecordMetadata, object(), None)
+
+
+def test_a_refused_record_leaves_the_byte_count_alone() -> None:
+    for make in (pure, compiled):
+        encoder, _, counter = _bound(make, 1000)
+        encoder.append_future(1, None, b"v")
+        before = counter.value
+        with pytest.raises(TypeError, match="serialize it first"):
+            encoder.append_future(1, None, 42)
+        assert counter.value == before and encoder.count == 1
+
+
+def test_bind_checks_its_arguments() -> None:
+    encoder = compiled(100).encoder
+    with pytest.raises(TypeError, match="subclass of tuple"):
+        encoder.bind(list, object(), None)
+    with pytest.raises(TypeError, match="ByteCount or None"):
+        encoder.bind(tuple, object(), 5)
