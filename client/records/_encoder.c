@@ -948,11 +948,69 @@ static PyTypeObject RecordsBuilderType = {
     .tp_new = RecordsBuilder_new,
 };
 
+/* ---------------------------------------------------------------------------------------------
+   Kafka's Utils.murmur2 (seed 0x9747b28c), the hash its default partitioner places keyed records
+   with: the same signed 32-bit result as partitioner.murmur2_pure. */
+
+static PyObject *
+encoder_murmur2(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    const uint32_t m = 0x5bd1e995;
+    Py_buffer view;
+    const unsigned char *data;
+    Py_ssize_t length, i, tail;
+    uint32_t h, k;
+
+    if (!PyBytes_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "murmur2() needs bytes, not %.100s", Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    data = (const unsigned char *)view.buf;
+    length = view.len;
+    h = 0x9747b28cU ^ (uint32_t)length;
+    for (i = 0; i + 4 <= length; i += 4) {
+        k = (uint32_t)data[i] | ((uint32_t)data[i + 1] << 8) | ((uint32_t)data[i + 2] << 16)
+            | ((uint32_t)data[i + 3] << 24);
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    tail = length & ~(Py_ssize_t)3;
+    switch (length & 3) {
+    case 3:
+        h ^= (uint32_t)data[tail + 2] << 16;
+        /* fall through */
+    case 2:
+        h ^= (uint32_t)data[tail + 1] << 8;
+        /* fall through */
+    case 1:
+        h ^= (uint32_t)data[tail];
+        h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    PyBuffer_Release(&view);
+    return PyLong_FromLong((long)(int32_t)h);
+}
+
+static PyMethodDef encoder_functions[] = {
+    {"murmur2", (PyCFunction)encoder_murmur2, METH_O,
+     "murmur2($module, data, /)\n--\n\nKafka's Utils.murmur2 of bytes: a signed 32-bit int."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef encoder_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "minibroker.client.records._encoder",
     .m_doc = "The producer's per-record v2 encoding, compiled (see builder.BatchBuilder).",
     .m_size = -1,
+    .m_methods = encoder_functions,
 };
 
 PyMODINIT_FUNC

@@ -25,8 +25,9 @@ class PureByteCount:
 
 RecordsBuilder: Any
 ByteCount: Any
+murmur2: Any
 try:
-    from minibroker.client.records._encoder import ByteCount, RecordsBuilder
+    from minibroker.client.records._encoder import ByteCount, RecordsBuilder, murmur2
 except ImportError:  # built without a C compiler: the pure path is the fallback
     RecordsBuilder = None
 
@@ -34,5 +35,6 @@ if os.environ.get("MINIBROKER_PURE_CODEC", "") not in ("", "0"):
     RecordsBuilder = None
 if RecordsBuilder is None:
     ByteCount = PureByteCount
+    murmur2 = None
 
 COMPILED: bool = RecordsBuilder is not None
