@@ -450,8 +450,10 @@ async def bench_produce(args: argparse.Namespace, out: TextIO) -> BenchResult:
         # tool's own per-record cost (and garbage) small next to the producer's.
         sent_at: dict[asyncio.Future[Any], float] = {}
         monotonic = time.monotonic
-        # One context for every callback: add_done_callback would copy one per record.
+        # One context for every callback: asyncio's add_done_callback would copy one per
+        # record. Futures of another kind (a producer's own) need none.
         context = contextvars.copy_context()
+        asyncio_futures: bool | None = None  # known at the first send
         # asyncio's futures call back on this loop; a producer may also resolve its futures on
         # a thread of its own, so the stats are updated under a lock.
         lock = threading.Lock()
@@ -475,7 +477,12 @@ async def bench_produce(args: argparse.Namespace, out: TextIO) -> BenchResult:
                 started = monotonic()
                 future = await producer.send(args.topic, payload)
                 sent_at[future] = started
-                future.add_done_callback(done, context=context)
+                if asyncio_futures is None:
+                    asyncio_futures = isinstance(future, asyncio.Future)
+                if asyncio_futures:
+                    future.add_done_callback(done, context=context)
+                else:
+                    future.add_done_callback(done)  # a plain callback: no context to enter
             else:
                 untimed.append(await producer.send(args.topic, payload))
         await producer.flush()

@@ -135,7 +135,7 @@ def test_consumer_line_adds_cpu_columns_matching_its_header() -> None:
 
 
 class _FailingAsyncProducer:
-    """Stands in for AsyncProducer: every send's future fails once flush is called."""
+    """Stands in for AsyncProducer: every other send's future fails once flush is called."""
 
     def __init__(self, bootstrap: str, **config: Any) -> None:
         self.futures: list[asyncio.Future[Any]] = []
@@ -161,6 +161,15 @@ class _FailingAsyncProducer:
             else:
                 future.set_result(None)
         await asyncio.sleep(0)  # the done callbacks run
+
+
+class _FailingAsyncProducerOwnFutures(_FailingAsyncProducer):
+    """An AsyncProducer whose futures are not asyncio's (add_done_callback takes no context)."""
+
+    async def send(self, topic: str, value: bytes) -> Any:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.futures.append(future)  # type: ignore[arg-type]
+        return future
 
 
 class _FailingSyncProducer:
@@ -189,7 +198,7 @@ class _FailingSyncProducer:
                 future.set_result(None)
 
 
-@pytest.mark.parametrize("client", ["async", "sync"])
+@pytest.mark.parametrize("client", ["async", "async-own-futures", "sync"])
 @pytest.mark.parametrize("latency", [True, False], ids=["timed", "no-latency"])
 def test_produce_counts_failures_and_reports_cpu(
     monkeypatch: pytest.MonkeyPatch, client: str, latency: bool
@@ -197,7 +206,9 @@ def test_produce_counts_failures_and_reports_cpu(
     import minibroker.client.producer
     import minibroker.client.sync
 
-    monkeypatch.setattr(minibroker.client.producer, "AsyncProducer", _FailingAsyncProducer)
+    fake = _FailingAsyncProducerOwnFutures if client == "async-own-futures" else None
+    monkeypatch.setattr(minibroker.client.producer, "AsyncProducer", fake or _FailingAsyncProducer)
+    client = client.removesuffix("-own-futures")
     monkeypatch.setattr(minibroker.client.sync, "Producer", _FailingSyncProducer)
     args = argparse.Namespace(
         topic="t",
