@@ -85,6 +85,8 @@ class BatchBuilderLike(Protocol):
     @property
     def encoder(self) -> RecordEncoderLike: ...
 
+    def append(self, timestamp_ms: int, key: Any, value: Any, headers: Any = (), /) -> bool: ...
+
     def set_producer_state(
         self, producer_id: int, producer_epoch: int, base_sequence: int
     ) -> None: ...
@@ -223,15 +225,11 @@ class RecordAccumulator:
         value: Any,
         headers: Headers | None,
         now_ms: int | None = None,
-        *,
-        abort_on_new_batch: bool = False,
-    ) -> FutureRecordMetadata | None:
+    ) -> FutureRecordMetadata:
         """Append one record to `tp`'s open batch, opening a new one when needed; returns the
-        record's future (Kafka's tryAppend).
-
-        With `abort_on_new_batch` (sticky partitioning, KIP-480) nothing is appended and None is
-        returned when the record would need a new batch; the caller picks another partition.
-        `now_ms` is the batch's creation time if one is opened (default: the clock).
+        record's future (Kafka's tryAppend). Records without key or partition go through
+        `append_sticky` instead (KIP-480). `now_ms` is the batch's creation time if one is
+        opened (default: the clock).
         The builder checks and encodes the record (TypeError for a key or value that is not
         bytes, str or None), under the lock.
         """
@@ -243,10 +241,8 @@ class RecordAccumulator:
                 if encoder is not None and not last.full:
                     future = encoder.append_future(timestamp_ms, key, value, headers)
                     if future is not None:
-                        return future
+                        return cast(FutureRecordMetadata, future)
                     last.full = True
-            if abort_on_new_batch:
-                return None
             return self._append_new(tp, timestamp_ms, key, value, headers, now_ms)
 
     def append_sticky(
@@ -353,6 +349,7 @@ class RecordAccumulator:
                         f"record {start} does not fit in an empty batch for {tp}"
                     )
                 self._queue(last)
+            assert last is not None
             if start + added < len(values):
                 last.full = True
             out._add_run(last.result, first, added)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import logging
 import threading
 from collections.abc import Callable, Generator, Sequence
@@ -199,6 +198,15 @@ def _set_none(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+def _in_context(
+    context: contextvars.Context, fn: Callable[[Any], object]
+) -> Callable[[Any], object]:
+    def run(future: Any) -> object:
+        return context.run(fn, future)
+
+    return run
+
+
 def _run_callback(fn: Callable[[Any], object], future: Any) -> None:
     try:
         fn(future)
@@ -281,7 +289,8 @@ class FutureRecordMetadata(tuple):  # type: ignore[type-arg]
         thread, or at once here when it is already done); in `context` if given, as
         asyncio's futures do."""
         if context is not None:
-            fn = functools.partial(context.run, fn)
+            self[0].add_callback(_in_context(context, fn), self)
+            return
         self[0].add_callback(fn, self)
 
     def __await__(self) -> Generator[Any, None, RecordMetadata]:

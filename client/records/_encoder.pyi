@@ -1,12 +1,30 @@
 # The compiled record encoder (client/records/_encoder.c); see its header comment.
 from collections.abc import Sequence
+from typing import Any
 
 HEADER_SIZE: int
 
 _Data = bytes | bytearray | memoryview | str | None
 
+class ByteCount:
+    def __init__(self) -> None: ...
+    @property
+    def value(self) -> int: ...
+    def add(self, delta: int, /) -> None: ...
+
+def murmur2(data: bytes, /) -> int: ...
+
 class RecordsBuilder:
     def __init__(self, batch_size: int) -> None: ...
+    def bind(self, future_type: type, result: object, counter: ByteCount | None, /) -> None: ...
+    def append_future(
+        self,
+        timestamp_ms: int,
+        key: _Data,
+        value: _Data,
+        headers: Sequence[tuple[str, _Data]] | None = None,
+        /,
+    ) -> Any: ...
     def append(
         self,
         timestamp_ms: int,

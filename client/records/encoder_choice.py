@@ -23,13 +23,19 @@ class PureByteCount:
         self.value += delta
 
 
-RecordsBuilder: Any
-ByteCount: Any
-murmur2: Any
+RecordsBuilder: Any = None
+ByteCount: Any = None
+murmur2: Any = None
 try:
-    from minibroker.client.records._encoder import ByteCount, RecordsBuilder, murmur2
+    from minibroker.client.records import _encoder
 except ImportError:  # built without a C compiler: the pure path is the fallback
-    RecordsBuilder = None
+    pass
+else:
+    RecordsBuilder, ByteCount, murmur2 = (
+        _encoder.RecordsBuilder,
+        _encoder.ByteCount,
+        _encoder.murmur2,
+    )
 
 if os.environ.get("MINIBROKER_PURE_CODEC", "") not in ("", "0"):
     RecordsBuilder = None

@@ -162,14 +162,27 @@ def test_expire_removes_old_queued_batches_only() -> None:
     assert not acc.has_incomplete()
 
 
-def test_abort_on_new_batch_appends_nothing() -> None:
-    acc = make()
-    result = acc.append(A0, 0, None, b"x", (), 0, abort_on_new_batch=True)
-    assert result is None and acc.batches_created == 0
-    assert not acc.has_unsent()
-    acc.append(A0, 0, None, b"x", (), 0)
-    joined = acc.append(A0, 0, None, b"y", (), 0, abort_on_new_batch=True)
-    assert joined is not None and joined[1] == 1 and acc.batches_created == 1
+def test_a_sticky_record_joins_the_open_batch_and_moves_on_only_when_it_is_full() -> None:
+    """KIP-480 in the accumulator: a null-key record goes to the sticky partition's open batch;
+    only when that batch is full does the stickiness move (to another partition)."""
+    from minibroker.client.partitioner import StickyPartitioner
+
+    class Fixed:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def randrange(self, stop: int) -> int:
+            self.calls += 1
+            return 0
+
+    rng = Fixed()
+    sticky = StickyPartitioner(rng)
+    acc = make(batch_size=200, linger_ms=10_000)
+    tps = [A0, A1]
+    futures = [acc.append_sticky("a", tps, sticky, 0, None, bytes(60), None) for _ in range(4)]
+    assert [f[0].tp for f in futures] == [A0, A0, A1, A1]
+    assert [f[1] for f in futures] == [0, 1, 0, 1]
+    assert acc.batches_created == 2
 
 
 def test_buffered_bytes_track_incomplete_batches() -> None:
