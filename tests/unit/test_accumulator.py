@@ -26,6 +26,7 @@ def make(batch_size: int = 1024, linger_ms: int = 5, idempotent: bool = True) ->
         linger_ms=linger_ms,
         new_builder=lambda tp: BatchBuilder(batch_size),
         idempotent=idempotent,
+        clock_ms=lambda: 0,
     )
     if idempotent:
         acc.set_producer_id(42, 0)
@@ -164,7 +165,8 @@ def test_expire_removes_old_queued_batches_only() -> None:
 
 def test_a_sticky_record_joins_the_open_batch_and_moves_on_only_when_it_is_full() -> None:
     """KIP-480 in the accumulator: a null-key record goes to the sticky partition's open batch;
-    only when that batch is full does the stickiness move (to another partition)."""
+    the stickiness moves (to another partition) only when a new batch is needed there, as
+    Kafka's onNewBatch does (the first record of a topic needs one too)."""
     from minibroker.client.partitioner import StickyPartitioner
 
     class Fixed:
@@ -180,7 +182,7 @@ def test_a_sticky_record_joins_the_open_batch_and_moves_on_only_when_it_is_full(
     acc = make(batch_size=200, linger_ms=10_000)
     tps = [A0, A1]
     futures = [acc.append_sticky("a", tps, sticky, 0, None, bytes(60), None) for _ in range(4)]
-    assert [f[0].tp for f in futures] == [A0, A0, A1, A1]
+    assert [f[0].tp for f in futures] == [A1, A1, A0, A0]
     assert [f[1] for f in futures] == [0, 1, 0, 1]
     assert acc.batches_created == 2
 
