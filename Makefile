@@ -1,5 +1,6 @@
 # minibroker: every target that needs the environment installs it first, so a fresh clone needs
-# no other step. The venv is rebuilt only when pyproject.toml changes (the stamp file).
+# no other step. The venv is rebuilt only when pyproject.toml, setup.py or a C extension's source
+# changes (the stamp file); the editable install builds the C extensions in place.
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -12,7 +13,7 @@ SEEDS   ?= 200
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py $(wildcard client/records/*.c)
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
