@@ -171,6 +171,9 @@ EDGE_CASES = {
     "varint too long": _record(b"\x00\x00\x00" + b"\xff" * 6 + b"\x01\x00"),
     "varlong too long": _record(b"\x00" + b"\xff" * 11 + b"\x00\x01\x01\x00"),
     "length varint too long": b"\xff" * 6 + NULL_KEY_VALUE,
+    # One byte over the limit, ending there: refused, not read as a longer varint.
+    "key length in six bytes": _record(b"\x00\x00\x00" + b"\x80" * 5 + b"\x00\x01\x00"),
+    "timestamp delta in eleven bytes": _record(b"\x00" + b"\x80" * 10 + b"\x00\x00\x01\x01\x00"),
     "length 5": _record(b"\x00\x00\x00\x01\x01"),
     "one byte": b"\x0c",
     "key -3": _record(b"\x00\x00\x00\x05\x01\x00"),
@@ -207,6 +210,17 @@ def test_edge_cases_decode_alike(
 ) -> None:
     data += padding
     _same(data, _header(count, *bases)._replace(attributes=0x08, max_timestamp=77))
+
+
+def test_a_record_length_as_the_last_byte_is_truncation() -> None:
+    """The pure loop reads the byte after a record's first length byte before decoding it, so a
+    lone length byte at the end is "truncated", not a length that overruns the section."""
+    twenty_byte_value = _record(b"\x00\x00\x00\x01\x28" + b"v" * 20 + b"\x00")
+    data = twenty_byte_value * 2 + b"\x0c"  # long enough for recordsCount 3
+    _same(data, _header(3))
+    with pytest.raises(CorruptRecordError) as info:
+        parse_records(data, _header(3), 0, DecodedRecord)
+    assert info.value.reason == "record 2 is truncated"
 
 
 def test_a_callable_make_and_a_record_prefix_and_suffix() -> None:
