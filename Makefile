@@ -1,5 +1,5 @@
 # minibroker: every target that needs the environment installs it first, so a fresh clone needs
-# no other step. The venv is rebuilt only when pyproject.toml, setup.py or the C record encoder
+# no other step. The venv is rebuilt only when pyproject.toml, setup.py or a C extension's source
 # changes (the stamp file): an editable install does not rebuild C by itself; installing again does.
 PY      ?= python3
 VENV    := .venv
@@ -13,12 +13,12 @@ SEEDS   ?= 200
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py client/records/_encoder.c
+$(STAMP): pyproject.toml setup.py $(wildcard client/records/*.c)
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
-	@# The compiled record encoder is optional for users (no compiler: pure fallback), never here.
-	$(BIN)/python -c "import minibroker.client.records._encoder"
+	@# The compiled record codec is optional for users (no compiler: pure fallback), never here.
+	$(BIN)/python -c "import minibroker.client.records._encoder, minibroker.client.records._decoder"
 	@touch $(STAMP)
 
 test: install
