@@ -274,6 +274,12 @@ class RecordAccumulator:
                 topic, partitions, sticky, timestamp_ms, key, value, headers
             )
 
+    def forget_sticky(self, topic: str) -> None:
+        """The topic's partition count changed: the remembered sticky batch may name a partition
+        it no longer has, so the next record asks the partitioner again."""
+        with self._lock:
+            self._sticky_open.pop(topic, None)
+
     def _append_sticky_slow(
         self,
         topic: str,

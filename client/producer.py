@@ -383,6 +383,7 @@ class AsyncProducer:
         """The shared TopicPartitions of `topic`: one lookup per record instead of a new
         NamedTuple (whose construction costs several times more)."""
         tps = self._tps[topic] = [TopicPartition(topic, p) for p in range(num_partitions)]
+        self.accumulator.forget_sticky(topic)
         return tps
 
     def _batch_opened(self) -> None:

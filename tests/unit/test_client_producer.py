@@ -370,3 +370,18 @@ def test_send_batch_appends_every_value_in_order_and_checks_all_before_queueing_
     metadata = sent.result(timeout=0)  # type: ignore[attr-defined]
     assert [m.offset for m in metadata] == list(range(20))
     assert {m.timestamp for m in metadata} == {9}
+
+
+def test_a_changed_partition_count_makes_the_sticky_choice_again() -> None:
+    """A topic re-created with fewer partitions: null-key records must not keep going to the
+    remembered batch of a partition the topic no longer has."""
+    class Ones:
+        def randrange(self, stop: int) -> int:
+            return min(1, stop - 1)
+
+    p = producer(rng=Ones())
+    first = append(p, b"a", None, None, None, 1)
+    assert first[0].tp.partition == 2
+    smaller = TopicInfo("t", "id2", {0: PartitionInfo(0, 1, 3, (1, 2), (1, 2))}, {})
+    later = p._append("t", b"b", None, None, None, 1, smaller)
+    assert later[0].tp.partition == 0, "not the remembered batch of partition 2"
