@@ -375,6 +375,7 @@ def test_send_batch_appends_every_value_in_order_and_checks_all_before_queueing_
 def test_a_changed_partition_count_makes_the_sticky_choice_again() -> None:
     """A topic re-created with fewer partitions: null-key records must not keep going to the
     remembered batch of a partition the topic no longer has."""
+
     class Ones:
         def randrange(self, stop: int) -> int:
             return min(1, stop - 1)
