@@ -47,6 +47,7 @@ from minibroker.client.batch import (
 from minibroker.client.errors import ClientClosedError, MessageTooLargeError
 from minibroker.client.partitioner import StickyPartitioner
 from minibroker.client.produce_result import FutureRecordMetadata, ProduceRequestResult
+from minibroker.client.records.builder import RecordEncoder
 from minibroker.client.records.encoder_choice import ByteCount
 from minibroker.client.types import TopicPartition
 
@@ -61,29 +62,11 @@ RecordInput = tuple[int, bytes | None, bytes | None, Headers]
 _new_tuple = tuple.__new__
 
 
-class RecordEncoderLike(Protocol):
-    """A batch's per-record encoder (`BatchBuilder.encoder`: the compiled `RecordsBuilder`)."""
-
-    @property
-    def size(self) -> int: ...
-
-    @property
-    def count(self) -> int: ...
-
-    def bind(self, future_type: type, result: Any, counter: Any, /) -> None: ...
-
-    def append_future(
-        self, timestamp_ms: int, key: Any, value: Any, headers: Any = None, /
-    ) -> Any: ...
-
-    def append_values(self, timestamp_ms: int, values: Any, keys: Any = None, /) -> int: ...
-
-
 class BatchBuilderLike(Protocol):
     """What the accumulator needs from `minibroker.client.records.BatchBuilder`."""
 
     @property
-    def encoder(self) -> RecordEncoderLike: ...
+    def encoder(self) -> RecordEncoder: ...
 
     def append(self, timestamp_ms: int, key: Any, value: Any, headers: Any = (), /) -> bool: ...
 
@@ -126,7 +109,7 @@ class ProducerBatch:
     created_ms: int
     result: ProduceRequestResult = field(init=False)
     # The builder's per-record encoder while records may still be appended, then None.
-    encoder: RecordEncoderLike | None = field(init=False)
+    encoder: RecordEncoder | None = field(init=False)
     record_count: int = 0
     approx_bytes: int = 0
     full: bool = False
@@ -274,6 +257,19 @@ class RecordAccumulator:
                 topic, partitions, sticky, timestamp_ms, key, value, headers
             )
 
+    @staticmethod
+    def append_to(
+        batch: ProducerBatch, timestamp_ms: int, key: Any, value: Any, headers: Headers | None
+    ) -> FutureRecordMetadata | None:
+        """Append to `batch` if it is open and has room (lock held); None marks it full."""
+        encoder = batch.encoder
+        if encoder is None or batch.full:
+            return None
+        future = encoder.append_future(timestamp_ms, key, value, headers)
+        if future is None:
+            batch.full = True
+        return cast(FutureRecordMetadata | None, future)
+
     def forget_sticky(self, topic: str) -> None:
         """The topic's partition count changed: the remembered sticky batch may name a partition
         it no longer has, so the next record asks the partitioner again."""
@@ -293,17 +289,14 @@ class RecordAccumulator:
         """append_sticky without a remembered open batch (lock held)."""
         count = len(partitions)
         part = sticky.partition(topic, count)
-        tp = partitions[part]
-        queue = self._batches.get(tp)
+        queue = self._batches.get(partitions[part])
         if queue:
+            # The same as append's fast path (written out there: it runs per record).
             last = queue[-1]
-            encoder = last.encoder
-            if encoder is not None and not last.full:
-                future = encoder.append_future(timestamp_ms, key, value, headers)
-                if future is not None:
-                    self._sticky_open[topic] = last
-                    return future
-                last.full = True
+            future = self.append_to(last, timestamp_ms, key, value, headers)
+            if future is not None:
+                self._sticky_open[topic] = last
+                return future
         part = sticky.on_new_batch(topic, count, part)
         future = self._append_new(partitions[part], timestamp_ms, key, value, headers, None)
         self._sticky_open[topic] = self._batches[partitions[part]][-1]

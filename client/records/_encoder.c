@@ -644,23 +644,33 @@ enter(RecordsBuilder *self)
     return 0;
 }
 
-static PyObject *
-RecordsBuilder_append(RecordsBuilder *self, PyObject *const *args, Py_ssize_t nargs)
+/* The shared part of append and append_future: check the arguments, encode one record. 1 when
+   it was added, 0 when it does not fit, -1 with an exception set. */
+static int
+append_one(RecordsBuilder *self, const char *name, PyObject *const *args, Py_ssize_t nargs)
 {
     int64_t timestamp;
     int rc;
 
     if (nargs < 3 || nargs > 4) {
         PyErr_Format(PyExc_TypeError,
-                     "append() takes from 3 to 4 positional arguments but %zd were given",
+                     "%s() takes from 3 to 4 positional arguments but %zd were given", name,
                      nargs);
-        return NULL;
+        return -1;
     }
     if (checked_timestamp(args[0], &timestamp) < 0 || enter(self) < 0) {
-        return NULL;
+        return -1;
     }
     rc = encode_record(self, timestamp, args[1], args[2], nargs == 4 ? args[3] : Py_None);
     self->busy = 0;
+    return rc;
+}
+
+static PyObject *
+RecordsBuilder_append(RecordsBuilder *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int rc = append_one(self, "append", args, nargs);
+
     if (rc < 0) {
         return NULL;
     }
@@ -673,25 +683,14 @@ RecordsBuilder_append(RecordsBuilder *self, PyObject *const *args, Py_ssize_t na
 static PyObject *
 RecordsBuilder_append_future(RecordsBuilder *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    int64_t timestamp;
     int rc;
     PyObject *future, *index;
 
-    if (nargs < 3 || nargs > 4) {
-        PyErr_Format(PyExc_TypeError,
-                     "append_future() takes from 3 to 4 positional arguments but %zd were given",
-                     nargs);
-        return NULL;
-    }
     if (self->future_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "append_future() needs bind() first");
         return NULL;
     }
-    if (checked_timestamp(args[0], &timestamp) < 0 || enter(self) < 0) {
-        return NULL;
-    }
-    rc = encode_record(self, timestamp, args[1], args[2], nargs == 4 ? args[3] : Py_None);
-    self->busy = 0;
+    rc = append_one(self, "append_future", args, nargs);
     if (rc < 0) {
         return NULL;
     }
