@@ -23,9 +23,9 @@ from minibroker.client.types import Record, RecordMetadata, TopicPartition
 if TYPE_CHECKING:
     from minibroker.client.admin import AsyncAdmin, NewTopic
     from minibroker.client.consumer import AsyncConsumer
+    from minibroker.client.produce_result import FutureRecordMetadata, SentRecords
     from minibroker.client.producer import AsyncProducer
     from minibroker.client.sync import Admin, Consumer, Producer
-    from minibroker.client.transport import ClientClosedError
 
 _LAZY = {
     "Producer": "minibroker.client.sync",
@@ -35,7 +35,8 @@ _LAZY = {
     "AsyncConsumer": "minibroker.client.consumer",
     "AsyncAdmin": "minibroker.client.admin",
     "NewTopic": "minibroker.client.admin",
-    "ClientClosedError": "minibroker.client.transport",
+    "FutureRecordMetadata": "minibroker.client.produce_result",
+    "SentRecords": "minibroker.client.produce_result",
 }
 
 _ERROR_NAMES = sorted(
@@ -65,12 +66,14 @@ __all__ = [
     "ClientClosedError",
     "Consumer",
     "ErrorCode",
+    "FutureRecordMetadata",
     "MiniBrokerError",
     "NewTopic",
     "Producer",
     "Record",
     "RecordMetadata",
     "RetriableError",
+    "SentRecords",
     "TopicPartition",
     *_ERROR_NAMES,
 ]
