@@ -63,7 +63,6 @@ __all__ = [
     "AsyncAdmin",
     "AsyncConsumer",
     "AsyncProducer",
-    "ClientClosedError",
     "Consumer",
     "ErrorCode",
     "FutureRecordMetadata",
