@@ -1,5 +1,6 @@
 # minibroker: every target that needs the environment installs it first, so a fresh clone needs
-# no other step. The venv is rebuilt only when pyproject.toml changes (the stamp file).
+# no other step. The venv is rebuilt only when pyproject.toml, setup.py or a C extension's source
+# changes (the stamp file): an editable install does not rebuild C by itself; installing again does.
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -12,10 +13,12 @@ SEEDS   ?= 200
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py $(wildcard client/records/*.c)
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	@# The compiled record codec is optional for users (no compiler: pure fallback), never here.
+	$(BIN)/python -c "import minibroker.client.records._encoder, minibroker.client.records._decoder"
 	@touch $(STAMP)
 
 test: install
@@ -66,4 +69,4 @@ demo: install
 	$(BIN)/minibroker demo $(DEMO_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .proto-gen build *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis .proto-gen build *.egg-info client/records/*.so

@@ -1,9 +1,13 @@
 """The producer's record accumulator: per-partition batches, readiness, draining, retries.
 
-Pure: no I/O, no clock (time comes in as `now_ms`). The producer's sender task (the I/O shell,
-`minibroker.client.producer`) appends records, asks which partitions are ready, drains their head
+Pure: no I/O; the clock and the lock are given (`clock_ms`, `lock`), so tests drive it with
+their own time and no threads. The producer (`minibroker.client.producer`) appends records from
+any thread (`append`, `append_sticky`, `append_values`: each returns or records the records'
+futures, Kafka's tryAppend); its sender task asks which partitions are ready, drains their head
 batches grouped by leader broker into one produce request per broker, and reports back with
-`complete`, `retry` or `fail`. Event-loop thread only.
+`complete`, `retry` or `fail`. With a lock every method takes it, so appends on caller threads and
+the sender on its loop never see a half-made change (Kafka's accumulator locks each partition's
+deque; one lock is enough here, since a Python process runs one thread at a time anyway).
 
 Rules (Kafka's RecordAccumulator and Sender, aiokafka's shape):
 - A partition's head batch is sendable once it is full, older than `linger_ms`, or a flush or
@@ -29,9 +33,10 @@ Rules (Kafka's RecordAccumulator and Sender, aiokafka's shape):
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol, cast
 
 from minibroker.client.batch import (
     NO_PRODUCER_EPOCH,
@@ -39,24 +44,48 @@ from minibroker.client.batch import (
     NO_SEQUENCE,
     SEQUENCE_MODULUS,
 )
-from minibroker.client.errors import MessageTooLargeError
+from minibroker.client.errors import ClientClosedError, MessageTooLargeError
+from minibroker.client.partitioner import StickyPartitioner
+from minibroker.client.produce_result import FutureRecordMetadata, ProduceRequestResult
+from minibroker.client.records.encoder_choice import ByteCount
 from minibroker.client.types import TopicPartition
 
 # Per-record framing in a v2 batch is at most ~21 bytes of varints and attributes; used only for
-# the memory bound and the early "too large" check, the builder knows the exact size.
+# the early "too large" check, the builder knows the exact size.
 RECORD_OVERHEAD_BYTES = 21
 
 Headers = Sequence[tuple[str, bytes | None]]
 # One record as split_and_reenqueue takes it back: (timestamp_ms, key, value, headers).
 RecordInput = tuple[int, bytes | None, bytes | None, Headers]
 
+_new_tuple = tuple.__new__
+
+
+class RecordEncoderLike(Protocol):
+    """A batch's per-record encoder (`BatchBuilder.encoder`: the compiled `RecordsBuilder`)."""
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def count(self) -> int: ...
+
+    def bind(self, future_type: type, result: Any, counter: Any, /) -> None: ...
+
+    def append_future(
+        self, timestamp_ms: int, key: Any, value: Any, headers: Any = None, /
+    ) -> Any: ...
+
+    def append_values(self, timestamp_ms: int, values: Any, keys: Any = None, /) -> int: ...
+
 
 class BatchBuilderLike(Protocol):
     """What the accumulator needs from `minibroker.client.records.BatchBuilder`."""
 
-    def append(
-        self, timestamp_ms: int, key: bytes | None, value: bytes | None, headers: Headers
-    ) -> bool: ...
+    @property
+    def encoder(self) -> RecordEncoderLike: ...
+
+    def append(self, timestamp_ms: int, key: Any, value: Any, headers: Any = (), /) -> bool: ...
 
     def set_producer_state(
         self, producer_id: int, producer_epoch: int, base_sequence: int
@@ -72,22 +101,32 @@ def record_size_estimate(key: bytes | None, value: bytes | None, headers: Header
     return size
 
 
+class _NoLock:
+    """The default lock: none, for single-threaded use (the producer passes a real one)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 @dataclass(eq=False, slots=True)
 class ProducerBatch:
     """One batch of one partition, from first append to acknowledgement.
 
-    `handles` are opaque per-record completion objects owned by the shell, in offset order;
-    `timestamps` are the records' timestamps in the same order (kept here so a handle can be the
-    bare future: every long-lived object per record costs the garbage collector time).
-    `buffer` is None while records are still being appended and holds the final bytes (producer
-    fields stamped) from the first drain on; it never changes after that.
+    `result` is the batch's one `ProduceRequestResult`: every record's future reads its outcome
+    from it (the record's offset is the batch's base offset plus its index), so the batch keeps
+    nothing per record. `buffer` is None while records are still being appended and holds the
+    final bytes (producer fields stamped) from the first drain on; it never changes after that.
     """
 
     tp: TopicPartition
     builder: BatchBuilderLike | None
     created_ms: int
-    handles: list[Any] = field(default_factory=list)
-    timestamps: list[int] = field(default_factory=list)
+    result: ProduceRequestResult = field(init=False)
+    # The builder's per-record encoder while records may still be appended, then None.
+    encoder: RecordEncoderLike | None = field(init=False)
     record_count: int = 0
     approx_bytes: int = 0
     full: bool = False
@@ -98,25 +137,31 @@ class ProducerBatch:
     attempts: int = 0
     retry_at_ms: int = 0
 
+    def __post_init__(self) -> None:
+        self.result = ProduceRequestResult(self.tp)
+        self.encoder = self.builder.encoder if self.builder is not None else None
+
     @property
     def closed(self) -> bool:
         return self.buffer is not None
 
     @property
     def size_bytes(self) -> int:
-        return len(self.buffer) if self.buffer is not None else self.approx_bytes
+        if self.buffer is not None:
+            return len(self.buffer)
+        return self.encoder.size if self.encoder is not None else self.approx_bytes
 
-
-class AppendResult(NamedTuple):
-    """`appended` False only with `abort_on_new_batch` when a new batch would be needed.
-    A NamedTuple: one is made per record."""
-
-    appended: bool
-    batch: ProducerBatch | None
-    new_batch: bool
+    def count_records(self) -> int:
+        """record_count, brought up to date from the encoder while the batch is open."""
+        if self.encoder is not None:
+            self.record_count = self.encoder.count
+        return self.record_count
 
 
 class RecordAccumulator:
+    """Thread-safe when given a lock: every method takes it (Kafka's per-deque locks, made
+    one). Without one it is for a single thread."""
+
     def __init__(
         self,
         *,
@@ -124,6 +169,9 @@ class RecordAccumulator:
         linger_ms: int,
         new_builder: Callable[[TopicPartition], BatchBuilderLike],
         idempotent: bool,
+        on_new_batch: Callable[[], None] | None = None,
+        clock_ms: Callable[[], int] | None = None,
+        lock: AbstractContextManager[Any] | None = None,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -133,15 +181,25 @@ class RecordAccumulator:
         self.linger_ms = linger_ms
         self.idempotent = idempotent
         self._new_builder = new_builder
+        self._on_new_batch = on_new_batch
+        self._clock_ms = clock_ms
+        self._lock: AbstractContextManager[Any] = lock if lock is not None else _NoLock()
         self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
         self._in_flight: dict[TopicPartition, ProducerBatch] = {}
         self._next_sequence: dict[TopicPartition, int] = {}
+        # Per topic, the sticky partition's open batch (append_sticky's shortcut).
+        self._sticky_open: dict[str, ProducerBatch] = {}
         self.producer_id = NO_PRODUCER_ID
         self.producer_epoch = NO_PRODUCER_EPOCH
         self.flushing = 0
         self.closing = False
-        # Sum of size_bytes over incomplete batches (queued or in flight): the memory bound.
-        self.buffered_bytes = 0
+        # Set under the lock by `close_and_abort`: from then on every append raises.
+        self.closed = False
+        # Sum of size_bytes over incomplete batches (queued or in flight): the memory bound. Open
+        # batches' encoders add each record as they take it (no Python per record).
+        self.bytes = ByteCount()
+        # Batches opened so far (a send that opened one lets the sender run).
+        self.batches_created = 0
         self._drain_rotation = 0
 
     # -- producer identity ---------------------------------------------------------------------
@@ -152,9 +210,10 @@ class RecordAccumulator:
         Batches already stamped keep their old id and sequence, so a retry of one of them stays a
         valid duplicate for the broker; batches drained from now on use the new id.
         """
-        self.producer_id = producer_id
-        self.producer_epoch = producer_epoch
-        self._next_sequence.clear()
+        with self._lock:
+            self.producer_id = producer_id
+            self.producer_epoch = producer_epoch
+            self._next_sequence.clear()
 
     # -- appending -----------------------------------------------------------------------------
 
@@ -162,53 +221,188 @@ class RecordAccumulator:
         self,
         tp: TopicPartition,
         timestamp_ms: int,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Headers,
-        handle: Any,
-        now_ms: int,
-        *,
-        abort_on_new_batch: bool = False,
-        size: int | None = None,
-    ) -> AppendResult:
-        """Append one record to `tp`'s open batch, opening a new one when needed.
-
-        With `abort_on_new_batch` (sticky partitioning, KIP-480) nothing is appended when the
-        record would need a new batch; the caller picks another partition and appends again.
-        `size` is the caller's `record_size_estimate`, when it already has one.
+        key: Any,
+        value: Any,
+        headers: Headers | None,
+        now_ms: int | None = None,
+    ) -> FutureRecordMetadata:
+        """Append one record to `tp`'s open batch, opening a new one when needed; returns the
+        record's future (Kafka's tryAppend). Records without key or partition go through
+        `append_sticky` instead (KIP-480). `now_ms` is the batch's creation time if one is
+        opened (default: the clock).
+        The builder checks and encodes the record (TypeError for a key or value that is not
+        bytes, str or None), under the lock.
         """
+        with self._lock:
+            queue = self._batches.get(tp)
+            if queue:
+                last = queue[-1]
+                encoder = last.encoder
+                if encoder is not None and not last.full:
+                    future = encoder.append_future(timestamp_ms, key, value, headers)
+                    if future is not None:
+                        return cast(FutureRecordMetadata, future)
+                    last.full = True
+            return self._append_new(tp, timestamp_ms, key, value, headers, now_ms)
+
+    def append_sticky(
+        self,
+        topic: str,
+        partitions: Sequence[TopicPartition],
+        sticky: StickyPartitioner,
+        timestamp_ms: int,
+        key: Any,
+        value: Any,
+        headers: Headers | None,
+    ) -> FutureRecordMetadata:
+        """Append a record with no partition and no key to the topic's sticky partition,
+        moving the stickiness on when that partition's batch is full (KIP-480), atomically.
+
+        The sticky partition's open batch is remembered per topic, so the usual record costs
+        one dict lookup and the encoder's call: an open batch that is not full is always its
+        partition's last, and the stickiness moves only here."""
+        with self._lock:
+            last = self._sticky_open.get(topic)
+            if last is not None:
+                encoder = last.encoder
+                if encoder is not None and not last.full:
+                    future = encoder.append_future(timestamp_ms, key, value, headers)
+                    if future is not None:
+                        return future
+                    last.full = True
+            return self._append_sticky_slow(
+                topic, partitions, sticky, timestamp_ms, key, value, headers
+            )
+
+    def _append_sticky_slow(
+        self,
+        topic: str,
+        partitions: Sequence[TopicPartition],
+        sticky: StickyPartitioner,
+        timestamp_ms: int,
+        key: Any,
+        value: Any,
+        headers: Headers | None,
+    ) -> FutureRecordMetadata:
+        """append_sticky without a remembered open batch (lock held)."""
+        count = len(partitions)
+        part = sticky.partition(topic, count)
+        tp = partitions[part]
         queue = self._batches.get(tp)
-        if queue is None:
-            queue = self._batches[tp] = deque()
-        if size is None:
-            size = record_size_estimate(key, value, headers)
         if queue:
             last = queue[-1]
-            if not last.closed and not last.full:
-                if last.builder is not None and last.builder.append(
-                    timestamp_ms, key, value, headers
-                ):
-                    self._add(last, handle, timestamp_ms, size)
-                    return AppendResult(True, last, False)
+            encoder = last.encoder
+            if encoder is not None and not last.full:
+                future = encoder.append_future(timestamp_ms, key, value, headers)
+                if future is not None:
+                    self._sticky_open[topic] = last
+                    return future
                 last.full = True
-        if abort_on_new_batch:
-            return AppendResult(False, None, True)
-        builder = self._new_builder(tp)
-        if not builder.append(timestamp_ms, key, value, headers):
-            raise MessageTooLargeError(
-                f"a record of about {size} bytes does not fit in an empty batch for {tp}"
-            )
-        batch = ProducerBatch(tp, builder, now_ms)
-        self._add(batch, handle, timestamp_ms, size)
-        queue.append(batch)
-        return AppendResult(True, batch, True)
+        part = sticky.on_new_batch(topic, count, part)
+        future = self._append_new(partitions[part], timestamp_ms, key, value, headers, None)
+        self._sticky_open[topic] = self._batches[partitions[part]][-1]
+        return future
 
-    def _add(self, batch: ProducerBatch, handle: Any, timestamp_ms: int, size: int) -> None:
-        batch.handles.append(handle)
-        batch.timestamps.append(timestamp_ms)
-        batch.record_count += 1
-        batch.approx_bytes += size
-        self.buffered_bytes += size
+    def append_values(
+        self,
+        partitions: Sequence[TopicPartition],
+        partition: int | None,
+        sticky: StickyPartitioner,
+        timestamp_ms: int,
+        values: Sequence[Any],
+        keys: Sequence[Any] | None,
+        start: int,
+        out: Any,
+    ) -> int:
+        """Append `values[start:]` (with `keys`, all stamped `timestamp_ms`) to `partition`, or
+        with None to the topic's sticky partition, until its batch fills: the batch-at-once
+        path of `send_batch`. Records the run with `out._add_run(result, first_index, count)`
+        and returns how many records were appended (at least one)."""
+        with self._lock:
+            topic = partitions[0].topic
+            count = len(partitions)
+            part = sticky.partition(topic, count) if partition is None else partition
+            tp = partitions[part]
+            queue = self._batches.get(tp)
+            last = queue[-1] if queue else None
+            added = 0
+            rest = values[start:] if start else values
+            rest_keys = keys[start:] if start and keys is not None else keys
+            first = 0
+            if last is not None and last.encoder is not None and not last.full:
+                first = last.encoder.count
+                added = last.encoder.append_values(timestamp_ms, rest, rest_keys)
+                if added == 0:
+                    last.full = True
+            if added == 0:
+                if self.closed:
+                    raise ClientClosedError("send() after close(): the producer is closed")
+                if partition is None:
+                    part = sticky.on_new_batch(topic, count, part)
+                    tp = partitions[part]
+                last = self._new_batch(tp, None)
+                assert last.encoder is not None
+                first = 0
+                added = last.encoder.append_values(timestamp_ms, rest, rest_keys)
+                if added == 0:
+                    raise MessageTooLargeError(
+                        f"record {start} does not fit in an empty batch for {tp}"
+                    )
+                self._queue(last)
+            assert last is not None
+            if start + added < len(values):
+                last.full = True
+            out._add_run(last.result, first, added)
+            return added
+
+    @property
+    def buffered_bytes(self) -> int:
+        return int(self.bytes.value)
+
+    def _now(self, now_ms: int | None) -> int:
+        if now_ms is not None:
+            return now_ms
+        if self._clock_ms is None:
+            raise ValueError("now_ms is needed: this accumulator was given no clock")
+        return self._clock_ms()
+
+    def _new_batch(self, tp: TopicPartition, now_ms: int | None) -> ProducerBatch:
+        """A new empty batch whose encoder makes its records' futures and counts their bytes
+        (lock held); `_queue` it once it holds a record, so a refused record leaves no empty
+        batch behind."""
+        if self.closed:
+            raise ClientClosedError("send() after close(): the producer is closed")
+        batch = ProducerBatch(tp, self._new_builder(tp), self._now(now_ms))
+        assert batch.encoder is not None
+        batch.encoder.bind(FutureRecordMetadata, batch.result, self.bytes)
+        return batch
+
+    def _queue(self, batch: ProducerBatch) -> None:
+        queue = self._batches.get(batch.tp)
+        if queue is None:
+            queue = self._batches[batch.tp] = deque()
+        queue.append(batch)
+        self.batches_created += 1
+        if self._on_new_batch is not None:
+            self._on_new_batch()
+
+    def _append_new(
+        self,
+        tp: TopicPartition,
+        timestamp_ms: int,
+        key: Any,
+        value: Any,
+        headers: Headers | None,
+        now_ms: int | None,
+    ) -> FutureRecordMetadata:
+        """Open a batch for one record (lock held)."""
+        batch = self._new_batch(tp, now_ms)
+        assert batch.encoder is not None
+        future = batch.encoder.append_future(timestamp_ms, key, value, headers)
+        if future is None:  # an empty builder takes any one record: never
+            raise MessageTooLargeError(f"a record does not fit in an empty batch for {tp}")
+        self._queue(batch)
+        return cast(FutureRecordMetadata, future)
 
     # -- readiness and draining ----------------------------------------------------------------
 
@@ -228,16 +422,17 @@ class RecordAccumulator:
         (None when nothing is waiting). Muted (in-flight) partitions are never ready."""
         ready: list[TopicPartition] = []
         next_ms: int | None = None
-        for tp, queue in self._batches.items():
-            if not queue or tp in self._in_flight:
-                continue
-            head = queue[0]
-            if self._sendable(head, len(queue), now_ms):
-                ready.append(tp)
-                continue
-            due = head.retry_at_ms if head.closed else head.created_ms + self.linger_ms
-            wait = max(0, due - now_ms)
-            next_ms = wait if next_ms is None else min(next_ms, wait)
+        with self._lock:
+            for tp, queue in self._batches.items():
+                if not queue or tp in self._in_flight:
+                    continue
+                head = queue[0]
+                if self._sendable(head, len(queue), now_ms):
+                    ready.append(tp)
+                    continue
+                due = head.retry_at_ms if head.closed else head.created_ms + self.linger_ms
+                wait = max(0, due - now_ms)
+                next_ms = wait if next_ms is None else min(next_ms, wait)
         return ready, next_ms
 
     def drain(
@@ -250,32 +445,34 @@ class RecordAccumulator:
         `max_request_size` bytes per node (always at least one batch). Drained partitions are
         muted until `complete`, `retry` or `fail`."""
         out: dict[int, list[ProducerBatch]] = {}
-        self._drain_rotation += 1
-        for node, tps in partitions_by_node.items():
-            taken: list[ProducerBatch] = []
-            total = 0
-            count = len(tps)
-            # Rotate the starting partition so a size-capped request does not starve the tail.
-            start = self._drain_rotation % count if count else 0
-            for i in range(count):
-                tp = tps[(start + i) % count]
-                queue = self._batches.get(tp)
-                if not queue or tp in self._in_flight:
-                    continue
-                head = queue[0]
-                if not self._sendable(head, len(queue), now_ms):
-                    continue
-                size = head.size_bytes
-                if taken and total + size > max_request_size:
-                    break
-                queue.popleft()
-                self._close(head)
-                head.attempts += 1
-                self._in_flight[tp] = head
-                taken.append(head)
-                total += head.size_bytes
-            if taken:
-                out[node] = taken
+        with self._lock:
+            self._drain_rotation += 1
+            for node, tps in partitions_by_node.items():
+                taken: list[ProducerBatch] = []
+                total = 0
+                count = len(tps)
+                # Rotate the starting partition so a size-capped request does not starve the
+                # tail.
+                start = self._drain_rotation % count if count else 0
+                for i in range(count):
+                    tp = tps[(start + i) % count]
+                    queue = self._batches.get(tp)
+                    if not queue or tp in self._in_flight:
+                        continue
+                    head = queue[0]
+                    if not self._sendable(head, len(queue), now_ms):
+                        continue
+                    size = head.size_bytes
+                    if taken and total + size > max_request_size:
+                        break
+                    queue.popleft()
+                    self._close(head)
+                    head.attempts += 1
+                    self._in_flight[tp] = head
+                    taken.append(head)
+                    total += head.size_bytes
+                if taken:
+                    out[node] = taken
         return out
 
     def _close(self, batch: ProducerBatch) -> None:
@@ -283,6 +480,8 @@ class RecordAccumulator:
             return
         if batch.builder is None:
             raise RuntimeError(f"batch for {batch.tp} has neither bytes nor a builder")
+        open_size = batch.size_bytes
+        batch.count_records()
         if self.idempotent and self.producer_id != NO_PRODUCER_ID:
             seq = self._next_sequence.get(batch.tp, 0)
             self._next_sequence[batch.tp] = (seq + batch.record_count) % SEQUENCE_MODULUS
@@ -292,26 +491,30 @@ class RecordAccumulator:
             batch.builder.set_producer_state(self.producer_id, self.producer_epoch, seq)
         raw = batch.builder.build()
         batch.builder = None
-        self.buffered_bytes += len(raw) - batch.approx_bytes
+        batch.encoder = None
+        self.bytes.add(len(raw) - open_size)
         batch.approx_bytes = len(raw)
         batch.buffer = raw
 
     # -- outcomes ------------------------------------------------------------------------------
 
     def complete(self, batch: ProducerBatch) -> None:
-        """The batch was acknowledged (or failed for good): unmute its partition."""
-        if self._in_flight.get(batch.tp) is batch:
-            del self._in_flight[batch.tp]
-        self.buffered_bytes -= batch.size_bytes
+        """The batch was acknowledged (or failed for good): unmute its partition. The caller
+        completes `batch.result`."""
+        with self._lock:
+            if self._in_flight.get(batch.tp) is batch:
+                del self._in_flight[batch.tp]
+            self.bytes.add(-batch.size_bytes)
 
     fail = complete
 
     def retry(self, batch: ProducerBatch, now_ms: int, backoff_ms: int) -> None:
         """Put an in-flight batch back at the head of its partition, to send after a backoff."""
-        if self._in_flight.get(batch.tp) is batch:
-            del self._in_flight[batch.tp]
-        batch.retry_at_ms = now_ms + backoff_ms
-        self._batches.setdefault(batch.tp, deque()).appendleft(batch)
+        with self._lock:
+            if self._in_flight.get(batch.tp) is batch:
+                del self._in_flight[batch.tp]
+            batch.retry_at_ms = now_ms + backoff_ms
+            self._batches.setdefault(batch.tp, deque()).appendleft(batch)
 
     def split_and_reenqueue(
         self,
@@ -330,16 +533,14 @@ class RecordAccumulator:
         room for all of them. The parts keep the batch's creation time (its delivery timeout
         still runs), are sendable at once and count no attempt. With idempotence they carry
         the batch's producer id and epoch and split its sequence range (base, base + n1):
-        the broker stored none of it, and later batches already follow that range.
+        the broker stored none of it, and later batches already follow that range. The
+        batch's result is split too, so each record's future follows the part that holds it.
         """
         count = batch.record_count
         if count < 2:
             raise ValueError(f"only a batch of more than one record can be split, not {count}")
         if len(records) != count:
             raise ValueError(f"the batch holds {count} records, {len(records)} were given")
-        if self._in_flight.get(batch.tp) is batch:
-            del self._in_flight[batch.tp]
-        self.buffered_bytes -= batch.size_bytes
         half = (count + 1) // 2
         sequence = batch.base_sequence
         parts: list[ProducerBatch] = []
@@ -348,14 +549,7 @@ class RecordAccumulator:
             for timestamp_ms, key, value, headers in records[lo:hi]:
                 if not builder.append(timestamp_ms, key, value, headers):
                     raise ValueError("the builder for a split batch must hold all its records")
-            part = ProducerBatch(
-                batch.tp,
-                None,
-                batch.created_ms,
-                handles=batch.handles[lo:hi],
-                timestamps=batch.timestamps[lo:hi],
-                record_count=hi - lo,
-            )
+            part = ProducerBatch(batch.tp, None, batch.created_ms, record_count=hi - lo)
             if sequence != NO_SEQUENCE:
                 part.producer_id = batch.producer_id
                 part.producer_epoch = batch.producer_epoch
@@ -364,42 +558,69 @@ class RecordAccumulator:
                 sequence = (sequence + part.record_count) % SEQUENCE_MODULUS
             part.buffer = builder.build()
             part.approx_bytes = len(part.buffer)
-            self.buffered_bytes += part.approx_bytes
             parts.append(part)
-        queue = self._batches.setdefault(batch.tp, deque())
-        for part in reversed(parts):
-            queue.appendleft(part)
+        batch.result.split([0, half], [p.result for p in parts])
+        with self._lock:
+            if self._in_flight.get(batch.tp) is batch:
+                del self._in_flight[batch.tp]
+            self.bytes.add(sum(p.approx_bytes for p in parts) - batch.size_bytes)
+            queue = self._batches.setdefault(batch.tp, deque())
+            for part in reversed(parts):
+                queue.appendleft(part)
         return parts
 
     def expire(self, now_ms: int, delivery_timeout_ms: int) -> list[ProducerBatch]:
         """Remove and return queued (not in-flight) batches older than the delivery timeout.
         The caller reports each one with `fail`."""
         expired: list[ProducerBatch] = []
-        for queue in self._batches.values():
-            while queue and now_ms - queue[0].created_ms >= delivery_timeout_ms:
-                expired.append(queue.popleft())
+        with self._lock:
+            for queue in self._batches.values():
+                while queue and now_ms - queue[0].created_ms >= delivery_timeout_ms:
+                    expired.append(queue.popleft())
+            for batch in expired:
+                batch.count_records()
         return expired
 
     def abort_all(self) -> list[ProducerBatch]:
-        """Remove and return every queued batch (close without waiting, fatal errors).
-        The caller reports each one with `fail`."""
-        aborted = [b for queue in self._batches.values() for b in queue]
-        for queue in self._batches.values():
-            queue.clear()
+        """Remove and return every queued batch (fatal errors). The caller reports each one
+        with `fail`."""
+        with self._lock:
+            aborted = [b for queue in self._batches.values() for b in queue]
+            for queue in self._batches.values():
+                queue.clear()
+            for batch in aborted:
+                batch.count_records()
+        return aborted
+
+    def close_and_abort(self) -> list[ProducerBatch]:
+        """Refuse every later append, then remove and return every queued batch (the last step
+        of close): a record is either in a returned batch or refused at once, never left
+        behind unsent."""
+        with self._lock:
+            self.closed = True
+            aborted = [b for queue in self._batches.values() for b in queue]
+            for queue in self._batches.values():
+                queue.clear()
+            for batch in aborted:
+                batch.count_records()
         return aborted
 
     # -- introspection -------------------------------------------------------------------------
 
-    def in_flight(self) -> Iterable[ProducerBatch]:
-        return self._in_flight.values()
+    def in_flight(self) -> list[ProducerBatch]:
+        with self._lock:
+            return list(self._in_flight.values())
 
     def incomplete(self) -> list[ProducerBatch]:
         """Every batch not yet acknowledged or failed: queued and in flight."""
-        queued = [b for queue in self._batches.values() for b in queue]
-        return queued + list(self._in_flight.values())
+        with self._lock:
+            queued = [b for queue in self._batches.values() for b in queue]
+            return queued + list(self._in_flight.values())
 
     def has_unsent(self) -> bool:
-        return any(self._batches.values())
+        with self._lock:
+            return any(self._batches.values())
 
     def has_incomplete(self) -> bool:
-        return bool(self._in_flight) or self.has_unsent()
+        with self._lock:
+            return bool(self._in_flight) or any(self._batches.values())

@@ -127,6 +127,10 @@ class MiniBrokerError(Exception):
         return self.code in RETRIABLE
 
 
+class ClientClosedError(MiniBrokerError, RuntimeError):
+    """The producer, consumer or admin client was closed; create a new one to continue."""
+
+
 class RetriableError(MiniBrokerError):
     """An error a client may retry after refreshing metadata."""
 

@@ -14,15 +14,19 @@ would fill them, which matters here because each RPC costs far more than the byt
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Protocol
+
+from minibroker.client.records import encoder_choice
 
 _SEED = 0x9747B28C
 _M = 0x5BD1E995
 _MASK32 = 0xFFFFFFFF
 
 
-def murmur2(data: bytes) -> int:
-    """Kafka's `Utils.murmur2`: a signed 32-bit hash of `data`."""
+def murmur2_pure(data: bytes) -> int:
+    """Kafka's `Utils.murmur2`: a signed 32-bit hash of `data` (the reference; `murmur2` is the
+    compiled one where the encoder module is built)."""
     length = len(data)
     h = (_SEED ^ length) & _MASK32
     length4 = length // 4
@@ -46,6 +50,9 @@ def murmur2(data: bytes) -> int:
     h = (h * _M) & _MASK32
     h ^= h >> 15
     return h - (1 << 32) if h & 0x80000000 else h
+
+
+murmur2: Callable[[bytes], int] = encoder_choice.murmur2 or murmur2_pure
 
 
 def to_positive(number: int) -> int:

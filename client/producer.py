@@ -1,18 +1,26 @@
 """AsyncProducer: Kafka's producer on grpc.aio (accumulator + one sender task).
 
 Does network I/O through `ClusterClient`. `send` checks a record (producer_record.py), places it
-(partitioner.py) and appends it to the pure `RecordAccumulator`; the `Sender` (sender.py) drains
-ready batches into Produce requests, retries, splits and completes them, and takes producer ids.
-Idempotence is on by default with acks=all, as in Kafka 3+.
+(partitioner.py) and appends it to the `RecordAccumulator`, whose builder encodes it at once
+(compiled where available); the `Sender` (sender.py) drains ready batches into Produce requests,
+retries, splits and completes them, and takes producer ids. Idempotence is on by default with
+acks=all, as in Kafka 3+.
 
-Concurrency: every method runs on the event loop that called `start()` (or the first `send`),
-except `_prepare`, which only reads and is also called from the sync facade's threads.
+Per record, `send` makes one small `FutureRecordMetadata` over its batch's shared
+`ProduceRequestResult` (produce_result.py): no asyncio future, task or callback per record, and
+the sender's work is per batch (Kafka's design).
+
+Concurrency: `_append` (the record path of `send`, `send_batch` and the blocking `Producer`)
+may run on any thread: the accumulator appends under one lock, and a thread other than the
+loop's wakes the sender only when it opens a batch. Everything else runs on the event loop that
+called `start()` (or the first `send`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -21,18 +29,23 @@ from minibroker.client.accumulator import RecordAccumulator, record_size_estimat
 from minibroker.client.batch import Compression
 from minibroker.client.common.config import ConfigError
 from minibroker.client.errors import (
+    ClientClosedError,
     MessageTooLargeError,
     RequestTimedOutError,
     UnknownTopicOrPartitionError,
 )
 from minibroker.client.metadata_cache import TopicInfo
 from minibroker.client.partitioner import StickyPartitioner, partition_for_key
+from minibroker.client.produce_result import (
+    FutureRecordMetadata,
+    ProduceRequestResult,
+    SentRecords,
+)
 from minibroker.client.producer_record import (
     DEFAULT_MAX_MESSAGE_BYTES,
     INT32_MAX,
     INT64_MAX,
     HeadersIn,
-    PreparedRecord,
     as_bytes,
     checked_timestamp,
     max_message_bytes,
@@ -40,10 +53,9 @@ from minibroker.client.producer_record import (
     parse_acks,
 )
 from minibroker.client.records import BatchBuilder
-from minibroker.client.sender import Sender, settle
+from minibroker.client.sender import Sender
 from minibroker.client.transport import (
     DEFAULT_BOOTSTRAP,
-    ClientClosedError,
     ClusterClient,
     check_topic_name,
     now_ms,
@@ -57,13 +69,17 @@ DEFAULT_BATCH_SIZE = 1024 * 1024
 DEFAULT_MAX_REQUEST_SIZE = 8 * 1024 * 1024
 
 _new_tuple = tuple.__new__
+_BYTES_OR_NONE = frozenset((bytes, type(None)))
+_time_ns = time.time_ns
+_get_ident = threading.get_ident
 
 
 class AsyncProducer:
     """Kafka-shaped producer for asyncio code. Use `async with AsyncProducer(...) as p:`.
 
-    `await p.send(...)` returns a future of RecordMetadata once the record is buffered;
-    `await p.send_and_wait(...)` returns the RecordMetadata.
+    `await p.send(...)` returns a `FutureRecordMetadata` once the record is buffered (await it,
+    or use it as a concurrent.futures.Future); `await p.send_and_wait(...)` returns the
+    RecordMetadata; `await p.send_batch(topic, values)` buffers many records in one call.
     """
 
     def __init__(
@@ -120,8 +136,10 @@ class AsyncProducer:
         self.max_request_size = max_request_size
         self.buffer_memory = buffer_memory
         self.max_block_ms = max_block_ms
-        # Records up to this size need no per-topic size check (the smallest sane limit).
-        self._small_record_bytes = min(1024, max_request_size)
+        # A key and value of up to this many bytes together need no per-topic size check: with
+        # the record's framing and a batch header they stay under the smallest sane limit.
+        self._small_record_bytes = max(0, min(1024, max_request_size) - 61 - 21)
+        self._limits: dict[str, tuple[TopicInfo, int]] = {}
         self.client_id = client_id
         self.cluster = ClusterClient(
             bootstrap_servers,
@@ -134,11 +152,20 @@ class AsyncProducer:
             linger_ms=linger_ms,
             new_builder=self._new_builder,
             idempotent=enable_idempotence,
+            on_new_batch=self._batch_opened,
+            clock_ms=now_ms,
+            lock=threading.Lock(),
         )
+        # The accumulator's byte count (buffer_memory's), read per record without a Python call.
+        self._buffered = self.accumulator.bytes
         self._sticky = StickyPartitioner(rng or random.Random())
         self._tps: dict[str, list[TopicPartition]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
         self._space: asyncio.Event | None = None
+        # Threads blocked in the blocking Producer's send while the buffer is full.
+        self._space_cond = threading.Condition()
+        self._blocked = 0
         self._sender = Sender(self, self.cluster, self.accumulator, self._signal_space)
         self._wake = self._sender.loop.wake
         self._closed = False
@@ -152,6 +179,7 @@ class AsyncProducer:
         if self._loop is not None:
             return
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self._space = asyncio.Event()
         self._sender.loop.start()
 
@@ -185,8 +213,9 @@ class AsyncProducer:
                 pass
         await self._sender.loop.cancel_requests()
         self._sender.fail_everything(
-            ClientClosedError("the producer was closed before the record was sent")
+            ClientClosedError("the producer was closed before the record was sent"), close=True
         )
+        self._signal_space()
         await self.cluster.close()
 
     @property
@@ -195,7 +224,7 @@ class AsyncProducer:
 
     # -- sending -------------------------------------------------------------------------------
 
-    def _prepare(
+    def _append(
         self,
         topic: str,
         value: Any,
@@ -203,32 +232,61 @@ class AsyncProducer:
         partition: int | None,
         headers: HeadersIn,
         timestamp_ms: int | None,
-        topic_info: TopicInfo,
-    ) -> PreparedRecord:
-        """Validate one record against the topic's metadata; raises typed errors that say what
-        to fix. Reads only, so the sync facade may call it from its caller thread."""
-        key_b = as_bytes(key, "key")
-        value_b = as_bytes(value, "value")
-        header_t = normalize_headers(headers)
-        count = topic_info.num_partitions
-        if partition is not None:
-            if not isinstance(partition, int) or not 0 <= partition < count:
-                raise UnknownTopicOrPartitionError(
-                    f"topic {topic!r} has {count} partitions (0..{count - 1}); "
-                    f"partition {partition!r} does not exist"
+        info: TopicInfo,
+    ) -> FutureRecordMetadata:
+        """Check one record and append it to its batch; any thread. Raises typed errors that
+        say what to fix, with nothing queued."""
+        if self._closed:
+            raise ClientClosedError("send() after close(): the producer is closed")
+        if self._sender.fatal is not None:
+            return self._failed(topic, self._sender.fatal)
+        if timestamp_ms is None:
+            timestamp_ms = _time_ns() // 1_000_000
+        elif type(timestamp_ms) is not int or not 0 <= timestamp_ms <= INT64_MAX:
+            timestamp_ms = checked_timestamp(timestamp_ms)
+        if value is not None and type(value) is not bytes:
+            value = as_bytes(value, "value")
+        if key is not None and type(key) is not bytes:
+            key = as_bytes(key, "key")
+        if headers is not None:
+            headers = normalize_headers(headers) or None
+        if (
+            headers is not None
+            or (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
+            > self._small_record_bytes
+        ):
+            self._check_size(topic, key, value, headers, info)
+        count = len(info.partitions)
+        tps = self._tps.get(topic)
+        if tps is None or len(tps) != count:
+            tps = self._partitions(topic, count)
+        if partition is None:
+            if key is None:
+                return self.accumulator.append_sticky(
+                    topic, tps, self._sticky, timestamp_ms, None, value, headers
                 )
-            chosen = partition
-        elif key_b is not None:
-            chosen = partition_for_key(key_b, count)
-        else:
-            chosen = -1
-        size = record_size_estimate(key_b, value_b, header_t)
-        if size + 61 > self._small_record_bytes:
-            topic_limit = max_message_bytes(topic_info)
-            limit = min(topic_limit, self.max_request_size)
-        else:
-            # Every topic accepts this size (max.message.bytes >= 1 KiB here); skip the lookup.
-            topic_limit = limit = self._small_record_bytes
+            partition = partition_for_key(key, count)
+        elif type(partition) is not int or not 0 <= partition < count:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} has {count} partitions (0..{count - 1}); "
+                f"partition {partition!r} does not exist"
+            )
+        return self.accumulator.append(tps[partition], timestamp_ms, key, value, headers)
+
+    def _check_size(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: tuple[tuple[str, bytes | None], ...] | None,
+        info: TopicInfo,
+    ) -> None:
+        size = record_size_estimate(key, value, headers or ())
+        known = self._limits.get(topic)
+        if known is None or known[0] is not info:
+            known = self._limits[topic] = (info, max_message_bytes(info))
+        topic_limit = known[1]
+        limit = min(topic_limit, self.max_request_size)
         if size + 61 > limit:
             which = (
                 f"max.message.bytes of topic {topic!r} ({topic_limit})"
@@ -239,73 +297,107 @@ class AsyncProducer:
                 f"record of about {size} bytes is larger than {which}; send smaller values or "
                 "raise the limit (topic config max.message.bytes, producer max_request_size)"
             )
-        if timestamp_ms is None:
-            timestamp_ms = time.time_ns() // 1_000_000
-        elif type(timestamp_ms) is not int or not 0 <= timestamp_ms <= INT64_MAX:
-            timestamp_ms = checked_timestamp(timestamp_ms)
-        # tuple.__new__: a NamedTuple's own __new__ is a Python frame of its own per record.
-        return _new_tuple(
-            PreparedRecord, (topic, chosen, timestamp_ms, key_b, value_b, header_t, size, count)
+
+    def _failed(self, topic: str, error: BaseException) -> FutureRecordMetadata:
+        result = ProduceRequestResult(TopicPartition(topic, -1))
+        result.fail(error)
+        return FutureRecordMetadata.of(result, 0, -1)
+
+    def _append_batch(
+        self,
+        topic: str,
+        values: Sequence[Any],
+        keys: Sequence[Any] | None,
+        partition: int | None,
+        timestamp_ms: int | None,
+        info: TopicInfo,
+        out: SentRecords,
+        start: int,
+    ) -> int:
+        """Append `values[start:]` until one batch is full; returns how many were appended.
+        Any thread. The caller loops (and waits for buffer space between calls)."""
+        if self._closed:
+            raise ClientClosedError("send() after close(): the producer is closed")
+        count = info.num_partitions
+        tps = self._tps.get(topic)
+        if tps is None or len(tps) != count:
+            tps = self._partitions(topic, count)
+        assert isinstance(out._timestamps, int)
+        if partition is None and keys is not None:
+            # Keyed records go to their own partitions: one at a time.
+            fut = self._append(topic, values[start], keys[start], None, None, out._timestamps, info)
+            out._add_run(fut[0], fut[1], 1)
+            return 1
+        if partition is not None and (type(partition) is not int or not 0 <= partition < count):
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} has {count} partitions (0..{count - 1}); "
+                f"partition {partition!r} does not exist"
+            )
+        return self.accumulator.append_values(
+            tps,
+            partition,
+            self._sticky,
+            out._timestamps,
+            values,
+            keys,
+            start,
+            out,
         )
 
-    def _enqueue(self, rec: PreparedRecord, future: Any) -> bool:
-        """Append a prepared record (loop thread only); True when it opened a new batch."""
-        if self._closed:
-            settle(future, exc=ClientClosedError("send() after close(): the producer is closed"))
-            return False
-        if self._sender.fatal is not None:
-            settle(future, exc=self._sender.fatal)
-            return False
-        # The accumulator's per-record handle is the future itself (asyncio or concurrent).
-        handle = future
-        now = now_ms()
-        acc = self.accumulator
-        if rec.partition >= 0:
-            tp = self._topic_partition(rec.topic, rec.partition, rec.num_partitions)
-            result = acc.append(
-                tp, rec.timestamp_ms, rec.key, rec.value, rec.headers, handle, now, size=rec.size
-            )
-        else:
-            count = rec.num_partitions
-            part = self._sticky.partition(rec.topic, count)
-            tp = self._topic_partition(rec.topic, part, count)
-            result = acc.append(
-                tp,
-                rec.timestamp_ms,
-                rec.key,
-                rec.value,
-                rec.headers,
-                handle,
-                now,
-                abort_on_new_batch=True,
-                size=rec.size,
-            )
-            if not result.appended:
-                part = self._sticky.on_new_batch(rec.topic, count, part)
-                tp = self._topic_partition(rec.topic, part, count)
-                result = acc.append(
-                    tp,
-                    rec.timestamp_ms,
-                    rec.key,
-                    rec.value,
-                    rec.headers,
-                    handle,
-                    now,
-                    size=rec.size,
+    def _check_batch(
+        self,
+        topic: str,
+        values: Sequence[Any],
+        keys: Sequence[Any] | None,
+        partition: int | None,
+        info: TopicInfo,
+    ) -> None:
+        """Every record of a `send_batch` is valid and fits the limits, checked before any is
+        queued (keyed records without a partition go one at a time through `_append`, which
+        checks each)."""
+        if keys is not None:
+            if len(keys) != len(values):
+                raise ValueError(
+                    f"{len(keys)} keys for {len(values)} values: give one key per value"
                 )
-        if result.new_batch:
-            self._wake()
-        return result.new_batch
+            if partition is None:
+                return
+        small = self._small_record_bytes
+        # C-speed scans: the common case (bytes values, none large) costs no Python per record.
+        simple = set(map(type, values)) <= _BYTES_OR_NONE and (
+            keys is None or set(map(type, keys)) <= _BYTES_OR_NONE
+        )
+        if simple:
+            longest = max(map(len, filter(None, values)), default=0)
+            if keys is not None:
+                longest += max(map(len, filter(None, keys)), default=0)
+            if longest <= small:
+                return
+        for i, value in enumerate(values):
+            v = as_bytes(value, "value")
+            k = as_bytes(keys[i], "key") if keys is not None else None
+            if (len(k) if k else 0) + (len(v) if v else 0) > small:
+                self._check_size(topic, k, v, None, info)
 
-    def _topic_partition(self, topic: str, partition: int, num_partitions: int) -> TopicPartition:
-        """The shared TopicPartition of `topic`/`partition`: one lookup per record instead of a
-        new NamedTuple (whose construction costs several times more)."""
-        tps = self._tps.get(topic)
-        if tps is None or len(tps) < num_partitions or partition >= len(tps):
-            tps = self._tps[topic] = [
-                TopicPartition(topic, p) for p in range(max(num_partitions, partition + 1))
-            ]
-        return tps[partition]
+    def _partitions(self, topic: str, num_partitions: int) -> list[TopicPartition]:
+        """The shared TopicPartitions of `topic`: one lookup per record instead of a new
+        NamedTuple (whose construction costs several times more)."""
+        tps = self._tps[topic] = [TopicPartition(topic, p) for p in range(num_partitions)]
+        return tps
+
+    def _batch_opened(self) -> None:
+        """The accumulator opened a batch (under its lock, on any thread): let the sender see it
+        (its linger timer, or send it at once)."""
+        loop = self._loop
+        if loop is None:
+            return
+        if _get_ident() == self._loop_thread:
+            self._wake()
+        else:
+            try:
+                loop.call_soon_threadsafe(self._wake)
+            except RuntimeError:  # the loop is closed: close() fails what is left
+                pass
 
     async def _topic(self, topic: str) -> TopicInfo:
         info = self.cluster.metadata.topics.get(topic) if isinstance(topic, str) else None
@@ -324,14 +416,31 @@ class AsyncProducer:
             self._space.clear()
             remaining = deadline - now_ms()
             if remaining <= 0:
-                raise RequestTimedOutError(
-                    f"buffer_memory ({self.buffer_memory} bytes) stayed full for max_block_ms "
-                    f"({self.max_block_ms}); the cluster is not keeping up"
-                )
+                raise self._buffer_full()
             try:
                 await asyncio.wait_for(self._space.wait(), remaining / 1000)
             except TimeoutError:
                 continue
+
+    def _block_for_space(self) -> None:
+        """The blocking Producer's wait for buffer space (any thread but the loop's)."""
+        deadline = time.monotonic() + self.max_block_ms / 1000
+        with self._space_cond:
+            self._blocked += 1
+            try:
+                while self.accumulator.buffered_bytes >= self.buffer_memory:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise self._buffer_full()
+                    self._space_cond.wait(remaining)
+            finally:
+                self._blocked -= 1
+
+    def _buffer_full(self) -> RequestTimedOutError:
+        return RequestTimedOutError(
+            f"buffer_memory ({self.buffer_memory} bytes) stayed full for max_block_ms "
+            f"({self.max_block_ms}); the cluster is not keeping up"
+        )
 
     async def send(
         self,
@@ -341,24 +450,26 @@ class AsyncProducer:
         partition: int | None = None,
         headers: HeadersIn = None,
         timestamp_ms: int | None = None,
-    ) -> asyncio.Future[RecordMetadata]:
-        """Buffer one record; returns a future of its RecordMetadata (topic, partition, offset,
-        timestamp). Raises at once for bad input, a closed producer, or an unknown topic."""
-        if self._closed:
-            raise ClientClosedError("send() after close(): the producer is closed")
+    ) -> FutureRecordMetadata:
+        """Buffer one record; returns the future of its RecordMetadata (topic, partition,
+        offset, timestamp): await it, or use it as a concurrent.futures.Future. Raises at once
+        for bad input, a closed producer, or an unknown topic."""
         if self._loop is None:
+            if self._closed:
+                raise ClientClosedError("send() after close(): the producer is closed")
             await self.start()
         info = self.cluster.metadata.topics.get(topic) if type(topic) is str else None
         if info is None:
             info = await self._topic(topic)
-        rec = self._prepare(topic, value, key, partition, headers, timestamp_ms, info)
-        if self.accumulator.buffered_bytes >= self.buffer_memory:
+        acc = self.accumulator
+        if self._buffered.value >= self.buffer_memory:
             await self._wait_for_space()
-        assert self._loop is not None
-        future: asyncio.Future[RecordMetadata] = self._loop.create_future()
-        if self._enqueue(rec, future):
-            # A batch was closed: let the sender run now, or a tight send loop (which never
-            # suspends otherwise) would queue everything before the first request goes out.
+        opened = acc.batches_created
+        future = self._append(topic, value, key, partition, headers, timestamp_ms, info)
+        if acc.batches_created != opened:
+            # A batch was opened (the previous one is full): let the sender run now, or a tight
+            # send loop (which never suspends otherwise) would queue everything before the
+            # first request goes out.
             await asyncio.sleep(0)
         return future
 
@@ -374,6 +485,61 @@ class AsyncProducer:
         future = await self.send(topic, value, key, partition, headers, timestamp_ms)
         return await future
 
+    async def send_batch(
+        self,
+        topic: str,
+        values: Sequence[Any],
+        keys: Sequence[Any] | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> SentRecords:
+        """Buffer many records at once (values, and optionally one key each), all with one
+        timestamp (default: now); the per-record work runs in the compiled encoder.
+
+        Same placement as `send` (a partition, a key's partition, or the sticky partition for
+        null keys) and the same checks, all made before any record is queued. Returns a
+        `SentRecords`: a sequence of each record's future; `await` it (or `.result()`) for
+        every RecordMetadata, in order.
+        """
+        if self._loop is None:
+            if self._closed:
+                raise ClientClosedError("send() after close(): the producer is closed")
+            await self.start()
+        info = self.cluster.metadata.topics.get(topic) if type(topic) is str else None
+        if info is None:
+            info = await self._topic(topic)
+        out = self._new_sent(values, keys, partition, timestamp_ms, topic, info)
+        start, total = 0, len(values)
+        acc = self.accumulator
+        while start < total:
+            if acc.buffered_bytes >= self.buffer_memory:
+                await self._wait_for_space()
+            opened = acc.batches_created
+            start += self._append_batch(topic, values, keys, partition, None, info, out, start)
+            if acc.batches_created != opened:
+                await asyncio.sleep(0)
+        return out
+
+    def _new_sent(
+        self,
+        values: Sequence[Any],
+        keys: Sequence[Any] | None,
+        partition: int | None,
+        timestamp_ms: int | None,
+        topic: str,
+        info: TopicInfo,
+    ) -> SentRecords:
+        if self._closed:
+            raise ClientClosedError("send() after close(): the producer is closed")
+        if timestamp_ms is None:
+            timestamp_ms = _time_ns() // 1_000_000
+        else:
+            timestamp_ms = checked_timestamp(timestamp_ms)
+        self._check_batch(topic, values, keys, partition, info)
+        out = SentRecords()
+        out._timestamps = timestamp_ms
+        return out
+
     async def flush(self, timeout_ms: int | None = None) -> None:
         """Send every buffered record now and wait until each is acknowledged or failed."""
         if self._loop is None:
@@ -382,16 +548,10 @@ class AsyncProducer:
         acc.flushing += 1
         try:
             self._wake()
-            waits = [
-                asyncio.wrap_future(f) if not isinstance(f, asyncio.Future) else f
-                for f in (b.handles[-1] for b in acc.incomplete() if b.handles)
-            ]
+            waits = [b.result.asyncio_future() for b in acc.incomplete()]
             if waits:
                 timeout = None if timeout_ms is None else timeout_ms / 1000
-                done, pending = await asyncio.wait(waits, timeout=timeout)
-                for fut in done:
-                    if not fut.cancelled():
-                        fut.exception()  # consumed here; the caller sees it on its own future
+                _, pending = await asyncio.wait(waits, timeout=timeout)
                 if pending:
                     raise RequestTimedOutError(f"flush did not finish within {timeout_ms} ms")
         finally:
@@ -411,8 +571,14 @@ class AsyncProducer:
         return BatchBuilder(size, compression=self.compression)
 
     def _signal_space(self) -> None:
-        if self._space is not None and self.accumulator.buffered_bytes < self.buffer_memory:
+        """A batch left the buffer (sender's loop): wake senders waiting for room."""
+        if self.accumulator.buffered_bytes >= self.buffer_memory:
+            return
+        if self._space is not None:
             self._space.set()
+        if self._blocked:
+            with self._space_cond:
+                self._space_cond.notify_all()
 
 
-__all__ = ["AsyncProducer", "HeadersIn", "PreparedRecord", "parse_acks"]
+__all__ = ["AsyncProducer", "FutureRecordMetadata", "HeadersIn", "SentRecords", "parse_acks"]

@@ -2,14 +2,13 @@
 
 Pure: no I/O, no clock. Keys, values and header values are bytes, str (UTF-8) or None; header
 names str; a timestamp an int of milliseconds in [0, int64 max] (Kafka's ProducerRecord words).
-`PreparedRecord` is what the producer's `_prepare` makes of a checked record.
+The producer's `_append` applies them to each record before it is appended to its batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from operator import index
-from typing import NamedTuple
 
 from minibroker.client.common.config import ConfigError
 from minibroker.client.metadata_cache import TopicInfo
@@ -20,20 +19,6 @@ INT64_MAX = 2**63 - 1
 
 Headers = Sequence[tuple[str, bytes | None]]
 HeadersIn = Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | None
-
-
-class PreparedRecord(NamedTuple):
-    """A validated record, ready for the accumulator (made by `_prepare`). A NamedTuple: one is
-    made per record, and a frozen dataclass costs several times more to construct."""
-
-    topic: str
-    partition: int  # -1: sticky (null key, no explicit partition)
-    timestamp_ms: int
-    key: bytes | None
-    value: bytes | None
-    headers: Headers
-    size: int
-    num_partitions: int
 
 
 def max_message_bytes(topic: TopicInfo) -> int:
@@ -102,7 +87,6 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "Headers",
     "HeadersIn",
-    "PreparedRecord",
     "as_bytes",
     "checked_timestamp",
     "max_message_bytes",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from minibroker.client.accumulator import ProducerBatch, RecordAccumulator
 from minibroker.client.batch import NO_SEQUENCE, Compression
@@ -39,7 +39,7 @@ from minibroker.client.transport import (
     ClusterClient,
     now_ms,
 )
-from minibroker.client.types import RecordMetadata, TopicPartition
+from minibroker.client.types import TopicPartition
 from minibroker.client.wakeable import STOP, Stop, WakeableLoop
 from minibroker.client.wire import (
     CallFailed,
@@ -57,8 +57,6 @@ log = logging.getLogger("minibroker.client.producer")
 # How often the sender asks for metadata while a partition's leader is unreachable.
 _NEW_LEADER_POLL_MS = 20
 
-_new_tuple = tuple.__new__
-
 
 class ProducerSettings(Protocol):
     """The producer settings the sender reads (AsyncProducer's)."""
@@ -72,19 +70,6 @@ class ProducerSettings(Protocol):
     delivery_timeout_ms: int
     retry_backoff_ms: int
     max_request_size: int
-
-
-def settle(future: Any, result: Any = None, exc: BaseException | None = None) -> None:
-    """Complete a record's future (asyncio or concurrent) unless it is done already."""
-    if future.done():
-        return
-    try:
-        if exc is not None:
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
-    except Exception:  # a concurrent cancel from another thread: nothing left to tell
-        return
 
 
 class Sender:
@@ -119,12 +104,14 @@ class Sender:
         self.fatal = UnknownServerError(f"the producer's sender task failed: {err!r}")
         self.fail_everything(self.fatal)
 
-    def fail_everything(self, err: BaseException) -> None:
-        """Fail every batch not yet acknowledged, queued or in flight."""
+    def fail_everything(self, err: BaseException, *, close: bool = False) -> None:
+        """Fail every batch not yet acknowledged, queued or in flight; with `close`, refuse
+        every later append too (atomically, so no record is left behind unsent)."""
         acc = self.accumulator
-        for batch in acc.abort_all() + list(acc.in_flight()):
+        queued = acc.close_and_abort() if close else acc.abort_all()
+        for batch in queued + acc.in_flight():
             acc.fail(batch)
-            fail_handles(batch, err)
+            batch.result.fail(err)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -337,17 +324,9 @@ class Sender:
     def finish_ok(self, batch: ProducerBatch, base_offset: int, log_append_time_ms: int) -> None:
         self.accumulator.complete(batch)
         self._on_space()
-        topic, partition = batch.tp
-        append_time = log_append_time_ms >= 0
-        offset = base_offset if base_offset >= 0 else -1
-        step = 1 if base_offset >= 0 else 0
-        for future, ts in zip(batch.handles, batch.timestamps):
-            if not future.done():
-                ts = log_append_time_ms if append_time else ts
-                # The hottest loop of acknowledgement: RecordMetadata built through
-                # tuple.__new__ (its NamedTuple __new__ is a Python frame of its own).
-                settle(future, _new_tuple(RecordMetadata, (topic, partition, offset, ts)))
-            offset += step
+        # One completion per batch: each record's future reads its offset (base + index) and
+        # timestamp from this result when asked (Kafka's ProduceRequestResult).
+        batch.result.complete(base_offset if base_offset >= 0 else -1, log_append_time_ms)
 
     def finish_failed(self, batch: ProducerBatch, err: MiniBrokerError) -> None:
         log.debug(
@@ -364,12 +343,7 @@ class Sender:
             # This sequence range may or may not be on the broker: continuing the old id would
             # either leave a gap or collide, so start a fresh producer id (KIP-360's reason).
             self.need_producer_id = True
-        fail_handles(batch, err)
+        batch.result.fail(err)
 
 
-def fail_handles(batch: ProducerBatch, err: BaseException) -> None:
-    for future in batch.handles:
-        settle(future, exc=err)
-
-
-__all__ = ["ProducerSettings", "Sender", "fail_handles", "settle"]
+__all__ = ["ProducerSettings", "Sender"]

@@ -2,9 +2,11 @@
 
 Does I/O by delegation: every object's async counterpart lives on one event loop per process
 (uvloop where available) running in a daemon thread. Methods block the calling thread
-until the loop has answered, except `Producer.send`, which validates in the caller's thread (so
-bad input raises at once, with the same typed errors as the async API), hands the record to the
-loop without waiting, and returns a `concurrent.futures.Future` of its RecordMetadata.
+until the loop has answered, except `Producer.send` and `send_batch`, which run the async
+producer's record path in the caller's thread: the record is checked (bad input raises at once,
+with the same typed errors as the async API) and appended to its batch under the accumulator's
+lock, with no hand-over between threads per record. `send` returns the record's
+`FutureRecordMetadata` (a concurrent.futures-style future over its batch's result).
 
 Thread safety: a Producer may be shared by threads (sends from several threads interleave);
 Consumer and Admin are meant for one thread at a time, like Kafka's. Never call these objects
@@ -18,7 +20,6 @@ import asyncio
 import concurrent.futures
 import os
 import threading
-from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -32,10 +33,12 @@ from minibroker.client.admin import (
 from minibroker.client.common.runtime import new_event_loop
 from minibroker.client.consumer import AsyncConsumer
 from minibroker.client.errors import MiniBrokerError, RequestTimedOutError
+from minibroker.client.metadata_cache import TopicInfo
+from minibroker.client.produce_result import FutureRecordMetadata, SentRecords
 from minibroker.client.producer import AsyncProducer
-from minibroker.client.producer_record import HeadersIn, PreparedRecord
+from minibroker.client.producer_record import HeadersIn
 from minibroker.client.transport import DEFAULT_BOOTSTRAP, ClientClosedError
-from minibroker.client.types import Record, RecordMetadata, TopicPartition
+from minibroker.client.types import Record, TopicPartition
 
 T = TypeVar("T")
 
@@ -108,11 +111,13 @@ class _LoopThread:
 
 
 class Producer:
-    """Blocking Kafka-shaped producer: `send` returns a concurrent.futures.Future.
+    """Blocking Kafka-shaped producer: `send` returns a `FutureRecordMetadata`
+    (`.result(timeout)`, `.add_done_callback`, like a concurrent.futures.Future).
 
     Takes the same keyword arguments as AsyncProducer (acks, enable_idempotence, linger_ms,
     batch_size, compression_type, max_in_flight, retries, request_timeout_ms,
     delivery_timeout_ms, retry_backoff_ms, max_request_size, buffer_memory, max_block_ms, ...).
+    `send` blocks only while the buffer is full (up to max_block_ms, then raises).
     """
 
     def __init__(
@@ -121,13 +126,6 @@ class Producer:
         self._async = AsyncProducer(bootstrap_servers, **config)
         self._lt = _LoopThread.shared()
         self._lt.run(self._async.start())
-        self._lock = threading.Lock()
-        self._pending: deque[tuple[PreparedRecord, concurrent.futures.Future[Any]]] = deque()
-        self._scheduled = False
-        # Bytes sent but not yet acknowledged, bounded by buffer_memory (Kafka's send blocks
-        # while the buffer is full, for at most max_block_ms).
-        self._space = threading.Condition()
-        self._unacked_bytes = 0
         self._closed = False
 
     def __enter__(self) -> Producer:
@@ -135,6 +133,15 @@ class Producer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _info(self, topic: str) -> TopicInfo:
+        p = self._async
+        info = p.cluster.metadata.topics.get(topic) if type(topic) is str else None
+        if info is None:
+            if self._closed:
+                raise ClientClosedError("send() after close(): the producer is closed")
+            info = self._lt.run(p._topic(topic))
+        return info
 
     def send(
         self,
@@ -144,57 +151,39 @@ class Producer:
         partition: int | None = None,
         headers: HeadersIn = None,
         timestamp_ms: int | None = None,
-    ) -> concurrent.futures.Future[RecordMetadata]:
+    ) -> FutureRecordMetadata:
         """Buffer one record; the returned future resolves to its RecordMetadata or error."""
-        if self._closed:
-            raise ClientClosedError("send() after close(): the producer is closed")
         p = self._async
-        info = p.cluster.metadata.topics.get(topic) if isinstance(topic, str) else None
+        info = p.cluster.metadata.topics.get(topic) if type(topic) is str else None
         if info is None:
-            info = self._lt.run(p._topic(topic))
-        rec = p._prepare(topic, value, key, partition, headers, timestamp_ms, info)
-        with self._space:
-            if self._unacked_bytes >= p.buffer_memory and not self._space.wait_for(
-                lambda: self._unacked_bytes < p.buffer_memory, p.max_block_ms / 1000
-            ):
-                raise RequestTimedOutError(
-                    f"buffer_memory ({p.buffer_memory} bytes) stayed full for max_block_ms "
-                    f"({p.max_block_ms}); the cluster is not keeping up"
-                )
-            self._unacked_bytes += rec.size
-        future: concurrent.futures.Future[RecordMetadata] = concurrent.futures.Future()
-        size = rec.size
-        future.add_done_callback(lambda _f: self._release(size))
-        with self._lock:
-            self._pending.append((rec, future))
-            schedule = not self._scheduled
-            self._scheduled = True
-        if schedule:
-            self._lt.loop.call_soon_threadsafe(self._drain_pending)
-        return future
+            info = self._info(topic)
+        if p._buffered.value >= p.buffer_memory:
+            p._block_for_space()
+        return p._append(topic, value, key, partition, headers, timestamp_ms, info)
 
-    def _release(self, size: int) -> None:
-        with self._space:
-            self._unacked_bytes -= size
-            self._space.notify_all()
-
-    def _drain_pending(self) -> None:
-        """Loop thread: move records handed over by send() into the accumulator."""
-        with self._lock:
-            items = list(self._pending)
-            self._pending.clear()
-            self._scheduled = False
-        for rec, future in items:
-            self._async._enqueue(rec, future)
+    def send_batch(
+        self,
+        topic: str,
+        values: Sequence[Any],
+        keys: Sequence[Any] | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> SentRecords:
+        """Buffer many records in one call (see AsyncProducer.send_batch); `.result(timeout)`
+        on the returned SentRecords gives every RecordMetadata in order."""
+        p = self._async
+        info = self._info(topic)
+        out = p._new_sent(values, keys, partition, timestamp_ms, topic, info)
+        start, total = 0, len(values)
+        while start < total:
+            if p.accumulator.buffered_bytes >= p.buffer_memory:
+                p._block_for_space()
+            start += p._append_batch(topic, values, keys, partition, None, info, out, start)
+        return out
 
     def flush(self, timeout_ms: int | None = None) -> None:
         """Block until every record sent so far is acknowledged or failed."""
-
-        async def run() -> None:
-            self._drain_pending()
-            await self._async.flush(timeout_ms)
-
-        self._lt.run(run())
+        self._lt.run(self._async.flush(timeout_ms))
 
     def partitions_for(self, topic: str) -> list[int]:
         return self._lt.run(self._async.partitions_for(topic))
@@ -204,13 +193,8 @@ class Producer:
         if self._closed:
             return
         self._closed = True
-
-        async def run() -> None:
-            self._drain_pending()
-            await self._async.close(timeout_ms)
-
         try:
-            self._lt.run(run())
+            self._lt.run(self._async.close(timeout_ms))
         finally:
             self._lt.stop()
 

@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from minibroker.client.errors import (
+    ClientClosedError,
     ErrorCode,
     InvalidTopicError,
     MiniBrokerError,
@@ -63,10 +64,6 @@ INVALID_METADATA_ERRORS = frozenset(
         ErrorCode.KAFKA_STORAGE_ERROR,
     }
 )
-
-
-class ClientClosedError(MiniBrokerError, RuntimeError):
-    """The producer, consumer or admin client was closed; create a new one to continue."""
 
 
 def now_ms() -> int:

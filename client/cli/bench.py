@@ -61,6 +61,7 @@ from minibroker.client.cli.common import (
     parse_config_pairs,
     run_async,
 )
+from minibroker.client.produce_result import FutureRecordMetadata
 from minibroker.client.types import TopicPartition
 
 MB = 1024 * 1024
@@ -438,7 +439,7 @@ async def bench_produce(args: argparse.Namespace, out: TextIO) -> BenchResult:
     timed = getattr(args, "latency", True)
     meter = CpuMeter(getattr(args, "broker_pids", ()))
     failures: list[BaseException] = []
-    untimed: list[asyncio.Future[Any]] = []
+    untimed: list[FutureRecordMetadata] = []
     async with AsyncProducer(bootstrap, **props) as producer:
         await producer.partitions_for(args.topic)  # fail fast on an unknown topic
         size = len(payload)
@@ -448,7 +449,7 @@ async def bench_produce(args: argparse.Namespace, out: TextIO) -> BenchResult:
 
         # Send times by future: one shared callback instead of a closure per record keeps the
         # tool's own per-record cost (and garbage) small next to the producer's.
-        sent_at: dict[asyncio.Future[Any], float] = {}
+        sent_at: dict[FutureRecordMetadata, float] = {}
         monotonic = time.monotonic
         # One context for every callback: asyncio's add_done_callback would copy one per
         # record. Futures of another kind (a producer's own) need none.
@@ -458,7 +459,7 @@ async def bench_produce(args: argparse.Namespace, out: TextIO) -> BenchResult:
         # a thread of its own, so the stats are updated under a lock.
         lock = threading.Lock()
 
-        def done(future: asyncio.Future[Any]) -> None:
+        def done(future: FutureRecordMetadata) -> None:
             now = monotonic()
             with lock:
                 started = sent_at.pop(future)
@@ -508,16 +509,16 @@ def bench_produce_sync(args: argparse.Namespace, out: TextIO) -> BenchResult:
     timed = getattr(args, "latency", True)
     meter = CpuMeter(getattr(args, "broker_pids", ()))
     failures: list[BaseException] = []
-    untimed: list[concurrent.futures.Future[Any]] = []
+    untimed: list[FutureRecordMetadata] = []
     with Producer(bootstrap, **props) as producer:
         producer.partitions_for(args.topic)  # fail fast on an unknown topic
         size = len(payload)
-        sent_at: dict[concurrent.futures.Future[Any], float] = {}
+        sent_at: dict[FutureRecordMetadata, float] = {}
         monotonic = time.monotonic
         # Callbacks run on the loop thread, or on this one for a future already done.
         lock = threading.Lock()
 
-        def done(future: concurrent.futures.Future[Any]) -> None:
+        def done(future: FutureRecordMetadata) -> None:
             now = monotonic()
             with lock:
                 started = sent_at.pop(future)
@@ -717,7 +718,7 @@ async def bench_e2e(args: argparse.Namespace, out: TextIO) -> str:
             with contextlib.suppress(OSError):
                 conn.send("sent")
 
-    def done(future: asyncio.Future[Any]) -> None:
+    def done(future: FutureRecordMetadata) -> None:
         if future.cancelled() or future.exception() is not None:
             failures.append(future.exception() or asyncio.CancelledError())
 

@@ -14,7 +14,9 @@ the whole records section (after `recordsCount`) is one compressed blob.
 
 One module per job, and this package names the API its callers use:
 - `varint`: the zig-zag varints;
-- `builder`: encoding (`BatchBuilder`, the producer's accumulator's; `encode_batch`);
+- `builder`: encoding (`BatchBuilder`, the producer's accumulator's; `encode_batch`), with its
+  per-record work in C (`_encoder`, client/records/_encoder.c) when that module is built, and in
+  Python otherwise (`encoder_choice` picks; both give the same bytes);
 - `decode`: decoding (`iter_records`, `iter_decoded_batches`, `decode_records_sized`, ...);
 - `bounds`: how far compressed records may expand (`uncompressed_limit`);
 - `validator`: the leader's check of produced records (`validate_producer_records`, Kafka's

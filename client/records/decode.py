@@ -5,6 +5,12 @@ compression framing `minibroker.client.compression`'s; this is the records secti
 the package docstring). Consumers use `iter_records` / `iter_decoded_batches` over a fetch
 response, which may end in a partial batch. Malformed input of any kind raises
 `CorruptRecordError` with the batch's position and a reason.
+
+The per-record loop (`parse_records`) has a compiled twin, `minibroker.client.records._decoder`
+(C, built by setup.py when a compiler is there): same records, same reasons. `parse_records` and
+`parse_columns` use it when it is built; with MINIBROKER_PURE_CODEC=1 in the environment it
+refuses to load (it reads the variable itself: this module stays free of `os`), and
+`parse_records_pure`, the reference it is tested against, does the work.
 """
 
 from __future__ import annotations
@@ -41,6 +47,12 @@ _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 
 R = TypeVar("R")
+
+try:
+    from minibroker.client.records import _decoder  # type: ignore[attr-defined]
+except ImportError:  # not built (no compiler), or refused under MINIBROKER_PURE_CODEC=1
+    _decoder = None
+COMPILED = _decoder is not None
 
 
 class DecodedRecord(NamedTuple):
@@ -112,8 +124,11 @@ def decode_records_sized(
     header: BatchHeader,
     make: Callable[..., R],
     max_uncompressed_bytes: int | None = None,
+    prefix: tuple[object, ...] = (),
+    suffix: tuple[object, ...] = (),
 ) -> tuple[list[R], int]:
-    """`decode_records` and the size of the records section once decompressed."""
+    """`decode_records` and the size of the records section once decompressed (`prefix` and
+    `suffix` as in parse_records)."""
     section = memoryview(buf)[pos + HEADER_SIZE : pos + header.size]
     compression = compression_of(header, pos)
     if compression is Compression.NONE:
@@ -122,12 +137,90 @@ def decode_records_sized(
         data = decompress(compression, section, pos)
     else:
         data = decompress_bounded(compression, section, max_uncompressed_bytes, pos)
-    return parse_records(data, header, pos, make), len(data)
+    return parse_records(data, header, pos, make, prefix, suffix), len(data)
 
 
 def parse_records(
+    data: bytes,
+    header: BatchHeader,
+    position: int,
+    make: Callable[..., R],
+    prefix: tuple[object, ...] = (),
+    suffix: tuple[object, ...] = (),
+) -> list[R]:
+    """The `header.records_count` records of the records section `data` (decompressed).
+
+    Each record is `make(offset, timestamp, key, value, headers)`; or, with a `prefix` or a
+    `suffix` (then `make` must be a NamedTuple class), `make` holding
+    prefix + (offset, timestamp, key, value, headers) + suffix, built with tuple.__new__
+    (its __new__ is not called). Malformed input raises CorruptRecordError at `position`.
+    """
+    if _decoder is not None and type(data) is bytes:
+        try:
+            return _decoder.parse_records(  # type: ignore[no-any-return]
+                data,
+                header.records_count,
+                header.base_offset,
+                header.base_timestamp,
+                header.max_timestamp if header.log_append_time else None,
+                make,
+                prefix,
+                suffix,
+            )
+        except _decoder.RecordsError as err:
+            raise CorruptRecordError(err.args[0], position) from None
+    if prefix or suffix:
+        new = tuple.__new__
+
+        def make_tuple(*fields: object) -> R:
+            return new(make, (*prefix, *fields, *suffix))  # type: ignore[arg-type,type-var]
+
+        return parse_records_pure(data, header, position, make_tuple)
+    return parse_records_pure(data, header, position, make)
+
+
+class RecordColumns(NamedTuple):
+    """A batch's records as columns (parse_columns); headers is None unless asked for."""
+
+    offsets: list[int]
+    timestamps: list[int]
+    keys: list[bytes | None]
+    values: list[bytes | None]
+    headers: list[tuple[tuple[str, bytes | None], ...]] | None
+
+
+def parse_columns(
+    data: bytes, header: BatchHeader, position: int, with_headers: bool
+) -> RecordColumns:
+    """`parse_records` as one list per field, without an object per record (Arrow's input)."""
+    if _decoder is not None and type(data) is bytes:
+        try:
+            return RecordColumns._make(
+                _decoder.parse_columns(
+                    data,
+                    header.records_count,
+                    header.base_offset,
+                    header.base_timestamp,
+                    header.max_timestamp if header.log_append_time else None,
+                    with_headers,
+                )
+            )
+        except _decoder.RecordsError as err:
+            raise CorruptRecordError(err.args[0], position) from None
+    records = parse_records_pure(data, header, position, DecodedRecord)
+    return RecordColumns(
+        [r.offset for r in records],
+        [r.timestamp for r in records],
+        [r.key for r in records],
+        [r.value for r in records],
+        [r.headers for r in records] if with_headers else None,
+    )
+
+
+def parse_records_pure(
     data: bytes, header: BatchHeader, position: int, make: Callable[..., R]
 ) -> list[R]:
+    """`parse_records` in Python: the reference the compiled decoder is tested against."""
     count = header.records_count
     end = len(data)
     if count * MIN_RECORD_BYTES > end:

@@ -1,9 +1,11 @@
 """The minibroker sink: `df.write.format("minibroker")` and `df.writeStream.format(...)`.
 
-Does network I/O: each Spark task opens one AsyncProducer (on the process's client loop, see
+Does network I/O: each Spark task opens one blocking Producer (on the process's client loop, see
 `produce`), sends its rows, flushes, and returns a commit message only when every record was
 acknowledged; otherwise the task fails with the broker's error. Rows arrive as Arrow record
-batches (DataSourceArrowWriter), so columns are converted to Python values a batch at a time.
+batches (DataSourceArrowWriter), so columns are converted to Python values a batch at a time,
+and a batch with one topic and no partition or headers column goes to the producer in one
+`send_batch` call (the per-record work in compiled code).
 
 Columns, as in Spark's Kafka sink: `value` (required, string or binary), `key` (optional,
 string or binary; missing or null means a null key), `topic` (string; the `topic` option, when
@@ -22,7 +24,6 @@ Concurrency: `write` runs in executor workers on unpickled copies of the writer;
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -42,21 +43,16 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from minibroker.client.producer import AsyncProducer
+from minibroker.client.produce_result import FutureRecordMetadata, SentRecords
 from minibroker.client.spark.options import (
     OptionError,
     bootstrap_servers,
     get_option,
     producer_config,
 )
-from minibroker.client.sync import run_on_client_loop
-from minibroker.client.types import RecordMetadata
+from minibroker.client.sync import Producer
 
 log = logging.getLogger("minibroker.spark")
-
-# Rows a task sends between checks for a failed record (fail fast) and chances for the
-# producer's sender task to run.
-_YIELD_EVERY_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -127,34 +123,44 @@ class ProduceResult(WriterCommitMessage):
     last_offsets: dict[str, int] = field(default_factory=dict)
 
 
-class _Acks:
-    """Collects acknowledgements (done-callbacks on the client loop; read by the task's thread
-    once the loop has answered)."""
+class _Outcomes:
+    """The futures of one task's records: `SentRecords` per Arrow batch, or one future per row
+    for rows sent one at a time. Read once everything is flushed."""
 
     def __init__(self) -> None:
-        self.count = 0
-        self.error: BaseException | None = None
-        self.last_offsets: dict[str, int] = {}
+        self.sent = 0
+        self.batches: list[SentRecords] = []
+        self.singles: list[FutureRecordMetadata] = []
 
-    def on_done(self, future: asyncio.Future[RecordMetadata]) -> None:
-        if future.cancelled():
-            if self.error is None:
-                self.error = RuntimeError("a send was cancelled before it was acknowledged")
-            return
-        error = future.exception()
-        if error is not None:
-            if self.error is None:
-                self.error = error
-            return
-        md = future.result()
-        self.count += 1
-        key = f"{md.topic}-{md.partition}"
-        if md.offset > self.last_offsets.get(key, -1):
-            self.last_offsets[key] = md.offset
+    def failed(self) -> BaseException | None:
+        """The first error among the records that are done (fail fast: it stops the task)."""
+        for batch in self.batches[-2:]:
+            if batch.done():
+                error = batch.exception(timeout=0)
+                if error is not None:
+                    return error
+        return None
 
-    def raise_if_failed(self) -> None:
-        if self.error is not None:
-            raise self.error
+    def summary(self) -> tuple[int, dict[str, int]]:
+        """(records acknowledged, last offset per 'topic-partition'); raises the first error."""
+        last: dict[str, int] = {}
+        count = 0
+        for batch in self.batches:
+            error = batch.exception(timeout=0)
+            if error is not None:
+                raise error
+            for tp, offset in batch.last_offsets().items():
+                key = f"{tp.topic}-{tp.partition}"
+                if offset > last.get(key, -1):
+                    last[key] = offset
+            count += len(batch)
+        for future in self.singles:
+            md = future.result(timeout=0)
+            key = f"{md.topic}-{md.partition}"
+            if md.offset > last.get(key, -1):
+                last[key] = md.offset
+            count += 1
+        return count, last
 
 
 def _headers(value: list[dict[str, Any]] | None) -> list[tuple[str, Any]] | None:
@@ -166,96 +172,77 @@ def _headers(value: list[dict[str, Any]] | None) -> list[tuple[str, Any]] | None
 def produce(opts: SinkOptions, batches: Iterator[Any]) -> ProduceResult:
     """Send every row with one producer, flush, and fail unless all were acknowledged.
 
-    The producer is an AsyncProducer on the process's one client loop (the blocking clients'
-    loop, a daemon thread), handed a whole Arrow batch at a time: about 4x the rate of the
-    blocking facade, whose per-record hand-over between threads dominates (measured here).
-    Not a private loop per task: Spark reuses a Python worker for task after task, and a loop
-    closed at the end of a task while grpc.aio still had completions for it makes the next loop
-    log "RuntimeError: Event loop is closed" (and drop the other completions it was handed).
+    The producer is the blocking Producer: its records are appended to their batches in this
+    (the task's) thread, while the process's one client loop (a daemon thread) sends the batches
+    already full. Not a private loop per task: Spark reuses a Python worker for task after task,
+    and a loop closed at the end of a task while grpc.aio still had completions for it makes the
+    next loop log "RuntimeError: Event loop is closed" (and drop the other completions it was
+    handed).
     """
     ctx = TaskContext.get()
     batch_id_text = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
-    task = _Task(opts)
+    producer = Producer(opts.bootstrap_servers, **opts.producer)
+    outcomes = _Outcomes()
     finished = False
     try:
-        run_on_client_loop(task.start())
-        # Spark's batches are read, and their columns converted, in the task's own thread, while
-        # the loop thread keeps sending the records already handed over.
         for batch in batches:
             if batch.num_rows:
-                run_on_client_loop(task.send(_rows(opts, batch)))
-        run_on_client_loop(task.flush())
+                _send(producer, opts, batch, outcomes)
+                error = outcomes.failed()
+                if error is not None:
+                    raise error
+        producer.flush()
         finished = True
     finally:
         # A failing task does not wait for the rest of its buffer to be delivered.
-        run_on_client_loop(task.close(None if finished else 0))
-    if task.acks.count != task.sent:
-        raise RuntimeError(f"only {task.acks.count} of {task.sent} records were acknowledged")
+        producer.close(None if finished else 0)
+    acknowledged, last_offsets = outcomes.summary()
+    if acknowledged != outcomes.sent:
+        raise RuntimeError(f"only {acknowledged} of {outcomes.sent} records were acknowledged")
     return ProduceResult(
         partition_id=ctx.partitionId() if ctx is not None else -1,
         attempt=ctx.attemptNumber() if ctx is not None else 0,
         batch_id=int(batch_id_text) if batch_id_text else None,
-        records=task.sent,
-        last_offsets=task.acks.last_offsets,
+        records=outcomes.sent,
+        last_offsets=last_offsets,
     )
 
 
-# One Arrow batch as rows: (topic, value, key, partition, headers).
-_Row = tuple[str | None, Any, Any, int | None, list[tuple[str, Any]] | None]
-
-
-def _rows(opts: SinkOptions, batch: Any) -> list[_Row]:
+def _send(producer: Producer, opts: SinkOptions, batch: Any, outcomes: _Outcomes) -> None:
+    """One Arrow batch: in one `send_batch` when the rows share a topic and leave partition and
+    headers to the producer, else row by row."""
     n = batch.num_rows
-    cols = {name.lower(): batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)}
-    values = cols["value"]
-    keys = cols.get("key") or [None] * n
-    parts = cols.get("partition") or [None] * n
-    heads = cols.get("headers") or [None] * n
-    topics: list[str | None] = [opts.topic] * n if opts.topic is not None else cols["topic"]
-    return [(topics[i], values[i], keys[i], parts[i], _headers(heads[i])) for i in range(n)]
-
-
-class _Task:
-    """One task's producer and its acknowledgements; its coroutines run on the client loop."""
-
-    def __init__(self, opts: SinkOptions) -> None:
-        self.opts = opts
-        self.acks = _Acks()
-        self.sent = 0
-        self.producer: AsyncProducer | None = None
-
-    async def start(self) -> None:
-        # Made on the loop it runs on: its channels and tasks belong to that loop.
-        self.producer = AsyncProducer(self.opts.bootstrap_servers, **self.opts.producer)
-        await self.producer.start()
-
-    async def send(self, rows: list[_Row]) -> None:
-        assert self.producer is not None
-        send = self.producer.send
-        on_done = self.acks.on_done
-        for topic, value, key, partition, headers in rows:
-            if topic is None:
-                raise OptionError(
-                    "null topic present in the data; set the topic option or fill the topic column"
-                )
-            # Waits while the producer's buffer is full; the sender task runs meanwhile.
-            future = await send(topic, value, key, partition, headers)
-            future.add_done_callback(on_done)
-            self.sent += 1
-            if self.sent % _YIELD_EVERY_ROWS == 0:
-                self.acks.raise_if_failed()
-                await asyncio.sleep(0)
-
-    async def flush(self) -> None:
-        assert self.producer is not None
-        await self.producer.flush()
-        # Done-callbacks run one loop iteration after their future completes.
-        await asyncio.sleep(0)
-        self.acks.raise_if_failed()
-
-    async def close(self, timeout_ms: int | None) -> None:
-        if self.producer is not None:
-            await self.producer.close(timeout_ms)
+    cols = {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
+    values = cols["value"].to_pylist()
+    key_col = cols.get("key")
+    keys = key_col.to_pylist() if key_col is not None and key_col.null_count < n else None
+    part_col = cols.get("partition")
+    head_col = cols.get("headers")
+    whole = (
+        opts.topic is not None
+        and (part_col is None or part_col.null_count == n)
+        and (head_col is None or head_col.null_count == n)
+    )
+    if whole:
+        assert opts.topic is not None
+        outcomes.batches.append(producer.send_batch(opts.topic, values, keys=keys))
+        outcomes.sent += n
+        return
+    topics: list[str | None] = (
+        [opts.topic] * n if opts.topic is not None else cols["topic"].to_pylist()
+    )
+    parts = part_col.to_pylist() if part_col is not None else [None] * n
+    heads = head_col.to_pylist() if head_col is not None else [None] * n
+    send = producer.send
+    for i in range(n):
+        topic = topics[i]
+        if topic is None:
+            raise OptionError(
+                "null topic present in the data; set the topic option or fill the topic column"
+            )
+        key = keys[i] if keys is not None else None
+        outcomes.singles.append(send(topic, values[i], key, parts[i], _headers(heads[i])))
+        outcomes.sent += 1
 
 
 def _summary(messages: list[WriterCommitMessage | None]) -> tuple[int, int]:

@@ -11,6 +11,7 @@ import pytest
 from minibroker.client.accumulator import RecordAccumulator
 from minibroker.client.batch import read_header
 from minibroker.client.errors import MessageTooLargeError
+from minibroker.client.produce_result import FutureRecordMetadata
 from minibroker.client.records import BatchBuilder, iter_records
 from minibroker.client.types import TopicPartition
 
@@ -25,16 +26,19 @@ def make(batch_size: int = 1024, linger_ms: int = 5, idempotent: bool = True) ->
         linger_ms=linger_ms,
         new_builder=lambda tp: BatchBuilder(batch_size),
         idempotent=idempotent,
+        clock_ms=lambda: 0,
     )
     if idempotent:
         acc.set_producer_id(42, 0)
     return acc
 
 
-def add(acc: RecordAccumulator, tp: TopicPartition, value: bytes, now: int = 0) -> object:
-    handle = object()
-    acc.append(tp, now, None, value, (), handle, now)
-    return handle
+def add(
+    acc: RecordAccumulator, tp: TopicPartition, value: bytes, now: int = 0
+) -> FutureRecordMetadata:
+    future = acc.append(tp, now, None, value, (), now)
+    assert future is not None
+    return future
 
 
 def test_a_batch_is_ready_after_linger_ms_not_before() -> None:
@@ -54,7 +58,10 @@ def test_a_full_batch_is_ready_at_once_and_records_keep_their_order() -> None:
     drained = acc.drain({1: [A0]}, 1 << 20, 0)[1]
     assert len(drained) == 1
     first = drained[0]
-    assert first.handles == handles[: first.record_count]
+    assert [(f[0], f[1]) for f in handles[: first.record_count]] == [
+        (first.result, i) for i in range(first.record_count)
+    ], "each record's future is its batch's result and its index there"
+    assert handles[first.record_count][0] is not first.result
     values = [r.value for r in iter_records(first.buffer)]
     assert values == [bytes([i]) * 40 for i in range(first.record_count)]
 
@@ -156,14 +163,28 @@ def test_expire_removes_old_queued_batches_only() -> None:
     assert not acc.has_incomplete()
 
 
-def test_abort_on_new_batch_appends_nothing() -> None:
-    acc = make()
-    result = acc.append(A0, 0, None, b"x", (), object(), 0, abort_on_new_batch=True)
-    assert not result.appended and result.new_batch
-    assert not acc.has_unsent()
-    acc.append(A0, 0, None, b"x", (), object(), 0)
-    joined = acc.append(A0, 0, None, b"y", (), object(), 0, abort_on_new_batch=True)
-    assert joined.appended and not joined.new_batch
+def test_a_sticky_record_joins_the_open_batch_and_moves_on_only_when_it_is_full() -> None:
+    """KIP-480 in the accumulator: a null-key record goes to the sticky partition's open batch;
+    the stickiness moves (to another partition) only when a new batch is needed there, as
+    Kafka's onNewBatch does (the first record of a topic needs one too)."""
+    from minibroker.client.partitioner import StickyPartitioner
+
+    class Fixed:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def randrange(self, stop: int) -> int:
+            self.calls += 1
+            return 0
+
+    rng = Fixed()
+    sticky = StickyPartitioner(rng)
+    acc = make(batch_size=200, linger_ms=10_000)
+    tps = [A0, A1]
+    futures = [acc.append_sticky("a", tps, sticky, 0, None, bytes(60), None) for _ in range(4)]
+    assert [f[0].tp for f in futures] == [A1, A1, A0, A0]
+    assert [f[1] for f in futures] == [0, 1, 0, 1]
+    assert acc.batches_created == 2
 
 
 def test_buffered_bytes_track_incomplete_batches() -> None:
@@ -186,15 +207,25 @@ def test_a_record_larger_than_batch_size_gets_its_own_batch() -> None:
 
 
 def test_a_builder_that_refuses_the_first_record_is_an_error() -> None:
+    class RefusingEncoder:
+        size = 10
+        count = 0
+
+        def bind(self, *args: object) -> None:
+            return None
+
+        def append_future(self, *args: object) -> None:
+            return None
+
     class Refusing:
-        def append(self, *args: object) -> bool:
-            return False
+        encoder = RefusingEncoder()
 
     acc = RecordAccumulator(
         batch_size=10, linger_ms=0, new_builder=lambda tp: Refusing(), idempotent=False
     )  # type: ignore[arg-type]
     with pytest.raises(MessageTooLargeError):
-        acc.append(A0, 0, None, b"x", (), object(), 0)
+        acc.append(A0, 0, None, b"x", (), 0)
+    assert not acc.has_unsent(), "a refused record leaves no empty batch behind"
 
 
 def records_of(batch_bytes: bytes) -> list[tuple[int, bytes | None, bytes | None, tuple]]:
@@ -211,8 +242,14 @@ def test_a_batch_split_in_halves_keeps_order_and_the_sequence_range() -> None:
     later = add(acc, A0, b"later")
     parts = acc.split_and_reenqueue(big, records_of(big.buffer), lambda: BatchBuilder(1 << 30))
     assert [p.record_count for p in parts] == [3, 2]
-    assert [p.handles for p in parts] == [handles[:3], handles[3:]]
-    assert [p.timestamps for p in parts] == [[0, 1, 2], [3, 4]]
+    assert [big.result.locate(f[1]) for f in handles] == [
+        (parts[0].result, 0),
+        (parts[0].result, 1),
+        (parts[0].result, 2),
+        (parts[1].result, 0),
+        (parts[1].result, 1),
+    ], "each record's future follows the part that holds it"
+    assert [[r[0] for r in records_of(p.buffer)] for p in parts] == [[0, 1, 2], [3, 4]]
     headers = [read_header(p.buffer) for p in parts]
     assert [(h.producer_id, h.base_sequence) for h in headers] == [(42, 0), (42, 3)]
     assert [r[2] for p in parts for r in records_of(p.buffer)] == [
@@ -226,7 +263,7 @@ def test_a_batch_split_in_halves_keeps_order_and_the_sequence_range() -> None:
         sent.append(batch)
         acc.complete(batch)
     assert sent[:2] == parts, "the halves go first, one at a time"
-    assert sent[2].handles == [later] and sent[2].base_sequence == 5
+    assert later[0] is sent[2].result and sent[2].base_sequence == 5
     assert acc.buffered_bytes == 0
 
 
@@ -244,3 +281,56 @@ def test_a_half_that_is_refused_again_is_split_again_down_to_one_record() -> Non
     assert [read_header(b.buffer).base_sequence for b in (one, two)] == [0, 1]
     with pytest.raises(ValueError, match="more than one record"):
         acc.split_and_reenqueue(one, records_of(one.buffer), lambda: BatchBuilder(1 << 30))
+
+
+def test_appends_from_many_threads_while_batches_drain_lose_and_reorder_nothing() -> None:
+    """Kafka's accumulator is appended to by caller threads while the sender drains it. With the
+    lock, every record lands in exactly one batch, at its own index, and each thread's records
+    keep their order within a partition, whatever the interleaving."""
+    import threading
+
+    acc = RecordAccumulator(
+        batch_size=400,
+        linger_ms=0,
+        new_builder=lambda tp: BatchBuilder(400),
+        idempotent=True,
+        lock=threading.Lock(),
+        clock_ms=lambda: 0,
+    )
+    acc.set_producer_id(1, 0)
+    per_thread = 2000
+    futures: dict[int, list[FutureRecordMetadata]] = {}
+
+    def producer(n: int) -> None:
+        mine = futures.setdefault(n, [])
+        for i in range(per_thread):
+            mine.append(add(acc, (A0, A1)[i % 2], f"{n}:{i}".encode()))
+
+    threads = [threading.Thread(target=producer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    offsets = {A0: 0, A1: 0}
+    batches = 0
+    while any(t.is_alive() for t in threads) or acc.has_unsent():
+        for batch in acc.drain({1: [A0, A1]}, 1 << 20, 0).get(1, []):
+            values = [r.value for r in iter_records(batch.buffer)]
+            assert len(values) == batch.record_count
+            batch.result.complete(offsets[batch.tp])
+            offsets[batch.tp] += batch.record_count
+            acc.complete(batch)
+            batches += 1
+    for t in threads:
+        t.join()
+    assert batches > 2
+    where: dict[tuple[TopicPartition, int], bytes] = {}
+    for n, mine in futures.items():
+        last = {A0: -1, A1: -1}
+        for i, future in enumerate(mine):
+            meta = future.result(timeout=0)
+            tp = TopicPartition(meta.topic, meta.partition)
+            assert meta.offset > last[tp], f"thread {n}'s records stay in order on {tp}"
+            last[tp] = meta.offset
+            assert (tp, meta.offset) not in where, "two records at one offset"
+            where[(tp, meta.offset)] = f"{n}:{i}".encode()
+    assert len(where) == 4 * per_thread
+    assert acc.buffered_bytes == 0

@@ -127,21 +127,25 @@ class _RefusingProducer:
     def __init__(self) -> None:
         self.sent = 0
 
-    def send(self, topic: str, value: bytes, *, key: object, partition: object) -> object:
-        import concurrent.futures
-
+    def send_batch(
+        self, topic: str, values: list[bytes], *, keys: object, partition: object
+    ) -> object:
         from minibroker.client.errors import InvalidTimestampError
-        from minibroker.client.types import RecordMetadata
+        from minibroker.client.produce_result import ProduceRequestResult, SentRecords
+        from minibroker.client.types import TopicPartition
 
-        future: concurrent.futures.Future[RecordMetadata] = concurrent.futures.Future()
-        if self.sent < 2:
-            future.set_result(RecordMetadata(topic, 0, self.sent, 0))
-        else:
-            future.set_exception(
-                InvalidTimestampError(f"a batch of 3 record(s) for {topic}-0 failed: too late")
-            )
-        self.sent += 1
-        return future
+        sent = SentRecords()
+        for _ in values:
+            result = ProduceRequestResult(TopicPartition(topic, 0))
+            if self.sent < 2:
+                result.complete(self.sent)
+            else:
+                result.fail(
+                    InvalidTimestampError(f"a batch of 3 record(s) for {topic}-0 failed: too late")
+                )
+            sent._add_run(result, 0, 1)
+            self.sent += 1
+        return sent
 
     def flush(self) -> None:
         return None
@@ -355,3 +359,58 @@ def test_admin_refuses_bad_arguments_before_calling_anyone(call, error) -> None:
 
     with pytest.raises(error):
         asyncio.run(main())
+
+
+class _ChunkedStdin(io.RawIOBase):
+    """A pipe: each read returns what one write put in, never more."""
+
+    def __init__(self, writes: list[bytes]) -> None:
+        self.writes = list(writes)
+
+    def readable(self) -> bool:
+        return True
+
+    def read1(self, size: int = -1) -> bytes:
+        return self.writes.pop(0) if self.writes else b""
+
+
+def test_produce_reads_what_each_read_returns_and_keeps_split_lines_whole() -> None:
+    pipe = _ChunkedStdin([b"a\nb", b"c\r\n", b"d\n", b"e"])
+    assert list(produce.read_lines(pipe)) == [[b"a\n"], [b"bc\r\n"], [b"d\n"], [b"e"]]
+    assert [split for lines in produce.read_lines(io.BytesIO(b"x\ny\n")) for split in lines] == [
+        b"x\n",
+        b"y\n",
+    ]
+
+
+def test_produce_sends_each_read_as_one_batch_with_keys_and_says_which_line_is_bad() -> None:
+    calls: list[tuple[list[bytes], object]] = []
+
+    class Recording:
+        def send_batch(self, topic: str, values: list[bytes], *, keys: object, partition: object):  # type: ignore[no-untyped-def]
+            calls.append((values, keys))
+            return []
+
+        def flush(self) -> None:
+            return None
+
+    produce.produce_lines(
+        Recording(),
+        "t",
+        _ChunkedStdin([b"k1:v1\nk2:v2\n", b"k3:v3\n"]),  # type: ignore[arg-type]
+        separator=b":",
+        partition=None,
+        as_json=False,
+        out=io.StringIO(),
+    )
+    assert calls == [([b"v1", b"v2"], [b"k1", b"k2"]), ([b"v3"], [b"k3"])]
+    with pytest.raises(ValueError, match="line 3 has no key separator"):
+        produce.produce_lines(
+            Recording(),
+            "t",
+            _ChunkedStdin([b"k1:v1\nk2:v2\n", b"oops\n"]),  # type: ignore[arg-type]
+            separator=b":",
+            partition=None,
+            as_json=False,
+            out=io.StringIO(),
+        )

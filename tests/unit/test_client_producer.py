@@ -1,13 +1,14 @@
 """AsyncProducer's decisions without a network: validation, retry vs fail, completion.
 
-No event loop runs here: records carry concurrent.futures.Future handles (what the blocking
-facade uses), and the accumulator and response handling are driven directly.
+No event loop runs here: records are appended with `_append` (the record path shared by `send`,
+`send_batch` and the blocking facade), their futures are waited on with `result()`, and the
+accumulator and response handling are driven directly.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import time
 
 import pytest
 
@@ -18,11 +19,13 @@ from minibroker.client.errors import (
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
     OutOfOrderSequenceError,
+    RequestTimedOutError,
     UnknownTopicOrPartitionError,
 )
 from minibroker.client.metadata_cache import BrokerInfo, ClusterSnapshot, PartitionInfo, TopicInfo
 from minibroker.client.partitioner import partition_for_key
-from minibroker.client.producer import AsyncProducer, parse_acks
+from minibroker.client.producer import AsyncProducer, FutureRecordMetadata, parse_acks
+from minibroker.client.records import iter_records
 from minibroker.client.types import RecordMetadata, TopicPartition
 
 TOPIC = TopicInfo(
@@ -51,10 +54,8 @@ def producer(**config: object) -> AsyncProducer:
     return p
 
 
-def send(p: AsyncProducer, value: bytes, partition: int = 0) -> concurrent.futures.Future:
-    future: concurrent.futures.Future = concurrent.futures.Future()
-    p._enqueue(p._prepare("t", value, None, partition, None, 1234, TOPIC), future)
-    return future
+def send(p: AsyncProducer, value: bytes, partition: int = 0) -> FutureRecordMetadata:
+    return p._append("t", value, None, partition, None, 1234, TOPIC)
 
 
 def drain_one(p: AsyncProducer, now: int = 0):  # type: ignore[no-untyped-def]
@@ -83,26 +84,50 @@ def test_configuration_checks() -> None:
         AsyncProducer("nohostport")
 
 
+def append(p: AsyncProducer, *args: object) -> FutureRecordMetadata:
+    value, key, partition, headers, timestamp_ms = args
+    return p._append("t", value, key, partition, headers, timestamp_ms, TOPIC)  # type: ignore[arg-type]
+
+
 def test_bad_input_raises_typed_errors_that_say_what_to_fix() -> None:
     p = producer()
     with pytest.raises(UnknownTopicOrPartitionError, match=r"has 3 partitions \(0..2\)"):
-        p._prepare("t", b"v", None, 3, None, None, TOPIC)
+        append(p, b"v", None, 3, None, None)
     with pytest.raises(MessageTooLargeError, match=r"max.message.bytes of topic 't' \(2000\)"):
-        p._prepare("t", b"v" * 5000, None, None, None, None, TOPIC)
+        append(p, b"v" * 5000, None, None, None, None)
+    with pytest.raises(MessageTooLargeError, match=r"max.message.bytes of topic 't' \(2000\)"):
+        append(p, b"v" * 1000, b"k" * 1000, None, None, None)
     with pytest.raises(TypeError, match="serialize it first"):
-        p._prepare("t", 42, None, None, None, None, TOPIC)
+        append(p, 42, None, None, None, None)
+    with pytest.raises(TypeError, match="serialize it first"):
+        append(p, b"v", 4.2, None, None, None)
     with pytest.raises(TypeError, match="header names must be str"):
-        p._prepare("t", b"v", None, None, [(1, b"x")], None, TOPIC)  # type: ignore[list-item]
+        append(p, b"v", None, None, [(1, b"x")], None)
+    assert not p.accumulator.has_incomplete() and p.accumulator.buffered_bytes == 0
 
 
-def test_prepare_encodes_text_and_places_keys_like_kafka() -> None:
+def test_append_encodes_text_and_places_keys_like_kafka() -> None:
     p = producer()
-    rec = p._prepare("t", "värde", "key-9", None, {"h": "x"}, 55, TOPIC)
-    assert rec.value == "värde".encode() and rec.key == b"key-9"
-    assert rec.headers == (("h", b"x"),)
-    assert rec.partition == partition_for_key(b"key-9", 3)
-    assert rec.timestamp_ms == 55
-    assert p._prepare("t", b"v", None, None, None, None, TOPIC).partition == -1, "sticky"
+    future = append(p, "värde", "key-9", None, {"h": "x"}, 55)
+    tp = TopicPartition("t", partition_for_key(b"key-9", 3))
+    p.accumulator.flushing += 1
+    (batch,) = p.accumulator.drain({1: [tp]}, 1 << 20, 0)[1]
+    (record,) = iter_records(batch.buffer)
+    assert record.value == "värde".encode() and record.key == b"key-9"
+    assert record.headers == (("h", b"x"),)
+    assert record.timestamp == 55
+    p._sender.finish_ok(batch, 7, -1)
+    assert future.result(timeout=0) == RecordMetadata("t", tp.partition, 7, 55)
+
+
+def test_null_keys_stick_to_one_partition_until_its_batch_is_full() -> None:
+    """KIP-480: records without key or partition fill one partition's batch, then move on."""
+    p = producer(batch_size=300)
+    futures = [append(p, bytes([i]) * 100, None, None, None, 1) for i in range(6)]
+    partitions = [f[0].tp.partition for f in futures]
+    assert partitions[0] == partitions[1], "the second record joins the first one's batch"
+    assert partitions[1] != partitions[2], "a full batch moves the stickiness on"
+    assert [f[1] for f in futures] == [0, 1, 0, 1, 0, 1], "each record's index in its batch"
 
 
 def test_a_retriable_error_requeues_the_same_bytes_and_forgets_the_leader() -> None:
@@ -163,14 +188,29 @@ def test_a_broker_size_refusal_says_which_setting_to_change() -> None:
         future.result()
 
 
-def test_send_after_close_fails_the_future() -> None:
+def test_send_after_close_raises_and_queues_nothing() -> None:
     from minibroker.client.transport import ClientClosedError
 
     p = producer()
     p._closed = True
-    future = send(p, b"a")
     with pytest.raises(ClientClosedError, match="closed"):
-        future.result()
+        send(p, b"a")
+    assert not p.accumulator.has_incomplete()
+
+
+def test_a_record_appended_after_the_last_abort_is_refused_not_left_unsent() -> None:
+    """close() ends with one atomic step (refuse later appends, fail what is queued): a record
+    from another thread either fails with the queued ones or is refused at once."""
+    from minibroker.client.transport import ClientClosedError
+
+    p = producer()
+    queued = send(p, b"a")
+    p._sender.fail_everything(ClientClosedError("closed"), close=True)
+    with pytest.raises(ClientClosedError):
+        queued.result(timeout=0)
+    with pytest.raises(ClientClosedError):
+        send(p, b"b")
+    assert not p.accumulator.has_incomplete()
 
 
 @pytest.mark.parametrize("bad", [-5, -1, 2**63])
@@ -180,18 +220,19 @@ def test_a_timestamp_out_of_range_is_refused_at_send_and_nothing_is_queued(bad: 
     the record must not get into a batch with others."""
     p = producer()
     with pytest.raises(ValueError, match=rf"Invalid timestamp: {bad}\. Timestamp should"):
-        p._prepare("t", b"v", None, 0, None, bad, TOPIC)
+        append(p, b"v", None, 0, None, bad)
     with pytest.raises(ValueError, match="Invalid timestamp"):
         asyncio.run(p.send("t", b"v", partition=0, timestamp_ms=bad))
     assert not p.accumulator.has_incomplete() and p.accumulator.buffered_bytes == 0
-    assert p._prepare("t", b"v", None, 0, None, 0, TOPIC).timestamp_ms == 0, "0 is valid"
+    assert not p.accumulator.has_incomplete() and p.accumulator.buffered_bytes == 0
+    assert append(p, b"v", None, 0, None, 0)[2] == 0, "0 is valid"
 
 
 @pytest.mark.parametrize("bad", [1.5e12, "1700000000000", True])
 def test_a_timestamp_that_is_not_an_int_is_refused_at_send(bad: object) -> None:
     p = producer()
     with pytest.raises(TypeError, match="timestamp_ms must be an int"):
-        p._prepare("t", b"v", None, 0, None, bad, TOPIC)  # type: ignore[arg-type]
+        append(p, b"v", None, 0, None, bad)
     assert not p.accumulator.has_incomplete()
 
 
@@ -206,7 +247,8 @@ def test_the_blocking_producer_refuses_a_negative_timestamp_and_queues_nothing()
         )
         with pytest.raises(ValueError, match="Invalid timestamp: -5"):
             sync_producer.send("t", b"v", timestamp_ms=-5)
-        assert not sync_producer._pending and sync_producer._unacked_bytes == 0
+        acc = inner.accumulator
+        assert not acc.has_incomplete() and acc.buffered_bytes == 0
     finally:
         sync_producer.close(timeout_ms=0)  # no broker: do not wait for a delivery
 
@@ -247,3 +289,84 @@ def test_a_batch_refused_as_too_large_is_split_and_sent_again_in_order() -> None
     assert second.record_count == 2 and read_header(second.buffer).base_sequence == 2
     p._sender.finish_ok(second, 12, -1)
     assert [f.result(timeout=0).offset for f in futures] == [10, 11, 12, 13]
+
+
+def test_a_full_buffer_blocks_the_blocking_send_for_max_block_ms_then_raises() -> None:
+    """Kafka's send blocks while buffer.memory is used up, for at most max.block.ms."""
+    import time
+
+    p = producer(buffer_memory=1000, max_block_ms=50)
+    send(p, b"x" * 900)
+    send(p, b"y" * 200)
+    assert p.accumulator.buffered_bytes >= p.buffer_memory
+    started = time.monotonic()
+    with pytest.raises(RequestTimedOutError, match=r"buffer_memory \(1000 bytes\) stayed full"):
+        p._block_for_space()
+    assert time.monotonic() - started >= 0.05, "it waited max_block_ms first"
+
+
+def test_a_blocked_send_goes_on_once_an_acknowledged_batch_frees_the_buffer() -> None:
+    import threading
+
+    p = producer(buffer_memory=1000, max_block_ms=60_000)
+    first = send(p, b"x" * 1100)
+    outcome: list[object] = []
+
+    def blocked_sender() -> None:
+        p._block_for_space()
+        outcome.append(send(p, b"after"))
+
+    thread = threading.Thread(target=blocked_sender)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while p._blocked == 0 and time.monotonic() < deadline:
+        thread.join(0.001)
+    assert p._blocked == 1 and outcome == [], "the sender thread waits for room"
+    p._sender.finish_ok(drain_one(p), 0, -1)  # the batch is acknowledged: room again
+    thread.join(30)
+    assert first.result(0).offset == 0
+    assert len(outcome) == 1 and not thread.is_alive()
+
+
+def test_the_async_send_waits_for_room_then_raises_after_max_block_ms() -> None:
+    p = producer(buffer_memory=1000, max_block_ms=50)
+    send(p, b"x" * 1100)
+
+    async def main() -> None:
+        p._loop = asyncio.get_running_loop()
+        p._space = asyncio.Event()
+        await p.send("t", b"more", partition=0)
+
+    with pytest.raises(RequestTimedOutError, match="stayed full for max_block_ms"):
+        asyncio.run(main())
+    assert p.accumulator.incomplete()[0].count_records() == 1, "the refused record was not queued"
+
+
+def test_send_batch_appends_every_value_in_order_and_checks_all_before_queueing_any() -> None:
+    p = producer(batch_size=500)
+
+    async def main(values: list[object], partition: int | None = 0) -> object:
+        p._loop = asyncio.get_running_loop()
+        p._space = asyncio.Event()
+        return await p.send_batch("t", values, partition=partition, timestamp_ms=9)
+
+    with pytest.raises(TypeError, match="serialize it first"):
+        asyncio.run(main([b"ok", 5]))
+    with pytest.raises(MessageTooLargeError, match=r"max.message.bytes of topic 't' \(2000\)"):
+        asyncio.run(main([b"ok", b"x" * 5000]))
+    assert not p.accumulator.has_incomplete(), "a refused batch queues none of its records"
+    values = [bytes([i]) * 50 for i in range(20)]
+    sent = asyncio.run(main(values))
+    assert len(sent) == 20  # type: ignore[arg-type]
+    p.accumulator.flushing += 1
+    batches = []
+    while p.accumulator.has_unsent():
+        (batch,) = p.accumulator.drain({1: [TopicPartition("t", 0)]}, 1 << 20, 0)[1]
+        batches.append(batch)
+        p._sender.finish_ok(batch, sum(b.record_count for b in batches[:-1]), -1)
+    assert p.accumulator.buffered_bytes == 0
+    assert len(batches) > 1, "20 x 50 B do not fit one 500 B batch"
+    assert [r.value for b in batches for r in iter_records(b.buffer)] == values
+    metadata = sent.result(timeout=0)  # type: ignore[attr-defined]
+    assert [m.offset for m in metadata] == list(range(20))
+    assert {m.timestamp for m in metadata} == {9}

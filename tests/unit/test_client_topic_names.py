@@ -64,7 +64,8 @@ def test_blocking_producer_send_refuses_an_illegal_name_and_queues_nothing() -> 
     try:
         with pytest.raises(InvalidTopicError, match="only ASCII letters"):
             producer.send("bad\n", b"v")
-        assert not producer._pending and producer._unacked_bytes == 0
+        acc = producer._async.accumulator
+        assert not acc.has_incomplete() and acc.buffered_bytes == 0
     finally:
         producer.close(timeout_ms=0)
 

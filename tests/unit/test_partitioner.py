@@ -16,9 +16,11 @@ from minibroker.client.partitioner import (
     StickyPartitioner,
     default_partition,
     murmur2,
+    murmur2_pure,
     partition_for_key,
     to_positive,
 )
+from minibroker.client.records._encoder import murmur2 as murmur2_compiled
 
 # clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java: testMurmur2
 KAFKA_VECTORS = {
@@ -32,8 +34,16 @@ KAFKA_VECTORS = {
 
 
 def test_murmur2_matches_kafka_java_vectors() -> None:
+    assert murmur2 is murmur2_compiled, "the producer places keys with the compiled hash"
     for key, expected in KAFKA_VECTORS.items():
         assert murmur2(key) == expected, key
+        assert murmur2_pure(key) == expected, key
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=100))
+def test_the_compiled_murmur2_equals_the_pure_one(key: bytes) -> None:
+    assert murmur2_compiled(key) == murmur2_pure(key)
 
 
 def test_murmur2_matches_kafka_python_for_every_length_up_to_64() -> None:

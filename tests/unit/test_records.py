@@ -304,7 +304,7 @@ def test_builder_producer_state_and_types() -> None:
     with pytest.raises(ValueError):
         builder.build()
     with pytest.raises(TypeError):
-        builder.append(1, "text key", b"v")  # type: ignore[arg-type]
+        builder.append(1, 1234, b"v")  # type: ignore[arg-type]
     assert builder.append(1, bytearray(b"k"), memoryview(b"v"), [("h", bytearray(b"x"))])
     builder.set_producer_state(9, 1, 100, is_transactional=True)
     header = read_header(builder.build())
