@@ -233,3 +233,29 @@ def test_produce_counts_failures_and_reports_cpu(
     assert result.fields["client_cpu_us_per_record"] > 0
     assert result.fields["broker_pids"] == 1 and result.fields["broker_cpu_s"] >= 0
     json.dumps(result.fields)
+
+
+def test_ack_times_prints_due_windows_and_keeps_only_successes() -> None:
+    out = io.StringIO()
+    stats = bench.LatencyStats(4, out)
+    acks = bench.AckTimes(stats, 100)
+    futures: list[concurrent.futures.Future[Any]] = []
+    for i in range(4):
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        acks.sent_at[future] = time.monotonic()
+        future.add_done_callback(acks.done)
+        if i == 3:
+            future.set_exception(RuntimeError("refused"))
+        else:
+            future.set_result(None)
+        futures.append(future)
+    assert not acks.sent_at and len(acks.acks) == 4
+    acks.window(stats.window_start + 1.0)  # not due yet: nothing printed
+    assert out.getvalue() == ""
+    acks.window(stats.window_start + bench.REPORT_INTERVAL_S)
+    assert out.getvalue().startswith("4 records sent, "), out.getvalue()
+    failures: list[BaseException] = []
+    acks.finish(failures, concurrent.futures.CancelledError)
+    assert [str(f) for f in failures] == ["refused"]
+    assert len(stats.latencies) == 3 and stats.bytes == 300
+    assert all(latency >= 0 for latency in stats.latencies)
