@@ -8,7 +8,10 @@ Measures, never asserts. Each figure is rows / wall-clock seconds of one step:
   client produce   one blocking Producer (acks=all) sending `--rows` values of `--value-bytes`
   client produce async  the same with AsyncProducer on one event loop (what a sink task runs)
   client consume   one blocking Consumer reading them back from offset 0 to the high watermark
-  spark write      spark.range(rows) -> 100-byte values -> df.write.format("minibroker")
+  spark write      spark.range(rows) -> 100-byte values -> df.write.format("minibroker"), `--repeat`
+                   times (the first also starts the sink's Python workers)
+  spark write noop the same rows to Spark's `noop` sink: Spark's own cost of making them
+  spark read 10 rows  a warm read of 10 rows: the fixed cost of one query
   spark read       spark.read.format("minibroker") -> sum(length(value)), Arrow batches
   spark read tuples  the same with useArrow=false (one Python tuple per row)
 Spark runs local[N] (`--master`); a tiny read first warms the Python workers up.
@@ -159,6 +162,17 @@ def spark_write(spark: Any, bootstrap: str, topic: str, rows: int, value_bytes: 
     report("spark write", rows, time.perf_counter() - start)
 
 
+def spark_write_noop(spark: Any, rows: int, value_bytes: int) -> None:
+    """The same rows written to Spark's own `noop` sink: what making them costs Spark, without
+    any Python worker or broker (the floor under `spark write`)."""
+    df = spark.range(rows, numPartitions=2).selectExpr(
+        f"cast(lpad(cast(id AS string), {value_bytes}, 'x') AS binary) AS value"
+    )
+    start = time.perf_counter()
+    df.write.format("noop").mode("overwrite").save()
+    report("spark write noop", rows, time.perf_counter() - start)
+
+
 def main() -> int:
     args = parse_args()
     with cluster(args.bootstrap_servers) as bootstrap:
@@ -178,11 +192,19 @@ def main() -> int:
         client_consume(bootstrap, client_topic, args.partitions)
         spark = spark_session(args.master)
         try:
-            # Warm the Python workers up on a tiny range (their first start costs seconds).
-            spark.read.format("minibroker").option("bootstrap.servers", bootstrap).option(
-                "subscribe", client_topic
-            ).option("endingOffsets", f'{{"{client_topic}": {{"0": 10}}}}').load().count()
-            spark_write(spark, bootstrap, spark_topic, args.rows, args.value_bytes)
+            # Warm the Python workers up on a tiny range (their first start costs seconds), then
+            # time the same tiny read: a query's cost whatever it reads.
+            for warm in (True, False):
+                start = time.perf_counter()
+                spark.read.format("minibroker").option("bootstrap.servers", bootstrap).option(
+                    "subscribe", client_topic
+                ).option("endingOffsets", f'{{"{client_topic}": {{"0": 10}}}}').load().count()
+                if not warm:
+                    report("spark read 10 rows", 10, time.perf_counter() - start)
+            # Writes repeat too: the first one also starts the sink's Python workers.
+            for _ in range(args.repeat):
+                spark_write(spark, bootstrap, spark_topic, args.rows, args.value_bytes)
+            spark_write_noop(spark, args.rows, args.value_bytes)
             # Alternate the two read paths so that neither gets all the warm caches.
             for _ in range(args.repeat):
                 spark_read(spark, bootstrap, client_topic, args.rows, use_arrow=True)
