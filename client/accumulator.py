@@ -140,6 +140,15 @@ class ProducerBatch:
             self.record_count = self.encoder.count
         return self.record_count
 
+    def seal(self) -> None:
+        """Take no more records (the batch left its queue unsent: expired or aborted): its
+        count and size are fixed, so a record can never join it afterwards, uncounted."""
+        if self.encoder is not None:
+            self.record_count = self.encoder.count
+            self.approx_bytes = self.encoder.size
+            self.encoder = None
+        self.full = True
+
 
 class RecordAccumulator:
     """Thread-safe when given a lock: every method takes it (Kafka's per-deque locks, made
@@ -342,7 +351,13 @@ class RecordAccumulator:
                 last = self._new_batch(tp, None)
                 assert last.encoder is not None
                 first = 0
-                added = last.encoder.append_values(timestamp_ms, rest, rest_keys)
+                try:
+                    added = last.encoder.append_values(timestamp_ms, rest, rest_keys)
+                except BaseException:
+                    # send_batch checks every record first, so only MemoryError gets here: the
+                    # unqueued batch is dropped, and so are the bytes it counted.
+                    self.bytes.add(-(last.encoder.size if last.encoder.count else 0))
+                    raise
                 if added == 0:
                     raise MessageTooLargeError(
                         f"record {start} does not fit in an empty batch for {tp}"
@@ -576,8 +591,7 @@ class RecordAccumulator:
             for queue in self._batches.values():
                 while queue and now_ms - queue[0].created_ms >= delivery_timeout_ms:
                     expired.append(queue.popleft())
-            for batch in expired:
-                batch.count_records()
+            self._seal(expired)
         return expired
 
     def abort_all(self) -> list[ProducerBatch]:
@@ -587,9 +601,19 @@ class RecordAccumulator:
             aborted = [b for queue in self._batches.values() for b in queue]
             for queue in self._batches.values():
                 queue.clear()
-            for batch in aborted:
-                batch.count_records()
+            self._seal(aborted)
         return aborted
+
+    def _seal(self, removed: list[ProducerBatch]) -> None:
+        """Batches taken out of their queues unsent take no more records, and the sticky
+        shortcut forgets them (lock held)."""
+        for batch in removed:
+            batch.seal()
+        if removed:
+            gone = {id(batch) for batch in removed}
+            for topic, batch in list(self._sticky_open.items()):
+                if id(batch) in gone:
+                    del self._sticky_open[topic]
 
     def close_and_abort(self) -> list[ProducerBatch]:
         """Refuse every later append, then remove and return every queued batch (the last step
@@ -600,8 +624,7 @@ class RecordAccumulator:
             aborted = [b for queue in self._batches.values() for b in queue]
             for queue in self._batches.values():
                 queue.clear()
-            for batch in aborted:
-                batch.count_records()
+            self._seal(aborted)
         return aborted
 
     # -- introspection -------------------------------------------------------------------------

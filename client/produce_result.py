@@ -25,10 +25,10 @@ import asyncio
 import contextvars
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
-from minibroker.client.errors import RequestTimedOutError
 from minibroker.client.types import RecordMetadata, TopicPartition
 
 log = logging.getLogger("minibroker.client.producer")
@@ -178,6 +178,38 @@ class ProduceRequestResult:
         return result, index
 
 
+def _timed_out(what: str, timeout: float | None) -> TimeoutError:
+    """A wait that ran out (concurrent.futures raises TimeoutError the same way): the record may
+    still be acknowledged later; a delivery that failed raises the broker's error instead."""
+    return TimeoutError(f"{what} not acknowledged within {timeout} s")
+
+
+# The event loops producers send on: blocking on one of them for a record would wait for ever.
+_SENDER_LOOPS: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
+def register_sender_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """A producer's sender runs on `loop` (its results complete there)."""
+    _SENDER_LOOPS.add(loop)
+
+
+def _no_blocking_on_a_loop(result: ProduceRequestResult) -> None:
+    """Blocking for a record inside the event loop a producer sends on would stop the very loop
+    that would complete it: refuse, as an asyncio future does. Other loops (a notebook's, say)
+    may block: the blocking Producer sends on a thread of its own."""
+    if result.done:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    if loop in _SENDER_LOOPS:
+        raise asyncio.InvalidStateError(
+            "the record is not acknowledged yet: await its future instead of calling result() "
+            "on the producer's own event loop"
+        )
+
+
 def _wake_loop(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> None:
     try:
         running = asyncio.get_running_loop()
@@ -264,8 +296,10 @@ class FutureRecordMetadata(tuple):  # type: ignore[type-arg]
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
         """The record's metadata, waiting up to `timeout` seconds (None: for ever)."""
-        if not self[0].done and not self[0].wait(timeout):
-            raise RequestTimedOutError(f"the record was not acknowledged within {timeout} s")
+        if not self[0].done:
+            _no_blocking_on_a_loop(self[0])
+            if not self[0].wait(timeout):
+                raise _timed_out("the record was", timeout)
         outcome = self._outcome()
         if isinstance(outcome, BaseException):
             raise outcome
@@ -274,8 +308,10 @@ class FutureRecordMetadata(tuple):  # type: ignore[type-arg]
     get = result  # kafka-python's name
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        if not self[0].done and not self[0].wait(timeout):
-            raise RequestTimedOutError(f"the record was not acknowledged within {timeout} s")
+        if not self[0].done:
+            _no_blocking_on_a_loop(self[0])
+            if not self[0].wait(timeout):
+                raise _timed_out("the record was", timeout)
         outcome = self._outcome()
         return outcome if isinstance(outcome, BaseException) else None
 
@@ -365,7 +401,7 @@ class SentRecords(Sequence[FutureRecordMetadata]):
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The first failed record's error (None when all were acknowledged)."""
         if not self.wait(timeout):
-            raise RequestTimedOutError(f"the records were not acknowledged within {timeout} s")
+            raise _timed_out("the records were", timeout)
         return self._first_error()
 
     def _first_error(self) -> BaseException | None:
@@ -378,7 +414,7 @@ class SentRecords(Sequence[FutureRecordMetadata]):
     def result(self, timeout: float | None = None) -> list[RecordMetadata]:
         """Every record's metadata in order; raises the first error if any record failed."""
         if not self.wait(timeout):
-            raise RequestTimedOutError(f"the records were not acknowledged within {timeout} s")
+            raise _timed_out("the records were", timeout)
         return self._metadata()
 
     def _metadata(self) -> list[RecordMetadata]:
@@ -388,8 +424,11 @@ class SentRecords(Sequence[FutureRecordMetadata]):
         return [self[i]._outcome() for i in range(self._count)]  # type: ignore[misc]
 
     def last_offsets(self) -> dict[TopicPartition, int]:
-        """The highest offset per partition among these records (all must be acknowledged):
-        one look per batch, not per record."""
+        """The highest offset per partition among these records (all must be acknowledged;
+        raises the first error): one look per batch, not per record."""
+        error = self._first_error()
+        if error is not None:
+            raise error
         last: dict[TopicPartition, int] = {}
         for _, result, start, count in self._runs:
             for index in (start, start + count - 1):
@@ -422,4 +461,9 @@ def _parts_of(
     return list(seen.values())
 
 
-__all__ = ["FutureRecordMetadata", "ProduceRequestResult", "SentRecords"]
+__all__ = [
+    "FutureRecordMetadata",
+    "ProduceRequestResult",
+    "SentRecords",
+    "register_sender_loop",
+]

@@ -40,6 +40,7 @@ from minibroker.client.produce_result import (
     FutureRecordMetadata,
     ProduceRequestResult,
     SentRecords,
+    register_sender_loop,
 )
 from minibroker.client.producer_record import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -53,6 +54,7 @@ from minibroker.client.producer_record import (
     parse_acks,
 )
 from minibroker.client.records import BatchBuilder
+from minibroker.client.records.builder import record_bytes
 from minibroker.client.sender import Sender
 from minibroker.client.transport import (
     DEFAULT_BOOTSTRAP,
@@ -180,6 +182,7 @@ class AsyncProducer:
             return
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
+        register_sender_loop(self._loop)
         self._space = asyncio.Event()
         self._sender.loop.start()
 
@@ -349,19 +352,12 @@ class AsyncProducer:
         topic: str,
         values: Sequence[Any],
         keys: Sequence[Any] | None,
-        partition: int | None,
         info: TopicInfo,
     ) -> None:
-        """Every record of a `send_batch` is valid and fits the limits, checked before any is
-        queued (keyed records without a partition go one at a time through `_append`, which
-        checks each)."""
-        if keys is not None:
-            if len(keys) != len(values):
-                raise ValueError(
-                    f"{len(keys)} keys for {len(values)} values: give one key per value"
-                )
-            if partition is None:
-                return
+        """Every record of a `send_batch` is one the encoder takes and fits the limits, checked
+        before any is queued, so a refused call queues nothing."""
+        if keys is not None and len(keys) != len(values):
+            raise ValueError(f"{len(keys)} keys for {len(values)} values: give one key per value")
         small = self._small_record_bytes
         # C-speed scans: the common case (bytes values, none large) costs no Python per record.
         simple = set(map(type, values)) <= _BYTES_OR_NONE and (
@@ -374,8 +370,10 @@ class AsyncProducer:
             if longest <= small:
                 return
         for i, value in enumerate(values):
-            v = as_bytes(value, "value")
-            k = as_bytes(keys[i], "key") if keys is not None else None
+            # The encoder's own rules (bytes, bytearray, C-contiguous memoryview, str or None).
+            v = record_bytes(value, "value") if value is not None else None
+            key = keys[i] if keys is not None else None
+            k = record_bytes(key, "key") if key is not None else None
             if (len(k) if k else 0) + (len(v) if v else 0) > small:
                 self._check_size(topic, k, v, None, info)
 
@@ -532,11 +530,13 @@ class AsyncProducer:
     ) -> SentRecords:
         if self._closed:
             raise ClientClosedError("send() after close(): the producer is closed")
+        if self._sender.fatal is not None:
+            raise self._sender.fatal
         if timestamp_ms is None:
             timestamp_ms = _time_ns() // 1_000_000
         else:
             timestamp_ms = checked_timestamp(timestamp_ms)
-        self._check_batch(topic, values, keys, partition, info)
+        self._check_batch(topic, values, keys, info)
         out = SentRecords()
         out._timestamps = timestamp_ms
         return out

@@ -75,7 +75,7 @@ __all__ = [
 ]
 
 
-def _as_bytes(data: object, what: str) -> bytes:
+def record_bytes(data: object, what: str) -> bytes:
     """The bytes of a key, value or header value (the caller handles None): bytes, bytearray, a
     C-contiguous memoryview, or str as UTF-8. The messages are producer_record.as_bytes's."""
     if isinstance(data, bytes):
@@ -110,7 +110,7 @@ def _encode_headers(headers: HeaderList) -> bytes:
             out.append(NULL_LENGTH)
         else:
             if type(header_value) is not bytes:
-                header_value = _as_bytes(header_value, f"header {name!r} value")
+                header_value = record_bytes(header_value, f"header {name!r} value")
             out.append(encode_varint(len(header_value)))
             out.append(header_value)
     return b"".join(out)
@@ -259,14 +259,14 @@ class BatchBuilder:
             head += NULL_LENGTH
         else:
             if type(key) is not bytes:
-                key = _as_bytes(key, "key")
+                key = record_bytes(key, "key")
             head += encode_varint(len(key)) + key
         if value is None:
             head += NULL_LENGTH
             value = b""
         else:
             if type(value) is not bytes:
-                value = _as_bytes(value, "value")
+                value = record_bytes(value, "value")
             head += encode_varint(len(value))
         tail = _encode_headers(headers) if headers else b"\x00"
         body_size = len(head) + len(value) + len(tail)

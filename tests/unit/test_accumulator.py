@@ -10,7 +10,7 @@ import pytest
 
 from minibroker.client.accumulator import RecordAccumulator
 from minibroker.client.batch import read_header
-from minibroker.client.errors import MessageTooLargeError
+from minibroker.client.errors import ClientClosedError, MessageTooLargeError
 from minibroker.client.produce_result import FutureRecordMetadata
 from minibroker.client.records import BatchBuilder, iter_records
 from minibroker.client.types import TopicPartition
@@ -333,4 +333,32 @@ def test_appends_from_many_threads_while_batches_drain_lose_and_reorder_nothing(
             assert (tp, meta.offset) not in where, "two records at one offset"
             where[(tp, meta.offset)] = f"{n}:{i}".encode()
     assert len(where) == 4 * per_thread
+    assert acc.buffered_bytes == 0
+
+
+def test_an_expired_or_aborted_open_batch_takes_no_more_records_and_its_bytes_stay_right() -> None:
+    """A batch taken out of its queue unsent (expired: no leader for delivery_timeout_ms;
+    aborted) is sealed: the sticky shortcut forgets it, so the next null-key record opens a new
+    batch instead of joining the dead one, and the byte count returns to zero."""
+    from minibroker.client.partitioner import StickyPartitioner
+
+    class First:
+        def randrange(self, stop: int) -> int:
+            return 0
+
+    sticky = StickyPartitioner(First())
+    acc = make(linger_ms=10_000)
+    first = acc.append_sticky("a", [A0, A1], sticky, 0, None, b"x", None)
+    (expired,) = acc.expire(now_ms=1000, delivery_timeout_ms=1000)
+    assert expired.result is first[0] and expired.record_count == 1
+    acc.fail(expired)
+    assert acc.buffered_bytes == 0
+    later = acc.append_sticky("a", [A0, A1], sticky, 0, None, b"y", None)
+    assert later[0] is not first[0], "the dead batch takes no more records"
+    assert acc.buffered_bytes == acc.incomplete()[0].size_bytes > 0
+    for batch in acc.close_and_abort():
+        acc.fail(batch)
+    assert acc.buffered_bytes == 0
+    with pytest.raises(ClientClosedError):
+        acc.append_sticky("a", [A0, A1], sticky, 0, None, b"z", None)
     assert acc.buffered_bytes == 0

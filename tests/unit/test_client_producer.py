@@ -386,3 +386,38 @@ def test_a_changed_partition_count_makes_the_sticky_choice_again() -> None:
     smaller = TopicInfo("t", "id2", {0: PartitionInfo(0, 1, 3, (1, 2), (1, 2))}, {})
     later = p._append("t", b"b", None, None, None, 1, smaller)
     assert later[0].tp.partition == 0, "not the remembered batch of partition 2"
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_send_batch_refuses_what_the_encoder_refuses_before_queueing_any(keyed: bool) -> None:
+    """A non-contiguous memoryview passes the producer's own byte check but not the encoder's:
+    checked first, a refused send_batch queues none of its records (with keys and no
+    partition the records go one at a time, so every one is checked before the first)."""
+    p = producer()
+    values = [b"a", b"b", memoryview(b"abcdef")[::2]]
+    keys = [b"k1", b"k2", b"k3"] if keyed else None
+
+    async def main() -> object:
+        p._loop = asyncio.get_running_loop()
+        p._space = asyncio.Event()
+        return await p.send_batch("t", values, keys=keys, partition=None if keyed else 0)
+
+    with pytest.raises(TypeError, match="C-contiguous"):
+        asyncio.run(main())
+    assert not p.accumulator.has_incomplete() and p.accumulator.buffered_bytes == 0
+
+
+def test_send_batch_after_the_sender_failed_for_good_raises_its_error() -> None:
+    from minibroker.client.errors import UnknownServerError
+
+    p = producer()
+    p._sender.fatal = UnknownServerError("the producer's sender task failed")
+
+    async def main() -> object:
+        p._loop = asyncio.get_running_loop()
+        p._space = asyncio.Event()
+        return await p.send_batch("t", [b"a"], partition=0)
+
+    with pytest.raises(UnknownServerError):
+        asyncio.run(main())
+    assert not p.accumulator.has_incomplete()

@@ -115,8 +115,9 @@ def test_a_callback_runs_in_the_context_it_was_given() -> None:
 def test_result_blocks_until_another_thread_completes_and_times_out_otherwise() -> None:
     result = ProduceRequestResult(TP)
     (f,) = futures(result, 1)
-    with pytest.raises(RequestTimedOutError, match=r"within 0\.01 s"):
+    with pytest.raises(TimeoutError, match=r"within 0\.01 s") as waited:
         f.result(timeout=0.01)
+    assert not isinstance(waited.value, RequestTimedOutError), "a wait, not a failed delivery"
     got: list[RecordMetadata] = []
     waiter = threading.Thread(target=lambda: got.append(f.result(timeout=30)))
     waiter.start()
@@ -214,7 +215,7 @@ def test_sent_records_raise_the_first_error_and_can_be_awaited() -> None:
     sent = SentRecords()
     sent._add_run(one, 0, 1)
     sent._add_run(two, 0, 1)
-    with pytest.raises(RequestTimedOutError):
+    with pytest.raises(TimeoutError):
         sent.result(timeout=0)
     one.complete(1)
     two.fail(NotEnoughReplicasError("second"))
@@ -226,3 +227,36 @@ def test_sent_records_raise_the_first_error_and_can_be_awaited() -> None:
 
     with pytest.raises(NotEnoughReplicasError, match="second"):
         asyncio.run(main())
+
+
+def test_blocking_for_a_record_on_the_producers_own_loop_is_refused_not_a_hang() -> None:
+    from minibroker.client.produce_result import register_sender_loop
+
+    result = ProduceRequestResult(TP)
+    (f,) = futures(result, 1)
+
+    async def on_the_sender_loop() -> None:
+        register_sender_loop(asyncio.get_running_loop())
+        f.result(timeout=30)
+
+    with pytest.raises(asyncio.InvalidStateError, match="await its future"):
+        asyncio.run(on_the_sender_loop())
+
+    async def on_another_loop() -> RecordMetadata:
+        threading.Timer(0.01, result.complete, args=(4,)).start()
+        return f.result(timeout=30)  # a notebook's loop, say: blocking is allowed
+
+    assert asyncio.run(on_another_loop()).offset == 4
+
+
+def test_last_offsets_raise_an_error_of_any_part() -> None:
+    batch = ProduceRequestResult(TP)
+    parts = [ProduceRequestResult(TP) for _ in range(3)]
+    batch.split([0, 1, 2], parts)
+    sent = SentRecords()
+    sent._add_run(batch, 0, 3)
+    parts[0].complete(10)
+    parts[1].fail(NotEnoughReplicasError("middle"))
+    parts[2].complete(12)
+    with pytest.raises(NotEnoughReplicasError, match="middle"):
+        sent.last_offsets()
