@@ -634,7 +634,13 @@ def test_services_run_as_local_processes(
 
     topic, tp = "compose-check", TopicPartition("compose-check", 0)
     with Admin(bootstrap) as admin:
-        cluster = admin.describe_cluster()
+        # Healthy means registered; a broker is unfenced once it has caught up with the metadata
+        # and heartbeated (Kafka's rule), which under load can come a moment later.
+        def all_unfenced() -> Any:
+            described = admin.describe_cluster()
+            return None if any(b.fenced for b in described.brokers) else described
+
+        cluster = wait_until(all_unfenced, 30, "every broker unfenced after start-up")
         registered = {b.broker_id: (b.host, b.port, b.rack) for b in cluster.brokers}
         assert registered == expected
         assert not any(b.fenced for b in cluster.brokers)
