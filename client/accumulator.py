@@ -59,8 +59,6 @@ Headers = Sequence[tuple[str, bytes | None]]
 # One record as split_and_reenqueue takes it back: (timestamp_ms, key, value, headers).
 RecordInput = tuple[int, bytes | None, bytes | None, Headers]
 
-_new_tuple = tuple.__new__
-
 
 class BatchBuilderLike(Protocol):
     """What the accumulator needs from `minibroker.client.records.BatchBuilder`."""

@@ -70,7 +70,6 @@ from minibroker.client.types import RecordMetadata, TopicPartition
 DEFAULT_BATCH_SIZE = 1024 * 1024
 DEFAULT_MAX_REQUEST_SIZE = 8 * 1024 * 1024
 
-_new_tuple = tuple.__new__
 _BYTES_OR_NONE = frozenset((bytes, type(None)))
 _time_ns = time.time_ns
 _get_ident = threading.get_ident
