@@ -17,6 +17,7 @@ from minibroker.metadata.records import (
     ConfigRecord,
     LogEntry,
     MetadataRecord,
+    LeaderChangeRecord,
     NoOpRecord,
     PartitionRecord,
     ProducerIdsRecord,
@@ -67,6 +68,8 @@ class MetadataImage:
         self.topic_ids_by_name: dict[str, str] = {}
         self.next_producer_id: int = 0
         self.next_offset: int = 0
+        # (leader id, epoch) of the controller quorum's leader, from the last LeaderChangeRecord.
+        self.quorum_leader: tuple[int, int] | None = None
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -161,6 +164,8 @@ class MetadataImage:
                     topic.configs[record.name] = record.value
         elif isinstance(record, NoOpRecord):
             return
+        elif isinstance(record, LeaderChangeRecord):
+            self.quorum_leader = (record.leader_id, record.leader_epoch)
         else:
             raise TypeError(f"not a metadata record: {record!r}")
 
@@ -204,6 +209,8 @@ class MetadataImage:
             out.extend(topic.partitions[i] for i in sorted(topic.partitions))
         if self.next_producer_id:
             out.append(ProducerIdsRecord(-1, -1, self.next_producer_id))
+        if self.quorum_leader is not None:
+            out.append(LeaderChangeRecord(*self.quorum_leader))
         return out
 
     def __eq__(self, other: object) -> bool:

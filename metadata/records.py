@@ -114,6 +114,20 @@ class NoOpRecord:
     """Keeps the log moving; changes nothing."""
 
 
+@dataclass(frozen=True, slots=True)
+class LeaderChangeRecord:
+    """The first record a new quorum leader appends in its epoch (KIP-595's LeaderChangeMessage).
+
+    Its commit makes the leader's earlier records committed too (Raft commits only an entry of
+    the leader's own epoch by counting replicas). It changes nothing in the image but which
+    controller leads (`MetadataImage.quorum_leader`)."""
+
+    leader_id: int
+    leader_epoch: int
+    voters: tuple[int, ...] = ()
+    granting_voters: tuple[int, ...] = ()
+
+
 MetadataRecord = (
     RegisterBrokerRecord
     | BrokerRegistrationChangeRecord
@@ -124,6 +138,7 @@ MetadataRecord = (
     | ProducerIdsRecord
     | ConfigRecord
     | NoOpRecord
+    | LeaderChangeRecord
 )
 
 
@@ -139,6 +154,7 @@ class LogEntry:
 __all__ = [
     "LEADER_RECOVERED",
     "LEADER_RECOVERING",
+    "LeaderChangeRecord",
     "NO_LEADER",
     "BrokerRegistrationChangeRecord",
     "ConfigRecord",

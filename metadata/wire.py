@@ -16,6 +16,7 @@ from minibroker.metadata.records import (
     ConfigRecord,
     LogEntry,
     MetadataRecord,
+    LeaderChangeRecord,
     NoOpRecord,
     PartitionRecord,
     ProducerIdsRecord,
@@ -92,6 +93,15 @@ def record_to_pb(
         msg.config.CopyFrom(config)
     elif isinstance(record, NoOpRecord):
         msg.no_op.CopyFrom(pb.NoOpRecord())
+    elif isinstance(record, LeaderChangeRecord):
+        msg.leader_change.CopyFrom(
+            pb.LeaderChangeRecord(
+                leader_id=record.leader_id,
+                leader_epoch=record.leader_epoch,
+                voters=record.voters,
+                granting_voters=record.granting_voters,
+            )
+        )
     else:
         raise TypeError(f"not a metadata record: {record!r}")
     return msg
@@ -149,6 +159,11 @@ def record_from_pb(msg: pb.MetadataRecord) -> MetadataRecord:
         return ConfigRecord(c.topic_id, c.name, c.value if c.HasField("value") else None)
     if kind == "no_op":
         return NoOpRecord()
+    if kind == "leader_change":
+        c = msg.leader_change
+        return LeaderChangeRecord(
+            c.leader_id, c.leader_epoch, tuple(c.voters), tuple(c.granting_voters)
+        )
     raise ValueError(f"metadata record without a known body: {kind!r}")
 
 

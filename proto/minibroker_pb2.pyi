@@ -59,6 +59,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INCONSISTENT_CLUSTER_ID: _ClassVar[ErrorCode]
     INELIGIBLE_REPLICA: _ClassVar[ErrorCode]
     NEW_LEADER_ELECTED: _ClassVar[ErrorCode]
+    INCONSISTENT_VOTER_SET: _ClassVar[ErrorCode]
 
 class ElectionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -114,6 +115,7 @@ BROKER_ID_NOT_REGISTERED: ErrorCode
 INCONSISTENT_CLUSTER_ID: ErrorCode
 INELIGIBLE_REPLICA: ErrorCode
 NEW_LEADER_ELECTED: ErrorCode
+INCONSISTENT_VOTER_SET: ErrorCode
 PREFERRED: ElectionType
 UNCLEAN: ElectionType
 
@@ -657,19 +659,21 @@ class WatchMetadataRequest(_message.Message):
     def __init__(self, from_offset: _Optional[int] = ..., broker_id: _Optional[int] = ...) -> None: ...
 
 class MetadataBatch(_message.Message):
-    __slots__ = ("is_snapshot", "snapshot_offset", "records", "high_offset")
+    __slots__ = ("is_snapshot", "snapshot_offset", "records", "high_offset", "leader_epoch")
     IS_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     HIGH_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     is_snapshot: bool
     snapshot_offset: int
     records: _containers.RepeatedCompositeFieldContainer[MetadataRecord]
     high_offset: int
-    def __init__(self, is_snapshot: _Optional[bool] = ..., snapshot_offset: _Optional[int] = ..., records: _Optional[_Iterable[_Union[MetadataRecord, _Mapping]]] = ..., high_offset: _Optional[int] = ...) -> None: ...
+    leader_epoch: int
+    def __init__(self, is_snapshot: _Optional[bool] = ..., snapshot_offset: _Optional[int] = ..., records: _Optional[_Iterable[_Union[MetadataRecord, _Mapping]]] = ..., high_offset: _Optional[int] = ..., leader_epoch: _Optional[int] = ...) -> None: ...
 
 class MetadataRecord(_message.Message):
-    __slots__ = ("offset", "timestamp_ms", "register_broker", "broker_change", "topic", "partition", "remove_topic", "producer_ids", "config", "no_op", "unregister_broker")
+    __slots__ = ("offset", "timestamp_ms", "register_broker", "broker_change", "topic", "partition", "remove_topic", "producer_ids", "config", "no_op", "unregister_broker", "leader_change")
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     REGISTER_BROKER_FIELD_NUMBER: _ClassVar[int]
@@ -681,6 +685,7 @@ class MetadataRecord(_message.Message):
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     NO_OP_FIELD_NUMBER: _ClassVar[int]
     UNREGISTER_BROKER_FIELD_NUMBER: _ClassVar[int]
+    LEADER_CHANGE_FIELD_NUMBER: _ClassVar[int]
     offset: int
     timestamp_ms: int
     register_broker: RegisterBrokerRecord
@@ -692,7 +697,8 @@ class MetadataRecord(_message.Message):
     config: ConfigRecord
     no_op: NoOpRecord
     unregister_broker: UnregisterBrokerRecord
-    def __init__(self, offset: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., register_broker: _Optional[_Union[RegisterBrokerRecord, _Mapping]] = ..., broker_change: _Optional[_Union[BrokerRegistrationChangeRecord, _Mapping]] = ..., topic: _Optional[_Union[TopicRecord, _Mapping]] = ..., partition: _Optional[_Union[PartitionRecord, _Mapping]] = ..., remove_topic: _Optional[_Union[RemoveTopicRecord, _Mapping]] = ..., producer_ids: _Optional[_Union[ProducerIdsRecord, _Mapping]] = ..., config: _Optional[_Union[ConfigRecord, _Mapping]] = ..., no_op: _Optional[_Union[NoOpRecord, _Mapping]] = ..., unregister_broker: _Optional[_Union[UnregisterBrokerRecord, _Mapping]] = ...) -> None: ...
+    leader_change: LeaderChangeRecord
+    def __init__(self, offset: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., register_broker: _Optional[_Union[RegisterBrokerRecord, _Mapping]] = ..., broker_change: _Optional[_Union[BrokerRegistrationChangeRecord, _Mapping]] = ..., topic: _Optional[_Union[TopicRecord, _Mapping]] = ..., partition: _Optional[_Union[PartitionRecord, _Mapping]] = ..., remove_topic: _Optional[_Union[RemoveTopicRecord, _Mapping]] = ..., producer_ids: _Optional[_Union[ProducerIdsRecord, _Mapping]] = ..., config: _Optional[_Union[ConfigRecord, _Mapping]] = ..., no_op: _Optional[_Union[NoOpRecord, _Mapping]] = ..., unregister_broker: _Optional[_Union[UnregisterBrokerRecord, _Mapping]] = ..., leader_change: _Optional[_Union[LeaderChangeRecord, _Mapping]] = ...) -> None: ...
 
 class RegisterBrokerRecord(_message.Message):
     __slots__ = ("broker_id", "incarnation_id", "broker_epoch", "host", "port", "rack", "fenced", "metrics_port")
@@ -802,6 +808,18 @@ class ConfigRecord(_message.Message):
 class NoOpRecord(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class LeaderChangeRecord(_message.Message):
+    __slots__ = ("leader_id", "leader_epoch", "voters", "granting_voters")
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    VOTERS_FIELD_NUMBER: _ClassVar[int]
+    GRANTING_VOTERS_FIELD_NUMBER: _ClassVar[int]
+    leader_id: int
+    leader_epoch: int
+    voters: _containers.RepeatedScalarFieldContainer[int]
+    granting_voters: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, leader_id: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., voters: _Optional[_Iterable[int]] = ..., granting_voters: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AlterPartitionRequest(_message.Message):
     __slots__ = ("broker_id", "broker_epoch", "topics")
@@ -1076,3 +1094,223 @@ class UnregisterBrokerResponse(_message.Message):
     error_code: ErrorCode
     error_message: str
     def __init__(self, error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class QuorumHeader(_message.Message):
+    __slots__ = ("cluster_id", "sender_id", "sender_directory_id", "voters")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    SENDER_ID_FIELD_NUMBER: _ClassVar[int]
+    SENDER_DIRECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    VOTERS_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: str
+    sender_id: int
+    sender_directory_id: str
+    voters: str
+    def __init__(self, cluster_id: _Optional[str] = ..., sender_id: _Optional[int] = ..., sender_directory_id: _Optional[str] = ..., voters: _Optional[str] = ...) -> None: ...
+
+class VoteRequest(_message.Message):
+    __slots__ = ("header", "candidate_epoch", "candidate_id", "last_offset_epoch", "last_offset", "pre_vote")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_OFFSET_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LAST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PRE_VOTE_FIELD_NUMBER: _ClassVar[int]
+    header: QuorumHeader
+    candidate_epoch: int
+    candidate_id: int
+    last_offset_epoch: int
+    last_offset: int
+    pre_vote: bool
+    def __init__(self, header: _Optional[_Union[QuorumHeader, _Mapping]] = ..., candidate_epoch: _Optional[int] = ..., candidate_id: _Optional[int] = ..., last_offset_epoch: _Optional[int] = ..., last_offset: _Optional[int] = ..., pre_vote: _Optional[bool] = ...) -> None: ...
+
+class VoteResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "leader_epoch", "leader_id", "vote_granted", "voter_id")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    VOTE_GRANTED_FIELD_NUMBER: _ClassVar[int]
+    VOTER_ID_FIELD_NUMBER: _ClassVar[int]
+    error_code: ErrorCode
+    error_message: str
+    leader_epoch: int
+    leader_id: int
+    vote_granted: bool
+    voter_id: int
+    def __init__(self, error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., leader_id: _Optional[int] = ..., vote_granted: _Optional[bool] = ..., voter_id: _Optional[int] = ...) -> None: ...
+
+class BeginQuorumEpochRequest(_message.Message):
+    __slots__ = ("header", "leader_epoch", "leader_id")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    header: QuorumHeader
+    leader_epoch: int
+    leader_id: int
+    def __init__(self, header: _Optional[_Union[QuorumHeader, _Mapping]] = ..., leader_epoch: _Optional[int] = ..., leader_id: _Optional[int] = ...) -> None: ...
+
+class BeginQuorumEpochResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "leader_epoch", "leader_id")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    error_code: ErrorCode
+    error_message: str
+    leader_epoch: int
+    leader_id: int
+    def __init__(self, error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., leader_id: _Optional[int] = ...) -> None: ...
+
+class EndQuorumEpochRequest(_message.Message):
+    __slots__ = ("header", "leader_epoch", "leader_id", "preferred_successors")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    PREFERRED_SUCCESSORS_FIELD_NUMBER: _ClassVar[int]
+    header: QuorumHeader
+    leader_epoch: int
+    leader_id: int
+    preferred_successors: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, header: _Optional[_Union[QuorumHeader, _Mapping]] = ..., leader_epoch: _Optional[int] = ..., leader_id: _Optional[int] = ..., preferred_successors: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class EndQuorumEpochResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "leader_epoch", "leader_id")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    error_code: ErrorCode
+    error_message: str
+    leader_epoch: int
+    leader_id: int
+    def __init__(self, error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., leader_id: _Optional[int] = ...) -> None: ...
+
+class QuorumFetchRequest(_message.Message):
+    __slots__ = ("header", "replica_id", "current_leader_epoch", "fetch_offset", "last_fetched_epoch", "max_wait_ms", "max_bytes")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FETCH_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAST_FETCHED_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    header: QuorumHeader
+    replica_id: int
+    current_leader_epoch: int
+    fetch_offset: int
+    last_fetched_epoch: int
+    max_wait_ms: int
+    max_bytes: int
+    def __init__(self, header: _Optional[_Union[QuorumHeader, _Mapping]] = ..., replica_id: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., last_fetched_epoch: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class QuorumBatch(_message.Message):
+    __slots__ = ("leader_epoch", "records")
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    leader_epoch: int
+    records: _containers.RepeatedCompositeFieldContainer[MetadataRecord]
+    def __init__(self, leader_epoch: _Optional[int] = ..., records: _Optional[_Iterable[_Union[MetadataRecord, _Mapping]]] = ...) -> None: ...
+
+class QuorumFetchResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "leader_epoch", "leader_id", "high_watermark", "log_start_offset", "diverging_epoch", "snapshot_id", "batches")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DIVERGING_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    error_code: ErrorCode
+    error_message: str
+    leader_epoch: int
+    leader_id: int
+    high_watermark: int
+    log_start_offset: int
+    diverging_epoch: EpochEndOffset
+    snapshot_id: SnapshotId
+    batches: _containers.RepeatedCompositeFieldContainer[QuorumBatch]
+    def __init__(self, error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., leader_id: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., diverging_epoch: _Optional[_Union[EpochEndOffset, _Mapping]] = ..., snapshot_id: _Optional[_Union[SnapshotId, _Mapping]] = ..., batches: _Optional[_Iterable[_Union[QuorumBatch, _Mapping]]] = ...) -> None: ...
+
+class SnapshotId(_message.Message):
+    __slots__ = ("end_offset", "epoch")
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    end_offset: int
+    epoch: int
+    def __init__(self, end_offset: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class FetchSnapshotRequest(_message.Message):
+    __slots__ = ("header", "replica_id", "current_leader_epoch", "snapshot_id")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    header: QuorumHeader
+    replica_id: int
+    current_leader_epoch: int
+    snapshot_id: SnapshotId
+    def __init__(self, header: _Optional[_Union[QuorumHeader, _Mapping]] = ..., replica_id: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ..., snapshot_id: _Optional[_Union[SnapshotId, _Mapping]] = ...) -> None: ...
+
+class FetchSnapshotResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "leader_epoch", "leader_id", "snapshot_id", "records")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    error_code: ErrorCode
+    error_message: str
+    leader_epoch: int
+    leader_id: int
+    snapshot_id: SnapshotId
+    records: _containers.RepeatedCompositeFieldContainer[MetadataRecord]
+    def __init__(self, error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., leader_id: _Optional[int] = ..., snapshot_id: _Optional[_Union[SnapshotId, _Mapping]] = ..., records: _Optional[_Iterable[_Union[MetadataRecord, _Mapping]]] = ...) -> None: ...
+
+class DescribeQuorumRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class QuorumVoter(_message.Message):
+    __slots__ = ("voter_id", "address", "log_end_offset", "last_fetch_ms_ago", "last_caught_up_ms_ago")
+    VOTER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAST_FETCH_MS_AGO_FIELD_NUMBER: _ClassVar[int]
+    LAST_CAUGHT_UP_MS_AGO_FIELD_NUMBER: _ClassVar[int]
+    voter_id: int
+    address: str
+    log_end_offset: int
+    last_fetch_ms_ago: int
+    last_caught_up_ms_ago: int
+    def __init__(self, voter_id: _Optional[int] = ..., address: _Optional[str] = ..., log_end_offset: _Optional[int] = ..., last_fetch_ms_ago: _Optional[int] = ..., last_caught_up_ms_ago: _Optional[int] = ...) -> None: ...
+
+class DescribeQuorumResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "cluster_id", "node_id", "role", "leader_id", "leader_epoch", "leader_address", "high_watermark", "log_end_offset", "voters", "why_no_leader")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    VOTERS_FIELD_NUMBER: _ClassVar[int]
+    WHY_NO_LEADER_FIELD_NUMBER: _ClassVar[int]
+    error_code: ErrorCode
+    error_message: str
+    cluster_id: str
+    node_id: int
+    role: str
+    leader_id: int
+    leader_epoch: int
+    leader_address: str
+    high_watermark: int
+    log_end_offset: int
+    voters: _containers.RepeatedCompositeFieldContainer[QuorumVoter]
+    why_no_leader: str
+    def __init__(self, error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., cluster_id: _Optional[str] = ..., node_id: _Optional[int] = ..., role: _Optional[str] = ..., leader_id: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., leader_address: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., voters: _Optional[_Iterable[_Union[QuorumVoter, _Mapping]]] = ..., why_no_leader: _Optional[str] = ...) -> None: ...

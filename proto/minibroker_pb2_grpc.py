@@ -936,3 +936,313 @@ class ControllerService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class QuorumServiceStub:
+    """---------------------------------------------------------------------------------------------
+    The controller quorum (KIP-595 Raft for the metadata log; pre-vote KIP-996; snapshots KIP-630).
+    Served by every controller beside ControllerService. Offsets are "end offsets" (exclusive), as
+    in Kafka. A voter answers a request whose header names another cluster id or another voter
+    set with INCONSISTENT_CLUSTER_ID / INCONSISTENT_VOTER_SET and changes nothing.
+    ---------------------------------------------------------------------------------------------
+
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Vote = channel.unary_unary(
+                '/minibroker.QuorumService/Vote',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.VoteRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.VoteResponse.FromString,
+                _registered_method=True)
+        self.BeginQuorumEpoch = channel.unary_unary(
+                '/minibroker.QuorumService/BeginQuorumEpoch',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.BeginQuorumEpochRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.BeginQuorumEpochResponse.FromString,
+                _registered_method=True)
+        self.EndQuorumEpoch = channel.unary_unary(
+                '/minibroker.QuorumService/EndQuorumEpoch',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.EndQuorumEpochRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.EndQuorumEpochResponse.FromString,
+                _registered_method=True)
+        self.QuorumFetch = channel.unary_unary(
+                '/minibroker.QuorumService/QuorumFetch',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.QuorumFetchRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.QuorumFetchResponse.FromString,
+                _registered_method=True)
+        self.FetchSnapshot = channel.unary_unary(
+                '/minibroker.QuorumService/FetchSnapshot',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.FetchSnapshotRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.FetchSnapshotResponse.FromString,
+                _registered_method=True)
+        self.DescribeQuorum = channel.unary_unary(
+                '/minibroker.QuorumService/DescribeQuorum',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeQuorumRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeQuorumResponse.FromString,
+                _registered_method=True)
+
+
+class QuorumServiceServicer:
+    """---------------------------------------------------------------------------------------------
+    The controller quorum (KIP-595 Raft for the metadata log; pre-vote KIP-996; snapshots KIP-630).
+    Served by every controller beside ControllerService. Offsets are "end offsets" (exclusive), as
+    in Kafka. A voter answers a request whose header names another cluster id or another voter
+    set with INCONSISTENT_CLUSTER_ID / INCONSISTENT_VOTER_SET and changes nothing.
+    ---------------------------------------------------------------------------------------------
+
+    """
+
+    def Vote(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BeginQuorumEpoch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndQuorumEpoch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QuorumFetch(self, request, context):
+        """Followers pull the metadata log from the leader (KIP-595 Fetch); also the leader's liveness.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchSnapshot(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeQuorum(self, request, context):
+        """Any voter answers who leads, at which epoch, and (the leader) each voter's progress.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_QuorumServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Vote': grpc.unary_unary_rpc_method_handler(
+                    servicer.Vote,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.VoteRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.VoteResponse.SerializeToString,
+            ),
+            'BeginQuorumEpoch': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginQuorumEpoch,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.BeginQuorumEpochRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.BeginQuorumEpochResponse.SerializeToString,
+            ),
+            'EndQuorumEpoch': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndQuorumEpoch,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.EndQuorumEpochRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.EndQuorumEpochResponse.SerializeToString,
+            ),
+            'QuorumFetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.QuorumFetch,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.QuorumFetchRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.QuorumFetchResponse.SerializeToString,
+            ),
+            'FetchSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchSnapshot,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.FetchSnapshotRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.FetchSnapshotResponse.SerializeToString,
+            ),
+            'DescribeQuorum': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeQuorum,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeQuorumRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeQuorumResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'minibroker.QuorumService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('minibroker.QuorumService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class QuorumService:
+    """---------------------------------------------------------------------------------------------
+    The controller quorum (KIP-595 Raft for the metadata log; pre-vote KIP-996; snapshots KIP-630).
+    Served by every controller beside ControllerService. Offsets are "end offsets" (exclusive), as
+    in Kafka. A voter answers a request whose header names another cluster id or another voter
+    set with INCONSISTENT_CLUSTER_ID / INCONSISTENT_VOTER_SET and changes nothing.
+    ---------------------------------------------------------------------------------------------
+
+    """
+
+    @staticmethod
+    def Vote(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.QuorumService/Vote',
+            minibroker_dot_proto_dot_minibroker__pb2.VoteRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.VoteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginQuorumEpoch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.QuorumService/BeginQuorumEpoch',
+            minibroker_dot_proto_dot_minibroker__pb2.BeginQuorumEpochRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.BeginQuorumEpochResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndQuorumEpoch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.QuorumService/EndQuorumEpoch',
+            minibroker_dot_proto_dot_minibroker__pb2.EndQuorumEpochRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.EndQuorumEpochResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QuorumFetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.QuorumService/QuorumFetch',
+            minibroker_dot_proto_dot_minibroker__pb2.QuorumFetchRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.QuorumFetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.QuorumService/FetchSnapshot',
+            minibroker_dot_proto_dot_minibroker__pb2.FetchSnapshotRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.FetchSnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeQuorum(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.QuorumService/DescribeQuorum',
+            minibroker_dot_proto_dot_minibroker__pb2.DescribeQuorumRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.DescribeQuorumResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
