@@ -20,12 +20,49 @@ from minibroker.controller.core.partition_limits import (
     DEFAULT_MAX_BROKER_PARTITIONS,
     DEFAULT_MAX_PARTITIONS,
 )
+from minibroker.controller.quorum.messages import QuorumSettings, VoterAddress
 
 CONTROLLER_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
         "node.id", int, 1000, "the controller's id (DescribeCluster's controller id)", at_least(0)
     ),
     ConfigKey("metadata.log.dir", str, "", "data dir of the metadata log (--data-dir)"),
+    ConfigKey(
+        "controller.quorum.voters",
+        str,
+        "",
+        "the controller quorum, ID@HOST:PORT,... (every voter lists the same; unset: a quorum "
+        "of one, this controller)",
+    ),
+    ConfigKey(
+        "controller.quorum.election.timeout.ms",
+        int,
+        1000,
+        "how long a candidate waits for votes before it backs off (randomised up to twice)",
+        at_least(10),
+    ),
+    ConfigKey(
+        "controller.quorum.fetch.timeout.ms",
+        int,
+        2000,
+        "a follower that has not heard from the leader for this long starts an election; a "
+        "leader that a majority has not fetched from for this long resigns",
+        at_least(10),
+    ),
+    ConfigKey(
+        "controller.quorum.election.backoff.max.ms",
+        int,
+        1000,
+        "the longest random back-off after an election that elected nobody",
+        at_least(0),
+    ),
+    ConfigKey(
+        "cluster.id",
+        str,
+        "",
+        "the cluster id to format a fresh data dir with (required, the same on every voter, for "
+        "a quorum of more than one; a quorum of one makes one when unset)",
+    ),
     ConfigKey(
         "listeners",
         str,
@@ -134,6 +171,23 @@ class ControllerConfig:
     def topic_defaults(self) -> dict[str, Any]:
         return {k: v for k, v in self.values.items() if k in TOPIC_CONFIG_NAMES}
 
+    def quorum_voters(self) -> tuple[VoterAddress, ...]:
+        """The voters, sorted by id; a quorum of one (this controller) when unset."""
+        text = str(self["controller.quorum.voters"]).strip()
+        if not text:
+            host, _, port = str(self["listeners"]).rpartition(":")
+            return (VoterAddress(self["node.id"], host or "127.0.0.1", int(port)),)
+        return parse_voters(text)
+
+    def quorum_settings(self) -> QuorumSettings:
+        return QuorumSettings(
+            node_id=self["node.id"],
+            voters=tuple(v.voter_id for v in self.quorum_voters()),
+            election_timeout_ms=self["controller.quorum.election.timeout.ms"],
+            fetch_timeout_ms=self["controller.quorum.fetch.timeout.ms"],
+            election_backoff_max_ms=self["controller.quorum.election.backoff.max.ms"],
+        )
+
     def settings(self) -> ControllerSettings:
         return ControllerSettings(
             node_id=self["node.id"],
@@ -150,6 +204,35 @@ class ControllerConfig:
         )
 
 
+def parse_voters(text: str) -> tuple[VoterAddress, ...]:
+    """`controller.quorum.voters`: ID@HOST:PORT,... -> voters sorted by id. ConfigError names
+    the entry that does not parse, a repeated id, or a repeated address."""
+    voters: dict[int, VoterAddress] = {}
+    for raw in text.split(","):
+        item = raw.strip()
+        node, at, address = item.partition("@")
+        host, colon, port = address.rpartition(":")
+        if not at or not colon or not node.strip().isdigit() or not port.isdigit() or not host:
+            raise ConfigError(
+                f"controller.quorum.voters: {item!r} is not ID@HOST:PORT (e.g. 1000@127.0.0.1:9093)"
+            )
+        voter = VoterAddress(int(node), host, int(port))
+        if voter.voter_id in voters:
+            raise ConfigError(f"controller.quorum.voters names voter {voter.voter_id} twice")
+        if not 0 < voter.port < 65536:
+            raise ConfigError(f"controller.quorum.voters: port of {item!r} is out of range")
+        voters[voter.voter_id] = voter
+    addresses = [(v.host, v.port) for v in voters.values()]
+    if len(set(addresses)) != len(addresses):
+        raise ConfigError("controller.quorum.voters names one HOST:PORT for two voters")
+    return tuple(voters[i] for i in sorted(voters))
+
+
+def normalised_voters(voters: tuple[VoterAddress, ...]) -> str:
+    """The voters as every voter compares them (QuorumHeader.voters)."""
+    return ",".join(str(v) for v in sorted(voters, key=lambda v: v.voter_id))
+
+
 def build_config(*layers: Mapping[str, Any]) -> ControllerConfig:
     """Resolve the layers (lowest first) and check cross-key rules."""
     values = resolve(ALL_KEYS, *layers)
@@ -159,7 +242,29 @@ def build_config(*layers: Mapping[str, Any]) -> ControllerConfig:
             f"({values['broker.session.timeout.ms']} <= {values['broker.heartbeat.interval.ms']})"
         )
     ServerLimits.from_config(values)  # cross-key rules
-    return ControllerConfig(values)
+    config = ControllerConfig(values)
+    if str(values["controller.quorum.voters"]).strip():
+        voters = config.quorum_voters()
+        me = [v for v in voters if v.voter_id == values["node.id"]]
+        if not me:
+            raise ConfigError(
+                f"controller.quorum.voters ({values['controller.quorum.voters']}) does not name "
+                f"this controller's node.id {values['node.id']}"
+            )
+        _, _, port = str(values["listeners"]).rpartition(":")
+        if port.isdigit() and int(port) not in (0, me[0].port):
+            raise ConfigError(
+                f"listeners port {port} is not this voter's port {me[0].port} in "
+                "controller.quorum.voters"
+            )
+    return config
 
 
-__all__ = ["ALL_KEYS", "CONTROLLER_KEYS", "ControllerConfig", "build_config"]
+__all__ = [
+    "ALL_KEYS",
+    "CONTROLLER_KEYS",
+    "ControllerConfig",
+    "build_config",
+    "normalised_voters",
+    "parse_voters",
+]

@@ -9,15 +9,19 @@ the unclean ones among them (UncleanLeaderElectionsPerSec).
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from minibroker.controller.core.messages import Event
+from minibroker.controller.quorum.messages import Event as QuorumEvent
+from minibroker.controller.quorum.messages import Role, RoleChanged
 from minibroker.metadata.image import MetadataImage
 
 KAFKA_CONTROLLER = "kafka_controller_KafkaController_"
 CONTROLLER_STATS = "kafka_controller_ControllerStats_"
+RAFT_METRICS = "kafka_server_raft_metrics_"
 
 
 class ControllerMetrics:
@@ -59,7 +63,67 @@ class ControllerMetrics:
             ["reason"],
             registry=registry,
         )
-        self.active_controller_count.set(1)
+        self.active_controller_count.set(0)
+
+        # The metadata quorum, with Kafka's raft-metrics names
+        # (kafka.server:type=raft-metrics,name=X -> kafka_server_raft_metrics_X).
+        def raft(name: str, doc: str) -> Gauge:
+            return Gauge(RAFT_METRICS + name, doc, registry=registry)
+
+        self.current_leader = raft("current_leader", "id of the quorum leader, -1 when unknown")
+        self.current_epoch = raft("current_epoch", "the quorum epoch this voter is in")
+        self.current_vote = raft("current_vote", "the voter this one voted for in its epoch, -1")
+        self.current_state = Gauge(
+            RAFT_METRICS + "current_state",
+            "1 for this voter's role (leader, follower, candidate, ...)",
+            ["state"],
+            registry=registry,
+        )
+        self.high_watermark = raft("high_watermark", "the committed offset of the metadata log")
+        self.log_end_offset = raft("log_end_offset", "this voter's metadata log end offset")
+        self.commit_latency_avg = raft(
+            "commit_latency_avg", "ms from a leader's append to its commit (last 100)"
+        )
+        self.commit_latency_max = raft(
+            "commit_latency_max", "ms from a leader's append to its commit (max of last 100)"
+        )
+        self.elections = Counter(
+            RAFT_METRICS + "elections",
+            "elections this voter won (it became leader)",
+            registry=registry,
+        )
+        self.resignations = Counter(
+            RAFT_METRICS + "resignations",
+            "leaderships this voter gave up, by reason",
+            ["reason"],
+            registry=registry,
+        )
+        self._latencies: collections.deque[float] = collections.deque(maxlen=100)
+        self.current_leader.set(-1)
+        self.current_vote.set(-1)
+
+    def quorum_role(self, change: RoleChanged) -> None:
+        self.current_leader.set(change.leader_id)
+        self.current_epoch.set(change.epoch)
+        for role in Role:
+            self.current_state.labels(state=role.value).set(1 if role == change.role else 0)
+        if change.role == Role.LEADER:
+            self.elections.inc()
+
+    def quorum_offsets(self, high_watermark: int, log_end_offset: int) -> None:
+        self.high_watermark.set(high_watermark)
+        self.log_end_offset.set(log_end_offset)
+
+    def quorum_event(self, event: QuorumEvent) -> None:
+        if "voted_for" in event.fields:
+            self.current_vote.set(int(str(event.fields["voted_for"])))
+        if event.name == "quorum_resigned":
+            self.resignations.labels(reason=str(event.fields.get("reason", ""))).inc()
+
+    def commit_latency(self, ms: float) -> None:
+        self._latencies.append(ms)
+        self.commit_latency_avg.set(sum(self._latencies) / len(self._latencies))
+        self.commit_latency_max.set(max(self._latencies))
 
     def refresh(self, image: MetadataImage, committed_offset: int) -> None:
         fenced = sum(1 for b in image.brokers.values() if b.fenced)

@@ -8,16 +8,19 @@ granted controlled shutdown, the broker is fenced at once.
 
 from __future__ import annotations
 
+import functools
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from minibroker.client.errors import ErrorCode, MiniBrokerError
 from minibroker.controller import wire
 from minibroker.controller.core.messages import HeartbeatReply, HeartbeatRequest, Outcome
+from minibroker.controller.quorum.shell import NotController, QuorumShell
+from minibroker.controller.quorum.wire import QuorumWireError
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
@@ -33,11 +36,49 @@ def _heartbeat(
     return core.heartbeat(req, stream_id, now_ms)
 
 
+NOT_CONTROLLER_KEYS = (
+    "minibroker-error",
+    "minibroker-controller-leader",
+    "minibroker-controller-epoch",
+)
+
+
+async def abort_not_controller(context: grpc.aio.ServicerContext, err: NotController) -> None:
+    """NOT_CONTROLLER on the wire (docs/design.md §6.1): FAILED_PRECONDITION with the leader
+    hint in the trailing metadata, for unary calls and streams alike."""
+    hint = err.hint
+    leader = f"{hint.leader_id}@{hint.address}" if hint.leader_id >= 0 and hint.address else ""
+    context.set_trailing_metadata(
+        (
+            (NOT_CONTROLLER_KEYS[0], "NOT_CONTROLLER"),
+            (NOT_CONTROLLER_KEYS[1], leader),
+            (NOT_CONTROLLER_KEYS[2], str(hint.epoch)),
+        )
+    )
+    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+
+
+def _fenced(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """A unary ControllerService method answered NOT_CONTROLLER off the active controller."""
+
+    @functools.wraps(method)
+    async def wrapper(
+        self: ControllerServicer, request: Any, context: grpc.aio.ServicerContext
+    ) -> Any:
+        try:
+            return await method(self, request, context)
+        except NotController as err:
+            await abort_not_controller(context, err)
+
+    return wrapper
+
+
 class ControllerServicer(pb_grpc.ControllerServiceServicer):
     def __init__(self, app: ControllerApp) -> None:
         self._app = app
         self._stream_ids = itertools.count(1)
 
+    @_fenced
     async def RegisterBroker(
         self, request: pb.BrokerRegistrationRequest, context: grpc.aio.ServicerContext
     ) -> pb.BrokerRegistrationResponse:
@@ -59,6 +100,8 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
                 if reply.error == ErrorCode.NONE:
                     speaker = (req.broker_id, req.broker_epoch)
                 yield wire.heartbeat_reply(reply)
+        except NotController as err:
+            await abort_not_controller(context, err)
         finally:
             # Runs when the broker closes the stream, when its process dies (the connection
             # resets and grpc cancels this handler) and on our own shutdown (ignored there).
@@ -73,9 +116,13 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     async def WatchMetadata(
         self, request: pb.WatchMetadataRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.MetadataBatch]:
-        async for batch in self._app.watch(request.from_offset):
-            yield batch
+        try:
+            async for batch in self._app.watch(request.from_offset):
+                yield batch
+        except NotController as err:
+            await abort_not_controller(context, err)
 
+    @_fenced
     async def AlterPartition(
         self, request: pb.AlterPartitionRequest, context: grpc.aio.ServicerContext
     ) -> pb.AlterPartitionResponse:
@@ -83,6 +130,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         reply = await self._app.submit(lambda core, now: core.alter_partition(req, now))
         return wire.alter_partition_reply(reply)
 
+    @_fenced
     async def AllocateProducerIds(
         self, request: pb.AllocateProducerIdsRequest, context: grpc.aio.ServicerContext
     ) -> pb.AllocateProducerIdsResponse:
@@ -92,6 +140,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         )
         return wire.producer_ids_reply(block)
 
+    @_fenced
     async def CreateTopics(
         self, request: pb.CreateTopicsRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreateTopicsResponse:
@@ -102,6 +151,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         )
         return wire.create_topics_reply(results)
 
+    @_fenced
     async def DeleteTopics(
         self, request: pb.DeleteTopicsRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteTopicsResponse:
@@ -109,6 +159,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         results = await self._app.submit(lambda core, now: core.delete_topics(names, now))
         return wire.delete_topics_reply(results)
 
+    @_fenced
     async def DescribeCluster(
         self, request: pb.DescribeClusterRequest, context: grpc.aio.ServicerContext
     ) -> pb.DescribeClusterResponse:
@@ -116,6 +167,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         desc = await self._app.submit(lambda core, now: Outcome(core.describe_cluster(now)))
         return wire.describe_cluster_reply(desc)
 
+    @_fenced
     async def ElectLeaders(
         self, request: pb.ElectLeadersRequest, context: grpc.aio.ServicerContext
     ) -> pb.ElectLeadersResponse:
@@ -128,6 +180,7 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         )
         return wire.elect_leaders_reply(results)
 
+    @_fenced
     async def UnregisterBroker(
         self, request: pb.UnregisterBrokerRequest, context: grpc.aio.ServicerContext
     ) -> pb.UnregisterBrokerResponse:
@@ -136,4 +189,85 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         return wire.unregister_broker_reply(reply)
 
 
-__all__ = ["ControllerServicer"]
+class QuorumServicer(pb_grpc.QuorumServiceServicer):
+    """QuorumService: the voters' Raft RPCs and DescribeQuorum, handed to the quorum shell
+    after the header check (cluster id, voter set). A malformed request is INVALID_REQUEST and
+    changes nothing."""
+
+    def __init__(self, app: ControllerApp) -> None:
+        self._app = app
+
+    def _shell(self, context: grpc.aio.ServicerContext) -> QuorumShell:
+        shell = self._app.quorum
+        if shell is None or self._app.stopping:
+            raise _Unavailable
+        return shell
+
+    async def _handle(
+        self,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        response_type: Any,
+        handler: Callable[[QuorumShell, Any], Awaitable[Any]],
+    ) -> Any:
+        try:
+            shell = self._shell(context)
+        except _Unavailable:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
+        refused = shell.check_header(request.header)
+        if refused is not None:
+            code, message = refused
+            return response_type(error_code=code, error_message=message)
+        try:
+            return await handler(shell, request)
+        except QuorumWireError as err:
+            return response_type(error_code=pb.INVALID_REQUEST, error_message=str(err))
+
+    async def Vote(
+        self, request: pb.VoteRequest, context: grpc.aio.ServicerContext
+    ) -> pb.VoteResponse:
+        return await self._handle(request, context, pb.VoteResponse, QuorumShell.handle_vote)
+
+    async def BeginQuorumEpoch(
+        self, request: pb.BeginQuorumEpochRequest, context: grpc.aio.ServicerContext
+    ) -> pb.BeginQuorumEpochResponse:
+        return await self._handle(
+            request, context, pb.BeginQuorumEpochResponse, QuorumShell.handle_begin_epoch
+        )
+
+    async def EndQuorumEpoch(
+        self, request: pb.EndQuorumEpochRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EndQuorumEpochResponse:
+        return await self._handle(
+            request, context, pb.EndQuorumEpochResponse, QuorumShell.handle_end_epoch
+        )
+
+    async def QuorumFetch(
+        self, request: pb.QuorumFetchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.QuorumFetchResponse:
+        return await self._handle(
+            request, context, pb.QuorumFetchResponse, QuorumShell.handle_fetch
+        )
+
+    async def FetchSnapshot(
+        self, request: pb.FetchSnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FetchSnapshotResponse:
+        return await self._handle(
+            request, context, pb.FetchSnapshotResponse, QuorumShell.handle_fetch_snapshot
+        )
+
+    async def DescribeQuorum(
+        self, request: pb.DescribeQuorumRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DescribeQuorumResponse:
+        try:
+            shell = self._shell(context)
+        except _Unavailable:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
+        return shell.describe()
+
+
+class _Unavailable(Exception):
+    pass
+
+
+__all__ = ["ControllerServicer", "QuorumServicer", "abort_not_controller"]
