@@ -83,21 +83,28 @@ def _frame(payload: bytes) -> bytes:
     return _FRAME.pack(len(payload), crc32c.crc32c(payload)) + payload
 
 
-def _read_frames(data: bytes) -> tuple[list[bytes], int]:
-    """Payloads of the valid frame prefix and the byte length of that prefix."""
-    payloads: list[bytes] = []
+def _read_frame_spans(data: bytes) -> tuple[list[tuple[int, int]], int]:
+    """(start, end) byte spans of the frames of the valid frame prefix (a frame's payload is
+    data[start + 8 : end]) and the byte length of that prefix."""
+    spans: list[tuple[int, int]] = []
     pos = 0
+    view = memoryview(data)
     while pos + _FRAME.size <= len(data):
         length, crc = _FRAME.unpack_from(data, pos)
         end = pos + _FRAME.size + length
         if length > MAX_FRAME_BYTES or end > len(data):
             break
-        payload = data[pos + _FRAME.size : end]
-        if crc32c.crc32c(payload) != crc:
+        if crc32c.crc32c(view[pos + _FRAME.size : end]) != crc:
             break
-        payloads.append(payload)
+        spans.append((pos, end))
         pos = end
-    return payloads, pos
+    return spans, pos
+
+
+def _read_frames(data: bytes) -> tuple[list[bytes], int]:
+    """Payloads of the valid frame prefix and the byte length of that prefix."""
+    spans, valid = _read_frame_spans(data)
+    return [data[start + _FRAME.size : end] for start, end in spans], valid
 
 
 class DataDir:
