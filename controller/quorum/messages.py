@@ -13,14 +13,14 @@ before any send (a vote or an epoch is durable before anyone hears of it), log c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Protocol
 
 NO_LEADER = -1
 NO_VOTE = -1
 
 
-class Role(str, Enum):
+class Role(StrEnum):
     UNATTACHED = "unattached"  # knows the epoch, no leader, has not voted in it (or has: voted_for)
     PROSPECTIVE = "prospective"  # KIP-996: asking for pre-votes, epoch not bumped
     CANDIDATE = "candidate"  # epoch bumped, voted for itself, asking for votes
@@ -112,6 +112,9 @@ class VoteResponse:
     leader_id: int
     vote_granted: bool
     error: str = ""  # "" or an ErrorCode name (FENCED_LEADER_EPOCH, INCONSISTENT_VOTER_SET...)
+    # Which request this answers (the shell copies it from the request it sent): a pre-vote
+    # grant must never be counted as a real vote, even when it arrives late in the same epoch.
+    pre_vote: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +147,7 @@ class FetchRequest:
     last_fetched_epoch: int
 
 
-class FetchAnswer(str, Enum):
+class FetchAnswer(StrEnum):
     RECORDS = "records"  # read from fetch_offset (maybe nothing yet: the shell long-polls)
     DIVERGING = "diverging"  # the follower must truncate: see `diverging`
     SNAPSHOT = "snapshot"  # fetch_offset is below the log start: see `snapshot_id`
@@ -179,7 +182,7 @@ class FetchResponse:
     error: str = ""
 
 
-class FetchAction(str, Enum):
+class FetchAction(StrEnum):
     APPEND = "append"  # append the response's batches (epochs <= leader epoch), then call
     # `core.follower_appended(leader_hw, now)`
     TRUNCATE = "truncate"  # truncate the log to `offset`, then fetch again

@@ -44,6 +44,8 @@ PURE = [
     "client/watch/render.py",
     "client/watch/rows.py",
     "controller/core",
+    "controller/quorum/core.py",
+    "controller/quorum/messages.py",
 ]
 FORBIDDEN_IN_PURE = {
     "asyncio",
