@@ -399,24 +399,28 @@ class ControllerApp:
     # -- commands -----------------------------------------------------------------------------
 
     async def _wait_active(self) -> None:
-        """A leader whose LeaderChange is not committed yet becomes active within a round trip;
-        wait that long instead of bouncing the caller."""
+        """While this voter leads but its LeaderChange is not committed yet, or while an
+        election is under way (no leader known), wait up to ACTIVATION_WAIT_S instead of
+        bouncing the caller: a quorum of one elects itself within milliseconds of starting, a
+        new leader becomes active within a round trip. A voter that knows another leader
+        answers NOT_CONTROLLER with that hint at once."""
         quorum = self.quorum
+        node_id = self.config["node.id"]
         deadline = time.monotonic() + ACTIVATION_WAIT_S
         while (
             self._core is None
             and quorum is not None
-            and quorum.role == Role.LEADER
+            and quorum.leader_id in (-1, node_id)
             and not self.stopping
             and time.monotonic() < deadline
         ):
             event = self._commit_event
             try:
-                await asyncio.wait_for(event.wait(), deadline - time.monotonic())
+                await asyncio.wait_for(event.wait(), min(0.05, deadline - time.monotonic()))
             except TimeoutError:
-                break
+                pass
         if self._core is None:
-            raise self.not_controller(f"controller {self.config['node.id']} is not active")
+            raise self.not_controller(f"controller {node_id} is not active")
 
     async def submit(self, command: Callable[[ControllerCore, int], Outcome[R]]) -> R:
         """Run `command` on the active controller's core; returns its reply once its records

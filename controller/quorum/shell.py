@@ -19,6 +19,7 @@ What it owns (docs/design.md §6.1):
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -252,12 +253,11 @@ class QuorumShell:
                 await asyncio.to_thread(write_quorum_state, self.log.path, effect.state)
             elif isinstance(effect, SendVote):
                 req = qwire.vote_request_to_pb(effect.request, self.header)
-                pre_vote = effect.request.pre_vote
                 self._send(
                     effect.to,
                     "Vote",
                     req,
-                    lambda resp, pre_vote=pre_vote: self._on_vote_response(resp, pre_vote),
+                    functools.partial(self._on_vote_response, pre_vote=effect.request.pre_vote),
                 )
             elif isinstance(effect, SendBeginQuorumEpoch):
                 begin = pb.BeginQuorumEpochRequest(

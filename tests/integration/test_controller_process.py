@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from minibroker.client.errors import ErrorCode
 from minibroker.metadata.image import MetadataImage
+from minibroker.metadata.records import LeaderChangeRecord
 from minibroker.metadata.wire import apply_batch
 from minibroker.proto import minibroker_pb2 as pb
 from tests.integration.controller_harness import (
@@ -401,6 +402,10 @@ def test_watch_metadata_snapshot_then_live_then_keepalive(start_controller, brok
     assert controller.snapshot_image() == image
 
 
+def _without_leader_change(image: MetadataImage) -> list[object]:
+    return [r for r in image.to_records() if not isinstance(r, LeaderChangeRecord)]
+
+
 def test_restart_after_kill9_keeps_everything(controller, brokers):
     start_brokers(controller, brokers, [1, 2, 3])
     created = [create(controller, f"k{i}", 3, 2) for i in range(3)]
@@ -417,7 +422,11 @@ def test_restart_after_kill9_keeps_everything(controller, brokers):
     controller.start()
     assert controller.describe().cluster_id == cluster_id
     after = controller.snapshot_image()
-    assert after == before
+    # Everything is kept; the restarted controller only adds its LeaderChangeRecord (it leads
+    # the quorum of one in a new epoch, docs/design.md §6.1).
+    assert _without_leader_change(after) == _without_leader_change(before)
+    assert after.quorum_leader is not None and before.quorum_leader is not None
+    assert after.quorum_leader[1] > before.quorum_leader[1]
     again = controller.stub.AllocateProducerIds(
         pb.AllocateProducerIdsRequest(broker_id=1, broker_epoch=after.brokers[1].broker_epoch)
     )
