@@ -1,9 +1,19 @@
-"""The local cluster launcher (the embedded default): a controller and N brokers as processes.
+"""The local cluster launcher (the embedded default): controllers and brokers as processes.
 
 I/O shell: starts, signals and inspects processes, and keeps the cluster's layout in
-`<dir>/cluster.json` (ports, data dirs, log files, PIDs) so every `minibroker cluster ...`
-command, and the client CLI's default bootstrap, find the same cluster. Everything lives under
-`--dir` (default `.minibroker`): `controller/` and `broker-N/` each hold `data/` and `process.log`.
+`<dir>/cluster.json` (ports, data dirs, log files, PIDs, the quorum's cluster id) so every
+`minibroker cluster ...` command, and the client CLI's default bootstrap, find the same cluster.
+Everything lives under `--dir` (default `.minibroker`): `controller/` (controller-1, today's
+single controller: a quorum of one upgrades in place), `controller-2/`, ... and `broker-N/` each
+hold `data/` and `process.log`.
+
+A quorum of more than one (issue 13, /work/spec/quorum.md): controller-i is node.id 999+i and
+every port is chosen before anything starts, because each voter is started with
+`controller.quorum.voters` naming all of them; a fresh cluster gets one generated `cluster.id`,
+kept in cluster.json so restarts reuse it; brokers get every controller in
+`controller.quorum.bootstrap.servers`. `controller` names the active controller (the quorum's
+leader, asked with QuorumService.DescribeQuorum); a controller without QuorumService (UNIMPLEMENTED)
+is the leader of its quorum of one. The pure parts are in `minibroker.deploy.quorum`.
 
 A process is identified by its PID *and* its command line (the data dir is in it), so a PID that
 the kernel reused for something else is never signalled.
@@ -23,9 +33,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from minibroker.deploy import quorum
+
 STATE_FILE = "cluster.json"
 DEFAULT_DIR = ".minibroker"
-CONTROLLER_ID = "controller"
+CONTROLLER_ID = quorum.CONTROLLER
+# The library's default quorum size (tests, benchmarks, old callers): today's single controller.
+# `minibroker cluster up` and the demo choose their own (cluster_cli.DEFAULT_CONTROLLERS).
+DEFAULT_CONTROLLERS = 1
+DESCRIBE_QUORUM_TIMEOUT_S = 1.0
 
 
 class LauncherError(Exception):
@@ -35,7 +51,7 @@ class LauncherError(Exception):
 @dataclass(slots=True)
 class ProcessSpec:
     role: str  # "controller" or "broker"
-    node_id: int  # the controller's id is -1 in this file: it is addressed as "controller"
+    node_id: int  # a controller's node.id: 1000 for controller-1, 1001 for controller-2, ...
     host: str
     port: int
     metrics_port: int
@@ -50,53 +66,101 @@ class ProcessSpec:
         return f"{self.host}:{self.port}"
 
     @property
+    def name(self) -> str:
+        """controller-N or broker-N: the name `cluster status` shows and commands accept."""
+        if self.role == "controller":
+            return quorum.controller_name(quorum.controller_index(self.node_id))
+        return f"broker-{self.node_id}"
+
+    @property
     def label(self) -> str:
-        return CONTROLLER_ID if self.role == "controller" else f"broker {self.node_id}"
+        return self.name if self.role == "controller" else f"broker {self.node_id}"
 
 
 @dataclass(slots=True)
 class ClusterState:
     dir: str
-    controller: ProcessSpec
+    controllers: list[ProcessSpec]
     brokers: list[ProcessSpec]
+    cluster_id: str = ""  # generated for a quorum of more than one; "" lets a quorum of one make it
+
+    @property
+    def controller(self) -> ProcessSpec:
+        """controller-1: a quorum of one's controller (use `active_controller` for a quorum)."""
+        return self.controllers[0]
 
     @property
     def bootstrap_servers(self) -> str:
         return ",".join(b.address for b in self.brokers)
 
+    @property
+    def is_quorum(self) -> bool:
+        return len(self.controllers) > 1
+
+    @property
+    def voters(self) -> str:
+        """controller.quorum.voters: every controller's id@host:port."""
+        return quorum.voters_string((c.node_id, c.address) for c in self.controllers)
+
+    @property
+    def controller_bootstrap(self) -> str:
+        """The brokers' controller.quorum.bootstrap.servers."""
+        return quorum.bootstrap_string(c.address for c in self.controllers)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "bootstrap_servers": self.bootstrap_servers,
+            # controller-1, for readers that know one controller (the client CLI, old `watch`).
             "controller_address": self.controller.address,
+            "controller_addresses": [c.address for c in self.controllers],
+            "controller_quorum_voters": self.voters,
+            "cluster_id": self.cluster_id,
             "controller": asdict(self.controller),
+            "controllers": [asdict(c) for c in self.controllers],
             "brokers": [asdict(b) for b in self.brokers],
         }
 
     @classmethod
     def from_json(cls, directory: str, data: dict[str, Any]) -> ClusterState:
+        raw = data.get("controllers") or [data["controller"]]
+        controllers = [ProcessSpec(**c) for c in raw]
+        for i, c in enumerate(controllers, start=1):
+            if c.node_id < 0:  # a cluster.json from before the quorum: the controller was -1
+                c.node_id = quorum.controller_id(i)
         return cls(
             dir=directory,
-            controller=ProcessSpec(**data["controller"]),
+            controllers=controllers,
             brokers=[ProcessSpec(**b) for b in data["brokers"]],
+            cluster_id=str(data.get("cluster_id") or ""),
         )
 
-    def find(self, ident: str) -> ProcessSpec:
-        if ident == CONTROLLER_ID:
-            return self.controller
+    def find(self, ident: str, active: int | None = None) -> ProcessSpec:
+        """The process `ident` names. `controller` is the active controller: the only one of a
+        quorum of one, else controller-`active` (the caller asked the quorum who leads)."""
         try:
-            node_id = int(ident)
-        except ValueError:
-            raise LauncherError(
-                f"unknown process {ident!r}: use a broker node id or 'controller'"
-            ) from None
+            target = quorum.parse_target(ident, len(self.controllers))
+        except ValueError as err:
+            raise LauncherError(str(err)) from None
+        if target.kind == "active":
+            if not self.is_quorum:
+                return self.controller
+            if active is None:
+                raise LauncherError(
+                    "no active controller: the quorum has no leader right now "
+                    "(`minibroker cluster status` says why); name one: "
+                    + ", ".join(c.name for c in self.controllers)
+                )
+            target = quorum.Target("controller", active)
+        if target.kind == "controller":
+            return self.controllers[target.number - 1]
         for broker in self.brokers:
-            if broker.node_id == node_id:
+            if broker.node_id == target.number:
                 return broker
         ids = ", ".join(str(b.node_id) for b in self.brokers)
-        raise LauncherError(f"no broker {node_id} in this cluster (brokers: {ids})")
+        raise LauncherError(f"no broker {target.number} in this cluster (brokers: {ids})")
 
     def all(self) -> list[ProcessSpec]:
-        return [self.controller, *self.brokers]
+        return [*self.controllers, *self.brokers]
 
 
 # -- state file ---------------------------------------------------------------------------------
@@ -211,27 +275,44 @@ def plan_cluster(
     base_port: int,
     settings: dict[str, str],
     host: str = "127.0.0.1",
+    controllers: int = DEFAULT_CONTROLLERS,
+    cluster_id: str | None = None,
 ) -> ClusterState:
-    """Ports: brokers on base, base+1, ...; the controller on base+100; metrics on base+1000+i
-    (controller: base+1100). base_port 0 picks free ports for everything (tests)."""
+    """Ports: brokers on base, base+1, ...; controller-i on base+100+i-1; metrics on
+    base+1000+i (controller-i: base+1100+i-1). base_port 0 picks free ports for everything
+    (tests). Every port is chosen here, before anything starts: each voter of a quorum is
+    started with a voters list naming them all.
+
+    controller-1 keeps the single controller's dir name (`controller/`) and id (1000), so a
+    cluster made before the quorum is a quorum of one on the same files. A quorum of more than
+    one gets a fresh `cluster.id` (or `cluster_id`), shared by every voter."""
     if brokers < 1:
         raise LauncherError("--brokers must be at least 1")
+    try:
+        quorum.check_quorum_size(controllers)
+    except ValueError as err:
+        raise LauncherError(str(err)) from None
     root = pathlib.Path(directory).resolve()
 
     def port(offset: int) -> int:
         return free_port(host) if base_port == 0 else base_port + offset
 
     controller_settings, broker_settings = split_settings(settings)
-    controller = ProcessSpec(
-        role="controller",
-        node_id=-1,
-        host=host,
-        port=port(100),
-        metrics_port=port(1100),
-        data_dir=str(root / "controller" / "data"),
-        log_file=str(root / "controller" / "process.log"),
-        settings=controller_settings,
-    )
+    controller_specs = []
+    for index in range(1, controllers + 1):
+        folder = "controller" if index == 1 else quorum.controller_name(index)
+        controller_specs.append(
+            ProcessSpec(
+                role="controller",
+                node_id=quorum.controller_id(index),
+                host=host,
+                port=port(100 + index - 1),
+                metrics_port=port(1100 + index - 1),
+                data_dir=str(root / folder / "data"),
+                log_file=str(root / folder / "process.log"),
+                settings=dict(controller_settings),
+            )
+        )
     specs = []
     for i in range(brokers):
         node_id = i + 1
@@ -245,10 +326,14 @@ def plan_cluster(
                 data_dir=str(root / f"broker-{node_id}" / "data"),
                 log_file=str(root / f"broker-{node_id}" / "process.log"),
                 rack=f"rack-{i % racks}" if racks > 0 else "",
-                settings=broker_settings,
+                settings=dict(broker_settings),
             )
         )
-    return ClusterState(dir=directory, controller=controller, brokers=specs)
+    if cluster_id is None:
+        cluster_id = quorum.new_cluster_id() if controllers > 1 else ""
+    return ClusterState(
+        dir=directory, controllers=controller_specs, brokers=specs, cluster_id=cluster_id
+    )
 
 
 def split_settings(settings: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -279,7 +364,12 @@ def split_settings(settings: dict[str, str]) -> tuple[dict[str, str], dict[str, 
 
 
 def command_for(spec: ProcessSpec, state: ClusterState) -> list[str]:
+    """The process's command line. A quorum of one is started exactly as the single controller
+    was before the quorum (no quorum settings: node.id 1000 and a voters list of itself are the
+    controller's defaults); a larger quorum's voters get their id, the voters list and the
+    shared cluster id; brokers get every controller's address."""
     base = [sys.executable, "-m", "minibroker.deploy"]
+    launcher_settings: dict[str, str] = {}
     if spec.role == "controller":
         cmd = [
             *base,
@@ -291,6 +381,11 @@ def command_for(spec: ProcessSpec, state: ClusterState) -> list[str]:
             "--metrics-port",
             str(spec.metrics_port),
         ]
+        if state.is_quorum:
+            cmd += ["--node-id", str(spec.node_id)]
+            launcher_settings["controller.quorum.voters"] = state.voters
+        if state.cluster_id and state.is_quorum:
+            launcher_settings["cluster.id"] = state.cluster_id
     else:
         cmd = [
             *base,
@@ -301,14 +396,19 @@ def command_for(spec: ProcessSpec, state: ClusterState) -> list[str]:
             spec.data_dir,
             "--listen",
             spec.address,
+            # controller.quorum.bootstrap.servers: every controller (one for a quorum of one).
             "--controller",
-            state.controller.address,
+            state.controller_bootstrap,
             "--metrics-port",
             str(spec.metrics_port),
         ]
         if spec.rack:
             cmd += ["--rack", spec.rack]
+    # The user's --set first, the launcher's quorum layout last: it wins (a later --set does).
     for key, value in sorted(spec.settings.items()):
+        if key not in launcher_settings:
+            cmd += ["--set", f"{key}={value}"]
+    for key, value in sorted(launcher_settings.items()):
         cmd += ["--set", f"{key}={value}"]
     return cmd
 
@@ -367,40 +467,144 @@ def _reap(pid: int) -> None:
         pass
 
 
-def wait_ready(
-    state: ClusterState, timeout_s: float, expect: list[ProcessSpec] | None = None
-) -> None:
-    """Wait until the controller answers and every expected broker is registered and unfenced."""
+# -- asking the quorum ---------------------------------------------------------------------------
+
+
+def describe_quorum(
+    spec: ProcessSpec, timeout_s: float = DESCRIBE_QUORUM_TIMEOUT_S
+) -> quorum.VoterInput:
+    """One controller's DescribeQuorum answer with its process state. UNIMPLEMENTED (a controller
+    from before the quorum) stands for the leader of a quorum of one. Never raises for the
+    network: a failed call is the answer's `error`."""
     import grpc
 
     from minibroker.proto import minibroker_pb2 as pb
     from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
-    brokers = expect if expect is not None else state.brokers
-    wanted = {b.node_id for b in brokers if b.role == "broker"}
+    current = process_state(spec)
+    base = quorum.VoterInput(
+        node_id=spec.node_id,
+        name=spec.name,
+        address=spec.address,
+        state=current,
+        pid=spec.pid,
+    )
+    if current != "running":
+        return base
+    with grpc.insecure_channel(spec.address) as channel:
+        stub = pb_grpc.QuorumServiceStub(channel)
+        try:
+            reply = stub.DescribeQuorum(pb.DescribeQuorumRequest(), timeout=timeout_s)
+        except grpc.RpcError as err:
+            code = err.code()
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                answer = quorum.unimplemented_answer(spec.node_id)
+                return quorum.VoterInput(**{**_fields(base), "answer": answer})
+            name = code.name if code is not None else "UNKNOWN"
+            return quorum.VoterInput(**{**_fields(base), "error": name})
+    return quorum.VoterInput(**{**_fields(base), "answer": quorum.answer_from_pb(reply)})
+
+
+def _fields(voter: quorum.VoterInput) -> dict[str, Any]:
+    return {name: getattr(voter, name) for name in voter.__dataclass_fields__}
+
+
+def quorum_inputs(state: ClusterState) -> list[quorum.VoterInput]:
+    """Every controller's DescribeQuorum answer, asked at once (a hung voter costs one
+    timeout, not one per voter)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(state.controllers)) as pool:
+        return list(pool.map(describe_quorum, state.controllers))
+
+
+def quorum_status(state: ClusterState) -> quorum.QuorumStatus:
+    return quorum.quorum_status(quorum_inputs(state))
+
+
+def active_controller(state: ClusterState) -> ProcessSpec | None:
+    """The controller that leads the quorum now, None when none does."""
+    index = quorum.active_controller(quorum_status(state))
+    return None if index is None else state.controllers[index - 1]
+
+
+def resolve(state: ClusterState, ident: str) -> ProcessSpec:
+    """`state.find`, asking the quorum who leads when `ident` is `controller`."""
+    active: int | None = None
+    if ident.strip().lower() == CONTROLLER_ID and state.is_quorum:
+        active = quorum.active_controller(quorum_status(state))
+    return state.find(ident, active)
+
+
+def wait_ready(
+    state: ClusterState, timeout_s: float, expect: list[ProcessSpec] | None = None
+) -> None:
+    """Wait until the active controller answers DescribeCluster, every expected broker is
+    registered and unfenced, and every expected controller answers DescribeQuorum naming a
+    leader (a follower does not answer DescribeCluster: NOT_CONTROLLER)."""
+    import grpc
+
+    expected = expect if expect is not None else state.all()
+    wanted = {b.node_id for b in expected if b.role == "broker"}
+    voters = [c for c in expected if c.role == "controller"]
     deadline = time.monotonic() + timeout_s
     last_problem = "controller not answering yet"
-    with grpc.insecure_channel(state.controller.address) as channel:
-        stub = pb_grpc.ControllerServiceStub(channel)
+    channels = {c.address: grpc.insecure_channel(c.address) for c in state.controllers}
+    try:
         while time.monotonic() < deadline:
             for spec in state.all():
-                watched = spec in brokers or spec.role == "controller"
+                watched = spec in expected or spec.role == "controller"
                 if watched and spec.pid > 0 and process_state(spec) == "stopped":
                     tail = read_log_tail(spec.log_file, 15)
                     raise LauncherError(
                         f"{spec.label} exited during start-up; its log ends:\n{tail}"
                     )
-            try:
-                response = stub.DescribeCluster(pb.DescribeClusterRequest(), timeout=2.0)
-                ready = {b.broker_id for b in response.brokers if not b.fenced}
-                missing = wanted - ready
-                if not missing:
-                    return
-                last_problem = f"brokers not registered and unfenced yet: {sorted(missing)}"
-            except grpc.RpcError as err:
-                last_problem = f"controller not answering ({err.code().name})"
+            last_problem = _ready_problem(state, channels, wanted, voters)
+            if not last_problem:
+                return
             time.sleep(0.1)
+    finally:
+        for channel in channels.values():
+            channel.close()
     raise LauncherError(f"cluster not ready after {timeout_s:.0f}s: {last_problem}")
+
+
+def _ready_problem(
+    state: ClusterState,
+    channels: dict[str, Any],
+    wanted: set[int],
+    voters: list[ProcessSpec],
+) -> str:
+    """Why the cluster is not ready yet; "" when it is."""
+    import grpc
+
+    from minibroker.proto import minibroker_pb2 as pb
+    from minibroker.proto import minibroker_pb2_grpc as pb_grpc
+
+    if voters and state.is_quorum:
+        waiting = [
+            v.name
+            for v in map(describe_quorum, voters)
+            if v.answer is None or v.answer.leader_id == quorum.NO_LEADER
+        ]
+        if waiting:
+            return f"no leader known to {', '.join(waiting)} yet"
+    errors = []
+    for spec in state.controllers:
+        if process_state(spec) != "running":
+            continue
+        stub = pb_grpc.ControllerServiceStub(channels[spec.address])
+        try:
+            response = stub.DescribeCluster(pb.DescribeClusterRequest(), timeout=2.0)
+        except grpc.RpcError as err:  # a follower says NOT_CONTROLLER: ask the next one
+            errors.append(f"{spec.name} {err.code().name}")
+            continue
+        ready = {b.broker_id for b in response.brokers if not b.fenced}
+        missing = wanted - ready
+        if not missing:
+            return ""
+        return f"brokers not registered and unfenced yet: {sorted(missing)}"
+    return f"no active controller answering ({', '.join(errors) or 'none running'})"
 
 
 def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
@@ -433,22 +637,46 @@ def up(
     base_port: int = 9092,
     settings: dict[str, str] | None = None,
     timeout_s: float = 60.0,
+    controllers: int | None = None,
 ) -> ClusterState:
-    """Start the cluster in `directory`, or restart whatever of it is stopped (data kept)."""
+    """Start the cluster in `directory`, or restart whatever of it is stopped (data kept).
+
+    `controllers`: the quorum size of a new cluster (None: DEFAULT_CONTROLLERS); an existing
+    cluster keeps its own, and asking for another is an error (a voter set is not changed by
+    restarting: new empty voters could never vote for the old one, see the spec's wiped-voter
+    rule)."""
     state = load_state(directory)
     if state is None:
         pathlib.Path(directory).mkdir(parents=True, exist_ok=True)
-        state = plan_cluster(directory, brokers, racks, base_port, settings or {})
-    elif settings:
-        controller_settings, broker_settings = split_settings(settings)
-        state.controller.settings.update(controller_settings)
-        for b in state.brokers:
-            b.settings.update(broker_settings)
+        state = plan_cluster(
+            directory,
+            brokers,
+            racks,
+            base_port,
+            settings or {},
+            controllers=controllers or DEFAULT_CONTROLLERS,
+        )
+    else:
+        if controllers is not None and controllers != len(state.controllers):
+            raise LauncherError(
+                f"the cluster in {directory!r} has {len(state.controllers)} controller(s); "
+                f"--controllers {controllers} would change its voter set, which a restart "
+                f"cannot do. Run `minibroker cluster up` without --controllers, or start a new "
+                f"cluster in another --dir"
+            )
+        if settings:
+            controller_settings, broker_settings = split_settings(settings)
+            for c in state.controllers:
+                c.settings.update(controller_settings)
+            for b in state.brokers:
+                b.settings.update(broker_settings)
     for spec in state.all():
         if process_state(spec) == "paused":
             signal_process(spec, signal.SIGCONT)
-    start_process(state.controller, state)
-    save_state(state)
+    # Every voter at once: a quorum elects only once a majority runs.
+    for spec in state.controllers:
+        start_process(spec, state)
+        save_state(state)
     for spec in state.brokers:
         start_process(spec, state)
         save_state(state)
@@ -456,33 +684,52 @@ def up(
     return state
 
 
-def down(directory: str = DEFAULT_DIR, timeout_s: float = 30.0) -> ClusterState:
-    """Stop every process: brokers first (controlled shutdown), then the controller."""
-    state = require_state(directory)
-    for spec in state.brokers:
+def _stop_all(specs: list[ProcessSpec], timeout_s: float) -> None:
+    for spec in specs:
         if process_state(spec) == "paused":
             signal_process(spec, signal.SIGCONT)
         signal_process(spec, signal.SIGTERM)
-    for spec in state.brokers:
+    for spec in specs:
         if not wait_stopped(spec, timeout_s):
             signal_process(spec, signal.SIGKILL)
             wait_stopped(spec, 5.0)
-    if process_state(state.controller) == "paused":
-        signal_process(state.controller, signal.SIGCONT)
-    signal_process(state.controller, signal.SIGTERM)
-    if not wait_stopped(state.controller, timeout_s):
-        signal_process(state.controller, signal.SIGKILL)
-        wait_stopped(state.controller, 5.0)
+
+
+def down(directory: str = DEFAULT_DIR, timeout_s: float = 30.0) -> ClusterState:
+    """Stop every process: brokers first (controlled shutdown, which needs the active
+    controller), then the controllers together."""
+    state = require_state(directory)
+    _stop_all(state.brokers, timeout_s)
+    _stop_all(state.controllers, timeout_s)
     for spec in state.all():
         spec.pid = 0
     save_state(state)
     return state
 
 
+ACTIONS = ("kill", "stop", "pause", "resume", "start", "restart")
+
+
 def act(directory: str, action: str, ident: str, timeout_s: float = 30.0) -> str:
-    """kill / stop / pause / resume / start one process; returns a sentence for the user."""
+    """kill / stop / pause / resume / start / restart one process; returns a sentence for the
+    user. `controller` is the active controller (for `start`: only in a quorum of one)."""
     state = require_state(directory)
-    spec = state.find(ident)
+    if action == "start" and ident.strip().lower() == CONTROLLER_ID and state.is_quorum:
+        stopped = [c for c in state.controllers if process_state(c) == "stopped"]
+        if len(stopped) != 1:
+            raise LauncherError(
+                "`start controller` needs a name in a quorum: "
+                + ", ".join(f"{c.name} ({process_state(c)})" for c in state.controllers)
+            )
+        spec = stopped[0]
+    else:
+        spec = resolve(state, ident)
+    return _act_on(state, spec, action, ident, timeout_s)
+
+
+def _act_on(
+    state: ClusterState, spec: ProcessSpec, action: str, ident: str, timeout_s: float
+) -> str:
     current = process_state(spec)
     if action == "start":
         if current != "stopped":
@@ -491,12 +738,19 @@ def act(directory: str, action: str, ident: str, timeout_s: float = 30.0) -> str
         save_state(state)
         wait_ready(state, timeout_s, expect=[spec])
         return f"started {spec.label} (pid {spec.pid}) on {spec.address}"
+    if action == "restart":
+        said = []
+        if current != "stopped":
+            said.append(_act_on(state, spec, "stop", ident, timeout_s))
+        said.append(_act_on(state, spec, "start", ident, timeout_s))
+        return "; ".join(said)
     if current == "stopped":
-        raise LauncherError(f"{spec.label} is not running: `minibroker cluster start {ident}`")
+        raise LauncherError(f"{spec.label} is not running: `minibroker cluster start {spec.name}`")
+    leader = " (the active controller)" if ident.strip().lower() == CONTROLLER_ID else ""
     if action == "kill":
         signal_process(spec, signal.SIGKILL)
         wait_stopped(spec, 5.0)
-        return f"killed {spec.label} (SIGKILL, pid {spec.pid})"
+        return f"killed {spec.label}{leader} (SIGKILL, pid {spec.pid})"
     if action == "stop":
         if current == "paused":
             signal_process(spec, signal.SIGCONT)
@@ -505,23 +759,25 @@ def act(directory: str, action: str, ident: str, timeout_s: float = 30.0) -> str
             raise LauncherError(
                 f"{spec.label} did not stop within {timeout_s:.0f}s (pid {spec.pid})"
             )
-        return f"stopped {spec.label} (SIGTERM, controlled shutdown)"
+        return f"stopped {spec.label}{leader} (SIGTERM, controlled shutdown)"
     if action == "pause":
         signal_process(spec, signal.SIGSTOP)
-        return f"paused {spec.label} (SIGSTOP, pid {spec.pid})"
+        return f"paused {spec.label}{leader} (SIGSTOP, pid {spec.pid})"
     if action == "resume":
         signal_process(spec, signal.SIGCONT)
-        return f"resumed {spec.label} (SIGCONT, pid {spec.pid})"
+        return f"resumed {spec.label}{leader} (SIGCONT, pid {spec.pid})"
     raise LauncherError(f"unknown action {action!r}")
 
 
-def status(directory: str = DEFAULT_DIR) -> dict[str, Any]:
+def status(directory: str = DEFAULT_DIR, ask_quorum: bool = True) -> dict[str, Any]:
+    """Every process with its state, and (`ask_quorum`) the quorum as DescribeQuorum tells it."""
     state = require_state(directory)
 
     def row(spec: ProcessSpec) -> dict[str, Any]:
         current = process_state(spec)
         out: dict[str, Any] = {
             "role": spec.role,
+            "name": spec.name,
             "pid": spec.pid if current != "stopped" else None,
             "state": current,
             "address": spec.address,
@@ -529,12 +785,19 @@ def status(directory: str = DEFAULT_DIR) -> dict[str, Any]:
             "log_file": spec.log_file,
             "metrics_port": spec.metrics_port,
         }
+        out = {"node_id": spec.node_id, **out}
         if spec.role == "broker":
-            out = {"node_id": spec.node_id, **out, "rack": spec.rack}
+            out["rack"] = spec.rack
         return out
 
-    return {
+    info: dict[str, Any] = {
         "bootstrap_servers": state.bootstrap_servers,
+        "controller_quorum_voters": state.voters,
+        "cluster_id": state.cluster_id or None,
         "controller": row(state.controller),
+        "controllers": [row(c) for c in state.controllers],
         "brokers": [row(b) for b in state.brokers],
     }
+    if ask_quorum:
+        info["quorum"] = quorum_status(state).to_json()
+    return info

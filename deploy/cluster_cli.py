@@ -14,14 +14,27 @@ import time
 from typing import Any
 
 from minibroker.deploy import cluster as launcher
+from minibroker.deploy import quorum
+
+# `cluster up`'s quorum size for a new cluster: 3, like `make demo` and the compose file. The
+# local cluster exists to break things and watch them recover (`cluster kill`, `watch`); with one
+# controller, killing it freezes every metadata change (no broker failover, no ISR change, no
+# topic) until it is restarted, so the most instructive failure would be the one it cannot
+# survive. 3 is the smallest quorum that survives one failure (Kafka's recommended production
+# size; 5 survives two at the cost of two more processes and a larger majority per commit), and
+# it costs two more small Python processes and one local round trip per metadata commit. One
+# controller stays available with `--controllers 1` (today's cluster, and what the launcher's
+# library default and the tests use); an existing cluster keeps the size it was made with.
+DEFAULT_CONTROLLERS = 3
 
 
 def register(sub: Any) -> None:
     parser = sub.add_parser(
         "cluster",
-        help="start, inspect and break a local cluster (controller + brokers as processes)",
-        description="A local cluster of real processes on 127.0.0.1: one controller and N "
-        "brokers, each with its own data dir and log file under --dir.",
+        help="start, inspect and break a local cluster (controllers + brokers as processes)",
+        description="A local cluster of real processes on 127.0.0.1: a quorum of controllers "
+        "(controller-1, controller-2, ...) and N brokers, each with its own data dir and log "
+        "file under --dir. 'controller' names the active controller (the quorum's leader).",
     )
     parser.add_argument(
         "--dir", default=launcher.DEFAULT_DIR, help="where the cluster lives (default: .minibroker)"
@@ -30,6 +43,16 @@ def register(sub: Any) -> None:
 
     p = csub.add_parser("up", help="start the cluster (or restart what is stopped; data is kept)")
     p.add_argument("--brokers", type=int, default=3, help="number of brokers (default 3)")
+    p.add_argument(
+        "--controllers",
+        type=int,
+        choices=quorum.QUORUM_SIZES,
+        default=None,
+        help=f"controllers in the metadata quorum, for a new cluster (default "
+        f"{DEFAULT_CONTROLLERS}: the smallest quorum that survives a controller failure, so "
+        "`cluster kill controller` shows a re-election instead of frozen metadata; 1 is "
+        "today's single controller). An existing cluster keeps its size.",
+    )
     p.add_argument(
         "--racks",
         type=int,
@@ -40,8 +63,8 @@ def register(sub: Any) -> None:
         "--base-port",
         type=int,
         default=9092,
-        help="brokers listen on BASE, BASE+1, ...; the controller on BASE+100; "
-        "metrics on BASE+1000+i (0: any free ports)",
+        help="brokers listen on BASE, BASE+1, ...; controller-i on BASE+100+i-1; "
+        "metrics on BASE+1000+i (controllers BASE+1100+i-1; 0: any free ports)",
     )
     p.add_argument(
         "--set",
@@ -53,7 +76,9 @@ def register(sub: Any) -> None:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for readiness")
     p.set_defaults(func=_up)
 
-    p = csub.add_parser("status", help="list every process with its state")
+    p = csub.add_parser(
+        "status", help="list every process with its state, and the controller quorum"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_status)
 
@@ -63,16 +88,24 @@ def register(sub: Any) -> None:
         ("pause", "SIGSTOP a process (a hang)"),
         ("resume", "SIGCONT a paused process"),
         ("start", "start a stopped process again"),
+        ("restart", "stop a process (controlled) and start it again"),
     ):
         p = csub.add_parser(action, help=text)
-        p.add_argument("id", help="a broker node id, or 'controller'")
+        p.add_argument(
+            "id",
+            help="a broker node id, controller-N, or 'controller' (the active controller)",
+        )
         p.set_defaults(func=_act, action=action)
 
     p = csub.add_parser("down", help="stop everything (brokers first, controlled)")
     p.set_defaults(func=_down)
 
     p = csub.add_parser("logs", help="print a process's log (all processes without ID)")
-    p.add_argument("id", nargs="?", help="a broker node id, or 'controller'")
+    p.add_argument(
+        "id",
+        nargs="?",
+        help="a broker node id, controller-N, or 'controller' (the active controller)",
+    )
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     p.add_argument("-n", "--lines", type=int, default=50, help="lines of history (default 50)")
     p.set_defaults(func=_logs)
@@ -104,18 +137,34 @@ def _up(args: argparse.Namespace) -> int:
         if existing is None
         else f"Restarting what is stopped in {args.dir} (data kept) ..."
     )
+    controllers = args.controllers
+    if existing is None and controllers is None:
+        controllers = DEFAULT_CONTROLLERS
     state = launcher.up(
-        args.dir, args.brokers, args.racks, args.base_port, parse_overrides(args.set), args.timeout
+        args.dir,
+        args.brokers,
+        args.racks,
+        args.base_port,
+        parse_overrides(args.set),
+        args.timeout,
+        controllers=controllers,
     )
-    c = state.controller
-    print(
-        f"  controller   {c.address:<18} pid {c.pid:<7} metrics http://{c.host}:{c.metrics_port}/metrics"
-    )
+    for c in state.controllers:
+        print(
+            f"  {c.name:<12} {c.address:<18} pid {c.pid:<7} "
+            f"metrics http://{c.host}:{c.metrics_port}/metrics"
+        )
     for b in state.brokers:
         rack = f" rack {b.rack}" if b.rack else ""
         print(
             f"  broker {b.node_id:<5} {b.address:<18} pid {b.pid:<7} "
             f"metrics http://{b.host}:{b.metrics_port}/metrics{rack}"
+        )
+    if state.is_quorum:
+        leader = launcher.active_controller(state)
+        print(
+            f"Controller quorum: {state.voters} (cluster.id {state.cluster_id}); "
+            f"active controller: {leader.name if leader else 'none yet'}"
         )
     print(f"Cluster ready. Bootstrap servers: {state.bootstrap_servers}")
     print(
@@ -130,16 +179,51 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    print(f"{'PROCESS':<12} {'STATE':<8} {'PID':<8} {'ADDRESS':<18} {'METRICS':<8} LOG")
-    rows = [("controller", info["controller"])] + [
+    for line in status_lines(info):
+        print(line)
+    return 0
+
+
+def status_lines(info: dict[str, Any]) -> list[str]:
+    """`cluster status` in words: every process, then the quorum. Pure (tests call it)."""
+    lines = [f"{'PROCESS':<14} {'STATE':<8} {'PID':<8} {'ADDRESS':<18} {'METRICS':<8} LOG"]
+    rows = [(c["name"], c) for c in info["controllers"]] + [
         (f"broker {b['node_id']}", b) for b in info["brokers"]
     ]
     for label, row in rows:
-        print(
-            f"{label:<12} {row['state']:<8} {row['pid'] or '-':<8} {row['address']:<18} "
+        lines.append(
+            f"{label:<14} {row['state']:<8} {row['pid'] or '-':<8} {row['address']:<18} "
             f"{row['metrics_port']:<8} {row['log_file']}"
         )
-    return 0
+    if "quorum" in info:
+        lines.append("")
+        lines += quorum.render_quorum(quorum_status_from_json(info["quorum"]))
+    return lines
+
+
+def quorum_status_from_json(data: dict[str, Any]) -> quorum.QuorumStatus:
+    return quorum.QuorumStatus(
+        voters=tuple(
+            quorum.VoterRow(
+                node_id=v["node_id"],
+                name=v["name"],
+                address=v["address"],
+                state=v["state"],
+                pid=v["pid"],
+                role=v["role"],
+                log_end_offset=v["log_end_offset"],
+                lag=v["lag"],
+                last_fetch_ms_ago=v["last_fetch_ms_ago"],
+            )
+            for v in data["voters"]
+        ),
+        leader_id=quorum.NO_LEADER if data["leader_id"] is None else data["leader_id"],
+        epoch=-1 if data["epoch"] is None else data["epoch"],
+        high_watermark=data["high_watermark"],
+        why_no_leader=data["why_no_leader"] or "",
+        cluster_id=data["cluster_id"] or "",
+        notes=tuple(data.get("notes") or ()),
+    )
 
 
 @_guard
@@ -160,7 +244,7 @@ def _down(args: argparse.Namespace) -> int:
 @_guard
 def _logs(args: argparse.Namespace) -> int:
     state = launcher.require_state(args.dir)
-    specs = [state.find(args.id)] if args.id else state.all()
+    specs = [launcher.resolve(state, args.id)] if args.id else state.all()
     for spec in specs:
         if len(specs) > 1:
             print(f"==> {spec.label}: {spec.log_file} <==")

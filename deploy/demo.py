@@ -1,15 +1,19 @@
 """`minibroker demo` (what `make demo` runs): a local cluster, a pipeline, a crash, a recovery.
 
-I/O shell: starts the local cluster (the launcher), creates a topic, keeps an acks=all producer
-writing, runs the example PySpark pipeline when the `spark` extra is installed, kills the leader
-of a partition, shows the election and the ISR change as the controller logged them, restarts the
-broker, waits for it to rejoin the ISR, and ends by checking that every acknowledged record was
-read back exactly once at the offset it was acknowledged with. Each step says what it is doing.
+I/O shell: starts the local cluster (the launcher: a quorum of three controllers by default),
+creates a topic, keeps an acks=all producer writing, runs the example PySpark pipeline when the
+`spark` extra is installed, kills the leader of a partition, shows the election and the ISR change
+as the controller logged them, restarts the broker, waits for it to rejoin the ISR, then SIGKILLs
+the active controller and times the re-election (until DescribeQuorum names a new leader, and
+until a metadata change is accepted), restarts it, and ends by checking that every acknowledged
+record was read back exactly once at the offset it was acknowledged with. Each step says what it
+is doing.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import pathlib
@@ -22,8 +26,10 @@ import uuid
 from typing import Any
 
 from minibroker.deploy import cluster as launcher
+from minibroker.deploy import quorum
 
 TOPIC = "demo-events"
+DEMO_CONTROLLERS = 3  # the issue's choice for the demo: a quorum that survives a controller kill
 RESULTS_TOPIC = "demo-results"
 PARTITIONS = 3
 
@@ -32,13 +38,22 @@ def register(sub: Any) -> None:
     parser = sub.add_parser(
         "demo",
         help="start a local cluster, run a pipeline, kill a leader, watch it recover",
-        description="The guided demo: a local 3-broker cluster, an acks=all producer, the "
-        "example PySpark pipeline (with the spark extra), a SIGKILLed leader, the election, "
-        "the broker's return to the ISR, and a final check that nothing acknowledged was lost.",
+        description="The guided demo: a local cluster of 3 controllers and 3 brokers, an acks=all "
+        "producer, the example PySpark pipeline (with the spark extra), a SIGKILLed leader, the "
+        "election, the broker's return to the ISR, a SIGKILLed active controller and the "
+        "quorum's re-election, and a final check that nothing acknowledged was lost.",
     )
     parser.add_argument("--dir", default=launcher.DEFAULT_DIR, help="cluster dir (.minibroker)")
     parser.add_argument(
         "--base-port", type=int, default=9092, help="first broker port (0: any free ports)"
+    )
+    parser.add_argument(
+        "--controllers",
+        type=int,
+        choices=quorum.QUORUM_SIZES,
+        default=DEMO_CONTROLLERS,
+        help=f"controllers in the quorum of a new cluster (default {DEMO_CONTROLLERS}; with 1 "
+        "the controller failover step is skipped: nothing could take over)",
     )
     parser.add_argument("--rate", type=int, default=2000, help="records per second to produce")
     parser.add_argument("--no-spark", action="store_true", help="skip the PySpark pipeline")
@@ -232,6 +247,65 @@ def stop_pipeline(pipeline: subprocess.Popen[bytes]) -> None:
         pipeline.wait(timeout=10)
 
 
+def controller_failover(directory: str, admin: Any) -> str | None:
+    """SIGKILL the active controller while the producer writes; time until DescribeQuorum names
+    a new leader and until a metadata change (a topic created, then deleted) is accepted;
+    restart the killed voter. Returns the one-line report, None when there is no quorum."""
+    state = launcher.require_state(directory)
+    if not state.is_quorum:
+        detail(
+            "(one controller: killing it would freeze metadata until it is restarted; "
+            "`minibroker demo --controllers 3` on a new --dir shows the quorum take over)"
+        )
+        return None
+    before = launcher.quorum_status(state)
+    victim = launcher.active_controller(state)
+    if victim is None:
+        raise launcher.LauncherError(f"the quorum has no leader: {before.why_no_leader}")
+    say(
+        f"Killing {victim.name}, the active controller (leader of the quorum in epoch "
+        f"{before.epoch}), while the producer keeps writing"
+    )
+    killed_at = time.monotonic()
+    launcher.act(directory, "kill", victim.name)
+
+    def new_leader() -> quorum.QuorumStatus | None:
+        now = launcher.quorum_status(state)
+        return now if now.leader_id not in (quorum.NO_LEADER, before.leader_id) else None
+
+    after = launcher.wait_for(new_leader, 30, "a new active controller")
+    elected_ms = (time.monotonic() - killed_at) * 1000
+    probe = f"demo-controller-failover-{uuid.uuid4().hex[:8]}"
+
+    def metadata_change() -> bool:
+        from minibroker.client.errors import TopicAlreadyExistsError
+
+        try:
+            admin.create_topic(probe, 1, 1)
+        except TopicAlreadyExistsError:  # an earlier try was accepted but its answer was lost
+            pass
+        return True
+
+    launcher.wait_for(metadata_change, 30, "the new controller to accept a metadata change")
+    accepted_ms = (time.monotonic() - killed_at) * 1000
+    with contextlib.suppress(Exception):
+        admin.delete_topics([probe])
+    detail(
+        f"the quorum elected {after.leader_name} in {elected_ms:.0f} ms (epoch {before.epoch} -> "
+        f"{after.epoch}); it accepted a metadata change (topic created) {accepted_ms:.0f} ms "
+        "after the kill"
+    )
+    say(f"Restarting {victim.name}: it rejoins the quorum as a follower and catches up")
+    launcher.act(directory, "start", victim.name)
+    back = launcher.quorum_status(state)
+    row = next(v for v in back.voters if v.node_id == victim.node_id)
+    detail(f"{victim.name} is {row.role} again; the leader stays {back.leader_name}")
+    return (
+        f"controller failover: {victim.name} SIGKILLed -> {after.leader_name} elected in "
+        f"{elected_ms:.0f} ms, first metadata change accepted after {accepted_ms:.0f} ms"
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         return _demo(args)
@@ -243,9 +317,26 @@ def main(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from minibroker.client import Admin, Consumer, TopicPartition
 
-    say("Starting a local cluster: one controller and three brokers, each its own process")
-    state = launcher.up(args.dir, brokers=3, base_port=args.base_port)
-    detail(f"controller at {state.controller.address}; brokers at {state.bootstrap_servers}")
+    say(
+        f"Starting a local cluster: {args.controllers} controller(s) and three brokers, each its "
+        "own process"
+    )
+    existing = launcher.load_state(args.dir)
+    state = launcher.up(
+        args.dir,
+        brokers=3,
+        base_port=args.base_port,
+        controllers=args.controllers if existing is None else None,
+    )
+    if state.is_quorum:
+        leader = launcher.active_controller(state)
+        detail(
+            f"controller quorum {state.voters}, active controller "
+            f"{leader.name if leader else 'not elected yet'}"
+        )
+    else:
+        detail(f"controller at {state.controller.address}")
+    detail(f"brokers at {state.bootstrap_servers}")
     detail(f"data dirs and logs under {args.dir}/ (minibroker cluster status shows them)")
     bootstrap = state.bootstrap_servers
 
@@ -316,6 +407,10 @@ def _demo(args: argparse.Namespace) -> int:
             "a new leader",
         )
         elapsed_ms = (time.time() - killed_at) * 1000
+        reports = [
+            f"broker failover: broker {victim} SIGKILLed -> broker {after.leader} leads {tp} "
+            f"after {elapsed_ms:.0f} ms"
+        ]
         detail(
             f"the controller elected broker {after.leader} in {elapsed_ms:.0f} ms: leader epoch "
             f"{before.leader_epoch} -> {after.leader_epoch}, ISR now {list(after.isr)}"
@@ -341,6 +436,16 @@ def _demo(args: argparse.Namespace) -> int:
         )
         detail(f"broker {victim} is in sync again after {time.time() - restarted_at:.1f} s")
         show_watch(args.dir, bootstrap)
+
+        acked_before = feeder.count()
+        controller_report = controller_failover(args.dir, admin)
+        if controller_report is not None:
+            launcher.wait_for(
+                lambda: feeder.count() >= acked_before + args.rate // 2, 60, "writes to continue"
+            )
+            detail(f"producing went on throughout: {feeder.count()} records acknowledged")
+            show_watch(args.dir, bootstrap)
+            reports.append(controller_report)
 
         say("Stopping the producer and reading every partition back from the beginning")
         feeder.stop()
@@ -369,6 +474,9 @@ def _demo(args: argparse.Namespace) -> int:
             f"send errors (never acknowledged): {len(feeder.errors)}"
         )
         ok = not lost and duplicates == 0
+        say("Failover times")
+        for line in reports:
+            detail(line)
         if ok:
             say(
                 "Every acknowledged record was read back exactly once, at the offset it was "
@@ -390,6 +498,8 @@ def _demo(args: argparse.Namespace) -> int:
         print("\nThe cluster is still running. Try:")
         print("  minibroker watch                      # live view: leaders, ISR, HW, events")
         print("  minibroker cluster kill 2             # then watch the election")
+        print("  minibroker cluster kill controller    # the active controller: a re-election")
+        print("  minibroker cluster status             # processes and the controller quorum")
         print(f"  minibroker topics describe {TOPIC}")
         print("  minibroker cluster down               # stop it (data kept)")
     return 0 if ok else 1

@@ -3,8 +3,9 @@
 Does network I/O: one `grpc.health.v1.Health/Check` call to the address given, with a deadline.
 Exits 0 when the process answers SERVING and 1 otherwise (NOT_SERVING, unreachable, deadline
 passed), printing one line either way, which is what Docker keeps in `docker inspect` as the
-probe's output. The controller reports SERVING once it serves ControllerService; a broker only
-once it has registered with the controller, so "healthy" means "part of the cluster" and
+probe's output. A controller reports SERVING once it serves (in a quorum: as a voter, leader or
+not; the compose file's brokers wait for all three); a broker only once it has registered with
+the active controller, so "healthy" means "part of the cluster" and
 `depends_on: condition: service_healthy` orders start-up the way `minibroker cluster up` waits.
 
 Single-threaded and short-lived: one channel, one call, exit.

@@ -46,6 +46,8 @@ class EventKind(StrEnum):
     UNREACHABLE = "unreachable"
     REACHABLE = "reachable"
     PROCESS = "process"
+    CONTROLLER_ELECTION = "ctrl-election"
+    CONTROLLER_RESIGNED = "ctrl-resigned"
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +171,34 @@ def truncation_event(report: ReplicaReport, broker_id: int, missed: int = 0) -> 
         report.partition,
         broker_id,
     )
+
+
+def controller_election_event(
+    leader_id: int,
+    epoch: int,
+    previous: tuple[int, int] | None,
+    timestamp_ms: int,
+    granting: tuple[int, ...] = (),
+) -> ClusterEvent:
+    """A controller became the quorum's leader at `epoch` (`previous`: (leader, epoch) before,
+    leader -1 when there was none)."""
+    text = f"controller {leader_id} leads the quorum, epoch "
+    text += f"{previous[1]} -> {epoch}" if previous is not None and previous[1] >= 0 else str(epoch)
+    if previous is not None and previous[0] not in (-1, leader_id):
+        text += f", replacing controller {previous[0]}"
+    if granting:
+        text += f", votes from {_ids(granting)}"
+    return ClusterEvent(timestamp_ms, EventKind.CONTROLLER_ELECTION, text)
+
+
+def controller_resigned_event(
+    previous: tuple[int, int], epoch: int, why: str, timestamp_ms: int
+) -> ClusterEvent:
+    """The quorum's leader `previous` stopped leading and no voter leads yet."""
+    text = f"controller {previous[0]} no longer leads (epoch {previous[1]}"
+    text += f", now {epoch})" if epoch > previous[1] else ")"
+    text += f": no leader{_because(why)}"
+    return ClusterEvent(timestamp_ms, EventKind.CONTROLLER_RESIGNED, text)
 
 
 def record_events(

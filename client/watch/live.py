@@ -8,8 +8,10 @@ Three activities share the model:
 - `follow_metadata`: a `WatchMetadata` stream from the model's next offset; when it breaks (the
   controller died or restarted) it reconnects from where it stopped, and a snapshot replaces the
   image when the controller's log no longer has that offset.
-- `poll`: every `poll_interval_s`, with `rpc_timeout_s` deadlines, `DescribeCluster` on the
-  controller and `DescribeReplicas` on every known broker at once (replica states, and each
+- `poll`: every `poll_interval_s`, with `rpc_timeout_s` deadlines, `DescribeQuorum` on every known
+  controller (the voters in cluster.json, the ones the leader names, the one brokers name) to
+  learn the active controller, then `DescribeCluster` on it and `DescribeReplicas` on every
+  known broker at once (replica states, and each
   replica's truncation count and last truncation); a failed call marks that process unreachable
   in the model instead of stopping anything. For a local cluster it also reads process states.
 - the render loop redraws a few times a second.
@@ -40,8 +42,10 @@ from minibroker.client.watch.observations import (
     ClusterInfo,
     FollowerReport,
     ProcessInfo,
+    QuorumAnswer,
     ReplicaReport,
     TruncationReport,
+    merge_quorum_answers,
 )
 from minibroker.client.watch.render import render
 from minibroker.metadata.wire import batch_from_pb
@@ -109,6 +113,18 @@ def cluster_info_from_pb(msg: pb.DescribeClusterResponse) -> ClusterInfo:
     )
 
 
+def quorum_answer_from_pb(msg: pb.DescribeQuorumResponse) -> QuorumAnswer:
+    return QuorumAnswer(
+        node_id=msg.node_id,
+        role=msg.role,
+        leader_id=msg.leader_id,
+        leader_epoch=msg.leader_epoch,
+        leader_address=msg.leader_address,
+        high_watermark=msg.high_watermark,
+        why_no_leader=msg.why_no_leader,
+    )
+
+
 def rpc_error_text(err: BaseException) -> str:
     if isinstance(err, grpc.aio.AioRpcError):
         return err.code().name
@@ -170,6 +186,8 @@ class Watcher:
         self._clock = clock
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._controller_address_fixed = False
+        # The quorum's voters: from cluster.json, or as the leader's DescribeQuorum names them.
+        self._voter_addresses: list[str] = []
 
     async def __aenter__(self) -> Watcher:
         return self
@@ -205,17 +223,26 @@ class Watcher:
             return
 
     def _apply_local(self, data: dict[str, Any]) -> None:
+        controllers = data.get("controllers")
+        if not isinstance(controllers, list) or not controllers:
+            controllers = [data.get("controller")]
+        controllers = [c for c in controllers if isinstance(c, dict)]
         controller_address = data.get("controller_address")
-        if isinstance(controller_address, str) and controller_address:
+        if len(controllers) > 1:
+            # A quorum: the active controller moves; DescribeQuorum on the voters finds it.
+            self._voter_addresses = [f"{c['host']}:{c['port']}" for c in controllers]
+            if not self.model.controller_address:
+                self.model.controller_address = self._voter_addresses[0]
+        elif isinstance(controller_address, str) and controller_address:
             self.model.controller_address = controller_address
             self._controller_address_fixed = True
         processes: dict[str, ProcessInfo] = {}
         addresses: dict[int, BrokerAddress] = {}
-        controller = data.get("controller")
-        if isinstance(controller, dict):
+        for index, controller in enumerate(controllers, start=1):
             pid = int(controller.get("pid") or 0)
             state = local_process_state(pid, str(controller.get("data_dir") or ""))
-            processes[CONTROLLER] = ProcessInfo(state, pid)
+            key = CONTROLLER if len(controllers) == 1 else f"{CONTROLLER}-{index}"
+            processes[key] = ProcessInfo(state, pid)
         for broker in data.get("brokers") or []:
             if not isinstance(broker, dict) or "node_id" not in broker:
                 continue
@@ -256,6 +283,40 @@ class Watcher:
         self.model.discovery_error = "no broker answered Metadata: " + ", ".join(failures)
 
     # -- polling --------------------------------------------------------------------------------
+
+    async def _describe_quorum(self, address: str) -> QuorumAnswer | str:
+        """A voter's answer, or why there is none ("UNIMPLEMENTED": a controller from before the
+        quorum)."""
+        stub = pb_grpc.QuorumServiceStub(self._channel(address))
+        try:
+            reply = await stub.DescribeQuorum(
+                pb.DescribeQuorumRequest(), timeout=self.options.rpc_timeout_s
+            )
+        except (grpc.aio.AioRpcError, TimeoutError) as err:
+            return rpc_error_text(err)
+        if reply.role == "leader":
+            self._voter_addresses = list(
+                dict.fromkeys([*self._voter_addresses, *(v.address for v in reply.voters)])
+            )
+        return quorum_answer_from_pb(reply)
+
+    async def _poll_quorum(self) -> None:
+        """Ask every known voter who leads; point the controller address at the leader."""
+        addresses = list(dict.fromkeys([*self._voter_addresses, self.model.controller_address]))
+        addresses = [a for a in addresses if a]
+        if not addresses:
+            return
+        results = await asyncio.gather(*(self._describe_quorum(a) for a in addresses))
+        answers = [r for r in results if isinstance(r, QuorumAnswer)]
+        if not answers and all(r == "UNIMPLEMENTED" for r in results):
+            # A single controller from before the quorum: it is the active one.
+            self.model.observe_quorum(self._clock(), None)
+            return
+        asked = max(len(self._voter_addresses), len(addresses))
+        info = merge_quorum_answers(answers, asked)
+        self.model.observe_quorum(self._clock(), info)
+        if info is not None and info.leader_address and not self._controller_address_fixed:
+            self.model.controller_address = info.leader_address
 
     async def _poll_controller(self) -> None:
         address = self.model.controller_address
@@ -308,6 +369,7 @@ class Watcher:
         if controller_lost or not self.model.broker_ids():
             # A broker's Metadata answer names the controller, which may have moved.
             await self._discover_from_brokers()
+        await self._poll_quorum()
         await asyncio.gather(
             self._poll_controller(), *(self._poll_broker(b) for b in self.model.broker_ids())
         )
@@ -466,6 +528,7 @@ __all__ = [
     "cluster_info_from_pb",
     "local_process_state",
     "options_for",
+    "quorum_answer_from_pb",
     "read_cluster_file",
     "replica_reports_from_pb",
     "truncation_from_pb",

@@ -12,6 +12,10 @@ and `render` draws the rows (`minibroker.client.watch.rows`) and the timeline it
   replica's truncation count and last truncation, which becomes an event the first time it is
   seen;
 - the controller's `DescribeCluster` answer or its failure (`observe_controller`);
+- the controller quorum's DescribeQuorum answers, merged (`observe_quorum`): the leader and epoch
+  for the header, and a controller election or resignation on the timeline when they change
+  between two looks; a `LeaderChangeRecord` in the metadata log is the same election, with the
+  time it was written (each (leader, epoch) is put on the timeline once, whichever comes first);
 - the local launcher's process states (`observe_processes`): running, paused (SIGSTOP), stopped.
 
 Times are wall-clock milliseconds (`now_ms` comes in from the caller), because timeline entries
@@ -28,18 +32,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from minibroker.client.watch.events import (
     ClusterEvent,
     EventKind,
+    controller_election_event,
+    controller_resigned_event,
     image_diff,
     record_events,
     truncation_event,
 )
 from minibroker.client.watch.observations import (
-    CONTROLLER,
+    NO_QUORUM_LEADER,
     BrokerAddress,
     BrokerProbe,
     ClusterInfo,
     ProcessInfo,
+    QuorumInfo,
     Reachability,
     ReplicaReport,
+    is_controller_key,
 )
 from minibroker.client.watch.rows import (
     BrokerRow,
@@ -49,7 +57,7 @@ from minibroker.client.watch.rows import (
     partition_rows,
 )
 from minibroker.metadata.image import MetadataImage
-from minibroker.metadata.records import LogEntry, MetadataRecord
+from minibroker.metadata.records import LeaderChangeRecord, LogEntry, MetadataRecord
 
 DEFAULT_MAX_EVENTS = 500
 
@@ -70,6 +78,12 @@ class WatchModel:
         self.cluster: ClusterInfo | None = None
         self.high_offset = -1  # the controller's next metadata offset, as last told
         self.processes: dict[str, ProcessInfo] | None = None  # None: not a local cluster
+        self.quorum: QuorumInfo | None = None  # None: no voter answered DescribeQuorum (yet)
+        # (leader, epoch) as last seen by DescribeQuorum, and every (leader, epoch) already on
+        # the timeline (from a poll or a LeaderChangeRecord): each election shows once.
+        self._quorum_seen: tuple[int, int] | None = None
+        self._last_led: tuple[int, int] | None = None  # the last (leader, epoch) with a leader
+        self._elections_shown: set[tuple[int, int]] = set()
 
     # -- timeline -----------------------------------------------------------------------------
 
@@ -96,6 +110,8 @@ class WatchModel:
         for entry in entries:
             if entry.offset < self.image.next_offset:
                 continue
+            if isinstance(entry.record, LeaderChangeRecord):
+                self._leader_change_record(entry.record, entry.timestamp_ms)
             self.add_events(record_events(self.image, entry.record, entry.timestamp_ms))
             self.image.apply(entry)
         self.high_offset = max(self.high_offset, high_offset)
@@ -162,6 +178,65 @@ class WatchModel:
             self.cluster = cluster
             self.high_offset = max(self.high_offset, cluster.metadata_offset)
 
+    def _leader_change_record(self, record: LeaderChangeRecord, timestamp_ms: int) -> None:
+        key = (record.leader_id, record.leader_epoch)
+        if key in self._elections_shown:
+            return
+        self._elections_shown.add(key)
+        previous = self.image.quorum_leader
+        self.add_event(
+            controller_election_event(
+                record.leader_id,
+                record.leader_epoch,
+                previous,
+                timestamp_ms,
+                tuple(record.granting_voters),
+            )
+        )
+
+    def observe_quorum(self, now_ms: int, info: QuorumInfo | None) -> None:
+        """The voters' merged DescribeQuorum answers (None: none answered). A change of leader or
+        epoch since the last look is an election (or, with no leader now, a resignation); the
+        first look only sets the scene."""
+        if info is None:
+            self.quorum = None
+            return
+        current = (info.leader_id, info.epoch)
+        previous = self._quorum_seen
+        if previous is not None and info.epoch < previous[1]:
+            return  # a stale voter's answer (resumed after a pause): epochs never go back
+        self.quorum = info
+        if previous == current:
+            return
+        self._quorum_seen = current
+        before = self._last_led
+        if info.leader_id != NO_QUORUM_LEADER:
+            self._last_led = current
+        if previous is None:
+            # Elections before the first look show from their LeaderChangeRecords, if any.
+            return
+        if info.leader_id == NO_QUORUM_LEADER:
+            if previous[0] != NO_QUORUM_LEADER:
+                self.add_event(
+                    controller_resigned_event(previous, info.epoch, info.why_no_leader, now_ms)
+                )
+            return
+        if current in self._elections_shown:
+            return
+        self._elections_shown.add(current)
+        # The leader before: the last one seen leading (by a poll, else by the metadata log).
+        before = before or self.image.quorum_leader
+        self.add_event(controller_election_event(info.leader_id, info.epoch, before, now_ms))
+
+    def quorum_leader(self) -> tuple[int, int] | None:
+        """(leader id, epoch): DescribeQuorum's answer, else the metadata log's last
+        LeaderChangeRecord; None when neither says."""
+        if self.quorum is not None:
+            if self.quorum.leader_id == NO_QUORUM_LEADER:
+                return None
+            return (self.quorum.leader_id, self.quorum.epoch)
+        return self.image.quorum_leader
+
     def _probe(self, broker_id: int) -> BrokerProbe:
         probe = self.brokers.get(broker_id)
         if probe is None:
@@ -196,7 +271,8 @@ class WatchModel:
         self.addresses.update(addresses)
 
     def observe_processes(self, processes: Mapping[str, ProcessInfo], now_ms: int) -> None:
-        """Local process states keyed by "controller" or the broker id as a string."""
+        """Local process states keyed by "controller" (or "controller-N" in a quorum) or the
+        broker id as a string."""
         previous = self.processes
         self.processes = dict(processes)
         if previous is None:
@@ -210,7 +286,7 @@ class WatchModel:
             restarted = restarted and before.pid != info.pid
             if before.state == info.state and not restarted:
                 continue
-            who = CONTROLLER if key == CONTROLLER else f"broker {key}"
+            who = key if is_controller_key(key) else f"broker {key}"
             if restarted:
                 verb = f"process restarted (pid {before.pid} -> {info.pid})"
             elif info.state == "stopped":
@@ -226,7 +302,7 @@ class WatchModel:
                     now_ms,
                     EventKind.PROCESS,
                     f"{who} {verb}",
-                    broker_id=None if key == CONTROLLER else int_or_none(key),
+                    broker_id=None if is_controller_key(key) else int_or_none(key),
                 )
             )
 

@@ -1,14 +1,88 @@
 """What `watch` observes of the cluster besides the metadata log: the brokers' DescribeReplicas
-answers (replica states and truncations), the controller's DescribeCluster answer, the local
-launcher's processes, and whether each process answered. Plain values; pure.
+answers (replica states and truncations), the controller's DescribeCluster answer, the controller
+quorum's DescribeQuorum answers, the local launcher's processes, and whether each process
+answered. Plain values; pure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-CONTROLLER = "controller"  # the key of the controller among the local processes
+# The key of the controller among the local processes (a quorum of one); the voters of a larger
+# quorum are keyed controller-1, controller-2, ... (the launcher's names).
+CONTROLLER = "controller"
+NO_QUORUM_LEADER = -1
+
+
+def is_controller_key(key: str) -> bool:
+    return key == CONTROLLER or key.startswith(CONTROLLER + "-")
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumAnswer:
+    """One voter's DescribeQuorum answer, in the parts `watch` shows."""
+
+    node_id: int
+    role: str
+    leader_id: int = NO_QUORUM_LEADER
+    leader_epoch: int = -1
+    leader_address: str = ""
+    high_watermark: int = -1
+    why_no_leader: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumInfo:
+    """The controller quorum as the voters that answered describe it. `leader_id` -1: none
+    known; `epoch` -1: unknown. `voters`: how many were asked, `answered`: how many answered."""
+
+    leader_id: int
+    epoch: int
+    leader_address: str = ""
+    high_watermark: int = -1
+    why_no_leader: str = ""
+    voters: int = 0
+    answered: int = 0
+
+
+def merge_quorum_answers(answers: Sequence[QuorumAnswer], asked: int) -> QuorumInfo | None:
+    """One view of the quorum from several voters' answers: the voter that says it leads at the
+    highest epoch, else the leader the others name at the highest epoch, else no leader with
+    the reasons they give. None when nobody answered."""
+    if not answers:
+        return None
+    leaders = [a for a in answers if a.role == "leader"]
+    if leaders:
+        best = max(leaders, key=lambda a: a.leader_epoch)
+        return QuorumInfo(
+            best.node_id,
+            best.leader_epoch,
+            best.leader_address,
+            best.high_watermark,
+            "",
+            asked,
+            len(answers),
+        )
+    named = [a for a in answers if a.leader_id != NO_QUORUM_LEADER]
+    epoch = max(a.leader_epoch for a in answers)
+    if named:
+        best = max(named, key=lambda a: a.leader_epoch)
+        return QuorumInfo(
+            best.leader_id, best.leader_epoch, best.leader_address, -1, "", asked, len(answers)
+        )
+    reasons = list(dict.fromkeys(a.why_no_leader for a in answers if a.why_no_leader))
+    if len(answers) * 2 <= asked:
+        reasons.insert(0, f"no majority: {asked - len(answers)} of {asked} voters not answering")
+    return QuorumInfo(
+        NO_QUORUM_LEADER,
+        epoch,
+        "",
+        -1,
+        "; ".join(reasons) or "election in progress",
+        asked,
+        len(answers),
+    )
 
 
 @dataclass(frozen=True, slots=True)

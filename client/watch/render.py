@@ -42,6 +42,8 @@ _EVENT_STYLES = {
     EventKind.REGISTERED: "green",
     EventKind.CONTROLLED_SHUTDOWN: "yellow",
     EventKind.PROCESS: "blue",
+    EventKind.CONTROLLER_ELECTION: "bold cyan",
+    EventKind.CONTROLLER_RESIGNED: "bold red",
 }
 
 _BROKER_STATUS_STYLES = {
@@ -78,6 +80,40 @@ def _reach_text(reach: Reachability, now_ms: int) -> Text:
     return Text(f"UNREACHABLE {_seconds(now_ms - reach.since_ms)}{detail}", style="red")
 
 
+def _quorum_line(model: WatchModel, text: Text) -> None:
+    """The controller quorum: leader and epoch (DescribeQuorum, else the metadata log's last
+    LeaderChangeRecord), why there is no leader, and local voters not running. Nothing for a
+    controller from before the quorum (it answers no DescribeQuorum and writes no
+    LeaderChangeRecord)."""
+    quorum = model.quorum
+    voters = {
+        k: v
+        for k, v in (model.processes or {}).items()
+        if k.startswith("controller-") and v.state != "running"
+    }
+    leader = model.quorum_leader()
+    if quorum is None and leader is None and not voters:
+        return
+    text.append("quorum ")
+    if leader is not None:
+        epoch = "?" if leader[1] < 0 else str(leader[1])
+        text.append(f"leader {leader[0]}", style="bold")
+        text.append(f" epoch {epoch}")
+        if quorum is not None and quorum.high_watermark >= 0:
+            text.append(f" HW {quorum.high_watermark}")
+    elif quorum is not None:
+        text.append("NO LEADER", style="bold red")
+        if quorum.why_no_leader:
+            text.append(f": {quorum.why_no_leader}", style="red")
+    if quorum is not None and quorum.voters:
+        text.append(f"  {quorum.answered}/{quorum.voters} voters answering")
+    for name, info in sorted(voters.items()):
+        text.append(
+            f"  {name} {info.state}", style="bold red" if info.state == "stopped" else "magenta"
+        )
+    text.append("\n")
+
+
 def _header(model: WatchModel, now_ms: int, rows: list[PartitionRow]) -> Text:
     text = Text()
     text.append("minibroker watch", style="bold")
@@ -100,6 +136,7 @@ def _header(model: WatchModel, now_ms: int, rows: list[PartitionRow]) -> Text:
         text.append(f"  ({model.discovery_error})", style="red")
     high = max(model.high_offset, model.image.next_offset)
     text.append(f"  metadata offset {model.image.next_offset}/{high}\n")
+    _quorum_line(model, text)
     offline = sum(1 for r in rows if r.offline)
     under_min = sum(1 for r in rows if r.under_min_isr)
     under = sum(1 for r in rows if r.under_replicated)

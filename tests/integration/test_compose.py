@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import importlib.util
+import itertools
 import os
 import pathlib
 import re
@@ -42,8 +43,9 @@ COMPOSE_FILE = ROOT / "deploy" / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 
-SERVER_SERVICES = ("controller", "broker-1", "broker-2", "broker-3")
+CONTROLLERS = ("controller-1", "controller-2", "controller-3")
 BROKERS = ("broker-1", "broker-2", "broker-3")
+SERVER_SERVICES = (*CONTROLLERS, *BROKERS)
 SPARK_SERVICE = "pipeline"
 
 
@@ -216,8 +218,8 @@ def test_images_are_built_from_the_dockerfile(
         assert service["image"] not in built, f"{service['image']} is built twice"
         built[service["image"]] = build["target"]
     # One image for every server process, so they can never drift apart, built once.
-    assert {services[n]["image"] for n in SERVER_SERVICES} == {services["controller"]["image"]}
-    assert built[services["controller"]["image"]] == "server"
+    assert {services[n]["image"] for n in SERVER_SERVICES} == {services["controller-1"]["image"]}
+    assert built[services["controller-1"]["image"]] == "server"
     assert built[services[SPARK_SERVICE]["image"]] == "spark"
     assert compose.get("name") == "minibroker", "a fixed project name keeps volume names stable"
 
@@ -228,7 +230,7 @@ def test_a_build_without_target_gives_the_server_image(services: dict[str, dict[
     assert list(dockerfile.stages)[-1] == "server"
     builds = header_builds(dockerfile)
     assert builds == {
-        None: services["controller"]["image"],
+        None: services["controller-1"]["image"],
         "spark": services[SPARK_SERVICE]["image"],
     }, "the header's `docker build` lines must tag the images the compose file runs"
 
@@ -273,7 +275,7 @@ def test_commands_are_accepted_by_the_minibroker_parser(
             args = parser.parse_args(argv[1:])
         except SystemExit:
             pytest.fail(f"{name}: `minibroker` rejects {argv[1:]}")
-        assert args.command == ("controller" if name == "controller" else "broker")
+        assert args.command == ("controller" if name in CONTROLLERS else "broker")
 
 
 def test_volumes_are_named_and_mounted_at_the_data_dirs(
@@ -300,24 +302,42 @@ def test_volumes_are_named_and_mounted_at_the_data_dirs(
         ), f"{name}: the Dockerfile does not create {data_dir} for the minibroker user"
 
 
+def settings_of(argv: list[str]) -> dict[str, str]:
+    """The `--set KEY=VALUE` pairs of a command line."""
+    return dict(v.split("=", 1) for k, v in itertools.pairwise(argv) if k == "--set")
+
+
 def test_ports_match_the_local_launcher(services: dict[str, dict[str, Any]]) -> None:
     from minibroker.deploy import cluster as launcher
+    from minibroker.deploy import quorum
 
-    plan = launcher.plan_cluster("/nonexistent", brokers=3, racks=3, base_port=9092, settings={})
-    controller = argv_of(services["controller"]["command"])
-    controller_listen = flag(controller, "--listen")
-    assert controller_listen is not None
-    assert port_of(controller_listen) == plan.controller.port
-    assert flag(controller, "--metrics-port") == str(plan.controller.metrics_port)
-    listen_ports = {port_of(controller_listen)}
-    metrics_ports = {plan.controller.metrics_port}
+    plan = launcher.plan_cluster(
+        "/nonexistent", brokers=3, racks=3, base_port=9092, settings={}, controllers=3
+    )
+    listen_ports: set[int] = set()
+    metrics_ports: set[int] = set()
+    cluster_ids = set()
+    for spec in plan.controllers:
+        argv = argv_of(services[spec.name]["command"])
+        assert flag(argv, "--node-id") == str(spec.node_id), spec.name
+        listen = flag(argv, "--listen")
+        assert listen is not None and port_of(listen) == spec.port, spec.name
+        assert flag(argv, "--metrics-port") == str(spec.metrics_port)
+        settings = settings_of(argv)
+        # Every voter is started with the same voters list, the launcher's.
+        assert settings["controller.quorum.voters"] == plan.voters, spec.name
+        cluster_ids.add(settings["cluster.id"])
+        listen_ports.add(spec.port)
+        metrics_ports.add(spec.metrics_port)
+    (cluster_id,) = cluster_ids  # one cluster id for the whole quorum, in Kafka's format
+    assert len(cluster_id) == len(quorum.new_cluster_id()) and "=" not in cluster_id
     for spec in plan.brokers:
         argv = argv_of(services[f"broker-{spec.node_id}"]["command"])
         assert flag(argv, "--node-id") == str(spec.node_id)
         listen = flag(argv, "--listen")
         assert listen is not None and port_of(listen) == spec.port, f"broker-{spec.node_id}"
         assert flag(argv, "--metrics-port") == str(spec.metrics_port)
-        assert flag(argv, "--controller") == controller_listen
+        assert flag(argv, "--controller") == plan.controller_bootstrap
         listen_ports.add(spec.port)
         metrics_ports.add(spec.metrics_port)
     for name in SERVER_SERVICES:
@@ -348,9 +368,12 @@ def test_health_checks_probe_the_listen_address(services: dict[str, dict[str, An
 
 
 def test_start_up_order(services: dict[str, dict[str, Any]]) -> None:
-    assert not services["controller"].get("depends_on")
+    for name in CONTROLLERS:
+        # The voters start together: a quorum elects only once a majority runs.
+        assert not services[name].get("depends_on"), name
     for name in BROKERS:
-        assert services[name]["depends_on"] == {"controller": {"condition": "service_healthy"}}
+        expected = {c: {"condition": "service_healthy"} for c in CONTROLLERS}
+        assert services[name]["depends_on"] == expected, name
     pipeline = services[SPARK_SERVICE]["depends_on"]
     assert {n: d["condition"] for n, d in pipeline.items()} == dict.fromkeys(
         BROKERS, "service_healthy"
@@ -461,8 +484,8 @@ class LocalCompose:
     def __init__(self, services: dict[str, dict[str, Any]], workdir: pathlib.Path) -> None:
         self.workdir = workdir
         # Every port some process listens on gets a free local port; every other mention of it
-        # (--controller, health checks) is mapped the same way, so a reference to a port nobody
-        # listens on stays unmapped and fails.
+        # (--controller, the voters list, health checks) is mapped the same way, so a reference
+        # to a port nobody listens on stays unmapped and fails.
         self.ports: dict[int, int] = {}
         for name in SERVER_SERVICES:
             argv = argv_of(services[name]["command"])
@@ -505,9 +528,13 @@ class LocalCompose:
             for target, local in mounts.items():
                 if arg == target or arg.startswith(target.rstrip("/") + "/"):
                     arg = str(local) + arg[len(target.rstrip("/")) :]
-            match = re.fullmatch(r"(.+):(\d+)", arg)
-            if match and int(match.group(2)) in self.ports:
-                arg = f"{match.group(1)}:{self.ports[int(match.group(2))]}"
+            if re.search(r"[\w.]+:\d+", arg):
+                # HOST:PORT, alone or in a list (`a:1,b:2`, `1000@a:1,...`).
+                arg = re.sub(
+                    r"([\w.]+):(\d+)",
+                    lambda m: f"{m.group(1)}:{self.ports.get(int(m.group(2)), int(m.group(2)))}",
+                    arg,
+                )
             elif previous == "--metrics-port" and arg.isdigit() and int(arg) in self.ports:
                 arg = str(self.ports[int(arg)])
             out.append(arg)
@@ -611,7 +638,16 @@ def test_health_check_fails_when_nothing_serves() -> None:
     assert "127.0.0.1" in result.stdout
 
 
+def controller_has_quorum() -> bool:
+    from minibroker.controller.config import ALL_KEYS
+
+    return "controller.quorum.voters" in {k.name for k in ALL_KEYS}
+
+
 @pytest.mark.integration
+@pytest.mark.skipif(
+    not controller_has_quorum(), reason="the controller has no controller.quorum.voters yet"
+)
 def test_services_run_as_local_processes(
     local_compose: LocalCompose, services: dict[str, dict[str, Any]]
 ) -> None:

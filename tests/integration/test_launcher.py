@@ -1,7 +1,10 @@
 """The local cluster launcher as a user drives it: `minibroker cluster ...` subprocesses.
 
 Round trip: up, status --json, kill, start, pause, resume, stop (controlled), down, up again with
-the data kept; metrics ports serve Kafka-named metrics; a bad --set key is refused.
+the data kept; metrics ports serve Kafka-named metrics; a bad --set key is refused. A quorum of
+three controllers (once the controller has `controller.quorum.voters`): status names the leader,
+`kill controller` kills the active one, another is elected, metadata changes go on, and
+`start controller-N` brings it back as a voter.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def kill_everything(directory: str) -> None:
     if not path.exists():
         return
     data = json.loads(path.read_text())
-    for spec in [data["controller"], *data["brokers"]]:
+    for spec in [*(data.get("controllers") or [data["controller"]]), *data["brokers"]]:
         if spec.get("pid"):
             try:
                 os.kill(spec["pid"], signal.SIGCONT)
@@ -69,10 +72,15 @@ def metric_value(text: str, name: str) -> float:
 def test_cluster_round_trip(tmp_path: pathlib.Path) -> None:
     directory = str(tmp_path / "mb")
     try:
-        up = cli("cluster", "--dir", directory, "up", "--base-port", "0", "--racks", "2")
+        up = cli(
+            "cluster", "--dir", directory, "up", "--base-port", "0", "--racks", "2",
+            "--controllers", "1",
+        )  # fmt: skip
         assert "Cluster ready" in up.stdout
         info = status(directory)
         assert info["controller"]["state"] == "running"
+        assert [c["name"] for c in info["controllers"]] == ["controller-1"]
+        assert info["quorum"]["leader"] == "controller-1"
         assert [b["state"] for b in info["brokers"]] == ["running"] * 3
         assert [b["rack"] for b in info["brokers"]] == ["rack-0", "rack-1", "rack-0"]
         for key in ("node_id", "pid", "state", "address", "data_dir", "log_file", "metrics_port"):
@@ -130,6 +138,18 @@ def test_cluster_round_trip(tmp_path: pathlib.Path) -> None:
 
         logs = cli("cluster", "--dir", directory, "logs", "controller", "-n", "5")
         assert logs.stdout.strip(), "no controller log lines"
+        assert cli("cluster", "--dir", directory, "logs", "controller-1", "-n", "5").stdout.strip()
+
+        # A quorum of one: `controller` is controller-1; kill it and start it by either name.
+        assert (
+            "killed controller-1" in cli("cluster", "--dir", directory, "kill", "controller").stdout
+        )
+        assert "NO LEADER" in cli("cluster", "--dir", directory, "status").stdout
+        cli("cluster", "--dir", directory, "start", "controller-1")
+        assert status(directory)["quorum"]["leader"] == "controller-1"
+        # The size of an existing cluster's quorum is not changed by a restart.
+        refused = cli("cluster", "--dir", directory, "up", "--controllers", "3", check=False)
+        assert refused.returncode == 1 and "voter set" in refused.stderr
 
         cli("cluster", "--dir", directory, "down")
         info = status(directory)
@@ -175,5 +195,56 @@ def test_unknown_setting_is_refused(tmp_path: pathlib.Path) -> None:
         assert result.returncode != 0
         assert "no.such.setting" in result.stderr
         assert not (pathlib.Path(directory) / "cluster.json").exists()
+    finally:
+        kill_everything(directory)
+
+
+def controller_has_quorum() -> bool:
+    from minibroker.controller.config import ALL_KEYS
+
+    return "controller.quorum.voters" in {k.name for k in ALL_KEYS}
+
+
+@pytest.mark.skipif(
+    not controller_has_quorum(), reason="the controller has no controller.quorum.voters yet"
+)
+def test_quorum_of_three(tmp_path: pathlib.Path) -> None:
+    directory = str(tmp_path / "q")
+    try:
+        up = cli("cluster", "--dir", directory, "up", "--base-port", "0", "--controllers", "3")
+        assert "Controller quorum: 1000@" in up.stdout
+        info = status(directory)
+        assert [c["node_id"] for c in info["controllers"]] == [1000, 1001, 1002]
+        assert len(info["cluster_id"]) == 22
+        first = info["quorum"]
+        assert first["leader"] is not None and first["epoch"] is not None
+        roles = sorted(v["role"] for v in first["voters"])
+        assert roles == ["follower", "follower", "leader"]
+        assert (
+            "controller quorum: 3 voters, leader"
+            in cli("cluster", "--dir", directory, "status").stdout
+        )
+        bootstrap = info["bootstrap_servers"]
+
+        killed = cli("cluster", "--dir", directory, "kill", "controller").stdout
+        assert f"killed {first['leader']}" in killed
+        after = wait_until(
+            lambda: (
+                (q := status(directory)["quorum"])["leader"] not in (None, first["leader"]) and q
+            ),
+            30,
+            "a new active controller",
+        )
+        assert after["epoch"] > first["epoch"]
+        with Admin(bootstrap) as admin:
+            admin.create_topic("after-failover", 1, 3)
+            assert "after-failover" in admin.list_topics()
+
+        cli("cluster", "--dir", directory, "start", first["leader"])
+        back = status(directory)["quorum"]
+        assert all(v["state"] == "running" for v in back["voters"])
+        cli("cluster", "--dir", directory, "down")
+        cli("cluster", "--dir", directory, "up")  # same cluster id, same voters
+        assert status(directory)["cluster_id"] == info["cluster_id"]
     finally:
         kill_everything(directory)

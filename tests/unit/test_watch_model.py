@@ -24,12 +24,16 @@ from minibroker.client.watch.observations import (
     ClusterInfo,
     FollowerReport,
     ProcessInfo,
+    QuorumAnswer,
+    QuorumInfo,
     ReplicaReport,
+    merge_quorum_answers,
 )
 from minibroker.client.watch.render import format_time, render
 from minibroker.metadata.records import (
     LEADER_RECOVERING,
     BrokerRegistrationChangeRecord,
+    LeaderChangeRecord,
     LogEntry,
     MetadataRecord,
     NoOpRecord,
@@ -700,3 +704,108 @@ def test_command_is_registered_and_reads_the_local_cluster_only_when_it_is_the_w
     assert watch_cli._cluster_dir(ns, "10.0.0.7:9092") is None  # another cluster: no local view
     with pytest.raises(ValueError, match=r"no readable cluster\.json"):
         watch_cli._cluster_dir(argparse.Namespace(cluster_dir=str(tmp_path / "nope")), "x:1")
+
+
+# -- the controller quorum ----------------------------------------------------------------------
+
+
+def quorum_events(model: WatchModel) -> list[str]:
+    kinds = (EventKind.CONTROLLER_ELECTION, EventKind.CONTROLLER_RESIGNED)
+    return [e.text for e in model.events if e.kind in kinds]
+
+
+def test_merge_quorum_answers() -> None:
+    leader = QuorumAnswer(1001, "leader", 1001, 4, "h:2", 50)
+    follower = QuorumAnswer(1000, "follower", 1001, 4, "h:2")
+    stale = QuorumAnswer(1002, "leader", 1002, 3, "h:3", 40)  # resumed after a pause
+    info = merge_quorum_answers([follower, stale, leader], 3)
+    assert info == QuorumInfo(1001, 4, "h:2", 50, "", 3, 3)
+    # The leader did not answer, a follower names it.
+    assert merge_quorum_answers([follower], 3) == QuorumInfo(1001, 4, "h:2", -1, "", 3, 1)
+    # Nobody leads: the voters' reasons, and no majority answering.
+    lost = QuorumAnswer(1000, "prospective", -1, 5, why_no_leader="pre-vote refused")
+    info = merge_quorum_answers([lost], 3)
+    assert info is not None and info.leader_id == -1 and info.epoch == 5
+    assert info.why_no_leader == "no majority: 2 of 3 voters not answering; pre-vote refused"
+    assert merge_quorum_answers([], 3) is None
+
+
+def test_controller_election_and_resignation_between_polls() -> None:
+    model = WatchModel()
+    model.observe_quorum(T0, QuorumInfo(1000, 3, "h:1", 10, "", 3, 3))
+    assert quorum_events(model) == []  # the first look only sets the scene
+    assert model.quorum_leader() == (1000, 3)
+    model.observe_quorum(T0 + 100, QuorumInfo(1000, 3, "h:1", 12, "", 3, 3))
+    assert quorum_events(model) == []
+    model.observe_quorum(T0 + 200, QuorumInfo(-1, 4, "", -1, "election in progress", 3, 2))
+    model.observe_quorum(T0 + 900, QuorumInfo(1002, 4, "h:3", 12, "", 3, 2))
+    # A stale answer from an older epoch is no news.
+    model.observe_quorum(T0 + 950, QuorumInfo(1000, 3, "h:1", 12, "", 3, 1))
+    assert quorum_events(model) == [
+        "controller 1000 no longer leads (epoch 3, now 4): no leader (election in progress)",
+        "controller 1002 leads the quorum, epoch 3 -> 4, replacing controller 1000",
+    ]
+    assert model.quorum_leader() == (1002, 4)
+    # A direct hand-over (EndQuorumEpoch) seen in one look.
+    model.observe_quorum(T0 + 1500, QuorumInfo(1001, 5, "h:2", 13, "", 3, 3))
+    assert quorum_events(model)[-1] == (
+        "controller 1001 leads the quorum, epoch 4 -> 5, replacing controller 1002"
+    )
+
+
+def test_leader_change_records_and_polls_show_each_election_once() -> None:
+    model = WatchModel()
+    log = Log()
+    model.apply_entries([log.add(LeaderChangeRecord(1000, 1, (1000, 1001, 1002), (1000, 1001)))])
+    assert model.image.quorum_leader == (1000, 1)
+    model.observe_quorum(T0 + 10, QuorumInfo(1000, 1, "h:1", 1, "", 3, 3))
+    # Seen by a poll first, then its record arrives on the metadata stream: once.
+    model.observe_quorum(T0 + 500, QuorumInfo(1001, 2, "h:2", 1, "", 3, 3))
+    model.apply_entries([log.add(LeaderChangeRecord(1001, 2, (1000, 1001, 1002), (1001, 1002)))])
+    # Only in the metadata stream (between two polls): from the record, with its time.
+    model.apply_entries([log.add(LeaderChangeRecord(1002, 3, (), (1002, 1000)), at_ms=T0 + 700)])
+    model.observe_quorum(T0 + 800, QuorumInfo(1002, 3, "h:3", 3, "", 3, 3))
+    assert quorum_events(model) == [
+        "controller 1000 leads the quorum, epoch 1, votes from [1000,1001]",
+        "controller 1001 leads the quorum, epoch 1 -> 2, replacing controller 1000",
+        "controller 1002 leads the quorum, epoch 2 -> 3, replacing controller 1001, "
+        "votes from [1002,1000]",
+    ]
+
+
+def test_header_shows_the_quorum() -> None:
+    model = WatchModel()
+    model.controller_address = "127.0.0.1:9193"
+    model.observe_processes(
+        {
+            "controller-1": ProcessInfo("stopped"),
+            "controller-2": ProcessInfo("running", 5),
+            "controller-3": ProcessInfo("paused", 6),
+        },
+        T0,
+    )
+    model.observe_quorum(T0, QuorumInfo(1001, 7, "127.0.0.1:9193", 42, "", 3, 1))
+    text = frame_text(model, T0)
+    line = line_with(text, "quorum leader")
+    assert "quorum leader 1001 epoch 7 HW 42" in line and "1/3 voters answering" in line
+    assert "controller-1 stopped" in line and "controller-3 paused" in line
+    model.observe_quorum(T0 + 10, QuorumInfo(-1, 8, "", -1, "no majority: 2 of 3", 3, 1))
+    text = frame_text(model, T0 + 10)
+    assert "quorum NO LEADER: no majority: 2 of 3" in text
+    assert "controller 1001 no longer leads (epoch 7, now 8)" in text
+
+
+def test_process_events_of_quorum_voters() -> None:
+    model = WatchModel()
+    model.observe_processes({"controller-2": ProcessInfo("running", 5)}, T0)
+    model.observe_processes({"controller-2": ProcessInfo("stopped")}, T0 + 1)
+    assert [e.text for e in model.events] == ["controller-2 process exited (pid 5)"]
+    assert model.events[0].broker_id is None
+    assert model.broker_ids() == []
+
+
+def test_no_quorum_line_for_a_controller_without_a_quorum() -> None:
+    model = WatchModel()
+    model.controller_address = "127.0.0.1:9192"
+    model.observe_quorum(T0, None)
+    assert "quorum" not in frame_text(model, T0)
