@@ -127,7 +127,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         data_dir.close()
         return 1
     link = ControllerLink(
-        controller=config.controller,
+        controllers=config.controllers,
         broker_id=config.node_id,
         host=host,
         port=bound,
@@ -154,7 +154,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         "broker_listening",
         address=f"{host}:{bound}",
         metrics_port=metrics_port,
-        controller=f"{config.controller[0]}:{config.controller[1]}",
+        controller=",".join(config.controllers),
         rack=config.rack,
     )
 

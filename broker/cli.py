@@ -44,7 +44,9 @@ def register(sub: Any) -> None:
     parser.add_argument("--node-id", type=int, help="this broker's id (node.id)")
     parser.add_argument("--data-dir", help="data dir for logs and checkpoints (log.dirs)")
     parser.add_argument("--listen", help="HOST:PORT to serve on; port 0 picks a free port")
-    parser.add_argument("--controller", help="HOST:PORT of the controller")
+    parser.add_argument(
+        "--controller", help="HOST:PORT of the controller (a comma-separated list: a quorum)"
+    )
     parser.add_argument("--rack", help="rack id (broker.rack)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus port (0: any, -1: off)")
     parser.add_argument("--config", help="a .properties or .toml file")

@@ -13,6 +13,7 @@ from typing import Any
 
 from minibroker.client.common.config import ConfigError, ConfigKey, at_least, resolve
 from minibroker.client.common.limits import LIMIT_KEYS, ServerLimits
+from minibroker.client.controller_finder import parse_controllers
 from minibroker.client.topic_config import TOPIC_CONFIG_KEYS
 
 # Kafka's broker-level names for topic-level defaults.
@@ -36,7 +37,17 @@ BROKER_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("log.dirs", str, "", "the data dir (one dir per broker)"),
     ConfigKey("listeners", str, "127.0.0.1:9092", "HOST:PORT the broker serves on (port 0: any)"),
     ConfigKey(
-        "controller.quorum.bootstrap.servers", str, "127.0.0.1:9093", "HOST:PORT of the controller"
+        "controller.quorum.bootstrap.servers",
+        str,
+        "127.0.0.1:9093",
+        "HOST:PORT of the controller, or a comma-separated list of the quorum's controllers",
+    ),
+    ConfigKey(
+        "controller.quorum.voters",
+        str,
+        "",
+        "Kafka's older name: ID@HOST:PORT,... of the quorum's controllers (ids ignored here); "
+        "used when controller.quorum.bootstrap.servers is not set",
     ),
     ConfigKey("broker.rack", str, "", "rack id for replica placement and fetch-from-follower"),
     ConfigKey(
@@ -143,8 +154,14 @@ class BrokerConfig:
         return split_host_port(str(self.values["listeners"]))
 
     @property
+    def controllers(self) -> tuple[str, ...]:
+        """Every configured controller, "host:port" each, in order (build_config checked them)."""
+        return parse_controllers(str(self.values["controller.quorum.bootstrap.servers"]))
+
+    @property
     def controller(self) -> tuple[str, int]:
-        return split_host_port(str(self.values["controller.quorum.bootstrap.servers"]))
+        """The first configured controller (the only one before the quorum)."""
+        return split_host_port(self.controllers[0])
 
     @property
     def rack(self) -> str:
@@ -156,6 +173,22 @@ class BrokerConfig:
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
+
+
+def _controller_list(values: Mapping[str, Any], layers: list[dict[str, Any]]) -> str:
+    """The controllers to contact, normalised ("h1:p1,h2:p2"): the bootstrap servers when set,
+    else the voters' addresses (Kafka's controller.quorum.voters, ids dropped), else the
+    default bootstrap server."""
+    bootstrap_set = any("controller.quorum.bootstrap.servers" in layer for layer in layers)
+    voters = str(values["controller.quorum.voters"]).strip()
+    name = "controller.quorum.bootstrap.servers"
+    text = str(values[name])
+    if voters and not bootstrap_set:
+        name, text = "controller.quorum.voters", voters
+    try:
+        return ",".join(parse_controllers(text))
+    except ValueError as err:
+        raise ConfigError(f"{name}: {err}") from None
 
 
 def split_host_port(text: str) -> tuple[str, int]:
@@ -187,6 +220,7 @@ def build_config(*layers: Mapping[str, Any]) -> BrokerConfig:
         broker_layers.append(b)
         topic_layers.append(t)
     values = resolve(BROKER_KEYS, *broker_layers)
+    values["controller.quorum.bootstrap.servers"] = _controller_list(values, broker_layers)
     if values["node.id"] < 0:
         raise ConfigError("node.id is required (--node-id N, N >= 0)")
     if not values["log.dirs"]:

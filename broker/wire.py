@@ -406,12 +406,14 @@ def encode_metadata(
     *,
     cluster_id: str,
     controller_address: tuple[str, int],
+    controller_id: int = -1,
 ) -> pb.MetadataResponse:
     """A Metadata answer from the broker's image: every broker, and the topics asked for (all
-    of them when `all_topics` or none is named)."""
+    of them when `all_topics` or none is named). `controller_id` -1: not known (a controller
+    from before the quorum, whose id is 1000)."""
     response = pb.MetadataResponse(
         cluster_id=cluster_id,
-        controller_id=1000,
+        controller_id=controller_id if controller_id >= 0 else 1000,
         controller_host=controller_address[0],
         controller_port=controller_address[1],
     )

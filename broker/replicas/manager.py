@@ -217,7 +217,11 @@ class ReplicaManager:
             topics,
             all_topics,
             cluster_id=self.link.cluster_id if self.link is not None else "",
-            controller_address=self.controller_address,
+            # The active controller as the link believes it (a quorum's leader moves).
+            controller_address=(
+                self.link.controller_address() if self.link is not None else self.controller_address
+            ),
+            controller_id=self.link.controller_id if self.link is not None else -1,
         )
 
     async def init_producer_id(self) -> pb.InitProducerIdResponse:
