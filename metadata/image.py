@@ -15,9 +15,9 @@ from minibroker.client.types import NO_LEADER
 from minibroker.metadata.records import (
     BrokerRegistrationChangeRecord,
     ConfigRecord,
+    LeaderChangeRecord,
     LogEntry,
     MetadataRecord,
-    LeaderChangeRecord,
     NoOpRecord,
     PartitionRecord,
     ProducerIdsRecord,

@@ -154,10 +154,10 @@ class LogEntry:
 __all__ = [
     "LEADER_RECOVERED",
     "LEADER_RECOVERING",
-    "LeaderChangeRecord",
     "NO_LEADER",
     "BrokerRegistrationChangeRecord",
     "ConfigRecord",
+    "LeaderChangeRecord",
     "LogEntry",
     "MetadataRecord",
     "NoOpRecord",

@@ -14,9 +14,9 @@ from minibroker.metadata.image import MetadataImage
 from minibroker.metadata.records import (
     BrokerRegistrationChangeRecord,
     ConfigRecord,
+    LeaderChangeRecord,
     LogEntry,
     MetadataRecord,
-    LeaderChangeRecord,
     NoOpRecord,
     PartitionRecord,
     ProducerIdsRecord,
