@@ -520,7 +520,7 @@ def test_fetch_errors() -> None:
 
 def test_fetch_below_the_log_start_answers_the_snapshot() -> None:
     c, _ = leader_with([3, 3], start=10, snap_epoch=2)
-    for offset, epoch in [(5, 1), (10, 1), (11, 1)]:
+    for offset, epoch in [(5, 1), (9, 2), (10, 1), (11, 1)]:
         d, _ = c.handle_fetch(FetchRequest(2, c.epoch, offset, epoch), 0)
         assert d.answer is FetchAnswer.SNAPSHOT and d.snapshot_id == OffsetAndEpoch(10, 2)
         assert d.log_start_offset == 10
