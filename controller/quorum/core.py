@@ -500,7 +500,7 @@ class QuorumCore:
         if not err:
             if req.leader_epoch > self._state.epoch:
                 self._adopt_epoch(effects, req.leader_epoch, req.leader_id, now_ms)
-            elif self._role is Role.FOLLOWER:
+            elif self._role is Role.FOLLOWER and self._state.leader_id == req.leader_id:
                 self._become_follower_now(now_ms)  # same leader: fresh contact
             else:
                 self._follow(effects, req.leader_id, now_ms, "begin_epoch")
