@@ -253,8 +253,18 @@ class QuorumCore:
 
     # -- transitions -----------------------------------------------------------------------
 
-    def _adopt_epoch(self, effects: list[Effect], epoch: int, leader_id: int, now_ms: int) -> None:
-        """A higher epoch arrived: UNATTACHED in it, or FOLLOWER of the leader it names."""
+    def _adopt_epoch(
+        self,
+        effects: list[Effect],
+        epoch: int,
+        leader_id: int,
+        now_ms: int,
+        *,
+        contact: bool = False,
+    ) -> None:
+        """A higher epoch arrived: UNATTACHED in it, or FOLLOWER of the leader it names.
+        `contact`: the leader itself spoke (BeginQuorumEpoch, a Fetch answer), not a voter
+        naming it."""
         invariant(epoch > self._state.epoch, "adopting an epoch that is not higher")
         was_leader = self._role is Role.LEADER
         if leader_id == self._settings.node_id:
@@ -266,7 +276,7 @@ class QuorumCore:
         self._leave_leadership()
         self._backoff_deadline = None
         if leader_id != NO_LEADER:
-            self._become_follower_now(now_ms)
+            self._become_follower_now(now_ms, contact=contact)
         else:
             self._role = Role.UNATTACHED
             self._reset_election_timer(now_ms)
@@ -274,13 +284,26 @@ class QuorumCore:
         if was_leader:
             effects.append(Event("quorum_resigned", {"epoch": epoch - 1, "reason": "higher_epoch"}))
 
-    def _become_follower_now(self, now_ms: int) -> None:
+    def _become_follower_now(self, now_ms: int, *, contact: bool) -> None:
+        """FOLLOWER with a fresh fetch timer. Only the leader's own word (`contact`) counts as
+        hearing from it: a voter that merely named the leader (a refused pre-vote) must not
+        make this node refuse pre-votes in turn, or two followers of a dead leader keep
+        sending each other back to it and nobody is elected (found by the process tests)."""
         self._role = Role.FOLLOWER
         self._fetch_deadline = now_ms + self._settings.fetch_timeout_ms
-        self._leader_contact_ms = now_ms
+        if contact:
+            self._leader_contact_ms = now_ms
         self._leader_resigned = False
 
-    def _follow(self, effects: list[Effect], leader_id: int, now_ms: int, reason: str) -> None:
+    def _follow(
+        self,
+        effects: list[Effect],
+        leader_id: int,
+        now_ms: int,
+        reason: str,
+        *,
+        contact: bool = False,
+    ) -> None:
         """FOLLOWER of `leader_id` in the current epoch."""
         known = self._state.leader_id
         invariant(
@@ -294,7 +317,7 @@ class QuorumCore:
             ),
         )
         self._backoff_deadline = None
-        self._become_follower_now(now_ms)
+        self._become_follower_now(now_ms, contact=contact)
         self._announce(effects, reason)
 
     def _become_prospective(self, effects: list[Effect], now_ms: int, reason: str) -> None:
@@ -499,11 +522,11 @@ class QuorumCore:
         err = self._check_epoch_request(req.leader_epoch, req.leader_id)
         if not err:
             if req.leader_epoch > self._state.epoch:
-                self._adopt_epoch(effects, req.leader_epoch, req.leader_id, now_ms)
+                self._adopt_epoch(effects, req.leader_epoch, req.leader_id, now_ms, contact=True)
             elif self._role is Role.FOLLOWER and self._state.leader_id == req.leader_id:
-                self._become_follower_now(now_ms)  # same leader: fresh contact
+                self._become_follower_now(now_ms, contact=True)  # same leader: fresh contact
             else:
-                self._follow(effects, req.leader_id, now_ms, "begin_epoch")
+                self._follow(effects, req.leader_id, now_ms, "begin_epoch", contact=True)
         reply = EpochReply(self._state.epoch, self._state.leader_id, err)
         return reply, self._done(effects)
 
@@ -628,7 +651,7 @@ class QuorumCore:
         effects: list[Effect] = []
         ignore = FetchResponseDecision(FetchAction.IGNORE)
         if resp.leader_epoch > self._state.epoch:
-            self._adopt_epoch(effects, resp.leader_epoch, resp.leader_id, now_ms)
+            self._adopt_epoch(effects, resp.leader_epoch, resp.leader_id, now_ms, contact=True)
             return ignore, self._done(effects)
         if (
             self._role is not Role.FOLLOWER
@@ -638,7 +661,7 @@ class QuorumCore:
         ):
             return ignore, effects
         if not self._leader_resigned:
-            self._become_follower_now(now_ms)
+            self._become_follower_now(now_ms, contact=True)
         if self._state.catching_up_to == CATCH_UP_UNKNOWN:
             self._set_catching_up(effects, resp.high_watermark)
             self._maybe_caught_up(effects)

@@ -870,3 +870,15 @@ def test_a_fair_exchange_elects_and_commits(seed) -> None:
     leaders = [c for c in cl.cores.values() if c.is_leader]
     assert len(leaders) == 1
     assert all(c.high_watermark >= 1 for c in cl.cores.values())
+
+
+def test_a_leader_named_by_a_voter_is_not_contact_so_pre_votes_are_still_granted() -> None:
+    # Two followers of a dead leader 2 (node 1 timed out first and went back to following 2
+    # because node 3 still named it): node 1 never heard from 2 since, so when node 3 times
+    # out and asks, node 1 must grant, or the two send each other back to 2 forever.
+    c = follower_of(2, 3, node=1)
+    c.tick(F)
+    c.handle_vote_response(VoteResponse(3, 3, 2, False, pre_vote=True), F)
+    assert c.role is Role.FOLLOWER
+    resp, _ = c.handle_vote(VoteRequest(4, 3, 3, c._log.end_offset, pre_vote=True), F + 1)
+    assert resp.vote_granted
