@@ -3,7 +3,10 @@
 Does network I/O through `ClusterClient`. Metadata comes from any broker (BrokerService.Metadata);
 the Metadata response names the controller's address, and topic creation and deletion, cluster
 description and elections go to the ControllerService there directly (Kafka forwards admin
-requests through a broker; calling the controller is one hop less). `describe_topics` adds each
+requests through a broker; calling the controller is one hop less). With a quorum of
+controllers, one that is not the active one answers NOT_CONTROLLER naming the leader (and its
+epoch): the call is re-sent there at once, and retried until default_api_timeout_ms; a hint
+of an older epoch than one already followed is ignored. `describe_topics` adds each
 replica's log end offset and the leader's high watermark from every broker's DescribeReplicas.
 
 Concurrency: every method runs on the caller's event loop; no background tasks.
@@ -17,11 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minibroker.client import wire
+from minibroker.client.controller_finder import LeaderHint
 from minibroker.client.errors import (
     ErrorCode,
     MiniBrokerError,
     NetworkExceptionError,
     RequestTimedOutError,
+    TopicAlreadyExistsError,
 )
 from minibroker.client.transport import (
     DEFAULT_BOOTSTRAP,
@@ -126,6 +131,10 @@ class AsyncAdmin:
             request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=retry_backoff_ms,
         )
+        # The newest NOT_CONTROLLER hint that named the active controller (preferred over the
+        # brokers' metadata, which may lag an election), and the newest quorum epoch seen.
+        self._controller_hint: LeaderHint | None = None
+        self._controller_epoch = -1
 
     async def __aenter__(self) -> AsyncAdmin:
         return self
@@ -143,13 +152,34 @@ class AsyncAdmin:
     # -- controller calls ----------------------------------------------------------------------
 
     async def _controller_call(self, method: str, request: Any) -> Any:
-        """Call the controller, finding it through broker metadata; retries unavailability
-        until default_api_timeout_ms (the controller may be restarting)."""
+        return (await self._controller_call_sent(method, request))[0]
+
+    def _follow_hint(self, address: str, hint: LeaderHint | None) -> bool:
+        """`address` answered NOT_CONTROLLER with `hint`; True when the hint names another
+        controller to call at once."""
+        if self._controller_hint is not None and self._controller_hint.address == address:
+            self._controller_hint = None
+        if hint is None or hint.epoch < self._controller_epoch:
+            return False  # no hint, or older news than a leader already followed
+        self._controller_epoch = hint.epoch
+        if hint.address and hint.address != address:
+            self._controller_hint = hint
+            return True
+        return False
+
+    async def _controller_call_sent(self, method: str, request: Any) -> tuple[Any, bool]:
+        """Call the active controller, finding it through broker metadata and NOT_CONTROLLER
+        hints; retries retriable failures until default_api_timeout_ms (the controller may be
+        restarting, or a quorum electing a new leader). Returns the answer and whether an
+        earlier attempt may have reached a controller (it got no answer, or NOT_CONTROLLER
+        from a leader that lost its leadership while the command was pending)."""
         self._check_open()
         deadline = now_ms() + self.default_api_timeout_ms
         last: MiniBrokerError | None = None
+        resent = False
         while now_ms() < deadline:
-            address = self.cluster.metadata.controller_address()
+            hinted = self._controller_hint
+            address = hinted.address if hinted else self.cluster.metadata.controller_address()
             if address is None:
                 try:
                     self.cluster.metadata.update(await self.cluster.fetch_metadata(), now_ms())
@@ -165,13 +195,20 @@ class AsyncAdmin:
                     await asyncio.sleep(self.cluster.retry_backoff_ms / 1000)
                     continue
             stub = self.cluster.controller_stub(address)
-            pending = getattr(stub, method)(request, timeout=self.request_timeout_ms / 1000)
+            timeout_ms = max(min(self.request_timeout_ms, deadline - now_ms()), 1)
+            pending = getattr(stub, method)(request, timeout=timeout_ms / 1000)
             try:
-                return await wire.call(pending, f"controller {address}")
+                return await wire.call(pending, f"controller {address}"), resent
             except wire.CallFailed as failed:
                 last = failed.error
                 if not last.retriable:
                     raise last from None
+                resent = resent or not failed.unreachable
+                if failed.leader_hint is not None:
+                    if self._follow_hint(address, failed.leader_hint):
+                        continue  # the active controller is named: call it now
+                elif self._controller_hint is not None and self._controller_hint.address == address:
+                    self._controller_hint = None  # the hinted leader is gone
                 # The controller may have moved or restarted: ask the brokers again.
                 self.cluster.metadata.controller_host = ""
                 await asyncio.sleep(self.cluster.retry_backoff_ms / 1000)
@@ -191,12 +228,23 @@ class AsyncAdmin:
             self.request_timeout_ms,
             validate_only,
         )
-        resp = await self._controller_call("CreateTopics", request)
+        resp, resent = await self._controller_call_sent("CreateTopics", request)
         created: dict[str, CreatedTopic] = {}
         failures: list[tuple[str, MiniBrokerError]] = []
         for r in wire.created_topics(resp):
             if r.error is not None:
-                failures.append((r.name, r.error))
+                error = r.error
+                if resent and isinstance(error, TopicAlreadyExistsError):
+                    # An attempt before a controller failover may have created it, its answer
+                    # lost with the old leader. Kafka's admin client reports
+                    # TopicExistsException in that case too, and so do we: the topic may also
+                    # be someone else's, with other settings, and only the caller can judge
+                    # (describe it). The message says a retry happened.
+                    error = TopicAlreadyExistsError(
+                        f"{error} (the request was re-sent after a controller failover or "
+                        "timeout: an earlier attempt may have created it)"
+                    )
+                failures.append((r.name, error))
             else:
                 created[r.name] = CreatedTopic(
                     r.name, r.topic_id, r.num_partitions, r.replication_factor

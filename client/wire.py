@@ -18,10 +18,12 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import grpc
 
+from minibroker.client.controller_finder import LeaderHint, hint_from_error
 from minibroker.client.errors import (
     ErrorCode,
     MiniBrokerError,
     NetworkExceptionError,
+    NotControllerError,
     RecordListTooLargeError,
     RequestTimedOutError,
     UnknownServerError,
@@ -50,18 +52,26 @@ _ISOLATION_LEVEL = 0
 class CallFailed(Exception):
     """A call got no answer. `error` is the Kafka error a client acts on (retriable or not);
     `unreachable` says the broker could not be reached at all (gRPC UNAVAILABLE), so its
-    partitions are better off waiting for metadata that names another leader."""
+    partitions are better off waiting for metadata that names another leader. `leader_hint`:
+    a controller that is not the active one said who is (NOT_CONTROLLER; its address "" when
+    it knows no leader)."""
 
-    def __init__(self, error: MiniBrokerError, unreachable: bool) -> None:
+    def __init__(
+        self, error: MiniBrokerError, unreachable: bool, leader_hint: LeaderHint | None = None
+    ) -> None:
         super().__init__(str(error))
         self.error = error
         self.unreachable = unreachable
+        self.leader_hint = leader_hint
 
 
 def error_from_rpc(err: grpc.aio.AioRpcError | grpc.RpcError, address: str) -> MiniBrokerError:
     """Map a transport failure to the Kafka error a client acts on (retriable or not)."""
     code = err.code() if hasattr(err, "code") else None
     details = err.details() if hasattr(err, "details") else str(err)
+    if code == grpc.StatusCode.FAILED_PRECONDITION and hint_from_error(err) is not None:
+        # A controller of a quorum that is not the active one (retriable: ask the leader).
+        return NotControllerError(f"{address} is not the active controller: {details}")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED):
         return NetworkExceptionError(f"broker {address} unavailable: {details}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -85,7 +95,8 @@ async def call(pending: Awaitable[T], address: str) -> T:
         return await pending
     except grpc.aio.AioRpcError as err:
         unreachable = err.code() == grpc.StatusCode.UNAVAILABLE
-        raise CallFailed(error_from_rpc(err, address), unreachable) from err
+        hint = hint_from_error(err) if err.code() == grpc.StatusCode.FAILED_PRECONDITION else None
+        raise CallFailed(error_from_rpc(err, address), unreachable, hint) from err
 
 
 def _partitions(request: Any, by_topic: dict[str, Any], topic: str) -> Any:
