@@ -183,7 +183,9 @@ class QuorumShell:
         core = self._core
         if core is None:
             return LeaderHint(NO_LEADER, "", 0)
-        leader = core.leader_id
+        # The core keeps the epoch's leader through RESIGNED and PROSPECTIVE; a hint names only
+        # a leader that is leading or being followed right now.
+        leader = core.leader_id if core.role in (Role.LEADER, Role.FOLLOWER) else NO_LEADER
         return LeaderHint(leader, self.address_of(leader) if leader >= 0 else "", core.epoch)
 
     # -- start and stop ------------------------------------------------------------------------
