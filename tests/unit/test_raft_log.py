@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minibroker.controller.journal import JournalError, MetadataJournal
+from minibroker.controller.journal import JournalError, MetadataJournal, _read_frame_spans
 from minibroker.controller.quorum import raft_log as raft_log_module
 from minibroker.controller.quorum.messages import OffsetAndEpoch
 from minibroker.controller.quorum.raft_log import RaftBatch, RaftLog
@@ -247,6 +247,21 @@ def test_truncate_across_segments(tmp_path: pathlib.Path) -> None:
     assert segments(tmp_path) == [seg(0)]
     assert (log.start_offset, log.end_offset, log.last_fetched_epoch()) == (3, 3, 1)
     log.append([batch(4, 3, 3, tag=1)])
+    before = state(log)
+    assert state(reloaded(log)) == before
+
+
+def test_truncate_to_the_start_inside_a_frame_below_the_snapshot_then_append(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Found by the fuzz: the frame holding 0..1 straddles the snapshot at 1; truncating to 1
+    cuts segment 0 back to empty, and the next record (1) lands above that segment's base."""
+    log = opened(tmp_path)
+    log.append([batch(0, 0, 2)])
+    log.write_snapshot([], OffsetAndEpoch(1, 0))
+    log.truncate_to(1)
+    assert segments(tmp_path) == [seg(0)] and (tmp_path / seg(0)).stat().st_size == 0
+    log.append([batch(0, 1, 1, tag=3)])
     before = state(log)
     assert state(reloaded(log)) == before
 
@@ -558,7 +573,7 @@ OPS = st.one_of(
 
 
 @settings(
-    max_examples=150,
+    max_examples=300,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
@@ -644,7 +659,9 @@ def test_fuzz_operations_then_damage(
     loaded = after.load()
     assert after.start_offset == model.start and after.end_offset == survivors
     damaged_size = len(data) if damage == "flip" else pos
-    valid = next((loc.pos for _, loc in locs if loc.segment == last and loc.end > pos), None)
+    # Frames below the snapshot may sit in the segment too: the cut is at the damaged frame.
+    spans, _ = _read_frame_spans(data)
+    valid = next((start for start, end in spans if end > pos), None)
     assert loaded.truncated_bytes == (0 if valid is None else damaged_size - valid)
     assert last.stat().st_size == (damaged_size if valid is None else valid)
     del model.records[survivors - model.start :]
