@@ -178,10 +178,12 @@ def test_read_slices_and_limits(tmp_path: pathlib.Path) -> None:
     assert log.read(0, max_bytes=1 << 20) == batches
     assert log.read(4, max_bytes=1 << 20) == [batches[1].sliced(4, 6), *batches[2:]]
     assert log.read(4, max_bytes=1) == [batches[1].sliced(4, 6)]  # at least one
-    frame = len(raft_log_module._encode(batches[0]))
+    f0, f1 = (len(raft_log_module._encode(b)) for b in batches[:2])
     assert log.read(0, max_bytes=1) == [batches[0]]
-    assert log.read(0, max_bytes=frame + 1) == batches[:2]  # stops once max_bytes is reached
-    assert log.read(0, max_bytes=2 * frame) == batches[:2]
+    assert log.read(0, max_bytes=f0) == batches[:1]  # stops once max_bytes is reached
+    assert log.read(0, max_bytes=f0 + 1) == batches[:2]
+    assert log.read(0, max_bytes=f0 + f1) == batches[:2]
+    assert log.read(0, max_bytes=f0 + f1 + 1) == batches[:3]
     assert log.read(15) == []
     with pytest.raises(ValueError, match="holds"):
         log.read(16)
