@@ -9,8 +9,8 @@ On disk (same files as `MetadataJournal`, so a log written before the quorum loa
     snapshot-<offset:020d>.snap   one frame: MetadataBatch(is_snapshot, snapshot_offset,
                                   records, leader_epoch = epoch of the record at offset - 1)
     metadata-<base:020d>.log      frames `length|crc32c|payload`, payload = MetadataBatch of ONE
-                                  raft batch (one epoch, consecutive offsets); the first record
-                                  of a segment is at its base
+                                  raft batch (one epoch, consecutive offsets); no record of a
+                                  segment is below its base
 
 Rules the loader applies (and the writers rely on for crash atomicity):
 - the latest snapshot wins; records below its offset are ignored (and segments wholly below it
@@ -310,10 +310,12 @@ class RaftLog:
                 batch = self._decode(segment, pos, data[pos + 8 : frame_end])
                 if batch is None:
                     continue
-                if first and batch.base_offset != base:
+                # A segment holds no record below its base (usually its first record is AT the
+                # base; a cut back to empty below the snapshot offset can leave a lower base).
+                if first and batch.base_offset < base:
                     raise JournalError(
                         f"{segment} is corrupt: its first record is at offset "
-                        f"{batch.base_offset}, not at its base {base}"
+                        f"{batch.base_offset}, below its base {base}"
                     )
                 first = False
                 if batch.end_offset <= start:
@@ -495,7 +497,7 @@ class RaftLog:
             raise ValueError(
                 f"snapshot offset {offset} outside the log [{self.start_offset}, {self.end_offset}]"
             )
-        expected = self.epoch_of(offset - 1) if offset > 0 else 0
+        expected = self.epoch_of(offset - 1)
         if snapshot_id.epoch != expected:
             raise ValueError(
                 f"snapshot {snapshot_id} has epoch {snapshot_id.epoch}, the record before it "
