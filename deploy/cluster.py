@@ -553,8 +553,8 @@ def wait_ready(
     try:
         while time.monotonic() < deadline:
             for spec in state.all():
-                watched = spec in expected or spec.role == "controller"
-                if watched and spec.pid > 0 and process_state(spec) == "stopped":
+                # Only what this call started: another voter may be down on purpose.
+                if spec in expected and spec.pid > 0 and process_state(spec) == "stopped":
                     tail = read_log_tail(spec.log_file, 15)
                     raise LauncherError(
                         f"{spec.label} exited during start-up; its log ends:\n{tail}"

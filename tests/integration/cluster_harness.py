@@ -36,10 +36,23 @@ def wait_until(
 
 
 class LocalCluster:
-    def __init__(self, directory: str, brokers: int, settings: dict[str, str], racks: int = 0):
+    def __init__(
+        self,
+        directory: str,
+        brokers: int,
+        settings: dict[str, str],
+        racks: int = 0,
+        controllers: int = 1,
+    ):
         self.directory = directory
         self.state = launcher.up(
-            directory, brokers=brokers, racks=racks, base_port=0, settings=settings, timeout_s=60.0
+            directory,
+            brokers=brokers,
+            racks=racks,
+            base_port=0,
+            settings=settings,
+            timeout_s=60.0,
+            controllers=controllers,
         )
 
     @property
@@ -91,11 +104,15 @@ class LocalCluster:
 
 @contextlib.contextmanager
 def local_cluster(
-    directory: str, brokers: int = 3, settings: dict[str, str] | None = None, racks: int = 0
+    directory: str,
+    brokers: int = 3,
+    settings: dict[str, str] | None = None,
+    racks: int = 0,
+    controllers: int = 1,
 ) -> Iterator[LocalCluster]:
     cluster: LocalCluster | None = None
     try:
-        cluster = LocalCluster(directory, brokers, settings or {}, racks)
+        cluster = LocalCluster(directory, brokers, settings or {}, racks, controllers)
         yield cluster
     finally:
         if cluster is not None:
