@@ -564,6 +564,14 @@ class ControllerLink:
                     moved = moved or self._moved_from(target)
                 elif not moved:
                     log.debug("metadata_watch_broken", status=err.code().name)
+            except asyncio.CancelledError:
+                # `_leader_changed` cancelled this call (a stream on a paused or partitioned
+                # controller hangs, it never ends by itself): grpc raises CancelledError in the
+                # iteration. Only a cancellation of this task itself goes on up.
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                moved = self._moved_from(target)
             except Exception:
                 # Applying a batch failed beyond the per-partition guards (a malformed record):
                 # never stop following metadata silently; watch again from the applied offset.
