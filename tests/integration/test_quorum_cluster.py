@@ -32,16 +32,12 @@ SETTINGS = {
 
 @pytest.fixture
 def cluster(tmp_path: pathlib.Path) -> Iterator[LocalCluster]:
-    with local_cluster(
-        str(tmp_path / "cluster"), brokers=3, settings=SETTINGS, controllers=3
-    ) as c:
+    with local_cluster(str(tmp_path / "cluster"), brokers=3, settings=SETTINGS, controllers=3) as c:
         yield c
 
 
 def active(cluster: LocalCluster) -> launcher.ProcessSpec:
-    return wait_until(
-        lambda: launcher.active_controller(cluster.state), 30, "an active controller"
-    )
+    return wait_until(lambda: launcher.active_controller(cluster.state), 30, "an active controller")
 
 
 def settled(admin: Admin, topics: list[str]) -> bool:
@@ -160,9 +156,7 @@ def _active_other_than(cluster: LocalCluster, name: str) -> launcher.ProcessSpec
     return spec if spec is not None and spec.name != name else None
 
 
-def _follows(
-    cluster: LocalCluster, old: launcher.ProcessSpec, new: launcher.ProcessSpec
-) -> bool:
+def _follows(cluster: LocalCluster, old: launcher.ProcessSpec, new: launcher.ProcessSpec) -> bool:
     inputs = launcher.quorum_inputs(cluster.state)
     roles = {i.name: i.answer for i in inputs if getattr(i, "answer", None) is not None}
     answer = roles.get(old.name)
