@@ -141,6 +141,7 @@ class QuorumCore:
         self._rejected: set[int] = set()
         # follower
         self._leader_contact_ms = _NEVER
+        self._leader_lost = False  # the transport found the leader gone (leader_unreachable)
         self._leader_resigned = False
         # leader
         self._epoch_start_offset = -1
@@ -294,6 +295,7 @@ class QuorumCore:
         if contact:
             self._leader_contact_ms = now_ms
         self._leader_resigned = False
+        self._leader_lost = False
 
     def _follow(
         self,
@@ -419,6 +421,23 @@ class QuorumCore:
             self._check_quorum(effects, now_ms)
         return self._done(effects)
 
+    def leader_unreachable(self, now_ms: int) -> list[Effect]:
+        """The transport could not reach the leader at all (connection refused or reset: its
+        process is gone, as a SIGKILL leaves it). A follower stops counting the leader as heard
+        from (so it grants pre-votes) and starts its own pre-vote after a random delay in
+        [0, election timeout / 2) instead of waiting out the whole fetch timeout. The delay
+        spreads the surviving followers so that one asks first: two candidates at once split
+        the vote and cost an election timeout. Safety never depends on it: a pre-vote still
+        needs a majority, and a voter that still hears from a live leader refuses it."""
+        self._now = max(self._now, now_ms)
+        if self._role is not Role.FOLLOWER or self._leader_resigned or self._leader_lost:
+            return []
+        self._leader_lost = True
+        self._leader_contact_ms = _NEVER
+        cap = max(1, self._settings.election_timeout_ms // 2)
+        self._fetch_deadline = min(self._fetch_deadline, now_ms + self._rng.randrange(cap))
+        return [Event("quorum_leader_unreachable", {"leader": self._state.leader_id})]
+
     def _check_quorum(self, effects: list[Effect], now_ms: int) -> None:
         if not self._others:
             return
@@ -456,6 +475,7 @@ class QuorumCore:
             live_leader = self._role is Role.LEADER or (
                 self._role is Role.FOLLOWER
                 and not self._leader_resigned
+                and self._leader_contact_ms != _NEVER
                 and now_ms - self._leader_contact_ms < self._settings.fetch_timeout_ms
             )
             return answer(up_to_date and wiped_ok and not live_leader)

@@ -402,7 +402,12 @@ class QuorumShell:
                 response = await stub.QuorumFetch(
                     request, timeout=(FETCH_MAX_WAIT_MS + self.settings.fetch_timeout_ms) / 1000
                 )
-            except grpc.aio.AioRpcError:
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.UNAVAILABLE:
+                    # Refused or reset: the leader's process is gone (a partition or a pause
+                    # hangs instead, and waits out the fetch timeout).
+                    async with self._lock:
+                        await self._apply(self.core.leader_unreachable(now_ms()))
                 await asyncio.sleep(TICK_S)
                 continue
             self._last_heard[target] = now_ms()  # type: ignore[index]

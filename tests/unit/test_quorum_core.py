@@ -882,3 +882,26 @@ def test_a_leader_named_by_a_voter_is_not_contact_so_pre_votes_are_still_granted
     assert c.role is Role.FOLLOWER
     resp, _ = c.handle_vote(VoteRequest(4, 3, 3, c._log.end_offset, pre_vote=True), F + 1)
     assert resp.vote_granted
+
+
+def test_an_unreachable_leader_starts_a_pre_vote_within_half_an_election_timeout() -> None:
+    c = follower_of(2, 3, node=1)
+    out = c.leader_unreachable(10)
+    assert of(out, Event)[0].name == "quorum_leader_unreachable"
+    assert c.role is Role.FOLLOWER
+    # A voter that only lost its transport to the leader grants pre-votes at once.
+    resp, _ = c.handle_vote(VoteRequest(4, 3, 3, c._log.end_offset, pre_vote=True), 11)
+    assert resp.vote_granted
+    c.tick(10 + T // 2)
+    assert c.role is Role.PROSPECTIVE
+    # Told again later it changes nothing; a leader or a prospective ignores it.
+    assert c.leader_unreachable(10 + T) == []
+
+
+def test_an_unreachable_leader_is_forgotten_once_it_answers_again() -> None:
+    c = follower_of(2, 3, node=1)
+    c.leader_unreachable(10)
+    c.handle_begin_epoch(BeginQuorumEpochRequest(3, 2), 12)
+    assert c.role is Role.FOLLOWER
+    c.tick(12 + T // 2)
+    assert c.role is Role.FOLLOWER, "the leader spoke: the full fetch timeout applies again"
