@@ -460,9 +460,13 @@ class QuorumCore:
         me = self._settings.node_id
 
         def answer(granted: bool, error: str = "") -> tuple[VoteResponse, list[Effect]]:
-            resp = VoteResponse(
-                me, self._state.epoch, self._state.leader_id, granted, error, req.pre_vote
+            # Name a leader only while it leads or is followed: a resigned or prospective
+            # voter naming the epoch's old leader sends the asker to follow a node that does
+            # not lead (found by the simulation: the quorum never elected again).
+            leader = (
+                self._state.leader_id if self._role in (Role.LEADER, Role.FOLLOWER) else NO_LEADER
             )
+            resp = VoteResponse(me, self._state.epoch, leader, granted, error, req.pre_vote)
             return resp, self._done(effects)
 
         if req.candidate_id not in self._voters or req.candidate_id == me:
