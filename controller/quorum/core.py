@@ -101,13 +101,14 @@ def initial_state(loaded: QuorumState | None, log: RaftLogView) -> QuorumState:
 class _ReplicaState:
     """The leader's view of one voter."""
 
-    __slots__ = ("contact_ms", "end_offset", "last_caught_up_ms", "last_fetch_ms")
+    __slots__ = ("begin_sent_ms", "contact_ms", "end_offset", "last_caught_up_ms", "last_fetch_ms")
 
     def __init__(self, now_ms: int) -> None:
         self.end_offset = -1
         self.last_fetch_ms = _NEVER
         self.last_caught_up_ms = _NEVER
         self.contact_ms = now_ms  # check-quorum: the election counts as contact
+        self.begin_sent_ms = now_ms  # BeginQuorumEpoch, re-sent until the voter fetches
 
 
 class QuorumCore:
@@ -419,6 +420,31 @@ class QuorumCore:
                 self._become_prospective(effects, now_ms, "election_timeout")
         elif role is Role.LEADER:
             self._check_quorum(effects, now_ms)
+            if self._role is Role.LEADER:
+                self._resend_begin_epoch(effects, now_ms)
+        return self._done(effects)
+
+    def _resend_begin_epoch(self, effects: list[Effect], now_ms: int) -> None:
+        """Kafka's `maybeSendBeginQuorumEpochRequests`: a voter that has not fetched in this
+        epoch is told again every fetch timeout / 2. Its BeginQuorumEpoch may have been lost,
+        or it may sit in a higher epoch that nobody else heard of (a candidate whose every vote
+        request was lost); its answer then carries that epoch (`handle_epoch_reply`)."""
+        interval = max(1, self._settings.fetch_timeout_ms // 2)
+        begin = BeginQuorumEpochRequest(self._state.epoch, self._settings.node_id)
+        for voter, replica in self._replicas.items():
+            if replica.last_fetch_ms == _NEVER and now_ms - replica.begin_sent_ms >= interval:
+                replica.begin_sent_ms = now_ms
+                effects.append(SendBeginQuorumEpoch(voter, begin))
+
+    def handle_epoch_reply(self, voter_id: int, reply: EpochReply, now_ms: int) -> list[Effect]:
+        """A voter's answer to BeginQuorumEpoch or EndQuorumEpoch: a higher epoch than ours
+        moves this node to it (Raft's rule for every message), which also ends a leadership
+        that a voter in a later epoch could never follow."""
+        self._now = max(self._now, now_ms)
+        effects: list[Effect] = []
+        if voter_id in self._others and reply.leader_epoch > self._state.epoch:
+            leader = reply.leader_id if reply.leader_id in self._voters else NO_LEADER
+            self._adopt_epoch(effects, reply.leader_epoch, leader, now_ms)
         return self._done(effects)
 
     def leader_unreachable(self, now_ms: int) -> list[Effect]:

@@ -267,7 +267,12 @@ class QuorumShell:
                     leader_epoch=effect.request.leader_epoch,
                     leader_id=effect.request.leader_id,
                 )
-                self._send(effect.to, "BeginQuorumEpoch", begin, None)
+                self._send(
+                    effect.to,
+                    "BeginQuorumEpoch",
+                    begin,
+                    functools.partial(self._on_epoch_reply, effect.to),
+                )
             elif isinstance(effect, SendEndQuorumEpoch):
                 end = pb.EndQuorumEpochRequest(
                     header=self.header,
@@ -275,7 +280,12 @@ class QuorumShell:
                     leader_id=effect.request.leader_id,
                     preferred_successors=effect.request.preferred_successors,
                 )
-                self._send(effect.to, "EndQuorumEpoch", end, None)
+                self._send(
+                    effect.to,
+                    "EndQuorumEpoch",
+                    end,
+                    functools.partial(self._on_epoch_reply, effect.to),
+                )
             elif isinstance(effect, AppendLeaderChange):
                 await self._append_leader_change(effect)
             elif isinstance(effect, RoleChanged):
@@ -357,6 +367,15 @@ class QuorumShell:
             return
         async with self._lock:
             await self._apply(self.core.handle_vote_response(resp, now_ms()))
+
+    async def _on_epoch_reply(self, voter_id: int, response: Any) -> None:
+        try:
+            reply = qwire.epoch_reply_from_pb(response)
+        except qwire.QuorumWireError as err:
+            log.warning("quorum_bad_response", rpc="EpochReply", error=str(err))
+            return
+        async with self._lock:
+            await self._apply(self.core.handle_epoch_reply(voter_id, reply, now_ms()))
 
     def _warn(self, sender: int, error: str, detail: str) -> None:
         key = (sender, error)

@@ -29,6 +29,7 @@ from minibroker.controller.quorum.messages import (
     BeginQuorumEpochRequest,
     Effect,
     EndQuorumEpochRequest,
+    EpochReply,
     Event,
     FetchAction,
     FetchAnswer,
@@ -661,14 +662,19 @@ def test_snapshot_loaded_moves_the_hw_to_the_snapshot() -> None:
 # -- Check quorum, shutdown ---------------------------------------------------------------------
 
 
+def unprompted(effects: list[Effect]) -> list[Effect]:
+    return [e for e in effects if not isinstance(e, SendBeginQuorumEpoch)]
+
+
 def test_check_quorum_resigns_without_a_majority_of_fetches() -> None:
     c, _ = leader_with([], voters=(1, 2, 3, 4, 5))
     c.handle_fetch(FetchRequest(2, c.epoch, 1, c.epoch), F - 10)
     c.handle_fetch(FetchRequest(3, c.epoch, 1, c.epoch), F - 10)
-    assert c.tick(F - 1) == [] and c.is_leader  # the election counts as contact until F
-    assert c.tick(F) == [] and c.is_leader  # 1, 2, 3 within F
+    # (4 and 5 never fetch: they are told BeginQuorumEpoch again, nothing else happens)
+    assert unprompted(c.tick(F - 1)) == [] and c.is_leader  # the election counts until F
+    assert unprompted(c.tick(F)) == [] and c.is_leader  # 1, 2, 3 within F
     c.handle_fetch(FetchRequest(3, c.epoch, 1, c.epoch), F + 100)
-    assert c.tick(2 * F - 20) == [] and c.is_leader
+    assert unprompted(c.tick(2 * F - 20)) == [] and c.is_leader
     out = c.tick(2 * F)  # 2 has not fetched for F: only 1 and 3 left
     assert c.role is Role.RESIGNED and c.epoch == 1
     assert of(out, RoleChanged) == [RoleChanged(Role.RESIGNED, 1, 1, "check_quorum")]
@@ -905,3 +911,30 @@ def test_an_unreachable_leader_is_forgotten_once_it_answers_again() -> None:
     assert c.role is Role.FOLLOWER
     c.tick(12 + T // 2)
     assert c.role is Role.FOLLOWER, "the leader spoke: the full fetch timeout applies again"
+
+
+def test_the_leader_resends_begin_epoch_to_a_voter_that_never_fetched() -> None:
+    c = core(1)
+    elect(c)
+    for v in c._others:
+        if v != 3:
+            c.handle_fetch(
+                FetchRequest(v, c.epoch, c._log.end_offset, c._log.last_fetched_epoch()), 10
+            )
+    out = c.tick(F // 2)
+    assert [e.to for e in of(out, SendBeginQuorumEpoch)] == [3]
+    assert of(c.tick(F // 2 + 1), SendBeginQuorumEpoch) == []
+
+
+def test_an_epoch_reply_from_a_later_epoch_ends_the_leadership() -> None:
+    c = core(1)
+    elect(c)
+    epoch = c.epoch
+    out = c.handle_epoch_reply(3, EpochReply(epoch + 1, NO_LEADER, "FENCED_LEADER_EPOCH"), 5)
+    assert c.role is Role.UNATTACHED and c.epoch == epoch + 1
+    assert of(out, PersistState)[0].state.epoch == epoch + 1
+    # An older or equal epoch changes nothing.
+    d = core(1)
+    elect(d)
+    assert d.handle_epoch_reply(3, EpochReply(d.epoch, 1, ""), 5) == []
+    assert d.is_leader
