@@ -52,6 +52,7 @@ class ErrorCode(enum.IntEnum):
     OPERATION_NOT_ATTEMPTED = 55
     KAFKA_STORAGE_ERROR = 56
     UNKNOWN_PRODUCER_ID = 59
+    INCONSISTENT_VOTER_SET = 68
     FENCED_LEADER_EPOCH = 74
     UNKNOWN_LEADER_EPOCH = 75
     STALE_BROKER_EPOCH = 77
@@ -409,6 +410,12 @@ class InconsistentClusterIdError(MiniBrokerError):
     """The data dir belongs to another cluster."""
 
     code = ErrorCode.INCONSISTENT_CLUSTER_ID
+
+
+class InconsistentVoterSetError(MiniBrokerError):
+    """A controller's `controller.quorum.voters` differs from the quorum's (KIP-595)."""
+
+    code = ErrorCode.INCONSISTENT_VOTER_SET
 
 
 class IneligibleReplicaError(MiniBrokerError):
