@@ -121,6 +121,10 @@ class QuorumSimOptions:
     shutdown_rate: float = 0.015
     partition_rate: float = 0.02
     isolate_leader_rate: float = 0.02
+    # The chance that a newly elected leader is cut off (or crashed) right after its election,
+    # before its LeaderChange is replicated: chains of short epochs leave uncommitted tails of
+    # several epochs at the same offsets (Raft's figure 8).
+    chase_leader_rate: float = 0.15
     link_cut_rate: float = 0.02
     snapshot_rate: float = 0.05  # per node and nemesis step, when enough is applied
     snapshot_min_records: int = 10
@@ -142,7 +146,7 @@ class QuorumSimOptions:
             fetch_timeout_ms=2 * election,
             election_backoff_max_ms=rng.randint(election // 2, election),
             fetch_interval_ms=rng.randint(5, 30),
-            max_batch=rng.choice((1, 4, 16)),
+            max_batch=rng.choice((1, 1, 2, 4, 16)),
             drop_rate=rng.choice((0.0, rng.uniform(0.01, 0.15), rng.uniform(0.01, 0.15))),
             dup_rate=rng.choice((0.0, rng.uniform(0.01, 0.1))),
             delay_ms_max=rng.randint(2, 60),
@@ -151,6 +155,7 @@ class QuorumSimOptions:
             shutdown_rate=rate(base.shutdown_rate),
             partition_rate=rate(base.partition_rate),
             isolate_leader_rate=rate(base.isolate_leader_rate),
+            chase_leader_rate=rng.choice((0.0, rng.uniform(0.05, 0.5), rng.uniform(0.5, 0.9))),
             link_cut_rate=rate(base.link_cut_rate),
             snapshot_rate=rate(base.snapshot_rate),
             snapshot_min_records=rng.randint(3, 30),
@@ -261,6 +266,7 @@ class SimVoter:
                 if e.role is Role.LEADER:
                     self.contact = {v: sim.now_ms for v in sim.voter_ids if v != self.id}
                     sim.checker.on_leader(self, e.epoch)
+                    sim.on_elected(self)
                 else:
                     self.pending = {}
             elif isinstance(e, HighWatermark):
@@ -356,7 +362,11 @@ class SimVoter:
             self.contact[src] = sim.now_ms
         if decision.answer is FetchAnswer.RECORDS:
             log = self.log
-            assert log.start_offset <= req.fetch_offset <= log.end_offset, (req, log.end_offset)
+            if not log.start_offset <= req.fetch_offset <= log.end_offset:
+                sim.checker.fail(
+                    f"n{self.id} answers RECORDS to {req} outside its log "
+                    f"[{log.start_offset}, {log.end_offset})"
+                )
             i = req.fetch_offset - log.start_offset
             records = tuple(log.records[i : i + sim.opt.max_batch])
         sim.stats[f"fetch_{decision.answer.value}"] += 1
@@ -574,6 +584,12 @@ class QuorumChecker:
         # Records committed in an epoch <= this voter's are in its leader's log (leader
         # completeness), so a truncation it is told to do never cuts them. (A voter of an
         # older epoch may drop records committed later by a newer leader: a minority copy.)
+        log = node.log
+        if not log.start_offset <= offset <= log.end_offset:
+            self.fail(
+                f"n{node.id} told to truncate to {offset}, outside its log "
+                f"[{log.start_offset}, {log.end_offset}]"
+            )
         end = min(self.required_end(node.core.epoch), node.log.end_offset)
         if offset < end and node.log.prefix_at(end) == self.committed[end - 1]:
             self.fail(
@@ -681,6 +697,7 @@ class QuorumSim:
         self.proposed: dict[int, int] = {}  # proposal id -> last sent (ms)
         self.acked: dict[int, int] = {}  # proposal id -> offset
         self.proposing = True
+        self.watchers: list[tuple[Callable[[], bool], Callable[[], None]]] = []
 
     @property
     def now_ms(self) -> int:
@@ -808,18 +825,67 @@ class QuorumSim:
                 node.maybe_snapshot()
         self.at(50, self.nemesis_step)
 
-    def cut(self, side_a: list[int], side_b: list[int], why: str) -> None:
+    def on_elected(self, node: SimVoter) -> None:
+        if not self.faults or len(self.voter_ids) == 1:
+            return
+        rng = self.rng
+        if rng.random() >= self.opt.chase_leader_rate:
+            return
+        delay = rng.choice((0, rng.randint(1, 3 * self.opt.fetch_interval_ms)))
+        incarnation = node.incarnation
+
+        def chase() -> None:
+            if not self.faults or not node.running or node.incarnation != incarnation:
+                return
+            self.stats["leader_chased"] += 1
+            if rng.random() < 0.5:
+                others = [v for v in self.voter_ids if v != node.id]
+                self.cut([node.id], others, "new leader isolated")
+            else:
+                self.note(f"n{node.id} crashed just after its election")
+                node.stop()
+                self.at(
+                    rng.randint(0, 3 * self.opt.election_timeout_ms), lambda: self.restart(node)
+                )
+
+        self.at(delay, chase)
+
+    def cut(
+        self, side_a: list[int], side_b: list[int], why: str, heal_after: bool = True
+    ) -> Callable[[], None]:
+        """Cut every link between the two sides (both ways); healed after a random time, or
+        (`heal_after=False`, scripted scenarios) by calling the returned function."""
         pairs = [frozenset((a, b)) for a in side_a for b in side_b]
         dur = self.rng.randint(100, 4 * self.opt.fetch_timeout_ms)
         self.note(f"partition ({why}) {sorted(side_a)} | {sorted(side_b)} for {dur} ms")
         self.stats[f"partition_{why.replace(' ', '_')}"] += 1
         self.cuts.update(pairs)
+        healed = [False]
 
         def heal() -> None:
+            if healed[0]:
+                return
+            healed[0] = True
+            self.note(f"healed {sorted(side_a)} | {sorted(side_b)}")
             self.cuts.subtract(pairs)
             self.cuts = Counter({p: c for p, c in self.cuts.items() if c > 0})
 
-        self.at(dur, heal)
+        if heal_after:
+            self.at(dur, heal)
+        return heal
+
+    def when(self, predicate: Callable[[], bool], action: Callable[[], None]) -> None:
+        """Scripted scenarios: run `action` after the first event after which `predicate`
+        holds (checked after every event)."""
+        self.watchers.append((predicate, action))
+
+    def _after_event(self, _now: int) -> None:
+        self.checker.after_event()
+        if self.watchers:
+            for watcher in list(self.watchers):
+                if watcher in self.watchers and watcher[0]():
+                    self.watchers.remove(watcher)
+                    watcher[1]()
 
     def resume(self, node: SimVoter) -> None:
         if not node.up or not node.paused:
@@ -878,8 +944,7 @@ class QuorumSim:
             node.start()
         self.at(opt.propose_interval_ms, self.client_step)
         self.at(50, self.nemesis_step)
-        checker = self.checker
-        self.scheduler.run_until(opt.safety_ms, lambda _now: checker.after_event())
+        self.scheduler.run_until(opt.safety_ms, self._after_event)
         # Liveness: heal everything, stop proposing new values; the quorum must converge.
         self.note("-- liveness: every fault healed")
         self.faults = False
@@ -899,7 +964,7 @@ class QuorumSim:
             last_check[0] = now
             return not self.converged()
 
-        self.scheduler.run_until(deadline, lambda _now: checker.after_event(), stop)
+        self.scheduler.run_until(deadline, self._after_event, stop)
         why = self.converged()
         if why:
             raise SimViolation(f"liveness: not converged {opt.liveness_ms} ms after healing: {why}")
