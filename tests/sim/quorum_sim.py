@@ -142,6 +142,7 @@ class QuorumSimOptions:
         return replace(
             base,
             voters=rng.choice((1, 3, 3, 3, 5, 5)),
+            safety_ms=rng.randint(4_000, 10_000),
             election_timeout_ms=election,
             fetch_timeout_ms=2 * election,
             election_backoff_max_ms=rng.randint(election // 2, election),
