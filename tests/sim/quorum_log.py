@@ -137,6 +137,13 @@ class MemRaftLog:
         self._start, self._snap_epoch, self.snapshot = snap.offset, snap.epoch, snap
         self._epochs = []
 
+    def epoch_start(self, epoch: int) -> int:
+        """The offset of the first record of `epoch` held (a leader's LeaderChange), or -1."""
+        for e, start in self._epochs:
+            if e == epoch:
+                return start
+        return -1
+
     def _rebuild_epochs(self) -> None:
         self._epochs = []
         for i, (e, _) in enumerate(self.records):

@@ -196,6 +196,7 @@ class SimVoter:
         self.fetch_ids = 0
         self.pending: dict[int, int] = {}  # leader: offset -> proposal id awaiting the HW
         self.contact: dict[int, int] = {}  # leader: voter -> last fetch handled (the sim's view)
+        self.wiped = False  # lost its disk and does not hold the committed prefix again yet
 
     @property
     def running(self) -> bool:
@@ -466,7 +467,7 @@ class SimVoter:
 
     def propose(self, pid: int) -> None:
         core = self.core
-        if not core.is_leader or core.epoch_start_offset < 0:
+        if not core.is_leader:
             return
         offset = self.log.append(core.epoch, ("value", pid))
         self.sim.checker.on_append(self, offset)
@@ -538,6 +539,14 @@ class QuorumChecker:
                 f"n{node.id} granted its vote to {req.candidate_id} in epoch {req.candidate_epoch} "
                 f"without persisting it (persisted: {state})"
             )
+
+    def forget_votes(self, node: SimVoter) -> None:
+        """A voter that lost its disk lost its votes too: voting again in an epoch it voted in
+        is the disk loss, not the protocol (what must hold is that it never helps elect a
+        leader missing committed records: leader completeness)."""
+        for table in (self.votes, self.persisted_votes):
+            for key in [k for k in table if k[0] == node.id]:
+                del table[key]
 
     def on_leader(self, node: SimVoter, epoch: int) -> None:
         prev = self.leaders.setdefault(epoch, node.id)
@@ -629,6 +638,9 @@ class QuorumChecker:
             log = node.log
             if log.prefix_at(committed_end) == committed_pid:
                 holding += 1
+                node.wiped = False
+            elif node.wiped:
+                holding += 1  # the disk-loss budget: its copy is gone, not lost by the protocol
             core = node.core
             if core is None:
                 continue
@@ -900,6 +912,17 @@ class QuorumSim:
                 deliver(node)
                 self.checker.after_event()
 
+    def wipe(self, node: SimVoter) -> None:
+        """The voter loses its disk: it restarts with an empty log and no quorum-state file."""
+        self.note(f"n{node.id} lost its disk")
+        self.stats["wipes"] += 1
+        node.stop()
+        node.log = MemRaftLog(self.prefixes)
+        node.persisted = None
+        node.wiped = True
+        self.checker.forget_votes(node)
+        node.start()
+
     def restart(self, node: SimVoter) -> None:
         if node.up:
             return
@@ -915,7 +938,7 @@ class QuorumSim:
             return f"{len(leaders)} leaders"
         leader = leaders[0]
         core = leader.core
-        if core.high_watermark <= core.epoch_start_offset:
+        if core.high_watermark <= leader.log.epoch_start(core.epoch):
             return "the leader's LeaderChange is not committed"
         end = leader.log.end_offset
         pid = leader.log.prefix_at(end)

@@ -135,7 +135,7 @@ def test_figure_8_an_old_tail_is_not_committed_by_counting_replicas(seed: int) -
         def cut_m_then_let_l_back() -> None:
             (m,) = [n for n in sim.leaders_now() if n.core.epoch > seen["e"]]
             f = next(v for v in others if v != m.id)
-            seen["M"], seen["F"], seen["k"] = m.id, f, m.core.epoch_start_offset
+            seen["M"], seen["F"], seen["k"] = m.id, f, m.log.epoch_start(m.core.epoch)
             heal_m = sim.cut([m.id], [f], "M", heal_after=False)
             heal_l[f]()
             l_node, f_node = sim.voters[seen["L"]], sim.voters[f]
@@ -178,3 +178,28 @@ def test_figure_8_an_old_tail_is_not_committed_by_counting_replicas(seed: int) -
         )
     # The scenario played out as scripted (else it tests nothing).
     assert "m_won" in seen, (seen, sim.trace[-30:])
+
+
+@pytest.mark.sim
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding F3 (/work/spec/sim-findings.md): the wiped-voter rule lets a voter that lost "
+    "its disk elect a candidate that never had the committed records",
+)
+def test_a_voter_that_lost_its_disk_never_helps_elect_a_leader_missing_committed_records() -> None:
+    """Issue 13: a voter with an empty data dir where it had data before must not help elect a
+    leader missing committed records. C is cut off from the start (its log stays empty); A and
+    B elect a leader and commit values. B loses its disk (empty log, no quorum-state file) and
+    restarts while A is cut off and C is reachable again: B and C are a majority of empty logs."""
+    sim = QuorumSim(3, QUIET)
+    a, b, c = sim.voter_ids
+    heal_c = {v: sim.cut([c], [v], "C", heal_after=False) for v in (a, b)}
+
+    def wipe_b() -> None:
+        assert sim.checker.committed, "nothing committed before the wipe"
+        sim.cut([a], [b, c], "A", heal_after=False)
+        heal_c[b]()
+        sim.wipe(sim.voters[b])
+
+    sim.at(1_500, wipe_b)
+    sim.run()
