@@ -177,7 +177,10 @@ def test_figure_8_an_old_tail_is_not_committed_by_counting_replicas(seed: int) -
             f"seed {seed}: {err}\nlast events:\n" + "\n".join(sim.trace[-30:]), pytrace=False
         )
     # The scenario played out as scripted (else it tests nothing).
-    assert "m_won" in seen, (seen, sim.trace[-30:])
+    assert "m_won" in seen, (
+        f"the scenario did not play out as scripted (reached: {seen}); last events:\n"
+        + "\n".join(sim.trace[-30:])
+    )
 
 
 @pytest.mark.sim
