@@ -9,7 +9,7 @@ EXTRAS  ?= dev,spark
 PYTEST_ARGS ?=
 SEEDS   ?= 200
 
-.PHONY: install test test-unit test-integration lint mypy proto proto-check bench sim demo clean
+.PHONY: install test test-unit test-integration lint mypy proto proto-check bench sim sim-quorum demo clean
 
 install: $(STAMP)
 
@@ -30,8 +30,13 @@ test-unit: install
 test-integration: install
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
+# Every seeded simulation under tests/sim runs SEEDS seeds: the replication one and the controller
+# quorum's (tests/sim/test_quorum_sim.py; 300 seeds when SEEDS is unset, as in `make test`).
 sim: install
 	MINIBROKER_SIM_SEEDS=$(SEEDS) $(BIN)/python -m pytest tests/sim -q $(PYTEST_ARGS)
+
+sim-quorum: install
+	MINIBROKER_QUORUM_SIM_SEEDS=$(SEEDS) $(BIN)/python -m pytest tests/sim/test_quorum_sim.py -q $(PYTEST_ARGS)
 
 lint: install proto-check
 	$(BIN)/ruff check .
