@@ -49,6 +49,7 @@ from minibroker.controller.quorum.messages import (
     AppendLeaderChange,
     BeginQuorumEpochRequest,
     EndQuorumEpochRequest,
+    EpochReply,
     Event,
     FetchAction,
     FetchAnswer,
@@ -317,17 +318,25 @@ class SimVoter:
         self, to: int, req: BeginQuorumEpochRequest | EndQuorumEpochRequest
     ) -> None:
         sim = self.sim
+        inc = self.incarnation
 
         def deliver(voter: SimVoter) -> None:
             if isinstance(req, BeginQuorumEpochRequest):
-                _, effects = voter.core.handle_begin_epoch(req, sim.now_ms)
+                reply, effects = voter.core.handle_begin_epoch(req, sim.now_ms)
             else:
-                _, effects = voter.core.handle_end_epoch(req, sim.now_ms)
+                reply, effects = voter.core.handle_end_epoch(req, sim.now_ms)
             voter.apply(effects)
             voter.maybe_fetch()
-            # The reply (EpochReply) has no core input: the core learns epochs from the others.
+            sim.send(voter.id, self.id, lambda me: me.on_epoch_reply(voter.id, reply, inc))
 
         sim.send(self.id, to, deliver)
+
+    def on_epoch_reply(self, voter_id: int, reply: EpochReply, inc: int) -> None:
+        """The shell hands a Begin/EndQuorumEpoch answer to the core (a later epoch moves the
+        asker there: the simulation's F2)."""
+        if inc != self.incarnation:
+            return
+        self.apply(self.core.handle_epoch_reply(voter_id, reply, self.sim.now_ms))
 
     # -- Fetch -------------------------------------------------------------------------------
 
@@ -346,6 +355,11 @@ class SimVoter:
             and sim.now_ms - self.outstanding_sent < sim.opt.fetch_interval_ms
         ):
             return
+        if not sim.voters[target].up and sim.linked(self.id, target):
+            # A crashed process's port refuses at once (the shell sees UNAVAILABLE); a partition
+            # or a pause is silence and waits out the fetch timeout.
+            sim.stats["leader_unreachable"] += 1
+            self.apply(self.core.leader_unreachable(sim.now_ms))
         self.fetch_ids += 1
         fetch_id = self.outstanding = self.fetch_ids
         self.outstanding_sent = sim.now_ms

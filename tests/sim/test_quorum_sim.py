@@ -85,6 +85,8 @@ def test_the_faults_and_paths_are_exercised() -> None:
         "role_resigned",
         "quorum_election_won",
         "end_epoch_sent",
+        "leader_unreachable",
+        "quorum_leader_unreachable",
         "acked",
     ):
         assert total[key] > 0, f"no {key} in 60 seeds: {dict(total)}"
