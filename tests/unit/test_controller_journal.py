@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-from minibroker.controller.journal import DataDir, JournalError, MetadataJournal
+from minibroker.controller.journal import DataDir, JournalError
 from minibroker.metadata.image import MetadataImage
 from minibroker.metadata.records import (
     LogEntry,
@@ -17,6 +17,7 @@ from minibroker.metadata.records import (
     RegisterBrokerRecord,
     TopicRecord,
 )
+from tests.unit.legacy_journal import MetadataJournal
 
 
 def command(offset: int, n: int = 2) -> list[LogEntry]:

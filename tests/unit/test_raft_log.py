@@ -13,11 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minibroker.controller.journal import JournalError, MetadataJournal, _read_frame_spans
+from minibroker.controller.journal import JournalError, _read_frame_spans
 from minibroker.controller.quorum import raft_log as raft_log_module
 from minibroker.controller.quorum.messages import OffsetAndEpoch
 from minibroker.controller.quorum.raft_log import RaftBatch, RaftLog
 from minibroker.metadata.records import LeaderChangeRecord, LogEntry, NoOpRecord, TopicRecord
+from tests.unit.legacy_journal import MetadataJournal
 
 
 def batch(epoch: int, base: int, n: int = 2, tag: int = 0) -> RaftBatch:
