@@ -201,6 +201,24 @@ def test_a_diverging_epoch_with_a_negative_end_offset_is_refused() -> None:
         wire.fetch_response_from_pb(response)
 
 
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("diverging_epoch", pb.EpochEndOffset(epoch=6, end_offset=3)),
+        ("snapshot_id", pb.SnapshotId(end_offset=3, epoch=6)),
+    ],
+)
+def test_a_diverging_or_snapshot_epoch_above_the_leaders_is_refused(
+    field: str, value: object
+) -> None:
+    with pytest.raises(QuorumWireError, match="above the leader epoch 5"):
+        wire.fetch_response_from_pb(_response(leader_epoch=5, **{field: value}))
+    at_leader = type(value)()  # type: ignore[operator]
+    at_leader.CopyFrom(value)
+    at_leader.epoch = 5
+    assert wire.fetch_response_from_pb(_response(leader_epoch=5, **{field: at_leader}))
+
+
 def test_a_snapshot_id_with_a_negative_epoch_is_refused() -> None:
     response = _response(snapshot_id=pb.SnapshotId(end_offset=5, epoch=-1))
     with pytest.raises(QuorumWireError, match="snapshot epoch"):
@@ -242,6 +260,16 @@ def test_vote_requests_with_out_of_range_numbers_are_refused(field: str, value: 
         wire.vote_request_from_pb(_vote(**{field: value}))
 
 
+@pytest.mark.parametrize("last_offset_epoch", [4, 5, 2**31 - 1])
+def test_a_vote_request_claiming_a_log_epoch_at_or_above_its_candidate_epoch_is_refused(
+    last_offset_epoch: int,
+) -> None:
+    # Such a log would win every vote by the up-to-date rule; no candidate can hold one.
+    with pytest.raises(QuorumWireError, match="not below the candidate epoch"):
+        wire.vote_request_from_pb(_vote(candidate_epoch=4, last_offset_epoch=last_offset_epoch))
+    assert wire.vote_request_from_pb(_vote(candidate_epoch=4, last_offset_epoch=3))
+
+
 def _fetch(**kw: object) -> pb.QuorumFetchRequest:
     fields: dict[str, object] = {
         "header": HEADER,
@@ -273,6 +301,12 @@ def test_a_fetch_request_decodes() -> None:
 def test_fetch_requests_with_out_of_range_numbers_are_refused(field: str, value: int) -> None:
     with pytest.raises(QuorumWireError, match="out of range"):
         wire.fetch_request_from_pb(_fetch(**{field: value}))
+
+
+def test_a_fetch_request_whose_last_fetched_epoch_passes_its_leader_epoch_is_refused() -> None:
+    with pytest.raises(QuorumWireError, match="above the current leader epoch"):
+        wire.fetch_request_from_pb(_fetch(current_leader_epoch=4, last_fetched_epoch=5))
+    assert wire.fetch_request_from_pb(_fetch(current_leader_epoch=4, last_fetched_epoch=4))
 
 
 @pytest.mark.parametrize(
