@@ -6,6 +6,11 @@ epoch, offline replicas, the leader's high watermark and each replica's log end 
 (`?` when its broker did not answer). `--json` prints one JSON list of partitions:
 `{topic, partition, leader, leader_epoch, partition_epoch, replicas, isr, offline_replicas,
 high_watermark, log_end_offsets: {"<broker id>": leo or null}}`.
+
+With a controller quorum of more than one voter, the text output starts with one line naming
+the quorum (`Controller quorum: leader 1001 (epoch 3), voters 1000,1001,1002, high watermark
+N`), from QuorumService.DescribeQuorum on the controller the brokers' Metadata answer names (its
+leader when that voter only follows); skipped silently when no controller answers.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import json
 import sys
 from typing import Any
 
+import grpc
+
 from minibroker.client.cli.common import (
     add_bootstrap_argument,
     admin_of,
@@ -23,7 +30,11 @@ from minibroker.client.cli.common import (
     parse_config_pairs,
     run_async,
 )
-from minibroker.client.errors import TopicAlreadyExistsError
+from minibroker.client.errors import MiniBrokerError, TopicAlreadyExistsError
+from minibroker.proto import minibroker_pb2 as pb
+from minibroker.proto import minibroker_pb2_grpc as pb_grpc
+
+QUORUM_TIMEOUT_S = 2.0
 
 
 def register(sub: Any) -> None:
@@ -154,16 +165,52 @@ def describe_json(topics: list[Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _describe(args: argparse.Namespace) -> int:
-    async def main() -> list[Any]:
-        async with admin_of(args) as admin:
-            return await admin.describe_topics(None if args.name is None else [args.name])
+def format_quorum_header(quorum: pb.DescribeQuorumResponse | None) -> str | None:
+    """The quorum line above `describe`'s topics; None for no answer or a quorum of one."""
+    if quorum is None or len(quorum.voters) <= 1:
+        return None
+    leader = str(quorum.leader_id) if quorum.leader_id >= 0 else "none"
+    voters = _ids(sorted(v.voter_id for v in quorum.voters))
+    return (
+        f"Controller quorum: leader {leader} (epoch {quorum.leader_epoch}), voters {voters}, "
+        f"high watermark {quorum.high_watermark}"
+    )
 
-    topics = run_async(main())
+
+async def _describe_quorum(admin: Any) -> pb.DescribeQuorumResponse | None:
+    """DescribeQuorum of the controller the brokers named, or of the leader that one names
+    (a follower's high watermark may lag); None when nobody answers."""
+    address = admin.cluster.metadata.controller_address()
+    answer: pb.DescribeQuorumResponse | None = None
+    for _ in range(2):
+        if not address:
+            break
+        try:
+            stub = pb_grpc.QuorumServiceStub(admin.cluster.channel(address))
+            answer = await stub.DescribeQuorum(pb.DescribeQuorumRequest(), timeout=QUORUM_TIMEOUT_S)
+        except (grpc.RpcError, MiniBrokerError):
+            break
+        if answer.role == "leader" or answer.leader_address in ("", address):
+            break
+        address = answer.leader_address
+    return answer
+
+
+def _describe(args: argparse.Namespace) -> int:
+    async def main() -> tuple[list[Any], pb.DescribeQuorumResponse | None]:
+        async with admin_of(args) as admin:
+            described = await admin.describe_topics(None if args.name is None else [args.name])
+            quorum = None if args.json else await _describe_quorum(admin)
+            return described, quorum
+
+    topics, quorum = run_async(main())
     if args.json:
         json.dump(describe_json(topics), sys.stdout)
         sys.stdout.write("\n")
     else:
+        header = format_quorum_header(quorum)
+        if header is not None:
+            print(header)
         for line in format_describe(topics):
             print(line)
     return 0

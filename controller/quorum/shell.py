@@ -510,6 +510,7 @@ class QuorumShell:
             records = [record_from_pb(r) for r in response.records]
         except ValueError as err:
             log.warning("quorum_bad_snapshot", error=str(err))
+            await asyncio.sleep(TICK_S)  # not at once again: the leader would send the same
             return
         async with self._lock:
             if (

@@ -74,10 +74,19 @@ def vote_request_to_pb(req: VoteRequest, header: pb.QuorumHeader) -> pb.VoteRequ
 
 
 def vote_request_from_pb(msg: pb.VoteRequest) -> VoteRequest:
+    candidate_epoch = _epoch(msg.candidate_epoch, "candidate epoch")
+    last_offset_epoch = _epoch(msg.last_offset_epoch, "last offset epoch")
+    # A candidate's log holds epochs it has been in, all below the one it asks votes for; a
+    # higher claim would win any vote by Raft's up-to-date rule.
+    if last_offset_epoch >= candidate_epoch:
+        raise QuorumWireError(
+            f"last offset epoch {last_offset_epoch} is not below the candidate epoch "
+            f"{candidate_epoch}"
+        )
     return VoteRequest(
-        candidate_epoch=_epoch(msg.candidate_epoch, "candidate epoch"),
+        candidate_epoch=candidate_epoch,
         candidate_id=msg.candidate_id,
-        last_offset_epoch=_epoch(msg.last_offset_epoch, "last offset epoch"),
+        last_offset_epoch=last_offset_epoch,
         last_offset=_offset(msg.last_offset, "last offset"),
         pre_vote=msg.pre_vote,
     )
@@ -128,11 +137,17 @@ def epoch_reply_from_pb(msg: pb.BeginQuorumEpochResponse | pb.EndQuorumEpochResp
 
 
 def fetch_request_from_pb(msg: pb.QuorumFetchRequest) -> FetchRequest:
+    current = _epoch(msg.current_leader_epoch, "current leader epoch")
+    last_fetched = _epoch(msg.last_fetched_epoch, "last fetched epoch")
+    if last_fetched > current:
+        raise QuorumWireError(
+            f"last fetched epoch {last_fetched} is above the current leader epoch {current}"
+        )
     return FetchRequest(
         replica_id=msg.replica_id,
-        current_leader_epoch=_epoch(msg.current_leader_epoch, "current leader epoch"),
+        current_leader_epoch=current,
         fetch_offset=_offset(msg.fetch_offset, "fetch offset"),
-        last_fetched_epoch=_epoch(msg.last_fetched_epoch, "last fetched epoch"),
+        last_fetched_epoch=last_fetched,
     )
 
 
@@ -167,8 +182,8 @@ def fetch_response_from_pb(
     msg: pb.QuorumFetchResponse,
 ) -> tuple[FetchResponse, list[tuple[int, tuple[LogEntry, ...]]]]:
     """The core's summary and the decoded batches (epoch, entries). Batches must be non-empty,
-    hold consecutive offsets and follow one another; epochs never go down and never exceed the
-    leader's epoch."""
+    hold consecutive offsets and follow one another; epochs (of batches, of the diverging epoch
+    and of the snapshot id) never go down and never exceed the leader's epoch."""
     leader_epoch = _epoch(msg.leader_epoch, "leader epoch")
     batches: list[tuple[int, tuple[LogEntry, ...]]] = []
     expected: int | None = None
@@ -191,6 +206,9 @@ def fetch_response_from_pb(
         last_epoch = epoch
     div = msg.diverging_epoch
     snap = msg.snapshot_id
+    for what, epoch in (("diverging epoch", div.epoch), ("snapshot epoch", snap.epoch)):
+        if epoch > leader_epoch:
+            raise QuorumWireError(f"{what} {epoch} is above the leader epoch {leader_epoch}")
     summary = FetchResponse(
         leader_epoch=leader_epoch,
         leader_id=msg.leader_id,

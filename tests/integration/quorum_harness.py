@@ -12,10 +12,12 @@ import base64
 import contextlib
 import json
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -69,6 +71,8 @@ class Voter:
         self.proc: subprocess.Popen[bytes] | None = None
         self.runs = 0
         self.settings: dict[str, str] = {}
+        # --metrics-port 0 (any free port): read back from this run's controller_started event.
+        self.metrics = False
         self._channel: grpc.Channel | None = None
 
     @property
@@ -103,6 +107,8 @@ class Voter:
             "--log-format",
             "json",
         ]
+        if self.metrics:
+            args += ["--metrics-port", "0"]
         for key, value in settings.items():
             args += ["--set", f"{key}={value}"]
         with open(self.log_path, "wb") as log:
@@ -125,6 +131,11 @@ class Voter:
         rc = self.proc.wait(timeout_s)
         self.close_channel()
         return rc
+
+    def wipe(self) -> None:
+        """Delete this (stopped) voter's data dir: a voter that lost its disk."""
+        assert not self.running, "wipe a stopped voter"
+        shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def close_channel(self) -> None:
         if self._channel is not None:
@@ -161,14 +172,41 @@ class Voter:
     def output(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
 
+    def metrics_port(self) -> int:
+        """This run's Prometheus port (started with metrics on), once it has logged it."""
+        started = self.events("controller_started", self.runs)
+        return int(started[-1]["metrics_port"]) if started else -1
+
+    def scrape(self, timeout_s: float = 2.0) -> dict[str, float]:
+        """This run's /metrics as {name{labels}: value} (comments and blank lines dropped)."""
+        port = self.metrics_port()
+        assert port > 0, f"voter {self.node_id} has no metrics port yet"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as r:
+            text = r.read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
 
 class Quorum:
-    def __init__(self, root: pathlib.Path, size: int, settings: dict[str, str] | None = None):
+    def __init__(
+        self,
+        root: pathlib.Path,
+        size: int,
+        settings: dict[str, str] | None = None,
+        *,
+        metrics: bool = False,
+    ):
         self.root = root
         self.cluster_id = new_cluster_id()
         self.settings = dict(FAST, **(settings or {}))
         ports = free_ports(size)
         self.voters = [Voter(self, 1000 + i, ports[i]) for i in range(size)]
+        for voter in self.voters:
+            voter.metrics = metrics
         self.voters_text = ",".join(f"{v.node_id}@127.0.0.1:{v.port}" for v in self.voters)
 
     def voter(self, node_id: int) -> Voter:
@@ -278,9 +316,9 @@ class Quorum:
 
 @contextlib.contextmanager
 def running_quorum(
-    root: pathlib.Path, size: int, settings: dict[str, str] | None = None
+    root: pathlib.Path, size: int, settings: dict[str, str] | None = None, *, metrics: bool = False
 ) -> Iterator[Quorum]:
-    quorum = Quorum(root, size, settings)
+    quorum = Quorum(root, size, settings, metrics=metrics)
     try:
         quorum.start()
         yield quorum

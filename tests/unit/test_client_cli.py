@@ -10,6 +10,7 @@ import pathlib
 import re
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -213,6 +214,78 @@ def test_topics_describe_lines_follow_kafkas_layout() -> None:
         "OfflineReplicas: 3\tHighWatermark: 10\tLogEndOffsets: 1=10,2=10,3=?"
     )
     assert "\tLeader: none\t" in lines[2] and "HighWatermark: ?" in lines[2]
+
+
+def _quorum(role: str, leader: int, address: str, hw: int, n: int = 3) -> Any:
+    from minibroker.proto import minibroker_pb2 as pb
+
+    return pb.DescribeQuorumResponse(
+        role=role,
+        leader_id=leader,
+        leader_epoch=3,
+        leader_address=address,
+        high_watermark=hw,
+        voters=[pb.QuorumVoter(voter_id=1000 + i) for i in reversed(range(n))],
+    )
+
+
+def test_topics_describe_quorum_header() -> None:
+    header = topics.format_quorum_header(_quorum("leader", 1001, "h:2", 42))
+    assert header == (
+        "Controller quorum: leader 1001 (epoch 3), voters 1000,1001,1002, high watermark 42"
+    )
+    assert "leader none (epoch 3)" in str(
+        topics.format_quorum_header(_quorum("prospective", -1, "", 7))
+    )
+    # A quorum of one (or no answer) adds no line: the output stays Kafka's.
+    assert topics.format_quorum_header(_quorum("leader", 1000, "h:1", 5, n=1)) is None
+    assert topics.format_quorum_header(None) is None
+
+
+def test_topics_describe_asks_the_quorum_leader_and_skips_silently_on_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import grpc
+
+    answers: dict[str, Any] = {
+        "c1:1": _quorum("follower", 1001, "c2:2", 40),
+        "c2:2": _quorum("leader", 1001, "c2:2", 42),
+    }
+    asked: list[str] = []
+
+    class Stub:
+        def __init__(self, address: str) -> None:
+            self.address = address
+
+        async def DescribeQuorum(self, request: Any, timeout: float) -> Any:
+            asked.append(self.address)
+            answer = answers.get(self.address)
+            if answer is None:
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata()
+                )
+            return answer
+
+    class Admin:
+        def __init__(self, controller: str | None) -> None:
+            self.cluster = self
+            self.metadata = self
+            self.controller = controller
+
+        def controller_address(self) -> str | None:
+            return self.controller
+
+        def channel(self, address: str) -> str:
+            return address
+
+    monkeypatch.setattr(topics.pb_grpc, "QuorumServiceStub", Stub)
+    got = asyncio.run(topics._describe_quorum(Admin("c1:1")))
+    assert asked == ["c1:1", "c2:2"] and got.high_watermark == 42  # the leader's, not 40
+    asked.clear()
+    answers.pop("c2:2")  # the leader does not answer: the follower's view will do
+    assert asyncio.run(topics._describe_quorum(Admin("c1:1"))).high_watermark == 40
+    assert asyncio.run(topics._describe_quorum(Admin("gone:9"))) is None
+    assert asyncio.run(topics._describe_quorum(Admin(None))) is None
 
 
 def test_topics_describe_json_shape() -> None:
