@@ -42,7 +42,13 @@ from minibroker.controller.core.messages import Outcome
 from minibroker.controller.journal import _CLUSTER_ID, DataDir, JournalError, write_atomically
 from minibroker.controller.metrics import ControllerMetrics
 from minibroker.controller.quorum.messages import Event as QuorumEvent
-from minibroker.controller.quorum.messages import OffsetAndEpoch, Role, RoleChanged, VoterAddress
+from minibroker.controller.quorum.messages import (
+    OffsetAndEpoch,
+    QuorumState,
+    Role,
+    RoleChanged,
+    VoterAddress,
+)
 from minibroker.controller.quorum.raft_log import RaftLog
 from minibroker.controller.quorum.shell import LeaderHint, NotController, NotLeader, QuorumShell
 from minibroker.controller.service import ControllerServicer, QuorumServicer
@@ -354,6 +360,9 @@ class ControllerApp:
         self._since_snapshot = 0
         self.metrics.refresh(self.committed_image, self.committed_offset)
         self._wake_watchers()
+
+    def on_quorum_state(self, state: QuorumState) -> None:
+        self.metrics.quorum_state(state)
 
     def on_quorum_event(self, event: QuorumEvent) -> None:
         log.info(event.name, **event.fields)

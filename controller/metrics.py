@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from minibroker.controller.core.messages import Event
 from minibroker.controller.quorum.messages import Event as QuorumEvent
-from minibroker.controller.quorum.messages import Role, RoleChanged
+from minibroker.controller.quorum.messages import QuorumState, Role, RoleChanged
 from minibroker.metadata.image import MetadataImage
 
 KAFKA_CONTROLLER = "kafka_controller_KafkaController_"
@@ -114,9 +114,12 @@ class ControllerMetrics:
         self.high_watermark.set(high_watermark)
         self.log_end_offset.set(log_end_offset)
 
+    def quorum_state(self, state: QuorumState) -> None:
+        """The persisted quorum state: epoch and vote (Kafka's current-vote is -1 without)."""
+        self.current_epoch.set(state.epoch)
+        self.current_vote.set(state.voted_for)
+
     def quorum_event(self, event: QuorumEvent) -> None:
-        if "voted_for" in event.fields:
-            self.current_vote.set(int(str(event.fields["voted_for"])))
         if event.name == "quorum_resigned":
             self.resignations.labels(reason=str(event.fields.get("reason", ""))).inc()
 

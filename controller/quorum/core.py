@@ -181,6 +181,15 @@ class QuorumCore:
         return self._hw
 
     @property
+    def reported_high_watermark(self) -> int:
+        """The HW a leader tells its followers: -1 until the LeaderChange of its own epoch has
+        committed (before that its HW is what it knew as a follower, possibly a stale 0 after
+        a restart), as Kafka's leader does."""
+        if self._role is Role.LEADER and self._hw > self._epoch_start_offset >= 0:
+            return self._hw
+        return -1
+
+    @property
     def state(self) -> QuorumState:
         return self._state
 
@@ -634,7 +643,7 @@ class QuorumCore:
                 answer,
                 self._state.epoch,
                 self._state.leader_id,
-                self._hw,
+                self.reported_high_watermark,
                 log.start_offset,
                 **kw,  # type: ignore[arg-type]
             )
@@ -712,7 +721,10 @@ class QuorumCore:
             return ignore, effects
         if not self._leader_resigned:
             self._become_follower_now(now_ms, contact=True)
-        if self._state.catching_up_to == CATCH_UP_UNKNOWN:
+        if self._state.catching_up_to == CATCH_UP_UNKNOWN and resp.high_watermark >= 0:
+            # Only a leader whose own epoch has committed knows the HW (-1 before): a target
+            # taken earlier could be the new leader's stale 0 and let a wiped voter count as
+            # caught up with an empty log (found by the process tests).
             self._set_catching_up(effects, resp.high_watermark)
             self._maybe_caught_up(effects)
         if resp.diverging is not None:

@@ -114,6 +114,8 @@ class QuorumListener(Protocol):
 
     def on_quorum_event(self, event: Event) -> None: ...
 
+    def on_quorum_state(self, state: QuorumState) -> None: ...
+
 
 class QuorumShell:
     def __init__(
@@ -253,6 +255,7 @@ class QuorumShell:
         for effect in effects:
             if isinstance(effect, PersistState):
                 await asyncio.to_thread(write_quorum_state, self.log.path, effect.state)
+                self.listener.on_quorum_state(effect.state)
             elif isinstance(effect, SendVote):
                 req = qwire.vote_request_to_pb(effect.request, self.header)
                 self._send(
@@ -634,7 +637,7 @@ class QuorumShell:
             deadline = time.monotonic() + wait_s
             while (
                 self.log.end_offset <= req.fetch_offset
-                and self.core.high_watermark <= decision.high_watermark
+                and self.core.reported_high_watermark <= decision.high_watermark
                 and self.core.role == Role.LEADER
                 and self.core.epoch == decision.leader_epoch
                 and not self.stopping
@@ -662,7 +665,7 @@ class QuorumShell:
                     max_bytes = request.max_bytes if request.max_bytes > 0 else FETCH_MAX_BYTES
                     for batch in self.log.read(req.fetch_offset, min(max_bytes, FETCH_MAX_BYTES)):
                         batches.append((batch.epoch, batch.entries))
-                hw = core.high_watermark
+                hw = core.reported_high_watermark
             return qwire.fetch_response_to_pb(replace(decision, high_watermark=hw), batches)
         return qwire.fetch_response_to_pb(decision, [])
 

@@ -120,12 +120,9 @@ def test_a_wiped_voter_cannot_elect_a_leader_missing_committed_changes(
             lambda: b.events("quorum_catching_up", b.runs), 20, "B catching up to a leader's HW"
         )
         wait_until(lambda: b.events("quorum_caught_up", b.runs), 20, "B caught up")
-        # Not asserted: target > 0. When B's first fetch reaches A before A's LeaderChange is
-        # committed, A answers its old high watermark (0 after a restart) and B is "caught up"
-        # at once with an empty log: a core bug (QuorumCore.handle_fetch_response takes the
-        # target from a leader whose HW is not established in its epoch), reported, not fixed
-        # here; it showed up in about one run of three.
-        assert catching[0]["target"] >= 0
+        # A leader reports no HW (-1) until its LeaderChange commits, so B's target is never
+        # a restarted leader's stale 0: it is past every acknowledged change.
+        assert catching[0]["target"] > 0
         # Caught up, B votes normally again: stop A and B + C elect a leader with everything.
         epoch = quorum.epoch()
         target = _hw(quorum, a)

@@ -938,3 +938,23 @@ def test_an_epoch_reply_from_a_later_epoch_ends_the_leadership() -> None:
     elect(d)
     assert d.handle_epoch_reply(3, EpochReply(d.epoch, 1, ""), 5) == []
     assert d.is_leader
+
+
+def test_a_leader_reports_no_high_watermark_until_its_own_epoch_commits() -> None:
+    c, _log = leader_with([1, 1, 1, 1, 1])  # five records of epoch 1, LeaderChange at 5
+    d, _ = c.handle_fetch(FetchRequest(2, c.epoch, 0, 0), 1)
+    assert d.high_watermark == -1 and c.reported_high_watermark == -1
+    # Voter 3 holds everything: a majority has the LeaderChange, the HW is known.
+    c.handle_fetch(FetchRequest(3, c.epoch, 6, c.epoch), 2)
+    d, _ = c.handle_fetch(FetchRequest(2, c.epoch, 0, 0), 3)
+    assert d.high_watermark == 6 == c.reported_high_watermark
+
+
+def test_a_wiped_follower_takes_no_catch_up_target_from_an_unknown_high_watermark() -> None:
+    c = core(2, state=initial_state(None, MemLog()), log=MemLog())
+    c.handle_begin_epoch(BeginQuorumEpochRequest(3, 1), 0)
+    assert c.state.catching_up_to == CATCH_UP_UNKNOWN
+    c.handle_fetch_response(FetchResponse(3, 1, -1, 0), 1)
+    assert c.state.catching_up_to == CATCH_UP_UNKNOWN, "-1 is no target"
+    c.handle_fetch_response(FetchResponse(3, 1, 6, 0), 2)
+    assert c.state.catching_up_to == 6
