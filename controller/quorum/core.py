@@ -769,6 +769,18 @@ class QuorumCore:
         hw = min(leader_high_watermark, self._log.end_offset)
         if hw > self._hw:
             self._set_hw(effects, hw)
+        if (
+            self._state.catching_up_to == CATCH_UP_UNKNOWN
+            and leader_high_watermark < 0
+            and self._log.last_fetched_epoch() == self._state.epoch
+        ):
+            # The leader's HW is not known yet (its LeaderChange has not committed), but this
+            # log now holds that LeaderChange, appended where the leader's log ended when it was
+            # elected: below it lies every record committed before this epoch, and nothing of
+            # this epoch is committed yet. Reaching it is as good as reaching a known HW.
+            before = self._log.end_offset_for_epoch(self._state.epoch - 1)
+            start = before.offset if before.offset >= 0 else self._log.start_offset
+            self._set_catching_up(effects, start + 1)
         self._maybe_caught_up(effects)
         return self._done(effects)
 

@@ -958,3 +958,19 @@ def test_a_wiped_follower_takes_no_catch_up_target_from_an_unknown_high_watermar
     assert c.state.catching_up_to == CATCH_UP_UNKNOWN, "-1 is no target"
     c.handle_fetch_response(FetchResponse(3, 1, 6, 0), 2)
     assert c.state.catching_up_to == 6
+
+
+def test_a_wiped_follower_that_holds_the_leaders_leader_change_is_caught_up() -> None:
+    # The leader's HW is unknown (its LeaderChange at offset 3 has not committed): the follower
+    # that has appended records 0..3 (3 being the LeaderChange of epoch 4) holds everything
+    # committed before epoch 4, and nothing of epoch 4 is committed yet.
+    log = MemLog()
+    c = core(2, state=initial_state(None, log), log=log)
+    c.handle_begin_epoch(BeginQuorumEpochRequest(4, 1), 0)
+    c.handle_fetch_response(FetchResponse(4, 1, -1, 0, has_records=True), 1)
+    log.epochs.extend([1, 1, 2])
+    c.follower_appended(-1, 2)
+    assert c.state.catching_up_to == CATCH_UP_UNKNOWN, "no record of epoch 4 yet"
+    log.epochs.append(4)
+    c.follower_appended(-1, 3)
+    assert c.state.catching_up_to == CAUGHT_UP
