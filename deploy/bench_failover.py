@@ -446,9 +446,12 @@ def broker_failover(args: argparse.Namespace, controllers: int) -> dict[str, Any
                 launcher.wait_for(lambda: len(partition().isr) == replicas, 60, "a full ISR")
                 time.sleep(0.3)  # steady state: acks flowing
                 leader = partition().leader
-                spec = state.find(str(leader))
+                # The launcher's saved layout: `act(..., "start", ...)` below records the
+                # restarted broker's new PID there, not in `state`.
+                spec = launcher.require_state(directory).find(str(leader))
                 t0 = time.monotonic()
-                launcher.signal_process(spec, sig)
+                if not launcher.signal_process(spec, sig):
+                    raise launcher.LauncherError(f"{spec.label} was not running to be killed")
                 elapsed = clock.first_ack_after(t0, 30)
                 times.append(elapsed * 1000)
                 _say(
