@@ -149,3 +149,44 @@ def test_e2e_consumer_process_error_reaches_the_caller(cluster: LocalCluster) ->
     )
     with pytest.raises(UnknownTopicOrPartitionError, match="no-such-topic"):
         _run(bench.bench_e2e(args, io.StringIO()))
+
+
+def _bench_args(*argv: str) -> argparse.Namespace:
+    from minibroker.deploy import bench_failover
+
+    parser = argparse.ArgumentParser()
+    bench_failover.register(parser.add_subparsers())
+    return parser.parse_args(list(argv))
+
+
+def test_controller_failover_one_round_reports_every_step(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`bench failover --target controller --rounds 1 --json` on its own 3-voter cluster: the
+    round names another leader in a later epoch, and every time it reports is after the signal
+    and in the order things must happen (measures nothing: no figure is compared with a goal)."""
+    args = _bench_args("failover", "--target", "controller", "--rounds", "1", "--json")
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out)
+    assert result["target"] == "controller" and result["controllers"] == 3, result
+    assert result["signal"] == "SIGKILL" and len(result["rounds"]) == 1, result
+    r = result["rounds"][0]
+    assert r["new_leader"] != r["killed"] and r["new_epoch"] > r["old_epoch"], r
+    assert r["elected_ms"] > 0 and r["accepted_ms"] > 0, r
+    assert r["activated_ms"] is not None and r["activated_ms"] <= r["accepted_ms"], r
+    assert r["topic_committed_ms"] is not None, r
+    assert result["summary"]["accepted"]["n"] == 1, result
+
+
+def test_metadata_bench_times_every_creation(capsys: pytest.CaptureFixture[str]) -> None:
+    args = _bench_args(
+        "metadata", "--controllers", "3", "--topics", "6", "--concurrency", "3", "--json"
+    )
+    assert args.func(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    (run,) = result["runs"]
+    assert run["controllers"] == 3
+    assert [(p["callers"], p["topics"]) for p in run["phases"]] == [(1, 6), (3, 6)], run
+    assert all(p["median_ms"] > 0 and p["topics_per_s"] > 0 for p in run["phases"]), run
+    assert run["commit_latency_avg_ms"] is not None, run

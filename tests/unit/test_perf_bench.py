@@ -259,3 +259,231 @@ def test_ack_times_prints_due_windows_and_keeps_only_successes() -> None:
     assert [str(f) for f in failures] == ["refused"]
     assert len(stats.latencies) == 3 and stats.bytes == 300
     assert all(latency >= 0 for latency in stats.latencies)
+
+
+# -- bench failover / bench metadata (deploy/bench_failover.py): the pure parts ------------------
+
+
+def _bench_parser() -> argparse.ArgumentParser:
+    from minibroker.deploy import bench_failover
+
+    parser = argparse.ArgumentParser()
+    bench_failover.register(parser.add_subparsers())
+    return parser
+
+
+def test_failover_parser_defaults_keep_the_broker_bench() -> None:
+    from minibroker.deploy import bench_failover
+
+    args = _bench_parser().parse_args(["failover"])
+    assert args.target == "broker" and args.rounds == 10 and args.controllers is None
+    assert not args.graceful and not args.json and args.settings == []
+    assert args.retry_backoff_ms == 100 and args.brokers == 3
+    assert bench_failover.controllers_for(args) == 1
+    old = _bench_parser().parse_args(["failover", "--kills", "4", "--controllers", "3"])
+    assert old.rounds == 4 and bench_failover.controllers_for(old) == 3
+
+
+def test_failover_parser_controller_target() -> None:
+    from minibroker.deploy import bench_failover
+
+    parser = _bench_parser()
+    args = parser.parse_args(
+        ["failover", "--target", "controller", "--rounds", "2", "--graceful", "--json"]
+    )
+    assert args.target == "controller" and args.rounds == 2 and args.graceful and args.json
+    assert bench_failover.controllers_for(args) == 3
+    args = parser.parse_args(["failover", "--target", "controller", "--controllers", "5"])
+    assert bench_failover.controllers_for(args) == 5
+    args = parser.parse_args(["failover", "--target", "controller", "--controllers", "1"])
+    with pytest.raises(ValueError, match="controllers 3 or 5"):
+        bench_failover.controllers_for(args)
+    args = parser.parse_args(["failover", "--rounds", "0"])
+    with pytest.raises(ValueError, match="--rounds"):
+        bench_failover.controllers_for(args)
+    for bad in (["--controllers", "2"], ["--target", "nobody"], ["--set", "novalue"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["failover", *bad])
+    args = parser.parse_args(
+        ["failover", "--set", "controller.quorum.fetch.timeout.ms = 1000", "--set", "a=b=c"]
+    )
+    assert args.settings == [("controller.quorum.fetch.timeout.ms", "1000"), ("a", "b=c")]
+
+
+def test_metadata_parser_and_alternating_runs() -> None:
+    from minibroker.deploy import bench_failover
+
+    parser = _bench_parser()
+    args = parser.parse_args(["metadata"])
+    assert args.controllers == (1, 3) and args.topics == 200 and args.concurrency == 8
+    assert args.runs == 1 and args.replication_factor == 3 and args.partitions == 1
+    args = parser.parse_args(["metadata", "--controllers", "3, 1,3", "--runs", "2"])
+    assert args.controllers == (3, 1)
+    assert bench_failover.alternate(args.controllers, args.runs) == [3, 1, 3, 1]
+    for bad in ("2", "1,x", ""):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["metadata", "--controllers", bad])
+
+
+def test_percentile_is_nearest_rank_and_summary_skips_unobserved() -> None:
+    from minibroker.deploy.bench_failover import percentile, summarize
+
+    values = [float(v) for v in range(1, 11)]  # 1 .. 10
+    assert percentile(values, 0.5) == 5.0
+    assert percentile(values, 0.99) == 10.0
+    assert percentile(values, 0.0) == 1.0
+    assert percentile(list(range(1, 101)), 0.99) == 99
+    with pytest.raises(ValueError):
+        percentile([], 0.5)
+    summary = summarize([3.0, None, 1.0, 2.0, 10.0])
+    assert summary is not None
+    assert (summary.n, summary.median, summary.minimum, summary.maximum) == (4, 2.5, 1.0, 10.0)
+    assert summary.p99 == 10.0
+    assert summary.fields() == {
+        "n": 4,
+        "median_ms": 2.5,
+        "min_ms": 1.0,
+        "max_ms": 10.0,
+        "p99_ms": 10.0,
+    }
+    assert summary.text() == "median 2 ms, min 1 ms, max 10 ms (n=4)"
+    assert summarize([None, None]) is None and summarize([]) is None
+
+
+def _answer(node: int, role: str, leader: int, epoch: int, **extra: Any) -> Any:
+    from minibroker.deploy.quorum import QuorumAnswer
+
+    return QuorumAnswer(node_id=node, role=role, leader_id=leader, leader_epoch=epoch, **extra)
+
+
+def test_new_leader_named_needs_another_voter_in_a_later_epoch() -> None:
+    from minibroker.deploy.bench_failover import new_leader_named
+
+    old, epoch = 1000, 4
+    # A follower still naming the killed leader, one that knows none, no answer at all.
+    assert new_leader_named([_answer(1001, "follower", old, 4), None], old, epoch) is None
+    assert new_leader_named([_answer(1001, "prospective", -1, 4)], old, epoch) is None
+    # A stale answer naming another voter in the old epoch does not count.
+    assert new_leader_named([_answer(1001, "follower", 1002, 4)], old, epoch) is None
+    answers = [_answer(1001, "follower", 1002, 5), _answer(1002, "leader", 1002, 6)]
+    assert new_leader_named(answers, old, epoch) == (1002, 6)
+
+
+def test_leader_of_and_follows() -> None:
+    from minibroker.deploy.bench_failover import follows, leader_of
+
+    leader = _answer(1001, "leader", 1001, 7, high_watermark=40, log_end_offset=41)
+    stale = _answer(1000, "leader", 1000, 6)
+    assert leader_of([stale, None, leader]) is leader
+    assert leader_of([_answer(1002, "follower", 1001, 7), None]) is None
+    caught_up = _answer(1000, "follower", 1001, 7, log_end_offset=40)
+    behind = _answer(1000, "follower", 1001, 7, log_end_offset=39)
+    old_epoch = _answer(1000, "follower", 1001, 6, log_end_offset=40)
+    assert follows(caught_up, leader)
+    assert not follows(behind, leader) and not follows(old_epoch, leader)
+    assert not follows(None, leader) and not follows(caught_up, None)
+    assert not follows(_answer(1000, "unattached", 1001, 7, log_end_offset=40), leader)
+
+
+def _log_line(at: str, event: str, **fields: Any) -> str:
+    return json.dumps({"event": event, "timestamp": at, "level": "info", **fields}) + "\n"
+
+
+def test_log_times_reads_the_new_leaders_events_after_the_signal() -> None:
+    import datetime
+
+    from minibroker.deploy.bench_failover import log_times
+
+    t0 = datetime.datetime(2025, 1, 2, 3, 4, 5, tzinfo=datetime.UTC).timestamp()
+    lines = [
+        _log_line("2025-01-02T03:04:04.000000Z", "controller_activated", epoch=1),  # before
+        _log_line("2025-01-02T03:04:04.500000Z", "broker_unfenced", broker=1),  # before
+        "Traceback (most recent call last):\n",
+        "{not json\n",
+        _log_line("2025-01-02T03:04:07.100000Z", "quorum_role_changed", role="leader"),
+        _log_line("2025-01-02T03:04:07.150000Z", "controller_activated", epoch=2),
+        _log_line("2025-01-02T03:04:07.200000Z", "topic_created", topic="other"),
+        _log_line("2025-01-02T03:04:07.250000Z", "isr_shrink", topic="t"),
+        _log_line("2025-01-02T03:04:07.300000Z", "topic_created", topic="mine"),
+        _log_line("2025-01-02T03:04:07.400000Z", "controller_activated", epoch=3),
+        _log_line("2025-01-02T03:04:09.000000Z", "broker_registered", broker=2),
+    ]
+    times = log_times(lines, t0, "mine")
+    assert times.activated_ms == pytest.approx(2150.0)
+    assert times.topic_created_ms == pytest.approx(2300.0)
+    assert times.broker_change_ms == pytest.approx(2250.0)
+    assert times.broker_change == "isr_shrink"
+    bounded = log_times(lines, t0, "nothing", until_wall_s=t0 + 2.2)
+    assert bounded.activated_ms == pytest.approx(2150.0)
+    assert bounded.topic_created_ms is None and bounded.broker_change_ms is None
+    assert bounded.broker_change == ""
+
+
+def test_metric_value_reads_an_unlabelled_sample() -> None:
+    from minibroker.deploy.bench_failover import COMMIT_LATENCY_METRIC, metric_value
+
+    text = (
+        f"# HELP {COMMIT_LATENCY_METRIC} ms from a leader's append to its commit\n"
+        f"# TYPE {COMMIT_LATENCY_METRIC} gauge\n"
+        f"{COMMIT_LATENCY_METRIC}_max 12.5\n"
+        f"{COMMIT_LATENCY_METRIC} 3.25\n"
+    )
+    assert metric_value(text, COMMIT_LATENCY_METRIC) == 3.25
+    assert metric_value(text, COMMIT_LATENCY_METRIC + "_max") == 12.5
+    assert metric_value(text, "absent") is None
+    assert metric_value(f"{COMMIT_LATENCY_METRIC} NaN-ish\n", COMMIT_LATENCY_METRIC) is None
+
+
+def test_metadata_phase_and_summary_take_medians_over_runs() -> None:
+    from minibroker.deploy.bench_failover import Phase, metadata_summary
+
+    phase = Phase(callers=2, elapsed_s=0.5, latencies_ms=[4.0, 2.0, 6.0, 8.0])
+    assert phase.fields() == {
+        "callers": 2,
+        "topics": 4,
+        "topics_per_s": 8.0,
+        "median_ms": 5.0,
+        "p99_ms": 8.0,
+        "max_ms": 8.0,
+    }
+    assert Phase(callers=1).fields() == {"callers": 1, "topics": 0, "topics_per_s": 0.0}
+
+    def run(size: int, rate: float, commit: float | None) -> dict[str, Any]:
+        row = {"callers": 1, "topics_per_s": rate, "median_ms": 1000 / rate, "p99_ms": 2.0}
+        return {"controllers": size, "phases": [row], "commit_latency_avg_ms": commit}
+
+    runs = [run(1, 100.0, 0.1), run(3, 50.0, 9.0), run(1, 200.0, None), run(3, 40.0, 7.0)]
+    runs.append(run(1, 300.0, 0.3))
+    summary = metadata_summary(runs)
+    assert summary == [
+        {
+            "controllers": 1,
+            "callers": 1,
+            "runs": 3,
+            "topics_per_s": 200.0,
+            "median_ms": 5.0,
+            "p99_ms": 2.0,
+        },
+        {"controllers": 1, "commit_latency_avg_ms": 0.2, "runs": 2},
+        {
+            "controllers": 3,
+            "callers": 1,
+            "runs": 2,
+            "topics_per_s": 45.0,
+            "median_ms": 22.5,
+            "p99_ms": 2.0,
+        },
+        {"controllers": 3, "commit_latency_avg_ms": 8.0, "runs": 2},
+    ]
+
+
+def test_failover_refuses_a_quorum_of_one_before_starting_anything(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = _bench_parser()
+    args = parser.parse_args(["failover", "--target", "controller", "--controllers", "1"])
+    assert args.func(args) == 1
+    assert "controllers 3 or 5" in capsys.readouterr().err
+    args = parser.parse_args(["metadata", "--topics", "0"])
+    assert args.func(args) == 1
+    assert "--topics" in capsys.readouterr().err
