@@ -434,8 +434,11 @@ class ControllerApp:
     async def submit(self, command: Callable[[ControllerCore, int], Outcome[R]]) -> R:
         """Run `command` on the active controller's core; returns its reply once its records
         (and every record before them) are committed by the quorum."""
-        if self.stopping or self.fatal is not None:
+        if self.fatal is not None:
             raise ControllerStopped("controller is stopping")
+        if self.stopping:
+            # Retriable for the caller: another voter takes over (EndQuorumEpoch was sent).
+            raise self.not_controller("this controller is stopping")
         await self._wait_active()
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         await self._queue.put((command, future))
