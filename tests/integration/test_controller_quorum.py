@@ -52,14 +52,15 @@ def test_three_voters_elect_one_active_controller_the_others_answer_not_controll
         )
 
 
-def test_sigkill_the_active_controller_ten_times_loses_no_acknowledged_change(
+def test_sigkill_the_active_controller_five_times_loses_no_acknowledged_change(
     tmp_path: pathlib.Path,
 ) -> None:
     with running_quorum(tmp_path, 3) as quorum:
         leader = quorum.wait_leader()
         acknowledged: set[int] = set()
         epochs = []
-        for round_ in range(10):
+        # Ten kills in a row, with brokers and an acks=all producer: test_quorum_cluster.py.
+        for round_ in range(5):
             quorum.register(round_ + 1)
             acknowledged.add(round_ + 1)
             epoch = quorum.views()[leader.node_id].leader_epoch
