@@ -188,8 +188,9 @@ def test_figure_8_an_old_tail_is_not_committed_by_counting_replicas(seed: int) -
 @pytest.mark.sim
 @pytest.mark.xfail(
     strict=True,
-    reason="finding F3 (/work/spec/sim-findings.md): the wiped-voter rule lets a voter that lost "
-    "its disk elect a candidate that never had the committed records",
+    reason="the wiped-voter rule cannot tell a voter that lost its disk from one that never had a "
+    "record, so with the third voter down the two elect a candidate without the committed "
+    "records (docs/design.md §6.1; closing it needs KIP-853 directory ids)",
 )
 def test_a_voter_that_lost_its_disk_never_helps_elect_a_leader_missing_committed_records() -> None:
     """Issue 13: a voter with an empty data dir where it had data before must not help elect a
