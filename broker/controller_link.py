@@ -549,6 +549,17 @@ class ControllerLink:
                 async for batch in call:
                     self.controller_reachable = True
                     attempt = 0
+                    if _goes_back(batch, self._metadata_offset()):
+                        # Never legitimate: an active controller has every committed record.
+                        # A quorum that lost committed metadata (voters' disks lost) would
+                        # otherwise make this broker delete every partition it hosts.
+                        log.error(
+                            "metadata_went_backwards",
+                            controller=target,
+                            snapshot_offset=batch.snapshot_offset,
+                            applied_offset=self._metadata_offset(),
+                        )
+                        break
                     if _starts_past(batch, self._metadata_offset()):
                         log.error(
                             "metadata_watch_gap",
@@ -657,6 +668,13 @@ class ControllerLink:
         for blocking in self._heartbeat_channels.values():
             blocking.close()
         self._heartbeat_channels.clear()
+
+
+def _goes_back(batch: pb.MetadataBatch, next_offset: int) -> bool:
+    """A snapshot older than what this broker has applied: the controller's log has lost
+    committed records, and applying it would roll the broker's metadata back (and delete the
+    replicas of every topic it no longer names)."""
+    return batch.is_snapshot and batch.snapshot_offset < next_offset
 
 
 def _starts_past(batch: pb.MetadataBatch, next_offset: int) -> bool:
