@@ -147,6 +147,7 @@ class ControllerApp:
         self._retained_start = 0
         self._since_snapshot = 0
         self._snapshotting = False
+        self._background: set[asyncio.Task[None]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
@@ -348,7 +349,9 @@ class ControllerApp:
             and not self._snapshotting
         ):
             self._snapshotting = True
-            asyncio.get_running_loop().create_task(self._snapshot())
+            task = asyncio.get_running_loop().create_task(self._snapshot())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     def on_snapshot_installed(
         self, records: Sequence[MetadataRecord], snapshot_id: OffsetAndEpoch
@@ -360,6 +363,9 @@ class ControllerApp:
         self._since_snapshot = 0
         self.metrics.refresh(self.committed_image, self.committed_offset)
         self._wake_watchers()
+
+    def on_quorum_failed(self, error: BaseException) -> None:
+        self._die(error)
 
     def on_quorum_state(self, state: QuorumState) -> None:
         self.metrics.quorum_state(state)
@@ -492,12 +498,12 @@ class ControllerApp:
                 try:
                     await self.quorum.append_as_leader(epoch, frames)
                 except NotLeader as err:
-                    # The core already applied these records: it must go, with them.
-                    self._deactivate(str(err))
-                    lost = self.not_controller(str(err))
-                    for future, _, _ in ran:
-                        if future is not None and not future.done():
-                            future.set_exception(lost)
+                    # The core already applied these records: it must go, with them. (A voter
+                    # that still leads then stays inactive until its next election: it resigns
+                    # on its own if nothing commits.)
+                    if self._core is core:
+                        self._deactivate(str(err))
+                    self._fail(ran, self.not_controller(str(err)))
                     continue
                 except BaseException as err:
                     self._die(err)
@@ -506,9 +512,20 @@ class ControllerApp:
                             future.set_exception(ControllerStopped("metadata log failed"))
                     return
             if self._core is not core:
-                continue  # deactivated while appending: the futures have been failed
+                # Deactivated while appending: these records may never commit.
+                self._fail(ran, self.not_controller("the leadership was lost"))
+                continue
             self._pending.append(_Pending(core.image.next_offset, time.monotonic(), ran))
             self._answer_committed()
+
+    @staticmethod
+    def _fail(
+        ran: list[tuple[asyncio.Future[Any] | None, Outcome[Any], BaseException | None]],
+        error: BaseException,
+    ) -> None:
+        for future, _, _ in ran:
+            if future is not None and not future.done():
+                future.set_exception(error)
 
     def _answer_committed(self) -> None:
         """Answer, in order, every command whose records are below the high watermark."""

@@ -671,6 +671,11 @@ class QuorumCore:
                 return decide(FetchAnswer.SNAPSHOT, snapshot_id=snapshot)
         if req.fetch_offset > 0 or start > 0:
             end = log.end_offset_for_epoch(req.last_fetched_epoch)
+            if end.epoch < 0:
+                # The follower's last epoch is older than anything this log holds (and there is
+                # no snapshot): its whole log diverges from the log start. Never answer (-1, -1),
+                # which reads as "no divergence" on the wire (found by review).
+                end = OffsetAndEpoch(start, 0)
             if end.epoch != req.last_fetched_epoch or end.offset < req.fetch_offset:
                 return decide(FetchAnswer.DIVERGING, diverging=end)
         replica.end_offset = req.fetch_offset

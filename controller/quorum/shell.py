@@ -116,6 +116,11 @@ class QuorumListener(Protocol):
 
     def on_quorum_state(self, state: QuorumState) -> None: ...
 
+    def on_quorum_failed(self, error: BaseException) -> None:
+        """A disk error or a bug in a background task: the voter must stop (the others
+        re-elect), not run on as a zombie that neither fetches nor leads."""
+        ...
+
 
 class QuorumShell:
     def __init__(
@@ -262,7 +267,9 @@ class QuorumShell:
                     effect.to,
                     "Vote",
                     req,
-                    functools.partial(self._on_vote_response, pre_vote=effect.request.pre_vote),
+                    functools.partial(
+                        self._on_vote_response, pre_vote=effect.request.pre_vote, to=effect.to
+                    ),
                 )
             elif isinstance(effect, SendBeginQuorumEpoch):
                 begin = pb.BeginQuorumEpochRequest(
@@ -325,8 +332,8 @@ class QuorumShell:
             return
         start = max(self.applied_offset, self.log.start_offset)
         entries = self.log.entries(start, high_watermark)
-        self.applied_offset = high_watermark
         self.listener.on_committed(entries, high_watermark)
+        self.applied_offset = high_watermark
         self._wake()
 
     # -- RPCs out --------------------------------------------------------------------------------
@@ -355,13 +362,23 @@ class QuorumShell:
                 self._warn(to, qwire.error_name(code), getattr(response, "error_message", ""))
                 return
             if on_response is not None:
-                await on_response(response)
+                try:
+                    await on_response(response)
+                except Exception as err:
+                    self._failed(method, err)
 
         task = asyncio.create_task(call(), name=f"quorum-{method}-{to}")
         self._sends.add(task)
         task.add_done_callback(self._sends.discard)
 
-    async def _on_vote_response(self, response: pb.VoteResponse, pre_vote: bool) -> None:
+    async def _on_vote_response(self, response: pb.VoteResponse, pre_vote: bool, to: int) -> None:
+        if response.voter_id != to:
+            log.warning(
+                "quorum_bad_response",
+                rpc="Vote",
+                error=f"voter {response.voter_id} answered for {to}",
+            )
+            return
         try:
             # The answer does not say whether it answers a pre-vote: the request does.
             resp = replace(qwire.vote_response_from_pb(response), pre_vote=pre_vote)
@@ -389,16 +406,29 @@ class QuorumShell:
 
     # -- timers ----------------------------------------------------------------------------------
 
+    def _failed(self, what: str, err: BaseException) -> None:
+        log.error("quorum_task_failed", task=what, error=repr(err), exc_info=err)
+        self.listener.on_quorum_failed(err)
+
     async def _tick_loop(self) -> None:
         interval = min(TICK_S, self.settings.election_timeout_ms / 10_000)
-        while True:
-            await asyncio.sleep(interval)
-            async with self._lock:
-                await self._apply(self.core.tick(now_ms()))
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                async with self._lock:
+                    await self._apply(self.core.tick(now_ms()))
+        except Exception as err:
+            self._failed("ticks", err)
 
     # -- the follower's fetch loop ---------------------------------------------------------------
 
     async def _fetch_loop(self) -> None:
+        try:
+            await self._fetch_forever()
+        except Exception as err:
+            self._failed("fetch", err)
+
+    async def _fetch_forever(self) -> None:
         while True:
             core = self.core
             target = core.fetch_target
@@ -453,6 +483,7 @@ class QuorumShell:
         stub: pb_grpc.QuorumServiceStub,
     ) -> None:
         snapshot_id: OffsetAndEpoch | None = None
+        back_off = False
         async with self._lock:
             decision, effects = self.core.handle_fetch_response(summary, now_ms())
             await self._apply(effects)
@@ -471,20 +502,30 @@ class QuorumShell:
                     self._wake()
                 await self._apply(self.core.follower_appended(summary.high_watermark, now_ms()))
             elif decision.action == FetchAction.TRUNCATE:
-                target = max(decision.offset, self.applied_offset)
-                if target < self.log.end_offset:
-                    log.info(
-                        "quorum_log_truncated",
-                        from_offset=self.log.end_offset,
-                        to_offset=target,
+                if decision.offset < self.applied_offset:
+                    # Told to cut below what is committed here: never done. Say so and back off
+                    # instead of asking again at once.
+                    log.error(
+                        "quorum_truncation_below_committed",
+                        asked=decision.offset,
+                        applied_offset=self.applied_offset,
                         leader=summary.leader_id,
                         epoch=summary.leader_epoch,
                     )
-                    await asyncio.to_thread(self.log.truncate_to, target)
+                    back_off = True
+                elif decision.offset < self.log.end_offset:
+                    log.info(
+                        "quorum_log_truncated",
+                        from_offset=self.log.end_offset,
+                        to_offset=decision.offset,
+                        leader=summary.leader_id,
+                        epoch=summary.leader_epoch,
+                    )
+                    await asyncio.to_thread(self.log.truncate_to, decision.offset)
                 await self._apply(self.core.truncated(now_ms()))
             elif decision.action == FetchAction.FETCH_SNAPSHOT:
                 snapshot_id = decision.snapshot_id
-        if decision.action == FetchAction.IGNORE:
+        if decision.action == FetchAction.IGNORE or back_off:
             await asyncio.sleep(TICK_S)
         if snapshot_id is not None:
             await self._fetch_snapshot(stub, snapshot_id)
@@ -516,11 +557,22 @@ class QuorumShell:
             await asyncio.sleep(TICK_S)  # not at once again: the leader would send the same
             return
         async with self._lock:
-            if (
+            held = (
                 self.log.end_offset >= snapshot_id.offset
+                and self.log.start_offset < snapshot_id.offset
+                and self.log.epoch_of(snapshot_id.offset - 1) == snapshot_id.epoch
+            )
+            if (
+                snapshot_id.offset <= self.applied_offset
+                or held
                 or self.core.epoch != request.current_leader_epoch
             ):
-                return  # caught up some other way meanwhile, or the leader changed
+                # Committed that far already, the log holds the snapshot's last record, or the
+                # leader changed. A log that merely reaches past the snapshot offset with a
+                # divergent tail is replaced: install_snapshot drops that tail (found by review:
+                # skipping it made the leader answer SNAPSHOT forever).
+                await asyncio.sleep(TICK_S)
+                return
             await asyncio.to_thread(self.log.install_snapshot, records, snapshot_id)
             self.applied_offset = snapshot_id.offset
             self.listener.on_snapshot_installed(records, snapshot_id)
@@ -659,6 +711,20 @@ class QuorumShell:
                         leader_id=core.leader_id,
                         high_watermark=-1,
                         log_start_offset=self.log.start_offset,
+                    )
+                start = self.log.start_offset
+                if req.fetch_offset < start:
+                    # A snapshot was taken past this follower during the poll.
+                    snapshot = OffsetAndEpoch(start, self.log.epoch_of(start - 1))
+                    return qwire.fetch_response_to_pb(
+                        replace(
+                            decision,
+                            answer=FetchAnswer.SNAPSHOT,
+                            snapshot_id=snapshot,
+                            log_start_offset=start,
+                            high_watermark=core.reported_high_watermark,
+                        ),
+                        [],
                     )
                 batches: list[tuple[int, Sequence[LogEntry]]] = []
                 if req.fetch_offset < self.log.end_offset:

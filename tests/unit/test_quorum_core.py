@@ -535,7 +535,7 @@ def test_fetch_below_the_log_start_answers_the_snapshot() -> None:
         ([1, 1, 1, 3, 3], 5, 2, OffsetAndEpoch(3, 1)),  # epoch 2 never existed here
         ([1, 1, 1, 3, 3], 4, 1, OffsetAndEpoch(3, 1)),  # epoch 1 ended at 3
         ([1, 1, 1, 3, 3], 7, 3, OffsetAndEpoch(5, 3)),  # beyond the log end in epoch 3
-        ([2, 2], 1, 1, OffsetAndEpoch(-1, -1)),  # below the first epoch, no snapshot
+        ([2, 2], 1, 1, OffsetAndEpoch(0, 0)),  # below the first epoch, no snapshot: from 0
         ([1, 1, 1, 3, 3], 3, 1, None),
         ([1, 1, 1, 3, 3], 5, 3, None),
         ([1, 1, 1, 3, 3], 0, 0, None),
@@ -974,3 +974,17 @@ def test_a_wiped_follower_that_holds_the_leaders_leader_change_is_caught_up() ->
     log.epochs.append(4)
     c.follower_appended(-1, 3)
     assert c.state.catching_up_to == CAUGHT_UP
+
+
+def test_a_follower_whose_whole_log_predates_the_leaders_diverges_from_the_start() -> None:
+    # The leader's log begins with epoch 2 (no snapshot); the follower holds one record of
+    # epoch 1: everything it has diverges, and the answer must say where (0), never (-1, -1).
+    c, _log = leader_with([2, 2], voters=(1, 2, 3))
+    d, _ = c.handle_fetch(FetchRequest(2, c.epoch, 1, 1), 1)
+    assert d.answer is FetchAnswer.DIVERGING
+    assert d.diverging == OffsetAndEpoch(0, 0)
+    follower = follower_of(1, c.epoch, node=2, log=MemLog([1]))
+    decision, _ = follower.handle_fetch_response(
+        FetchResponse(c.epoch, 1, -1, 0, diverging=d.diverging), 2
+    )
+    assert decision.action is FetchAction.TRUNCATE and decision.offset == 0
