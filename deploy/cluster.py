@@ -7,7 +7,7 @@ Everything lives under `--dir` (default `.minibroker`): `controller/` (controlle
 single controller: a quorum of one upgrades in place), `controller-2/`, ... and `broker-N/` each
 hold `data/` and `process.log`.
 
-A quorum of more than one (issue 13, /work/spec/quorum.md): controller-i is node.id 999+i and
+A quorum of more than one (issue 13, docs/design.md §6.1): controller-i is node.id 999+i and
 every port is chosen before anything starts, because each voter is started with
 `controller.quorum.voters` naming all of them; a fresh cluster gets one generated `cluster.id`,
 kept in cluster.json so restarts reuse it; brokers get every controller in

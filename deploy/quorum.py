@@ -1,4 +1,4 @@
-"""The local launcher's view of the controller quorum (issue 13, /work/spec/quorum.md). Pure.
+"""The local launcher's view of the controller quorum (issue 13, docs/design.md §6.1). Pure.
 
 - naming: controller-1, controller-2, ... are node ids 1000, 1001, ... (so a quorum of one keeps
   today's id and files); `controller` alone means the active controller (the quorum's leader);

@@ -1,6 +1,6 @@
 """The launcher's quorum layout and `cluster status`'s quorum section, without processes.
 
-Voters strings (/work/spec/quorum.md: `id@host:port`, sorted, controller-i = 999+i), the cluster
+Voters strings (docs/design.md §6.1: `id@host:port`, sorted, controller-i = 999+i), the cluster
 id format (Kafka's: 22 URL-safe base64 characters of a UUID), process addressing (`controller` =
 the active one, `controller-2`), the command lines a quorum's processes get, and the status built
 from DescribeQuorum answers, including "why no leader".
