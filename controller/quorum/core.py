@@ -112,7 +112,7 @@ class _ReplicaState:
 
 
 class QuorumCore:
-    """One voter's Raft rules (see the module docstring, docs/design.md §6.1 and docs/protocol.md §24)."""
+    """One voter's Raft rules (the module docstring, design.md §6.1, protocol.md §24)."""
 
     def __init__(
         self,

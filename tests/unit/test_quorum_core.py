@@ -1,5 +1,5 @@
-"""The quorum core's Raft rules (controller/quorum/core.py, docs/protocol.md §24 "The controller quorum
-core"), table-tested over a tiny in-memory RaftLogView, plus hypothesis properties over a small
+"""The quorum core's Raft rules (controller/quorum/core.py, docs/protocol.md §24), table-tested
+over a tiny in-memory RaftLogView, plus hypothesis properties over a small
 random message exchange between three cores (HW never decreases, at most one leader per epoch,
 committed prefixes agree)."""
 
