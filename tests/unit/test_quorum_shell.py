@@ -104,3 +104,37 @@ def test_a_snapshot_over_a_divergent_tail_is_installed(tmp_path: pathlib.Path) -
         log.close()
 
     asyncio.run(scenario())
+
+
+def test_a_failing_background_task_stops_the_voter(tmp_path: pathlib.Path) -> None:
+    """A disk error or a bug in the tick loop must reach the app (which stops the process so
+    the others re-elect), not end the task silently and leave a zombie voter."""
+
+    async def scenario() -> None:
+        log = RaftLog(tmp_path)
+        log.load()
+        failures: list[BaseException] = []
+        listener = Listener()
+        listener.on_quorum_failed = failures.append  # type: ignore[method-assign]
+        settings = QuorumSettings(node_id=1, voters=(1, 2, 3))
+        shell = QuorumShell(
+            settings=settings,
+            voters=(),
+            cluster_id="c",
+            raft_log=log,
+            listener=listener,  # type: ignore[arg-type]
+            header_voters="",
+        )
+        core = QuorumCore(settings, QuorumState(4, -1, 2), log, random.Random(1), 0)
+        shell._core = core
+
+        def broken(now_ms: int) -> list[Any]:
+            raise OSError(28, "No space left on device")
+
+        core.tick = broken  # type: ignore[method-assign]
+        task = asyncio.create_task(shell._tick_loop())
+        await asyncio.wait_for(task, 10)  # ends, having reported the failure
+        assert len(failures) == 1 and isinstance(failures[0], OSError)
+        log.close()
+
+    asyncio.run(scenario())
