@@ -398,6 +398,8 @@ class QuorumShell:
             await self._apply(self.core.handle_epoch_reply(voter_id, reply, now_ms()))
 
     def _warn(self, sender: int, error: str, detail: str) -> None:
+        if len(self._warned) > 256:  # keyed by what requests claim: keep it bounded
+            self._warned.clear()
         key = (sender, error)
         now = now_ms()
         if now - self._warned.get(key, -(10**9)) >= 10_000:
@@ -450,10 +452,13 @@ class QuorumShell:
                     max_wait_ms=FETCH_MAX_WAIT_MS,
                     max_bytes=FETCH_MAX_BYTES,
                 )
+            call = stub.QuorumFetch(
+                request, timeout=(FETCH_MAX_WAIT_MS + self.settings.fetch_timeout_ms) / 1000
+            )
             try:
-                response = await stub.QuorumFetch(
-                    request, timeout=(FETCH_MAX_WAIT_MS + self.settings.fetch_timeout_ms) / 1000
-                )
+                response = await self._unless_leader_moves(call, target, request)
+                if response is None:
+                    continue  # a new leader (or epoch): fetch from it now
             except grpc.aio.AioRpcError as err:
                 if err.code() == grpc.StatusCode.UNAVAILABLE:
                     # Refused or reset: the leader's process is gone (a partition or a pause
@@ -474,6 +479,28 @@ class QuorumShell:
                 await asyncio.sleep(TICK_S)
                 continue
             await self._handle_fetch_response(request, summary, batches, stub)
+
+    async def _unless_leader_moves(
+        self, call: Any, target: int | None, request: pb.QuorumFetchRequest
+    ) -> pb.QuorumFetchResponse | None:
+        """The fetch's answer, or None once this voter follows another leader or epoch: a fetch
+        hanging on a paused or cut-off leader is cancelled then, instead of waiting out its
+        deadline while the new leader waits for this voter to commit its LeaderChange."""
+        answer: asyncio.Future[Any] = asyncio.ensure_future(call)
+        try:
+            while True:
+                changed = asyncio.ensure_future(self._changed.wait())
+                await asyncio.wait({answer, changed}, return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
+                if answer.done():
+                    return answer.result()  # type: ignore[no-any-return]
+                core = self.core
+                if core.fetch_target != target or core.epoch != request.current_leader_epoch:
+                    call.cancel()
+                    return None
+        finally:
+            if not answer.done():
+                answer.cancel()
 
     async def _handle_fetch_response(
         self,

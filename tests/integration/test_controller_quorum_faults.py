@@ -83,6 +83,17 @@ def test_a_wiped_voter_cannot_elect_a_leader_missing_committed_changes(
     with running_quorum(tmp_path, 3) as quorum:
         quorum.wait_leader()
         a, b, c = quorum.voters
+        # Every voter has caught up with the first leader's LeaderChange (a voter killed before
+        # that counts as one that never caught up, and with B's disk lost as well no leader
+        # could be elected: safe, but not this test's case).
+        wait_until(
+            lambda: (
+                len(quorum.views()) == 3
+                and all(v.high_watermark >= 1 for v in quorum.views().values())
+            ),
+            20,
+            "every voter past the first LeaderChange",
+        )
         # C is behind: every change below is committed by A and B only.
         c.kill()
         acknowledged = set(range(1, 6))
