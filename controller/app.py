@@ -50,7 +50,13 @@ from minibroker.controller.quorum.messages import (
     VoterAddress,
 )
 from minibroker.controller.quorum.raft_log import RaftLog
-from minibroker.controller.quorum.shell import LeaderHint, NotController, NotLeader, QuorumShell
+from minibroker.controller.quorum.shell import (
+    LeaderHint,
+    NotController,
+    NotLeader,
+    QuorumShell,
+    now_ms,
+)
 from minibroker.controller.service import ControllerServicer, QuorumServicer
 from minibroker.metadata.image import MetadataImage
 from minibroker.metadata.records import LogEntry, MetadataRecord
@@ -92,15 +98,6 @@ class _Pending:
     wait_offset: int
     appended_s: float
     ran: list[tuple[asyncio.Future[Any] | None, Outcome[Any], BaseException | None]]
-
-
-# Wall-clock time at start, advanced by the monotonic clock: record timestamps read like wall
-# time, while session timeouts never jump when the system clock is stepped.
-_CLOCK_BASE_S = time.time() - time.monotonic()
-
-
-def _now_ms() -> int:
-    return int((time.monotonic() + _CLOCK_BASE_S) * 1000)
 
 
 def _split_listen(listen: str) -> tuple[str, int]:
@@ -380,7 +377,7 @@ class ControllerApp:
             self.config.settings(),
             self.cluster_id,
             random.Random(int.from_bytes(os.urandom(16), "big")),
-            _now_ms(),
+            now_ms(),
             image,
         )
         self.active_epoch = epoch
@@ -485,7 +482,7 @@ class ControllerApp:
                     continue  # the caller went away before it ran; nothing happened yet
                 error2: BaseException | None = None
                 try:
-                    outcome = command(core, _now_ms())
+                    outcome = command(core, now_ms())
                 except Exception as err:
                     # A bug in the core. Whatever it had already applied must still reach
                     # the log, so that the log and the image never disagree.

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from minibroker.client.controller_finder import EPOCH_KEY, ERROR_KEY, LEADER_KEY, NOT_CONTROLLER
 from minibroker.client.errors import ErrorCode, MiniBrokerError
 from minibroker.controller import wire
 from minibroker.controller.core.messages import HeartbeatReply, HeartbeatRequest, Outcome
@@ -36,13 +37,6 @@ def _heartbeat(
     return core.heartbeat(req, stream_id, now_ms)
 
 
-NOT_CONTROLLER_KEYS = (
-    "minibroker-error",
-    "minibroker-controller-leader",
-    "minibroker-controller-epoch",
-)
-
-
 async def abort_not_controller(context: grpc.aio.ServicerContext, err: NotController) -> None:
     """NOT_CONTROLLER on the wire (docs/design.md §6.1): FAILED_PRECONDITION with the leader
     hint in the trailing metadata, for unary calls and streams alike."""
@@ -50,9 +44,9 @@ async def abort_not_controller(context: grpc.aio.ServicerContext, err: NotContro
     leader = f"{hint.leader_id}@{hint.address}" if hint.leader_id >= 0 and hint.address else ""
     context.set_trailing_metadata(
         (
-            (NOT_CONTROLLER_KEYS[0], "NOT_CONTROLLER"),
-            (NOT_CONTROLLER_KEYS[1], leader),
-            (NOT_CONTROLLER_KEYS[2], str(hint.epoch)),
+            (ERROR_KEY, NOT_CONTROLLER),
+            (LEADER_KEY, leader),
+            (EPOCH_KEY, str(hint.epoch)),
         )
     )
     await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))

@@ -71,6 +71,9 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 500),
 ]
 
+# Wall-clock time at start, advanced by the monotonic clock: record timestamps read like wall
+# time, while timeouts never jump when the system clock is stepped. The controller's one clock
+# (the app's commands use it too).
 _CLOCK_BASE_S = time.time() - time.monotonic()
 
 
