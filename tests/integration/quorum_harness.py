@@ -257,6 +257,23 @@ class Quorum:
             f"one active controller (other than {other_than}, epoch > {above_epoch})",
         )
 
+    def leading_now(self, timeout_s: float = 30.0) -> tuple[Voter, int]:
+        """(the active controller, its epoch), read from the leader itself just before a test
+        kills, pauses or stops it. A leader found earlier may have lost its epoch since (the
+        short test timers fire on a loaded machine), and a test that then stops a follower
+        waits for an election that never comes."""
+
+        def attempt() -> tuple[Voter, int] | None:
+            voter = self.leader()
+            if voter is None:
+                return None
+            view = voter.describe_quorum()
+            if view.role != "leader" or view.leader_id != voter.node_id:
+                return None
+            return voter, view.leader_epoch
+
+        return wait_until(attempt, timeout_s, "a controller that says it leads")
+
     def running(self) -> list[Voter]:
         return [v for v in self.voters if v.running]
 

@@ -63,7 +63,7 @@ def test_sigkill_the_active_controller_five_times_loses_no_acknowledged_change(
         for round_ in range(5):
             quorum.register(round_ + 1)
             acknowledged.add(round_ + 1)
-            epoch = quorum.views()[leader.node_id].leader_epoch
+            leader, epoch = quorum.leading_now()
             epochs.append(epoch)
             leader.kill()
             new_leader = quorum.wait_leader(other_than=leader.node_id, above_epoch=epoch)
@@ -80,9 +80,9 @@ def test_a_paused_leader_comes_back_as_a_follower_and_its_stale_writes_are_refus
     tmp_path: pathlib.Path,
 ) -> None:
     with running_quorum(tmp_path, 3) as quorum:
-        old = quorum.wait_leader()
+        quorum.wait_leader()
         quorum.register(1)
-        epoch = quorum.views()[old.node_id].leader_epoch
+        old, epoch = quorum.leading_now()
         old.signal(signal.SIGSTOP)
         try:
             new = wait_until(
@@ -148,9 +148,9 @@ def _leader_among_others(quorum: Quorum, old_id: int, epoch: int) -> object:
 
 def test_a_graceful_stop_hands_over_with_end_quorum_epoch(tmp_path: pathlib.Path) -> None:
     with running_quorum(tmp_path, 3) as quorum:
-        leader = quorum.wait_leader()
+        quorum.wait_leader()
         quorum.register(1)
-        epoch = quorum.views()[leader.node_id].leader_epoch
+        leader, epoch = quorum.leading_now()
         assert leader.terminate() == 0
         new = quorum.wait_leader(other_than=leader.node_id, above_epoch=epoch)
         assert 1 in _registered(quorum, new.node_id)

@@ -63,16 +63,16 @@ def test_a_follower_far_behind_loads_the_leaders_snapshot_and_can_lead_with_it(
         # Make it lead: kill whoever leads instead (restarting the one killed before, disk
         # intact, so that two voters always run) until the election falls on it.
         down: Voter | None = None
-        current = quorum.wait_leader()
         for _ in range(8):
+            current, epoch = quorum.leading_now()
             if current is behind:
                 break
-            epoch = quorum.epoch()
             current.kill()
             if down is not None:
                 down.start()
             down = current
-            current = quorum.wait_leader(other_than=down.node_id, above_epoch=epoch)
+            quorum.wait_leader(other_than=down.node_id, above_epoch=epoch)
+        current, _ = quorum.leading_now()
         assert current is behind, "the caught-up follower never became leader"
         assert acknowledged <= _registered(quorum, behind)
 
@@ -168,9 +168,9 @@ def test_a_graceful_stop_hands_over_to_the_first_successor_at_once(
     tmp_path: pathlib.Path,
 ) -> None:
     with running_quorum(tmp_path, 3) as quorum:
-        old = quorum.wait_leader()
+        quorum.wait_leader()
         quorum.register(1)
-        epoch = quorum.views()[old.node_id].leader_epoch
+        old, epoch = quorum.leading_now()
         assert old.terminate() == 0
         new = quorum.wait_leader(other_than=old.node_id, above_epoch=epoch)
         resigned = [e for e in old.events("quorum_resigned") if e["epoch"] == epoch]
