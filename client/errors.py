@@ -52,6 +52,7 @@ class ErrorCode(enum.IntEnum):
     OPERATION_NOT_ATTEMPTED = 55
     KAFKA_STORAGE_ERROR = 56
     UNKNOWN_PRODUCER_ID = 59
+    REASSIGNMENT_IN_PROGRESS = 60
     INCONSISTENT_VOTER_SET = 68
     FENCED_LEADER_EPOCH = 74
     UNKNOWN_LEADER_EPOCH = 75
@@ -60,6 +61,7 @@ class ErrorCode(enum.IntEnum):
     PREFERRED_LEADER_NOT_AVAILABLE = 80
     ELIGIBLE_LEADERS_NOT_AVAILABLE = 83
     ELECTION_NOT_NEEDED = 84
+    NO_REASSIGNMENT_IN_PROGRESS = 85
     INVALID_RECORD = 87
     INVALID_UPDATE_VERSION = 95
     UNKNOWN_TOPIC_ID = 100
@@ -374,6 +376,18 @@ class ElectionNotNeededError(MiniBrokerError):
     """The leader is already the one asked."""
 
     code = ErrorCode.ELECTION_NOT_NEEDED
+
+
+class ReassignmentInProgressError(MiniBrokerError):
+    """The partition is being reassigned already (cancel it first)."""
+
+    code = ErrorCode.REASSIGNMENT_IN_PROGRESS
+
+
+class NoReassignmentInProgressError(MiniBrokerError):
+    """A cancel named a partition that is not being reassigned."""
+
+    code = ErrorCode.NO_REASSIGNMENT_IN_PROGRESS
 
 
 class InvalidRecordError(MiniBrokerError):

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from minibroker.client.common.config import ConfigError, ConfigKey, at_least, one_of, resolve
+from minibroker.client.replication_throttle import THROTTLED_REPLICAS_KEYS
 
 TOPIC_CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
@@ -90,6 +91,7 @@ TOPIC_CONFIG_KEYS: tuple[ConfigKey, ...] = (
         at_least(0),
     ),
     ConfigKey("cleanup.policy", str, "delete", "only delete is supported", one_of("delete")),
+    *THROTTLED_REPLICAS_KEYS,
 )
 
 TOPIC_CONFIG_NAMES: frozenset[str] = frozenset(k.name for k in TOPIC_CONFIG_KEYS)

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field, replace
 
 from minibroker.client.types import NO_LEADER
 from minibroker.metadata.records import (
+    CONFIG_RESOURCE_BROKER,
+    CONFIG_RESOURCE_TOPIC,
+    BrokerDecommissionRecord,
     BrokerRegistrationChangeRecord,
     ConfigRecord,
     LeaderChangeRecord,
@@ -70,6 +73,10 @@ class MetadataImage:
         self.next_offset: int = 0
         # (leader id, epoch) of the controller quorum's leader, from the last LeaderChangeRecord.
         self.quorum_leader: tuple[int, int] | None = None
+        # Dynamic broker configs by resource name: "" the cluster-wide default, "1" broker 1.
+        self.broker_configs: dict[str, dict[str, str]] = {}
+        # Brokers marked for decommissioning (BrokerDecommissionRecord).
+        self.decommissioning: set[int] = set()
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -94,6 +101,16 @@ class MetadataImage:
     def is_active(self, broker_id: int) -> bool:
         broker = self.brokers.get(broker_id)
         return broker is not None and broker.is_active
+
+    def broker_config(self, broker_id: int) -> dict[str, str]:
+        """The dynamic configs in force on `broker_id`: its own over the cluster default."""
+        merged = dict(self.broker_configs.get("", {}))
+        merged.update(self.broker_configs.get(str(broker_id), {}))
+        return merged
+
+    def reassignments(self) -> Iterator[tuple[TopicImage, PartitionRecord]]:
+        """Every partition with a reassignment in progress, in `partitions()` order."""
+        return ((t, p) for t, p in self.partitions() if p.is_reassigning)
 
     def offline_partition_count(self) -> int:
         return sum(1 for _, p in self.partitions() if p.leader == NO_LEADER)
@@ -156,12 +173,26 @@ class MetadataImage:
         elif isinstance(record, ProducerIdsRecord):
             self.next_producer_id = max(self.next_producer_id, record.next_producer_id)
         elif isinstance(record, ConfigRecord):
-            topic = self.topics_by_id.get(record.topic_id)
-            if topic is not None:
+            if record.resource_type == CONFIG_RESOURCE_BROKER:
+                configs = self.broker_configs.setdefault(record.resource_name, {})
+                if record.value is None:
+                    configs.pop(record.name, None)
+                    if not configs:
+                        del self.broker_configs[record.resource_name]
+                else:
+                    configs[record.name] = record.value
+                return
+            topic = self.topics_by_id.get(record.resource_name)
+            if topic is not None and record.resource_type == CONFIG_RESOURCE_TOPIC:
                 if record.value is None:
                     topic.configs.pop(record.name, None)
                 else:
                     topic.configs[record.name] = record.value
+        elif isinstance(record, BrokerDecommissionRecord):
+            if record.decommissioning:
+                self.decommissioning.add(record.broker_id)
+            else:
+                self.decommissioning.discard(record.broker_id)
         elif isinstance(record, NoOpRecord):
             return
         elif isinstance(record, LeaderChangeRecord):
@@ -207,6 +238,10 @@ class MetadataImage:
             topic = self.topics_by_id[self.topic_ids_by_name[name]]
             out.append(TopicRecord(topic.name, topic.topic_id, dict(topic.configs)))
             out.extend(topic.partitions[i] for i in sorted(topic.partitions))
+        for resource in sorted(self.broker_configs):
+            for name, value in sorted(self.broker_configs[resource].items()):
+                out.append(ConfigRecord(resource, name, value, CONFIG_RESOURCE_BROKER))
+        out.extend(BrokerDecommissionRecord(b, True) for b in sorted(self.decommissioning))
         if self.next_producer_id:
             out.append(ProducerIdsRecord(-1, -1, self.next_producer_id))
         if self.quorum_leader is not None:

@@ -17,6 +17,10 @@ from minibroker.client.types import NO_LEADER
 LEADER_RECOVERED = 0
 LEADER_RECOVERING = 1  # after an unclean election (KIP-704)
 
+# Kafka's ConfigResource types, as stored in ConfigRecord.resource_type.
+CONFIG_RESOURCE_TOPIC = 2
+CONFIG_RESOURCE_BROKER = 4
+
 
 @dataclass(frozen=True, slots=True)
 class RegisterBrokerRecord:
@@ -79,10 +83,31 @@ class PartitionRecord:
     partition_epoch: int
     leader_recovery_state: int = LEADER_RECOVERED
     reason: str = ""
+    # A reassignment in progress (KIP-455): `replicas` is the target followed by the original
+    # replicas not in the target; adding = target - original, removing = original - target.
+    adding_replicas: tuple[int, ...] = ()
+    removing_replicas: tuple[int, ...] = ()
 
     @property
     def preferred_leader(self) -> int:
         return self.replicas[0] if self.replicas else NO_LEADER
+
+    @property
+    def is_reassigning(self) -> bool:
+        return bool(self.adding_replicas or self.removing_replicas)
+
+    @property
+    def target_replicas(self) -> tuple[int, ...]:
+        """Where the partition is going: replicas - removing, in order (== replicas when no
+        reassignment runs)."""
+        removing = self.removing_replicas
+        return tuple(b for b in self.replicas if b not in removing)
+
+    @property
+    def original_replicas(self) -> tuple[int, ...]:
+        """Where the partition was before the running reassignment: replicas - adding."""
+        adding = self.adding_replicas
+        return tuple(b for b in self.replicas if b not in adding)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,11 +127,25 @@ class ProducerIdsRecord:
 
 @dataclass(frozen=True, slots=True)
 class ConfigRecord:
-    """A topic config was set (value) or removed (value None)."""
+    """A dynamic config was set (value) or removed (value None), Kafka's ConfigRecord.
 
-    topic_id: str
+    `resource_type` CONFIG_RESOURCE_TOPIC: `resource_name` is the topic id.
+    `resource_type` CONFIG_RESOURCE_BROKER: `resource_name` is the broker id ("1"), or "" for
+    the cluster-wide default of every broker."""
+
+    resource_name: str
     name: str
     value: str | None
+    resource_type: int = CONFIG_RESOURCE_TOPIC
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerDecommissionRecord:
+    """A broker was marked for decommissioning (its replicas move away and it gets no new ones)
+    or the mark was removed. Not tied to a registration: it survives the broker's restarts."""
+
+    broker_id: int
+    decommissioning: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +178,7 @@ MetadataRecord = (
     | ConfigRecord
     | NoOpRecord
     | LeaderChangeRecord
+    | BrokerDecommissionRecord
 )
 
 
@@ -152,9 +192,12 @@ class LogEntry:
 
 
 __all__ = [
+    "CONFIG_RESOURCE_BROKER",
+    "CONFIG_RESOURCE_TOPIC",
     "LEADER_RECOVERED",
     "LEADER_RECOVERING",
     "NO_LEADER",
+    "BrokerDecommissionRecord",
     "BrokerRegistrationChangeRecord",
     "ConfigRecord",
     "LeaderChangeRecord",

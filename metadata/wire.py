@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from minibroker.metadata.image import MetadataImage
 from minibroker.metadata.records import (
+    CONFIG_RESOURCE_TOPIC,
+    BrokerDecommissionRecord,
     BrokerRegistrationChangeRecord,
     ConfigRecord,
     LeaderChangeRecord,
@@ -44,6 +46,8 @@ def record_to_pb(
                 partition_epoch=record.partition_epoch,
                 leader_recovery_state=record.leader_recovery_state,
                 reason=record.reason,
+                adding_replicas=record.adding_replicas,
+                removing_replicas=record.removing_replicas,
             )
         )
     elif isinstance(record, RegisterBrokerRecord):
@@ -87,12 +91,22 @@ def record_to_pb(
             )
         )
     elif isinstance(record, ConfigRecord):
-        config = pb.ConfigRecord(topic_id=record.topic_id, name=record.name)
+        config = pb.ConfigRecord(
+            resource_name=record.resource_name,
+            name=record.name,
+            resource_type=record.resource_type,
+        )
         if record.value is not None:
             config.value = record.value
         msg.config.CopyFrom(config)
     elif isinstance(record, NoOpRecord):
         msg.no_op.CopyFrom(pb.NoOpRecord())
+    elif isinstance(record, BrokerDecommissionRecord):
+        msg.broker_decommission.CopyFrom(
+            pb.BrokerDecommissionRecord(
+                broker_id=record.broker_id, decommissioning=record.decommissioning
+            )
+        )
     elif isinstance(record, LeaderChangeRecord):
         msg.leader_change.CopyFrom(
             pb.LeaderChangeRecord(
@@ -121,6 +135,8 @@ def record_from_pb(msg: pb.MetadataRecord) -> MetadataRecord:
             partition_epoch=p.partition_epoch,
             leader_recovery_state=p.leader_recovery_state,
             reason=p.reason,
+            adding_replicas=tuple(p.adding_replicas),
+            removing_replicas=tuple(p.removing_replicas),
         )
     if kind == "register_broker":
         r = msg.register_broker
@@ -156,9 +172,17 @@ def record_from_pb(msg: pb.MetadataRecord) -> MetadataRecord:
         return ProducerIdsRecord(i.broker_id, i.broker_epoch, i.next_producer_id)
     if kind == "config":
         c = msg.config
-        return ConfigRecord(c.topic_id, c.name, c.value if c.HasField("value") else None)
+        return ConfigRecord(
+            c.resource_name,
+            c.name,
+            c.value if c.HasField("value") else None,
+            c.resource_type or CONFIG_RESOURCE_TOPIC,  # 0: written before broker configs
+        )
     if kind == "no_op":
         return NoOpRecord()
+    if kind == "broker_decommission":
+        d = msg.broker_decommission
+        return BrokerDecommissionRecord(d.broker_id, d.decommissioning)
     if kind == "leader_change":
         c = msg.leader_change
         return LeaderChangeRecord(

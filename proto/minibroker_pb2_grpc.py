@@ -526,6 +526,36 @@ class ControllerServiceStub:
                 request_serializer=minibroker_dot_proto_dot_minibroker__pb2.UnregisterBrokerRequest.SerializeToString,
                 response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.UnregisterBrokerResponse.FromString,
                 _registered_method=True)
+        self.AlterPartitionReassignments = channel.unary_unary(
+                '/minibroker.ControllerService/AlterPartitionReassignments',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.AlterPartitionReassignmentsResponse.FromString,
+                _registered_method=True)
+        self.ListPartitionReassignments = channel.unary_unary(
+                '/minibroker.ControllerService/ListPartitionReassignments',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.ListPartitionReassignmentsResponse.FromString,
+                _registered_method=True)
+        self.CreatePartitions = channel.unary_unary(
+                '/minibroker.ControllerService/CreatePartitions',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.CreatePartitionsRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.CreatePartitionsResponse.FromString,
+                _registered_method=True)
+        self.IncrementalAlterConfigs = channel.unary_unary(
+                '/minibroker.ControllerService/IncrementalAlterConfigs',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.IncrementalAlterConfigsRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.IncrementalAlterConfigsResponse.FromString,
+                _registered_method=True)
+        self.DescribeConfigs = channel.unary_unary(
+                '/minibroker.ControllerService/DescribeConfigs',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeConfigsRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeConfigsResponse.FromString,
+                _registered_method=True)
+        self.DecommissionBroker = channel.unary_unary(
+                '/minibroker.ControllerService/DecommissionBroker',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.DecommissionBrokerRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DecommissionBrokerResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServiceServicer:
@@ -599,6 +629,43 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterPartitionReassignments(self, request, context):
+        """Moving replicas (KIP-455), growing topics, dynamic configs, decommissioning.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPartitionReassignments(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreatePartitions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def IncrementalAlterConfigs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeConfigs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DecommissionBroker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -651,6 +718,36 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.UnregisterBroker,
                     request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.UnregisterBrokerRequest.FromString,
                     response_serializer=minibroker_dot_proto_dot_minibroker__pb2.UnregisterBrokerResponse.SerializeToString,
+            ),
+            'AlterPartitionReassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterPartitionReassignments,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.AlterPartitionReassignmentsRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.AlterPartitionReassignmentsResponse.SerializeToString,
+            ),
+            'ListPartitionReassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPartitionReassignments,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.ListPartitionReassignmentsRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.ListPartitionReassignmentsResponse.SerializeToString,
+            ),
+            'CreatePartitions': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreatePartitions,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.CreatePartitionsRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.CreatePartitionsResponse.SerializeToString,
+            ),
+            'IncrementalAlterConfigs': grpc.unary_unary_rpc_method_handler(
+                    servicer.IncrementalAlterConfigs,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.IncrementalAlterConfigsRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.IncrementalAlterConfigsResponse.SerializeToString,
+            ),
+            'DescribeConfigs': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeConfigs,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeConfigsRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeConfigsResponse.SerializeToString,
+            ),
+            'DecommissionBroker': grpc.unary_unary_rpc_method_handler(
+                    servicer.DecommissionBroker,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DecommissionBrokerRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.DecommissionBrokerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -927,6 +1024,168 @@ class ControllerService:
             '/minibroker.ControllerService/UnregisterBroker',
             minibroker_dot_proto_dot_minibroker__pb2.UnregisterBrokerRequest.SerializeToString,
             minibroker_dot_proto_dot_minibroker__pb2.UnregisterBrokerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterPartitionReassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.ControllerService/AlterPartitionReassignments',
+            minibroker_dot_proto_dot_minibroker__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.AlterPartitionReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPartitionReassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.ControllerService/ListPartitionReassignments',
+            minibroker_dot_proto_dot_minibroker__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.ListPartitionReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreatePartitions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.ControllerService/CreatePartitions',
+            minibroker_dot_proto_dot_minibroker__pb2.CreatePartitionsRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.CreatePartitionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IncrementalAlterConfigs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.ControllerService/IncrementalAlterConfigs',
+            minibroker_dot_proto_dot_minibroker__pb2.IncrementalAlterConfigsRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.IncrementalAlterConfigsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeConfigs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.ControllerService/DescribeConfigs',
+            minibroker_dot_proto_dot_minibroker__pb2.DescribeConfigsRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.DescribeConfigsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecommissionBroker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.ControllerService/DecommissionBroker',
+            minibroker_dot_proto_dot_minibroker__pb2.DecommissionBrokerRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.DecommissionBrokerResponse.FromString,
             options,
             channel_credentials,
             insecure,

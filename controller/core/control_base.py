@@ -52,6 +52,9 @@ class ControllerSettings:
     max_broker_partitions: int = DEFAULT_MAX_BROKER_PARTITIONS
     # Broker-level defaults for topic configs (typed), under the topic config names.
     topic_defaults: Mapping[str, Any] = field(default_factory=dict)
+    # Failure decommissioning: a broker fenced for this long has its replicas rebuilt on live
+    # brokers (controller config `replica.rebuild.delay.ms`); -1 (the default) never.
+    replica_rebuild_delay_ms: int = -1
 
 
 class ControlBase:

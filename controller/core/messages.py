@@ -158,6 +158,124 @@ class ProducerIdBlock:
 class BrokerDescription:
     registration: BrokerRegistration
     last_heartbeat_ms_ago: int  # -1: not heard from since this controller started
+    decommissioning: bool = False
+    replica_count: int = 0  # partitions whose replicas (adding ones too) name this broker
+    leader_count: int = 0
+
+
+# -- moving replicas (KIP-455), CreatePartitions, dynamic configs, decommissioning ---------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReassignmentTarget:
+    """One partition of AlterPartitionReassignments: `replicas` is the target list (preferred
+    leader first); None cancels the running reassignment (Kafka's null replicas)."""
+
+    topic: str
+    partition: int
+    replicas: tuple[int, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReassignmentResult:
+    topic: str
+    partition: int
+    error: ErrorCode
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class OngoingReassignment:
+    topic: str
+    partition: int
+    replicas: tuple[int, ...]
+    adding_replicas: tuple[int, ...]
+    removing_replicas: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CreatePartitionsTopic:
+    name: str
+    count: int  # the new total
+    assignments: tuple[tuple[int, ...], ...] | None = None  # one per new partition; None: place
+
+
+@dataclass(frozen=True, slots=True)
+class CreatePartitionsResult:
+    name: str
+    error: ErrorCode
+    message: str = ""
+
+
+# IncrementalAlterConfigs operations (Kafka's AlterConfigOp.OpType ids).
+CONFIG_OP_SET = 0
+CONFIG_OP_DELETE = 1
+CONFIG_OP_APPEND = 2
+CONFIG_OP_SUBTRACT = 3
+
+# DescribeConfigs sources (Kafka's DescribeConfigsResponse.ConfigSource ids).
+CONFIG_SOURCE_DYNAMIC_TOPIC = 1
+CONFIG_SOURCE_DYNAMIC_BROKER = 2
+CONFIG_SOURCE_DYNAMIC_DEFAULT_BROKER = 3
+CONFIG_SOURCE_STATIC_BROKER = 4
+CONFIG_SOURCE_DEFAULT = 5
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigOp:
+    name: str
+    op: int  # CONFIG_OP_*
+    value: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigsResource:
+    """resource_type: metadata.records.CONFIG_RESOURCE_TOPIC (name = topic name) or
+    CONFIG_RESOURCE_BROKER (name = broker id, "" = the cluster-wide default)."""
+
+    resource_type: int
+    resource_name: str
+    ops: tuple[AlterConfigOp, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigsResult:
+    resource_type: int
+    resource_name: str
+    error: ErrorCode
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeConfigsResource:
+    resource_type: int
+    resource_name: str
+    keys: tuple[str, ...] = ()  # empty: every config
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    name: str
+    value: str | None
+    source: int  # CONFIG_SOURCE_*
+    read_only: bool = False
+    documentation: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeConfigsResult:
+    resource_type: int
+    resource_name: str
+    error: ErrorCode
+    message: str = ""
+    entries: tuple[ConfigEntry, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DecommissionReply:
+    error: ErrorCode
+    message: str = ""
+    partitions_moving: int = 0  # reassignments this request started
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +287,27 @@ class ClusterDescription:
 
 
 __all__ = [
+    "CONFIG_OP_APPEND",
+    "CONFIG_OP_DELETE",
+    "CONFIG_OP_SET",
+    "CONFIG_OP_SUBTRACT",
+    "CONFIG_SOURCE_DEFAULT",
+    "CONFIG_SOURCE_DYNAMIC_BROKER",
+    "CONFIG_SOURCE_DYNAMIC_DEFAULT_BROKER",
+    "CONFIG_SOURCE_DYNAMIC_TOPIC",
+    "CONFIG_SOURCE_STATIC_BROKER",
+    "AlterConfigOp",
+    "AlterConfigsResource",
+    "AlterConfigsResult",
+    "ConfigEntry",
+    "CreatePartitionsResult",
+    "CreatePartitionsTopic",
+    "DecommissionReply",
+    "DescribeConfigsResource",
+    "DescribeConfigsResult",
+    "OngoingReassignment",
+    "ReassignmentResult",
+    "ReassignmentTarget",
     "AlterPartitionReply",
     "AlterPartitionRequest",
     "AlterPartitionResult",
