@@ -194,7 +194,7 @@ def plan_generate(partitions: Sequence[PartitionRecord], broker_list: Sequence[B
         by_topic.setdefault(p.topic_id, []).append(p)
     plan: Plan = {}
     start = 0
-    for topic_id, parts in sorted(by_topic.items()):
+    for _topic_id, parts in sorted(by_topic.items()):
         rf = max(len(p.target_replicas) for p in parts)
         count = max(p.partition for p in parts) + 1
         placement = place_replicas(broker_list, count, rf, start)
@@ -204,4 +204,4 @@ def plan_generate(partitions: Sequence[PartitionRecord], broker_list: Sequence[B
     return plan
 
 
-__all__ = ["Plan", "PlacementError", "plan_generate", "plan_rebalance", "plan_replacements"]
+__all__ = ["PlacementError", "Plan", "plan_generate", "plan_rebalance", "plan_replacements"]
