@@ -381,9 +381,9 @@ class MoveControl(ControlBase):
         """Failure decommissioning: a broker fenced (or unregistered) for at least
         `replica_rebuild_delay_ms` has its replicas rebuilt on live brokers."""
         for b, reg in self.image.brokers.items():
-            if not reg.fenced:
-                self.fenced_since.pop(b, None)
-            else:
+            # A broker registered fenced and never unfenced did not pass through `_fence`
+            # (`_unfence` ends the clock).
+            if reg.fenced:
                 self.fenced_since.setdefault(b, now_ms)
         delay = self.settings.replica_rebuild_delay_ms
         if delay < 0:

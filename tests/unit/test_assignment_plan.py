@@ -63,6 +63,14 @@ def test_replacements_use_an_unused_rack_first():
     assert 3 not in plan[("T", 0)]
 
 
+def test_replacements_put_the_replica_with_fewest_preferred_leaderships_first():
+    # 1 leaves; 4 holds the fewest replicas so it replaces 1, but 4 already leads P3 and 2
+    # leads nothing: 2 becomes P0's preferred leader.
+    ps = parts([(1, 2), (3,), (3,), (4, 2)])
+    plan = plan_replacements(ps, slots([1, 2, 3, 4]), {1})
+    assert plan == {("T", 0): (2, 4)}
+
+
 def test_replacements_leave_out_partitions_that_cannot_keep_their_rf_or_are_moving():
     ps = parts([(1, 2, 3)])
     assert plan_replacements(ps, slots([1, 2, 3]), {2}) == {}

@@ -374,7 +374,10 @@ def test_failure_decommissioning_is_off_by_default():
     h.start(1, 2, 3, 4)
     h.create(partitions=2, rf=3)
     h.close_stream(4)
-    h.tick(10**9)
+    h.now += 10**9
+    for b in (1, 2, 3):
+        h.heartbeat(b)
+    h.tick()
     assert not any(p.is_reassigning for _, p in h.core.image.partitions())
 
 

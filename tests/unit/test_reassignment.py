@@ -156,9 +156,10 @@ def test_online_election_during_a_reassignment_prefers_the_target():
         current, acceptable=lambda b: b != 1, election=Election.ONLINE, reason="1 fenced"
     )
     assert change is not None and change.record.leader == 3
-    # With the removing replica listed first, the target still wins.
-    odd = rec((1, 3, 4), (1, 3, 4), 1, adding=(4,), removing=(1,))
-    change = build_partition_change(odd, acceptable=lambda b: b != 1, reason="1 fenced")
+    # An offline partition whose removing replica is listed first (and in sync): the target
+    # replica wins all the same.
+    odd = rec((2, 3, 4), (2, 3), NO_LEADER, adding=(4,), removing=(2,))
+    change = build_partition_change(odd, acceptable=everyone, reason="2 and 3 back")
     assert change is not None and change.record.leader == 3
 
 
@@ -331,6 +332,9 @@ def test_move_to_three_new_brokers_completes_once_all_are_in_sync():
     assert p.replicas == (4, 5, 6, 1, 2, 3) and p.adding_replicas == (4, 5, 6)
     assert h.core.list_partition_reassignments(None)[0].adding_replicas == (4, 5, 6)
     assert h.core.list_partition_reassignments([("t", 1)]) == ()
+    desc = {b.registration.broker_id: b for b in h.core.describe_cluster(h.now).brokers}
+    assert desc[4].replica_count == 1 and desc[1].replica_count == 1  # adding and removing
+    assert desc[1].leader_count == 1 and desc[4].leader_count == 0
     catch_up(h, 4, 5)
     assert h.part().is_reassigning  # 6 is not in sync yet
     result = catch_up(h, 6)
