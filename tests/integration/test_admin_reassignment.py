@@ -42,17 +42,10 @@ from minibroker.client.errors import (
     UnknownTopicOrPartitionError,
 )
 from minibroker.client.types import TopicPartition
-from minibroker.controller.core.controller import ControllerCore
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        not hasattr(ControllerCore, "alter_partition_reassignments"),
-        reason="the controller core's reassignment commands are not merged yet (branch r-core)",
-    ),
-]
+pytestmark = pytest.mark.integration
 
 TOPIC = "moves"
 BROKERS = (1, 2, 3, 4)
