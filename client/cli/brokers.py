@@ -244,11 +244,11 @@ def rebalance_brokers(cluster: Any) -> list[Any]:
 def _rebalance(args: argparse.Namespace) -> int:
     from minibroker.client.cli import reassign
     from minibroker.client.cli.reassign_plan import generate_output, parse_throttle
-    from minibroker.metadata.assignment_plan import plan_rebalance
 
     rate = parse_throttle(args.throttle)
     if rate is not None and not args.execute:
         raise ValueError("--throttle only goes with --execute")
+    from minibroker.metadata.assignment_plan import plan_rebalance
 
     async def main() -> tuple[Any, list[Any]]:
         async with admin_of(args) as admin:
