@@ -92,7 +92,7 @@ def parse_reassignment(text: str) -> dict[TopicPartition, tuple[int, ...]]:
         if not isinstance(topic, str) or not topic:
             raise ReassignInputError(f'{where} needs a "topic" name')
         partition = entry.get("partition")
-        if not _is_int(partition) or partition < 0:
+        if not isinstance(partition, int) or not _is_int(partition) or partition < 0:
             raise ReassignInputError(f'{where} ({topic}) needs a "partition" number >= 0')
         tp = TopicPartition(topic, partition)
         replicas = entry.get("replicas")
