@@ -254,3 +254,21 @@ def test_brokers_subcommands_parse() -> None:
     assert args.execute and args.throttle == "100"
     args = parser.parse_args(["brokers", "rebalance", "--throttle", "0"])
     assert args.func(args) == 1, "a throttle of 0 is refused before connecting"
+
+
+def test_every_command_of_the_readme_moving_replicas_section_parses() -> None:
+    import pathlib
+    import shlex
+
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("## Moving replicas", 1)[1].split("\n## ", 1)[0]
+    commands = [
+        line.split("#", 1)[0].split(">", 1)[0].strip()
+        for line in section.splitlines()
+        if line.startswith("minibroker ")
+    ]
+    assert len(commands) >= 10
+    parser = build_parser()
+    for command in commands:
+        args = parser.parse_args(shlex.split(command)[1:])
+        assert callable(args.func), command
