@@ -29,7 +29,6 @@ import argparse
 import pathlib
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from minibroker.client.cli.common import add_bootstrap_argument, admin_of, guarded, run_async
@@ -52,6 +51,7 @@ from minibroker.client.cli.reassign_plan import (
 )
 from minibroker.client.errors import MiniBrokerError
 from minibroker.client.types import TopicPartition
+from minibroker.metadata.placement import BrokerSlot
 
 
 def register(sub: Any) -> None:
@@ -119,14 +119,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 # -- cluster reads ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerSlot:
-    """What the planner needs of a broker (`metadata.assignment_plan`)."""
-
-    broker_id: int
-    rack: str
 
 
 def original_replicas(p: Any) -> tuple[int, ...]:

@@ -362,3 +362,25 @@ def test_report_started(capsys: pytest.CaptureFixture[str]) -> None:
         "Error reassigning partition(s):\n"
         "t-1: InvalidReplicaAssignmentError: broker 9 is not registered\n"
     )
+
+
+def test_generate_and_rebalance_plans_from_described_topics() -> None:
+    from minibroker.client.admin import PartitionDescription, TopicDescription
+    from minibroker.client.cli.reassign_plan import generate_output
+    from minibroker.metadata.assignment_plan import plan_generate, plan_rebalance
+    from minibroker.metadata.placement import BrokerSlot
+
+    parts = tuple(PartitionDescription("t", p, 1, 0, 0, (1, 2), (1, 2), ()) for p in range(4))
+    topics = [TopicDescription("t", "tid", parts)]
+    records = reassign.partition_records(topics)
+    assert {r.topic_id for r in records} == {"t"}, "the name stands in for the topic id"
+    slots = [BrokerSlot(3, ""), BrokerSlot(4, "")]
+    proposed = reassign.plan_keys(plan_generate(records, slots))
+    assert set(proposed) == {TopicPartition("t", p) for p in range(4)}
+    assert all(set(r) == {3, 4} for r in proposed.values())
+    lines = generate_output(reassign.current_assignment(topics), proposed)
+    assert parse_reassignment(lines[4]) == dict(sorted(proposed.items()))
+    everyone = [BrokerSlot(b, "") for b in (1, 2, 3, 4)]
+    moves = reassign.plan_keys(plan_rebalance(records, everyone))
+    assert moves, "brokers 3 and 4 hold nothing: replicas move onto them"
+    assert all(len(set(r)) == 2 for r in moves.values())
