@@ -15,8 +15,9 @@ controller); writes to stdout.
 [brackets]. `--alter` prints "Completed updating config for topic t." (broker 1, or "default
 config for brokers in the cluster"). `--describe` prints Kafka's "Dynamic configs for topic t
 are:" then `  name=value sensitive=false synonyms={SOURCE:name=value}` per config set
-dynamically (`--all`: every config, defaults too). Changes take effect on every broker at
-once; bad input (unknown key, invalid value, a throttle of 0 or less) is refused by the
+for the entity itself (Kafka's rule: DYNAMIC_TOPIC_CONFIG, DYNAMIC_BROKER_CONFIG, or
+DYNAMIC_DEFAULT_BROKER_CONFIG for --entity-default; `--all`: every config, defaults too).
+Changes take effect on every broker at once; bad input (unknown key, invalid value, a throttle of 0 or less) is refused by the
 controller and nothing changes.
 """
 
@@ -33,7 +34,6 @@ from minibroker.client.cli.common import add_bootstrap_argument, admin_of, guard
 # A comma outside [brackets] (Kafka's ConfigCommand.parseConfigsToBeAdded).
 _TOP_LEVEL_COMMA = re.compile(r",(?=[^\]]*(?:\[|$))")
 ENTITY_TYPES = {"topics": "topic", "brokers": "broker"}
-DEFAULT_SOURCE = "DEFAULT_CONFIG"
 
 
 class ConfigsInputError(ValueError):
@@ -139,6 +139,13 @@ def alter_ops(add: str | None, delete: str | None) -> list[tuple[str, str, str |
     return ops
 
 
+def dynamic_source(target: ConfigTarget) -> str:
+    """The one source kafka-configs --describe shows without --all: the entity's own."""
+    if target.kind == "topic":
+        return "DYNAMIC_TOPIC_CONFIG"
+    return "DYNAMIC_DEFAULT_BROKER_CONFIG" if target.name == "" else "DYNAMIC_BROKER_CONFIG"
+
+
 def describe_header(target: ConfigTarget, all_configs: bool) -> str:
     which = "All" if all_configs else "Dynamic"
     if target.kind == "broker" and target.name == "":
@@ -155,8 +162,9 @@ def describe_lines(
 ) -> list[str]:
     """kafka-configs --describe: a header, then one line per (dynamic) config."""
     lines = [describe_header(target, all_configs)]
+    shown_source = dynamic_source(target)
     for e in sorted(entries, key=lambda e: e.name):
-        if not all_configs and e.source == DEFAULT_SOURCE:
+        if not all_configs and e.source != shown_source:
             continue
         value = _shown(e.value)
         lines.append(f"  {e.name}={value} sensitive=false synonyms={{{e.source}:{e.name}={value}}}")

@@ -75,6 +75,7 @@ class _Entry:
 def test_describe_lines_in_kafka_configs_shape() -> None:
     entries = [
         _Entry("retention.ms", "604800000", "DEFAULT_CONFIG"),
+        _Entry("segment.bytes", "1024", "STATIC_BROKER_CONFIG"),
         _Entry("min.insync.replicas", "2", "DYNAMIC_TOPIC_CONFIG"),
     ]
     assert configs.describe_lines(ConfigTarget("topic", "t"), entries) == [
@@ -83,14 +84,21 @@ def test_describe_lines_in_kafka_configs_shape() -> None:
         "min.insync.replicas=2}",
     ]
     lines = configs.describe_lines(ConfigTarget("topic", "t"), entries, all_configs=True)
-    assert lines[0] == "All configs for topic t are:" and len(lines) == 3
+    assert lines[0] == "All configs for topic t are:" and len(lines) == 4
     assert lines[2].startswith("  retention.ms=604800000 ")
-    assert configs.describe_lines(ConfigTarget("broker", ""), []) == [
-        "Default configs for brokers in the cluster are:"
+    rates = [
+        _Entry("leader.replication.throttled.rate", "10", "DYNAMIC_DEFAULT_BROKER_CONFIG"),
+        _Entry("follower.replication.throttled.rate", None, "DYNAMIC_BROKER_CONFIG"),
     ]
-    assert configs.describe_lines(ConfigTarget("broker", "1"), [_Entry("x", None, "S")]) == [
+    assert configs.describe_lines(ConfigTarget("broker", ""), rates) == [
+        "Default configs for brokers in the cluster are:",
+        "  leader.replication.throttled.rate=10 sensitive=false synonyms="
+        "{DYNAMIC_DEFAULT_BROKER_CONFIG:leader.replication.throttled.rate=10}",
+    ]
+    assert configs.describe_lines(ConfigTarget("broker", "1"), rates) == [
         "Dynamic configs for broker 1 are:",
-        "  x=null sensitive=false synonyms={S:x=null}",
+        "  follower.replication.throttled.rate=null sensitive=false synonyms="
+        "{DYNAMIC_BROKER_CONFIG:follower.replication.throttled.rate=null}",
     ]
 
 
