@@ -17,8 +17,8 @@ config for brokers in the cluster"). `--describe` prints Kafka's "Dynamic config
 are:" then `  name=value sensitive=false synonyms={SOURCE:name=value}` per config set
 for the entity itself (Kafka's rule: DYNAMIC_TOPIC_CONFIG, DYNAMIC_BROKER_CONFIG, or
 DYNAMIC_DEFAULT_BROKER_CONFIG for --entity-default; `--all`: every config, defaults too).
-Changes take effect on every broker at once; bad input (unknown key, invalid value, a throttle of 0 or less) is refused by the
-controller and nothing changes.
+Changes take effect on every broker at once; bad input (unknown key, invalid value, a throttle
+of 0 or less) is refused by the controller and nothing changes.
 """
 
 from __future__ import annotations
