@@ -20,6 +20,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "minibroker.client.cli.consume",
     "minibroker.client.cli.leader_election",
     "minibroker.client.cli.brokers",
+    "minibroker.client.cli.reassign",
+    "minibroker.client.cli.configs",
     "minibroker.client.cli.watch",
     "minibroker.client.cli.dump_log",
     "minibroker.deploy.bench",

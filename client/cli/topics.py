@@ -1,11 +1,18 @@
-"""`minibroker topics create|list|delete|describe`: Kafka's kafka-topics.sh.
+"""`minibroker topics create|list|delete|describe|alter`: Kafka's kafka-topics.sh.
 
 Does network I/O through AsyncAdmin; writes to stdout. `describe` prints Kafka's layout (a topic
 line, then one tab-separated line per partition) plus what minibroker can show live: the leader
 epoch, offline replicas, the leader's high watermark and each replica's log end offset
-(`?` when its broker did not answer). `--json` prints one JSON list of partitions:
-`{topic, partition, leader, leader_epoch, partition_epoch, replicas, isr, offline_replicas,
-high_watermark, log_end_offsets: {"<broker id>": leo or null}}`.
+(`?` when its broker did not answer). A partition being reassigned also shows Kafka's
+`Adding Replicas: 4,5` and `Removing Replicas: 1,2`, and `CatchingUp: 4=120,5=?`: how many
+offsets each adding replica is behind the leader's LEO (`?`: unknown). `--json` prints one
+JSON list of partitions: `{topic, partition, leader, leader_epoch, partition_epoch, replicas,
+isr, offline_replicas, adding_replicas, removing_replicas, high_watermark,
+log_end_offsets: {"<broker id>": leo or null}}`.
+
+`alter --topic T --partitions N [--replica-assignment 1:2,2:3,...]` grows a topic to N
+partitions (CreatePartitions; Kafka's assignment lists every partition, the existing ones first,
+and only the new ones are used).
 
 With a controller quorum of more than one voter, the text output starts with one line naming
 the quorum (`Controller quorum: leader 1001 (epoch 3), voters 1000,1001,1002, high watermark
@@ -76,7 +83,72 @@ def register(sub: Any) -> None:
     add_bootstrap_argument(describe)
     describe.set_defaults(func=guarded(_describe))
 
+    alter = topics_sub.add_parser("alter", help="add partitions to a topic")
+    alter.add_argument("--topic", required=True)
+    alter.add_argument("--partitions", type=int, required=True, help="the new partition count")
+    alter.add_argument(
+        "--replica-assignment",
+        default=None,
+        metavar="1:2,2:3,...",
+        help="replicas of every partition (existing first), colon-separated brokers",
+    )
+    add_bootstrap_argument(alter)
+    alter.set_defaults(func=guarded(_alter))
+
     help_when_no_action(parser)
+
+
+def parse_replica_assignment(text: str) -> list[list[int]]:
+    """Kafka's `--replica-assignment`: `"1:2,2:3"` -> [[1, 2], [2, 3]] (one entry a partition)."""
+    out: list[list[int]] = []
+    for i, item in enumerate(text.split(",")):
+        try:
+            brokers = [int(b) for b in item.strip().split(":")]
+        except ValueError:
+            raise ValueError(
+                f"--replica-assignment: partition {i} ({item.strip()!r}) is not broker:broker:..."
+            ) from None
+        if len(set(brokers)) != len(brokers):
+            raise ValueError(f"--replica-assignment: partition {i} names a broker twice")
+        out.append(brokers)
+    return out
+
+
+def new_partition_assignments(
+    assignment: list[list[int]], current_count: int, new_count: int
+) -> list[list[int]]:
+    """The entries for the partitions being added (Kafka lists every partition)."""
+    if len(assignment) != new_count:
+        raise ValueError(
+            f"--replica-assignment lists {len(assignment)} partition(s), --partitions is "
+            f"{new_count}"
+        )
+    return assignment[current_count:]
+
+
+def _alter(args: argparse.Namespace) -> int:
+    if args.partitions < 1:
+        raise ValueError("--partitions must be at least 1")
+    assignment = (
+        None
+        if args.replica_assignment is None
+        else parse_replica_assignment(args.replica_assignment)
+    )
+
+    async def main() -> None:
+        async with admin_of(args) as admin:
+            extra = None
+            if assignment is not None:
+                (topic,) = await admin.describe_topics([args.topic])
+                added = new_partition_assignments(
+                    assignment, len(topic.partitions), args.partitions
+                )
+                extra = {args.topic: added}
+            await admin.create_partitions({args.topic: args.partitions}, extra)
+
+    run_async(main())
+    print(f"Topic {args.topic} now has {args.partitions} partitions.")
+    return 0
 
 
 def _create(args: argparse.Namespace) -> int:
@@ -137,13 +209,36 @@ def format_describe(topics: list[Any]) -> list[str]:
             leos = ",".join(
                 f"{node}={'?' if leo is None else leo}" for node, leo in p.log_end_offsets.items()
             )
-            lines.append(
+            line = (
                 f"\tTopic: {p.topic}\tPartition: {p.partition}\tLeader: {leader}\t"
                 f"LeaderEpoch: {p.leader_epoch}\tReplicas: {_ids(p.replicas)}\t"
-                f"Isr: {_ids(p.isr)}\tOfflineReplicas: {_ids(p.offline_replicas)}\t"
+                f"Isr: {_ids(p.isr)}"
+            )
+            adding = tuple(getattr(p, "adding_replicas", ()))
+            removing = tuple(getattr(p, "removing_replicas", ()))
+            if adding:
+                line += f"\tAdding Replicas: {_ids(adding)}"
+            if removing:
+                line += f"\tRemoving Replicas: {_ids(removing)}"
+            line += (
+                f"\tOfflineReplicas: {_ids(p.offline_replicas)}\t"
                 f"HighWatermark: {hw}\tLogEndOffsets: {leos}"
             )
+            if adding:
+                line += f"\tCatchingUp: {catching_up(p, adding)}"
+            lines.append(line)
     return lines
+
+
+def catching_up(p: Any, adding: tuple[int, ...]) -> str:
+    """`4=120,5=?`: offsets each adding replica is behind the leader's LEO (never negative)."""
+    leader_leo = p.log_end_offsets.get(p.leader)
+    parts = []
+    for node in adding:
+        leo = p.log_end_offsets.get(node)
+        behind = "?" if leo is None or leader_leo is None else str(max(0, leader_leo - leo))
+        parts.append(f"{node}={behind}")
+    return ",".join(parts)
 
 
 def describe_json(topics: list[Any]) -> list[dict[str, Any]]:
@@ -157,6 +252,8 @@ def describe_json(topics: list[Any]) -> list[dict[str, Any]]:
             "replicas": list(p.replicas),
             "isr": list(p.isr),
             "offline_replicas": list(p.offline_replicas),
+            "adding_replicas": list(getattr(p, "adding_replicas", ())),
+            "removing_replicas": list(getattr(p, "removing_replicas", ())),
             "high_watermark": p.high_watermark,
             "log_end_offsets": {str(node): leo for node, leo in p.log_end_offsets.items()},
         }

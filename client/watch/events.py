@@ -18,8 +18,11 @@ from minibroker.client.types import NO_LEADER
 from minibroker.client.watch.observations import ReplicaReport
 from minibroker.metadata.image import BrokerRegistration, MetadataImage
 from minibroker.metadata.records import (
+    CONFIG_RESOURCE_BROKER,
     LEADER_RECOVERING,
+    BrokerDecommissionRecord,
     BrokerRegistrationChangeRecord,
+    ConfigRecord,
     MetadataRecord,
     PartitionRecord,
     RegisterBrokerRecord,
@@ -35,6 +38,13 @@ class EventKind(StrEnum):
     ISR_SHRINK = "isr-shrink"
     ISR_EXPAND = "isr-expand"
     REASSIGNMENT = "reassignment"
+    REASSIGNMENT_STARTED = "move-started"
+    REPLICA_CAUGHT_UP = "caught-up"
+    REASSIGNMENT_COMPLETED = "move-done"
+    REASSIGNMENT_CANCELLED = "move-cancelled"
+    DECOMMISSIONING = "decommissioning"
+    DECOMMISSIONED = "decommissioned"
+    CONFIG = "config"
     TRUNCATION = "truncation"
     REGISTERED = "registered"
     FENCED = "fenced"
@@ -101,6 +111,9 @@ def partition_events(
             )
     removed = [r for r in old.isr if r not in new.isr]
     added = [r for r in new.isr if r not in old.isr]
+    # A replica a reassignment adds that joins the ISR has caught up: its own event.
+    caught_up = [r for r in added if r in old.adding_replicas]
+    added = [r for r in added if r not in caught_up]
     if removed:
         event(
             EventKind.ISR_SHRINK,
@@ -111,12 +124,115 @@ def partition_events(
             EventKind.ISR_EXPAND,
             f"{tp} ISR {_ids(old.isr)} -> {_ids(new.isr)}, in {_ids(added)}{why}",
         )
-    if new.replicas != old.replicas:
+    for r in caught_up:
+        in_sync = sum(1 for a in old.adding_replicas if a in new.isr)
         event(
-            EventKind.REASSIGNMENT,
-            f"{tp} replicas {_ids(old.replicas)} -> {_ids(new.replicas)}{why}",
+            EventKind.REPLICA_CAUGHT_UP,
+            f"{tp} new replica {r} caught up, joined the ISR {_ids(new.isr)} "
+            f"({in_sync} of {len(old.adding_replicas)} new replicas in sync)",
         )
+    out.extend(_reassignment_events(tp, old, new, why, timestamp_ms))
     return out
+
+
+def _reassignment_events(
+    tp: str, old: PartitionRecord, new: PartitionRecord, why: str, timestamp_ms: int
+) -> list[ClusterEvent]:
+    """Start, completion or cancellation of a reassignment (KIP-455), or a plain change of the
+    replica list."""
+    topic, _, _ = tp.rpartition("-")
+
+    def event(kind: EventKind, text: str) -> ClusterEvent:
+        return ClusterEvent(timestamp_ms, kind, text, topic, new.partition)
+
+    if new.is_reassigning and (
+        not old.is_reassigning or new.target_replicas != old.target_replicas
+    ):
+        return [
+            event(
+                EventKind.REASSIGNMENT_STARTED,
+                f"{tp} reassignment started: {_ids(new.original_replicas)} -> "
+                f"{_ids(new.target_replicas)}, adding {_ids(new.adding_replicas)}, "
+                f"removing {_ids(new.removing_replicas)}{why}",
+            )
+        ]
+    if old.is_reassigning and not new.is_reassigning:
+        # Sets: the order of the replicas coming back after a cancel is the controller's.
+        if set(new.replicas) == set(old.target_replicas):
+            return [
+                event(
+                    EventKind.REASSIGNMENT_COMPLETED,
+                    f"{tp} reassignment completed: {_ids(old.original_replicas)} -> "
+                    f"{_ids(new.replicas)}{why}",
+                )
+            ]
+        if set(new.replicas) == set(old.original_replicas):
+            return [
+                event(
+                    EventKind.REASSIGNMENT_CANCELLED,
+                    f"{tp} reassignment cancelled: back to {_ids(new.replicas)}{why}",
+                )
+            ]
+    if new.replicas != old.replicas:
+        return [
+            event(
+                EventKind.REASSIGNMENT,
+                f"{tp} replicas {_ids(old.replicas)} -> {_ids(new.replicas)}{why}",
+            )
+        ]
+    return []
+
+
+def _hosts_elsewhere(image: MetadataImage, broker_id: int, skip: tuple[str, int]) -> bool:
+    return any(
+        broker_id in p.replicas for t, p in image.partitions() if (t.topic_id, p.partition) != skip
+    )
+
+
+def decommissioned_events(
+    image: MetadataImage, old: PartitionRecord, new: PartitionRecord, timestamp_ms: int
+) -> list[ClusterEvent]:
+    """A decommissioning broker that this change leaves hosting nothing: safe to stop."""
+    out = []
+    for b in old.replicas:
+        if b in new.replicas or b not in image.decommissioning:
+            continue
+        if not _hosts_elsewhere(image, b, (new.topic_id, new.partition)):
+            out.append(
+                ClusterEvent(
+                    timestamp_ms,
+                    EventKind.DECOMMISSIONED,
+                    f"broker {b} decommissioned: it hosts no replicas, safe to stop",
+                    broker_id=b,
+                )
+            )
+    return out
+
+
+def config_event(image: MetadataImage, record: ConfigRecord, timestamp_ms: int) -> ClusterEvent:
+    """A topic or broker config set or deleted."""
+    change = "deleted" if record.value is None else f"= {record.value}"
+    if record.resource_type == CONFIG_RESOURCE_BROKER:
+        who = (
+            "brokers (default)" if record.resource_name == "" else f"broker {record.resource_name}"
+        )
+        broker_id = None
+        if record.resource_name.isdigit():
+            broker_id = int(record.resource_name)
+        return ClusterEvent(
+            timestamp_ms,
+            EventKind.CONFIG,
+            f"config of {who}: {record.name} {change}",
+            broker_id=broker_id,
+        )
+    topic = image.topics_by_id.get(record.resource_name)
+    name = record.resource_name if topic is None else topic.name
+    return ClusterEvent(
+        timestamp_ms,
+        EventKind.CONFIG,
+        f"config of topic {name}: {record.name} {change}",
+        topic=name,
+    )
 
 
 def broker_events(
@@ -210,7 +326,21 @@ def record_events(
         old = None if topic is None else topic.partitions.get(record.partition)
         if topic is None or old is None:
             return []  # creation: the topic's own event covers its partitions
-        return partition_events(topic.name, old, record, timestamp_ms)
+        return partition_events(topic.name, old, record, timestamp_ms) + decommissioned_events(
+            image, old, record, timestamp_ms
+        )
+    if isinstance(record, ConfigRecord):
+        return [config_event(image, record, timestamp_ms)]
+    if isinstance(record, BrokerDecommissionRecord):
+        b = record.broker_id
+        if record.decommissioning == (b in image.decommissioning):
+            return []
+        text = (
+            f"broker {b} decommissioning"
+            if record.decommissioning
+            else (f"broker {b} decommission cancelled")
+        )
+        return [ClusterEvent(timestamp_ms, EventKind.DECOMMISSIONING, text, broker_id=b)]
     if isinstance(record, RegisterBrokerRecord | BrokerRegistrationChangeRecord):
         old_reg = image.brokers.get(record.broker_id)
         probe = MetadataImage()

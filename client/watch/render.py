@@ -54,6 +54,8 @@ _BROKER_STATUS_STYLES = {
     "unreachable": "red",
     "shutting-down": "yellow",
     "unregistered": "yellow",
+    "decommissioning": "cyan",
+    "decommissioned": "dim",
 }
 
 
@@ -156,6 +158,7 @@ def _brokers_table(rows: list[BrokerRow], now_ms: int) -> Table:
         table.add_column(name, no_wrap=name != "RPC")
     table.add_column("EPOCH", justify="right")
     table.add_column("LEADERS", justify="right")
+    table.add_column("REPLICAS", justify="right")
     for row in rows:
         fenced = "-" if row.fenced is None else ("yes" if row.fenced else "no")
         if row.in_controlled_shutdown:
@@ -172,6 +175,7 @@ def _brokers_table(rows: list[BrokerRow], now_ms: int) -> Table:
             heartbeat,
             "-" if row.broker_epoch < 0 else str(row.broker_epoch),
             str(row.leader_count),
+            str(row.replica_count),
         )
     return table
 
@@ -185,6 +189,10 @@ def _cell_text(cell: ReplicaCell) -> Text:
     text.append("?" if cell.leo is None else str(cell.leo))
     if cell.lag:
         text.append(f" lag {cell.lag}", style="yellow")
+    if cell.adding:
+        text.append(" +new", style="cyan")
+    if cell.removing:
+        text.append(" -old", style="magenta")
     if not cell.in_isr:
         text.append(" !isr", style="yellow")
     if cell.problem:
@@ -241,6 +249,8 @@ def _partitions_table(rows: list[PartitionRow], limit: int | None) -> Table:
     for row in shown:
         replicas = Text("  ").join(_cell_text(c) for c in row.cells)
         status = ", ".join(row.problems) or "ok"
+        if row.reassigning:
+            status += " (moving)"
         if not row.from_controller:
             status += " (from brokers)"
         table.add_row(

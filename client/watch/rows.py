@@ -33,6 +33,8 @@ class BrokerRow:
     heartbeat_ms_ago: int | None
     leader_count: int
     status: str  # the one word that sums it up: alive, fenced, paused, stopped, unreachable, ...
+    replica_count: int = 0
+    decommissioning: bool = False  # marked by `brokers decommission` (BrokerDecommissionRecord)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,8 @@ class ReplicaCell:
     leo: int | None  # None: nobody who answered knows it
     lag: int | None  # leader LEO - this replica's LEO, never negative; None when unknown
     problem: str  # "" or why this replica is not serving: stopped, paused, fenced, unreachable
+    adding: bool = False  # a reassignment is adding this replica (it catches up from zero)
+    removing: bool = False  # a reassignment will drop this replica once the new ones are in sync
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +66,12 @@ class PartitionRow:
     leader_unreachable: bool
     unclean: bool  # led after an unclean election, still recovering (KIP-704)
     from_controller: bool  # False: the controller's image has no record of it yet; brokers say so
+    adding_replicas: tuple[int, ...] = ()
+    removing_replicas: tuple[int, ...] = ()
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding_replicas or self.removing_replicas)
 
     @property
     def problems(self) -> tuple[str, ...]:
@@ -91,9 +101,12 @@ def _reachable_report(
 def broker_rows(model: WatchModel) -> list[BrokerRow]:
     """One row a broker, every broker any source knows of."""
     leaders: dict[int, int] = {}
+    hosted: dict[int, int] = {}
     for _, p in model.image.partitions():
         if p.leader != NO_LEADER:
             leaders[p.leader] = leaders.get(p.leader, 0) + 1
+        for r in p.replicas:
+            hosted[r] = hosted.get(r, 0) + 1
     # Heartbeat ages are the controller's; while it is unreachable they would only age.
     fresh = model.cluster is not None and model.controller.reachable
     heartbeats = model.cluster.heartbeat_ms_ago if fresh and model.cluster else {}
@@ -117,7 +130,15 @@ def broker_rows(model: WatchModel) -> list[BrokerRow]:
                 reach=reach,
                 heartbeat_ms_ago=heartbeats.get(broker_id),
                 leader_count=leaders.get(broker_id, 0),
-                status=_broker_status(reg, process, reach),
+                status=_broker_status(
+                    reg,
+                    process,
+                    reach,
+                    broker_id in model.image.decommissioning,
+                    hosted.get(broker_id, 0),
+                ),
+                replica_count=hosted.get(broker_id, 0),
+                decommissioning=broker_id in model.image.decommissioning,
             )
         )
     return rows
@@ -192,6 +213,8 @@ def partition_rows(model: WatchModel, topic: str | None = None) -> list[Partitio
                     leo=leo,
                     lag=lag,
                     problem=model.replica_problem(broker_id),
+                    adding=broker_id in p.adding_replicas,
+                    removing=broker_id in p.removing_replicas,
                 )
             )
         min_isr = _min_insync_replicas(model, name)
@@ -208,11 +231,14 @@ def partition_rows(model: WatchModel, topic: str | None = None) -> list[Partitio
                 high_watermark=None if leader_report is None else leader_report.high_watermark,
                 cells=tuple(cells),
                 offline=offline,
-                under_replicated=not offline and len(p.isr) < len(p.replicas),
+                # Kafka: during a reassignment the replication factor is the target's size.
+                under_replicated=not offline and len(p.isr) < len(p.target_replicas),
                 under_min_isr=not offline and min_isr is not None and len(p.isr) < min_isr,
                 leader_unreachable=not offline and model.replica_problem(p.leader) != "",
                 unclean=p.leader_recovery_state == LEADER_RECOVERING,
                 from_controller=from_controller,
+                adding_replicas=p.adding_replicas,
+                removing_replicas=p.removing_replicas,
             )
         )
     return rows
@@ -227,8 +253,14 @@ def _min_insync_replicas(model: WatchModel, topic: str) -> int | None:
 
 
 def _broker_status(
-    reg: BrokerRegistration | None, process: ProcessInfo | None, reach: Reachability
+    reg: BrokerRegistration | None,
+    process: ProcessInfo | None,
+    reach: Reachability,
+    decommissioning: bool = False,
+    replica_count: int = 0,
 ) -> str:
+    if decommissioning and replica_count == 0:
+        return "decommissioned"  # marked and hosts nothing: stopping it is safe
     if process is not None and process.state in ("stopped", "paused"):
         return process.state
     if reach.reachable is False:
@@ -239,7 +271,7 @@ def _broker_status(
         return "shutting-down"
     if reg.fenced:
         return "fenced"
-    return "alive"
+    return "decommissioning" if decommissioning else "alive"
 
 
 def int_or_none(value: str | None) -> int | None:

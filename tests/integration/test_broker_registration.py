@@ -202,7 +202,7 @@ def test_brokers_command_and_a_broker_refused_at_registration(tmp_path: pathlib.
         assert listed.returncode == 0, listed.stderr
         lines = listed.stdout.splitlines()
         assert [line.split("\t")[0] for line in lines] == ["Broker: 1", "Broker: 2"]
-        assert all("State: alive" in line for line in lines)
+        assert all("State: active" in line for line in lines)
 
         refused = cli("brokers", "unregister", "2", *boot)
         assert refused.returncode == 1

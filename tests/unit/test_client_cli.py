@@ -299,6 +299,8 @@ def test_topics_describe_json_shape() -> None:
         "replicas": [1, 2, 3],
         "isr": [1, 2],
         "offline_replicas": [3],
+        "adding_replicas": [],
+        "removing_replicas": [],
         "high_watermark": 10,
         "log_end_offsets": {"1": 10, "2": 10, "3": None},
     }
@@ -393,12 +395,12 @@ def test_brokers_list_lines_and_json() -> None:
         BrokerDescription(3, "127.0.0.1", 9094, "", False, True, 44, 10),
     )
     assert brokers.format_brokers(rows) == [
-        "Broker: 1\tAddress: 127.0.0.1:9092\tRack: rack-a\tState: alive\tBrokerEpoch: 12\t"
-        "LastHeartbeatMsAgo: 85",
-        "Broker: 2\tAddress: 127.0.0.1:9093\tRack: \tState: fenced\tBrokerEpoch: 30\t"
-        "LastHeartbeatMsAgo: -1",
-        "Broker: 3\tAddress: 127.0.0.1:9094\tRack: \tState: shutting-down\tBrokerEpoch: 44\t"
-        "LastHeartbeatMsAgo: 10",
+        "Broker: 1\tAddress: 127.0.0.1:9092\tRack: rack-a\tState: active\tReplicas: 0\t"
+        "Leaders: 0\tBrokerEpoch: 12\tLastHeartbeatMsAgo: 85",
+        "Broker: 2\tAddress: 127.0.0.1:9093\tRack: \tState: fenced\tReplicas: 0\t"
+        "Leaders: 0\tBrokerEpoch: 30\tLastHeartbeatMsAgo: -1",
+        "Broker: 3\tAddress: 127.0.0.1:9094\tRack: \tState: shutting-down\tReplicas: 0\t"
+        "Leaders: 0\tBrokerEpoch: 44\tLastHeartbeatMsAgo: 10",
     ]
     assert brokers.describe_json(rows[:1]) == [
         {
@@ -406,7 +408,9 @@ def test_brokers_list_lines_and_json() -> None:
             "host": "127.0.0.1",
             "port": 9092,
             "rack": "rack-a",
-            "state": "alive",
+            "state": "active",
+            "replicas": 0,
+            "leaders": 0,
             "broker_epoch": 12,
             "last_heartbeat_ms_ago": 85,
         }
