@@ -280,7 +280,13 @@ def test_the_invariant_holds_and_polls_neither_skip_nor_repeat_offsets(
             fetched(state, int(event[1]), int(event[2]))  # type: ignore[call-overload]
         elif kind == "poll":
             position = state.position
-            records = subs.drain(int(event[1]))  # type: ignore[call-overload]
+            try:
+                records = subs.drain(int(event[1]))  # type: ignore[call-overload]
+            except LogTruncationError:
+                # A validation that found the log truncated below the position, with no reset
+                # strategy, surfaces here (KIP-320): nothing is handed out, nothing moves.
+                assert state.position == position
+                records = []
             if records:
                 assert position is not None
                 offsets = [r.offset for r in records]
