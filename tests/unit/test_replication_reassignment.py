@@ -176,7 +176,9 @@ def serve(
     return reply
 
 
-def fetch_round(leader: Broker, follower: Broker, now: int = NOW) -> tuple[FetchReply, list[Output]]:
+def fetch_round(
+    leader: Broker, follower: Broker, now: int = NOW
+) -> tuple[FetchReply, list[Output]]:
     """One follower fetch: the follower plans it, the leader answers, the follower applies."""
     position = follower.engine.next_fetch(TP, leader.id, now)
     assert position is not None
