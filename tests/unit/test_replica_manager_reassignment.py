@@ -1,9 +1,9 @@
 """The replica manager (the asyncio shell) for moving replicas and live configs, on real logs:
 
-  * a topic ConfigRecord reconfigures the PartitionLog at once (retention, segment, flush);
-  * a broker removed from a partition's replicas deletes the log dir, once the record says so;
-  * the follower's fetch plan leaves a throttled partition out when its quota is exceeded, and
-    the quota's rate and totals reach /metrics (Kafka's FollowerReplication byte-rate).
+* a topic ConfigRecord reconfigures the PartitionLog at once (retention, segment, flush);
+* a broker removed from a partition's replicas deletes the log dir, once the record says so;
+* the follower's fetch plan leaves a throttled partition out when its quota is exceeded, and
+  the quota's rate and totals reach /metrics (Kafka's FollowerReplication byte-rate).
 """
 
 from __future__ import annotations
