@@ -459,6 +459,8 @@ def encode_metadata(
                     isr=list(record.isr),
                     offline_replicas=offline,
                     partition_epoch=record.partition_epoch,
+                    adding_replicas=list(record.adding_replicas),
+                    removing_replicas=list(record.removing_replicas),
                 )
             )
         response.topics.append(tm)

@@ -21,7 +21,14 @@ from minibroker.client.errors import ErrorCode, MiniBrokerError, RetriableError
 from minibroker.client.types import Record, RecordMetadata, TopicPartition
 
 if TYPE_CHECKING:
-    from minibroker.client.admin import AsyncAdmin, NewTopic
+    from minibroker.client.admin import (
+        AlterConfigOp,
+        AsyncAdmin,
+        ConfigEntry,
+        ConfigResource,
+        NewTopic,
+        PartitionReassignment,
+    )
     from minibroker.client.consumer import AsyncConsumer
     from minibroker.client.produce_result import FutureRecordMetadata, SentRecords
     from minibroker.client.producer import AsyncProducer
@@ -35,6 +42,10 @@ _LAZY = {
     "AsyncConsumer": "minibroker.client.consumer",
     "AsyncAdmin": "minibroker.client.admin",
     "NewTopic": "minibroker.client.admin",
+    "ConfigResource": "minibroker.client.admin",
+    "AlterConfigOp": "minibroker.client.admin",
+    "ConfigEntry": "minibroker.client.admin",
+    "PartitionReassignment": "minibroker.client.admin",
     "FutureRecordMetadata": "minibroker.client.produce_result",
     "SentRecords": "minibroker.client.produce_result",
 }
@@ -60,14 +71,18 @@ def __getattr__(name: str) -> Any:
 # The error names come from the errors module, so a new code exports itself.
 __all__ = [
     "Admin",
+    "AlterConfigOp",
     "AsyncAdmin",
     "AsyncConsumer",
     "AsyncProducer",
+    "ConfigEntry",
+    "ConfigResource",
     "Consumer",
     "ErrorCode",
     "FutureRecordMetadata",
     "MiniBrokerError",
     "NewTopic",
+    "PartitionReassignment",
     "Producer",
     "Record",
     "RecordMetadata",

@@ -1,4 +1,6 @@
-"""AsyncAdmin: topics, cluster description, leader elections and broker unregistration.
+"""AsyncAdmin: topics, cluster description, leader elections, broker unregistration and
+decommissioning, partition reassignments (KIP-455), CreatePartitions and dynamic configs
+(IncrementalAlterConfigs, DescribeConfigs).
 
 Does network I/O through `ClusterClient`. Metadata comes from any broker (BrokerService.Metadata);
 the Metadata response names the controller's address, and topic creation and deletion, cluster
@@ -25,8 +27,11 @@ from minibroker.client.errors import (
     ErrorCode,
     MiniBrokerError,
     NetworkExceptionError,
+    NoReassignmentInProgressError,
+    ReassignmentInProgressError,
     RequestTimedOutError,
     TopicAlreadyExistsError,
+    UnknownServerError,
 )
 from minibroker.client.transport import (
     DEFAULT_BOOTSTRAP,
@@ -68,6 +73,10 @@ class PartitionDescription:
     offline_replicas: tuple[int, ...]
     high_watermark: int = -1
     log_end_offsets: Mapping[int, int | None] = field(default_factory=dict)
+    # A reassignment in progress (KIP-455): `replicas` is the target followed by the replicas
+    # being removed; () when none runs.
+    adding_replicas: tuple[int, ...] = ()
+    removing_replicas: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +101,9 @@ class BrokerDescription:
     in_controlled_shutdown: bool
     broker_epoch: int
     last_heartbeat_ms_ago: int
+    decommissioning: bool = False  # marked: its replicas move away, it gets no new ones
+    replica_count: int = 0  # partitions whose replicas (adding ones too) name it
+    leader_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +123,137 @@ class CreatedTopic:
 
 
 _MAX_INT32 = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionReassignment:
+    """A reassignment in progress: `replicas` is the target followed by the replicas being
+    removed (Kafka's PartitionReassignment)."""
+
+    replicas: tuple[int, ...]
+    adding_replicas: tuple[int, ...]
+    removing_replicas: tuple[int, ...]
+
+    @property
+    def target_replicas(self) -> tuple[int, ...]:
+        return tuple(b for b in self.replicas if b not in self.removing_replicas)
+
+
+def _broker_resource_name(name: str) -> bool:
+    """A broker id in canonical decimal form, or "" (the cluster-wide default)."""
+    return name == "" or (
+        len(name) <= 10
+        and name.isascii()
+        and name.isdigit()
+        and str(int(name)) == name
+        and int(name) <= _MAX_INT32
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigResource:
+    """What a config belongs to (Kafka's ConfigResource): type "topic" (name: the topic) or
+    "broker" (name: a broker id such as "1", or "" for the default of every broker)."""
+
+    type: str
+    name: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.type, str):
+            raise TypeError(f"ConfigResource type must be a str, got {self.type!r}")
+        kind = self.type.lower()
+        if kind not in wire.CONFIG_RESOURCE_TYPES:
+            raise ValueError(f"ConfigResource type must be 'topic' or 'broker', got {self.type!r}")
+        object.__setattr__(self, "type", kind)
+        if not isinstance(self.name, str):
+            raise TypeError(f"ConfigResource name must be a str, got {self.name!r}")
+        if kind == "topic":
+            check_topic_name(self.name)
+        elif not _broker_resource_name(self.name):
+            raise ValueError(
+                f"a broker ConfigResource's name is a broker id ('1') or '' for every broker, "
+                f"got {self.name!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigOp:
+    """One change of IncrementalAlterConfigs (Kafka's AlterConfigOp): op "set" (value), "delete"
+    (back to the default; value ignored), "append" / "subtract" (an item of a list-valued
+    config such as leader.replication.throttled.replicas)."""
+
+    name: str
+    op: str
+    value: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"AlterConfigOp name must be a str, got {self.name!r}")
+        if not self.name:
+            raise ValueError("AlterConfigOp name must not be empty")
+        if not isinstance(self.op, str):
+            raise TypeError(f"AlterConfigOp op must be a str, got {self.op!r}")
+        op = self.op.lower()
+        if op not in wire.CONFIG_OPS:
+            raise ValueError(
+                f"AlterConfigOp op must be 'set', 'delete', 'append' or 'subtract', got {self.op!r}"
+            )
+        object.__setattr__(self, "op", op)
+        if self.value is not None and not isinstance(self.value, str):
+            raise TypeError(f"AlterConfigOp value must be a str or None, got {self.value!r}")
+        if op != "delete" and self.value is None:
+            raise ValueError(f"AlterConfigOp {op!r} of {self.name!r} needs a value")
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    """One config as DescribeConfigs answers it. `source` is Kafka's ConfigSource name:
+    DYNAMIC_TOPIC_CONFIG, DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG,
+    STATIC_BROKER_CONFIG or DEFAULT_CONFIG."""
+
+    name: str
+    value: str | None
+    source: str
+    read_only: bool = False
+    documentation: str = ""
+
+
+def _check_int(what: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, got {value!r}")
+    if not low <= value <= _MAX_INT32:
+        raise ValueError(f"{what} must be between {low} and {_MAX_INT32}, got {value}")
+    return value
+
+
+def _check_bool(what: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{what} must be a bool, got {value!r}")
+    return value
+
+
+def _topic_partition(tp: object) -> TopicPartition:
+    """A TopicPartition (or a (topic, partition) pair), checked."""
+    if not isinstance(tp, tuple) or len(tp) != 2:
+        raise TypeError(f"expected a TopicPartition, got {tp!r}")
+    topic, partition = tp
+    check_topic_name(topic)
+    _check_int(f"partition of {topic!r}", partition, 0)
+    return TopicPartition(topic, partition)
+
+
+def _replica_ids(what: str, replicas: object) -> tuple[int, ...]:
+    """A replica list: a sequence of broker ids (ints 0..2**31-1). Empty lists, duplicates and
+    unknown brokers are the controller's INVALID_REPLICA_ASSIGNMENT."""
+    if isinstance(replicas, (str, bytes)) or not isinstance(replicas, Sequence):
+        raise TypeError(f"{what} must be a sequence of broker ids, got {replicas!r}")
+    return tuple(_check_int(f"a broker id in {what}", b, 0) for b in replicas)
+
+
+def _check_mapping(what: str, value: object) -> Mapping[Any, Any]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{what} must be a mapping, got {type(value).__name__}")
+    return value
 
 
 class AsyncAdmin:
@@ -308,6 +451,238 @@ class AsyncAdmin:
             brokers=tuple(BrokerDescription(*b) for b in cluster.brokers),
         )
 
+    async def alter_partition_reassignments(
+        self, reassignments: Mapping[TopicPartition, Sequence[int] | None]
+    ) -> dict[TopicPartition, MiniBrokerError | None]:
+        """Move partitions to new replicas (Kafka's Admin.alterPartitionReassignments, KIP-455):
+        each target is a list of broker ids, preferred leader first; None cancels the running
+        reassignment of that partition.
+
+        Returns each partition's outcome: None when the move started (or completed at once,
+        or there was nothing to do, or the cancel took effect), else its error:
+        UnknownTopicOrPartitionError, InvalidReplicaAssignmentError (empty target,
+        duplicates, unregistered or decommissioning brokers, fewer than min.insync.replicas),
+        ReassignmentInProgressError, NoReassignmentInProgressError. A malformed request is
+        refused whole (InvalidRequestError for every partition). Raises TypeError/ValueError
+        for bad arguments before anything is sent.
+        """
+        moves: list[tuple[TopicPartition, tuple[int, ...] | None]] = []
+        for tp, replicas in _check_mapping("reassignments", reassignments).items():
+            checked = _topic_partition(tp)
+            target = None if replicas is None else _replica_ids(f"target of {checked}", replicas)
+            moves.append((checked, target))
+        if not moves:
+            return {}
+        request = wire.alter_reassignments_request(moves, self.request_timeout_ms)
+        resp, resent = await self._controller_call_sent("AlterPartitionReassignments", request)
+        answered = wire.reassignment_results(resp)
+        top = wire.answer_error(resp)
+        out: dict[TopicPartition, MiniBrokerError | None] = {}
+        for tp, _ in moves:
+            if tp in answered:
+                error = answered[tp]
+            else:
+                error = top or UnknownServerError(f"the controller did not answer for {tp}")
+            if resent and isinstance(
+                error, (ReassignmentInProgressError, NoReassignmentInProgressError)
+            ):
+                # An attempt lost in a controller failover may have started (or cancelled) it.
+                error = type(error)(
+                    f"{error} (the request was re-sent after a controller failover or timeout: "
+                    "an earlier attempt may have done it)"
+                )
+            out[tp] = error
+        return out
+
+    async def list_partition_reassignments(
+        self, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, PartitionReassignment]:
+        """The reassignments in progress (Kafka's Admin.listPartitionReassignments), of
+        `partitions` or (None) of every partition. A partition that is not being reassigned,
+        or does not exist, is left out."""
+        wanted: list[TopicPartition] | None = None
+        if partitions is not None:
+            if isinstance(partitions, (str, bytes)) or not isinstance(partitions, Iterable):
+                raise TypeError(f"partitions must be TopicPartitions, got {partitions!r}")
+            wanted = list(dict.fromkeys(_topic_partition(tp) for tp in partitions))
+            if not wanted:
+                return {}
+        resp = await self._controller_call(
+            "ListPartitionReassignments", wire.list_reassignments_request(wanted)
+        )
+        error = wire.answer_error(resp)
+        if error is not None:
+            raise error
+        asked = None if wanted is None else set(wanted)
+        return {
+            tp: PartitionReassignment(*answer)
+            for tp, answer in sorted(wire.ongoing_reassignments(resp).items())
+            if asked is None or tp in asked
+        }
+
+    async def create_partitions(
+        self,
+        new_counts: Mapping[str, int],
+        assignments: Mapping[str, Sequence[Sequence[int]]] | None = None,
+        validate_only: bool = False,
+    ) -> None:
+        """Grow topics to a new total number of partitions (Kafka's Admin.createPartitions).
+        `assignments[topic]`, when given, holds one replica list per new partition; otherwise
+        the controller places them. Raises the typed error of the first failure (others named
+        in its message): InvalidPartitionsError (the count does not grow),
+        InvalidReplicaAssignmentError, UnknownTopicOrPartitionError. TypeError/ValueError for
+        bad arguments, before anything is sent. Waits (best effort, up to 10 s) until the
+        brokers' metadata shows the new partitions with leaders."""
+        counts: dict[str, int] = {}
+        for name, count in _check_mapping("new_counts", new_counts).items():
+            check_topic_name(name)
+            counts[name] = _check_int(f"new partition count of {name!r}", count, 1)
+        placed: dict[str, tuple[tuple[int, ...], ...]] = {}
+        for name, lists in _check_mapping("assignments", assignments or {}).items():
+            if name not in counts:
+                raise ValueError(f"assignments name topic {name!r}, which new_counts does not")
+            if isinstance(lists, (str, bytes)) or not isinstance(lists, Sequence):
+                raise TypeError(f"assignments of {name!r} must be a sequence of replica lists")
+            placed[name] = tuple(
+                _replica_ids(f"assignment {i} of {name!r}", r) for i, r in enumerate(lists)
+            )
+        _check_bool("validate_only", validate_only)
+        if not counts:
+            return
+        request = wire.create_partitions_request(
+            [(name, count, placed.get(name)) for name, count in counts.items()],
+            self.request_timeout_ms,
+            validate_only,
+        )
+        resp = await self._controller_call("CreatePartitions", request)
+        answered = wire.create_partitions_results(resp)
+        failures: list[tuple[str, MiniBrokerError]] = []
+        for name in counts:
+            if name not in answered:
+                failures.append((name, UnknownServerError("the controller did not answer")))
+            elif (error := answered[name]) is not None:
+                failures.append((name, error))
+        _raise_first(failures, "create partitions of")
+        if not validate_only:
+            await self._wait_for_partitions(counts)
+
+    async def _wait_for_partitions(self, counts: Mapping[str, int]) -> None:
+        """Best effort: wait (up to 10 s) until the brokers' metadata shows every topic with at
+        least its new partition count, each with a leader."""
+        deadline = now_ms() + min(self.default_api_timeout_ms, 10_000)
+        names = sorted(counts)
+        while now_ms() < deadline:
+            try:
+                snapshot = await self.cluster.fetch_metadata(names)
+            except MiniBrokerError:
+                snapshot = None
+            if snapshot is not None and all(
+                (info := snapshot.topics.get(name)) is not None
+                and info.error_code == ErrorCode.NONE
+                and len(info.partitions) >= counts[name]
+                and all(p.leader >= 0 for p in info.partitions.values())
+                for name in names
+            ):
+                self.cluster.metadata.update(snapshot, now_ms())
+                return
+            await asyncio.sleep(self.cluster.retry_backoff_ms / 1000)
+
+    async def incremental_alter_configs(
+        self,
+        changes: Mapping[ConfigResource, Sequence[AlterConfigOp]],
+        validate_only: bool = False,
+    ) -> None:
+        """Change dynamic configs (Kafka's Admin.incrementalAlterConfigs): topic configs, and
+        the broker throttle rates (per broker id, or "" for every broker). Raises the typed
+        error of the first failure (others named in its message): InvalidConfigError (unknown
+        key, bad value), UnknownTopicOrPartitionError, InvalidRequestError. TypeError/ValueError
+        for bad arguments (a config changed twice for one resource), before anything is sent."""
+        resources: list[tuple[ConfigResource, tuple[AlterConfigOp, ...]]] = []
+        for resource, ops in _check_mapping("changes", changes).items():
+            if not isinstance(resource, ConfigResource):
+                raise TypeError(f"changes are keyed by ConfigResource, got {resource!r}")
+            if isinstance(ops, (str, bytes)) or not isinstance(ops, Sequence):
+                raise TypeError(f"changes of {resource} must be a sequence of AlterConfigOp")
+            seen: set[str] = set()
+            for op in ops:
+                if not isinstance(op, AlterConfigOp):
+                    raise TypeError(f"changes of {resource} must be AlterConfigOps, got {op!r}")
+                if op.name in seen:
+                    raise ValueError(f"config {op.name!r} changed twice for {resource}")
+                seen.add(op.name)
+            resources.append((resource, tuple(ops)))
+        _check_bool("validate_only", validate_only)
+        if not resources:
+            return
+        request = wire.alter_configs_request(
+            [((r.type, r.name), [(o.name, o.op, o.value) for o in ops]) for r, ops in resources],
+            validate_only,
+        )
+        resp = await self._controller_call("IncrementalAlterConfigs", request)
+        answered = wire.alter_configs_results(resp)
+        failures: list[tuple[str, MiniBrokerError]] = []
+        for resource, _ in resources:
+            key = (resource.type, resource.name)
+            if key not in answered:
+                failures.append((_label(resource), UnknownServerError("no answer")))
+            elif (error := answered[key]) is not None:
+                failures.append((_label(resource), error))
+        _raise_first(failures, "alter configs of")
+
+    async def describe_configs(
+        self, resources: Iterable[ConfigResource], keys: Iterable[str] = ()
+    ) -> dict[ConfigResource, list[ConfigEntry]]:
+        """Every config of each resource (or only `keys`), with its effective value and where
+        it comes from (Kafka's Admin.describeConfigs). Raises the typed error of the first
+        resource that failed (UnknownTopicOrPartitionError, InvalidRequestError, ...)."""
+        if isinstance(resources, (str, bytes)) or not isinstance(resources, Iterable):
+            raise TypeError(f"resources must be ConfigResources, got {resources!r}")
+        wanted = list(dict.fromkeys(resources))
+        for resource in wanted:
+            if not isinstance(resource, ConfigResource):
+                raise TypeError(f"resources must be ConfigResources, got {resource!r}")
+        if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+            raise TypeError(f"keys must be an iterable of config names, got {keys!r}")
+        names = list(dict.fromkeys(keys))
+        for key in names:
+            if not isinstance(key, str) or not key:
+                raise TypeError(f"config names must be non-empty strs, got {key!r}")
+        if not wanted:
+            return {}
+        request = wire.describe_configs_request([(r.type, r.name) for r in wanted], names)
+        resp = await self._controller_call("DescribeConfigs", request)
+        answered = wire.described_configs(resp)
+        out: dict[ConfigResource, list[ConfigEntry]] = {}
+        failures: list[tuple[str, MiniBrokerError]] = []
+        for resource in wanted:
+            described = answered.get((resource.type, resource.name))
+            if described is None:
+                failures.append((_label(resource), UnknownServerError("no answer")))
+            elif described.error is not None:
+                failures.append((_label(resource), described.error))
+            else:
+                out[resource] = [ConfigEntry(*e) for e in described.entries]
+        _raise_first(failures, "describe configs of")
+        return out
+
+    async def decommission_broker(self, broker_id: int, cancel: bool = False) -> int:
+        """Mark a broker for decommissioning: its leaderships move off it first, then every
+        replica it holds is reassigned (racks honoured, leaders balanced), and it gets no new
+        ones; once it holds nothing it can be stopped. `cancel` removes the mark (moves already
+        started go on). Returns how many reassignments this call started.
+
+        Raises BrokerIdNotRegisteredError for an unknown broker and InvalidRequestError when the
+        other brokers cannot hold some topic's replication factor (nothing changes then)."""
+        _check_int("broker_id", broker_id, 0)
+        _check_bool("cancel", cancel)
+        resp = await self._controller_call(
+            "DecommissionBroker", wire.decommission_request(broker_id, cancel)
+        )
+        error = wire.answer_error(resp)
+        if error is not None:
+            raise error
+        return resp.partitions_moving
+
     async def elect_leaders(
         self,
         election_type: str = "preferred",
@@ -409,6 +784,8 @@ class AsyncAdmin:
                         offline_replicas=pi.offline_replicas,
                         high_watermark=hw,
                         log_end_offsets=leos if include_offsets else {},
+                        adding_replicas=pi.adding_replicas,
+                        removing_replicas=pi.removing_replicas,
                     )
                 )
             out.append(TopicDescription(name, info.topic_id, tuple(parts), dict(info.configs)))
@@ -427,6 +804,12 @@ class AsyncAdmin:
             return []  # a down broker: its replicas show no LEO
 
 
+def _label(resource: ConfigResource) -> str:
+    if resource.type == "broker":
+        return f"broker {resource.name}" if resource.name else "the default of every broker"
+    return f"topic {resource.name}"
+
+
 def _raise_first(failures: list[tuple[str, MiniBrokerError]], what: str) -> None:
     if not failures:
         return
@@ -439,11 +822,15 @@ def _raise_first(failures: list[tuple[str, MiniBrokerError]], what: str) -> None
 
 
 __all__ = [
+    "AlterConfigOp",
     "AsyncAdmin",
     "BrokerDescription",
     "ClusterDescription",
+    "ConfigEntry",
+    "ConfigResource",
     "CreatedTopic",
     "NewTopic",
     "PartitionDescription",
+    "PartitionReassignment",
     "TopicDescription",
 ]

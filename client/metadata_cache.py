@@ -41,6 +41,9 @@ class PartitionInfo:
     offline_replicas: tuple[int, ...] = ()
     partition_epoch: int = 0
     error_code: int = ErrorCode.NONE
+    # A reassignment in progress (KIP-455): replicas being added and removed; () when none.
+    adding_replicas: tuple[int, ...] = ()
+    removing_replicas: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +166,8 @@ class MetadataCache:
                 info.offline_replicas,
                 info.partition_epoch,
                 info.error_code,
+                info.adding_replicas,
+                info.removing_replicas,
             )
             self.topics[tp.topic] = TopicInfo(
                 topic.name, topic.topic_id, parts, topic.configs, topic.error_code

@@ -24,10 +24,14 @@ from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Se
 from typing import Any, TypeVar
 
 from minibroker.client.admin import (
+    AlterConfigOp,
     AsyncAdmin,
     ClusterDescription,
+    ConfigEntry,
+    ConfigResource,
     CreatedTopic,
     NewTopic,
+    PartitionReassignment,
     TopicDescription,
 )
 from minibroker.client.common.runtime import new_event_loop
@@ -334,6 +338,39 @@ class Admin:
 
     def unregister_broker(self, broker_id: int) -> None:
         self._lt.run(self._async.unregister_broker(broker_id))
+
+    def alter_partition_reassignments(
+        self, reassignments: Mapping[TopicPartition, Sequence[int] | None]
+    ) -> dict[TopicPartition, MiniBrokerError | None]:
+        return self._lt.run(self._async.alter_partition_reassignments(reassignments))
+
+    def list_partition_reassignments(
+        self, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, PartitionReassignment]:
+        return self._lt.run(self._async.list_partition_reassignments(partitions))
+
+    def create_partitions(
+        self,
+        new_counts: Mapping[str, int],
+        assignments: Mapping[str, Sequence[Sequence[int]]] | None = None,
+        validate_only: bool = False,
+    ) -> None:
+        self._lt.run(self._async.create_partitions(new_counts, assignments, validate_only))
+
+    def incremental_alter_configs(
+        self,
+        changes: Mapping[ConfigResource, Sequence[AlterConfigOp]],
+        validate_only: bool = False,
+    ) -> None:
+        self._lt.run(self._async.incremental_alter_configs(changes, validate_only))
+
+    def describe_configs(
+        self, resources: Iterable[ConfigResource], keys: Iterable[str] = ()
+    ) -> dict[ConfigResource, list[ConfigEntry]]:
+        return self._lt.run(self._async.describe_configs(resources, keys))
+
+    def decommission_broker(self, broker_id: int, cancel: bool = False) -> int:
+        return self._lt.run(self._async.decommission_broker(broker_id, cancel))
 
     def close(self) -> None:
         if self._closed:

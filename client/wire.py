@@ -131,6 +131,8 @@ def metadata_from_pb(resp: pb.MetadataResponse, *, all_topics: bool) -> ClusterS
                 offline_replicas=tuple(p.offline_replicas),
                 partition_epoch=p.partition_epoch,
                 error_code=p.error_code,
+                adding_replicas=tuple(p.adding_replicas),
+                removing_replicas=tuple(p.removing_replicas),
             )
             for p in t.partitions
         }
@@ -418,9 +420,9 @@ def delete_topics_failures(resp: pb.DeleteTopicsResponse) -> list[tuple[str, Min
 
 
 # One broker of a DescribeCluster answer: (broker_id, host, port, rack, fenced,
-# in_controlled_shutdown, broker_epoch, last_heartbeat_ms_ago), admin's BrokerDescription's
-# fields in its order.
-BrokerFields = tuple[int, str, int, str, bool, bool, int, int]
+# in_controlled_shutdown, broker_epoch, last_heartbeat_ms_ago, decommissioning, replica_count,
+# leader_count), admin's BrokerDescription's fields in its order.
+BrokerFields = tuple[int, str, int, str, bool, bool, int, int, bool, int, int]
 
 
 class ClusterAnswer(NamedTuple):
@@ -450,6 +452,9 @@ def cluster_answer(resp: pb.DescribeClusterResponse) -> ClusterAnswer:
                 b.in_controlled_shutdown,
                 b.broker_epoch,
                 b.last_heartbeat_ms_ago,
+                b.decommissioning,
+                b.replica_count,
+                b.leader_count,
             )
             for b in sorted(resp.brokers, key=lambda b: b.broker_id)
         ),
@@ -492,6 +497,192 @@ def unregister_broker_request(broker_id: int) -> pb.UnregisterBrokerRequest:
     return pb.UnregisterBrokerRequest(broker_id=broker_id)
 
 
+# -- reassignments, CreatePartitions, dynamic configs, decommissioning ---------------------------
+
+
+def _result_error(code: int, message: str) -> MiniBrokerError | None:
+    return None if code == ErrorCode.NONE else error_for(code, message)
+
+
+def alter_reassignments_request(
+    reassignments: Iterable[tuple[TopicPartition, Sequence[int] | None]], timeout_ms: int
+) -> pb.AlterPartitionReassignmentsRequest:
+    """Move each partition to its target replicas (None: cancel its running reassignment)."""
+    request = pb.AlterPartitionReassignmentsRequest(timeout_ms=timeout_ms)
+    for tp, replicas in reassignments:
+        if replicas is None:
+            request.partitions.add(topic=tp[0], partition=tp[1], cancel=True)
+        else:
+            request.partitions.add(topic=tp[0], partition=tp[1], replicas=list(replicas))
+    return request
+
+
+def reassignment_results(
+    resp: pb.AlterPartitionReassignmentsResponse,
+) -> dict[TopicPartition, MiniBrokerError | None]:
+    """Each partition's outcome: None when it started, completed, was cancelled or had nothing
+    to do; else its typed error. A refused request repeats its error for every partition."""
+    return {
+        TopicPartition(r.topic, r.partition): _result_error(r.error_code, r.error_message)
+        for r in resp.results
+    }
+
+
+def list_reassignments_request(
+    partitions: Iterable[TopicPartition] | None,
+) -> pb.ListPartitionReassignmentsRequest:
+    """None: every reassignment in progress."""
+    by_topic: dict[str, list[int]] = {}
+    for tp in partitions or ():
+        by_topic.setdefault(tp[0], []).append(tp[1])
+    return pb.ListPartitionReassignmentsRequest(
+        topics=[pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()]
+    )
+
+
+class OngoingAnswer(NamedTuple):
+    replicas: tuple[int, ...]
+    adding_replicas: tuple[int, ...]
+    removing_replicas: tuple[int, ...]
+
+
+def ongoing_reassignments(
+    resp: pb.ListPartitionReassignmentsResponse,
+) -> dict[TopicPartition, OngoingAnswer]:
+    """The reassignments in progress, by partition (its error is `answer_error`'s)."""
+    return {
+        TopicPartition(r.topic, r.partition): OngoingAnswer(
+            tuple(r.replicas), tuple(r.adding_replicas), tuple(r.removing_replicas)
+        )
+        for r in resp.reassignments
+    }
+
+
+def create_partitions_request(
+    topics: Iterable[tuple[str, int, Sequence[Sequence[int]] | None]],
+    timeout_ms: int,
+    validate_only: bool,
+) -> pb.CreatePartitionsRequest:
+    """Grow each topic to its new total count; assignments, when given, one replica list per
+    new partition (None: the controller places them)."""
+    request = pb.CreatePartitionsRequest(timeout_ms=timeout_ms, validate_only=validate_only)
+    for name, count, assignments in topics:
+        topic = request.topics.add(name=name, count=count)
+        for replicas in assignments or ():
+            topic.assignments.add(broker_ids=list(replicas))
+    return request
+
+
+def create_partitions_results(
+    resp: pb.CreatePartitionsResponse,
+) -> dict[str, MiniBrokerError | None]:
+    """Each topic's outcome: None when it grew (or would have, validate_only)."""
+    return {r.name: _result_error(r.error_code, r.error_message) for r in resp.results}
+
+
+# Config resources and operations by Kafka's names (ConfigResource.Type, AlterConfigOp.OpType).
+CONFIG_RESOURCE_TYPES = {"topic": 2, "broker": 4}
+_CONFIG_RESOURCE_NAMES = {v: k for k, v in CONFIG_RESOURCE_TYPES.items()}
+CONFIG_OPS = {"set": 0, "delete": 1, "append": 2, "subtract": 3}
+# DescribeConfigs sources (Kafka's ConfigEntry.ConfigSource names).
+CONFIG_SOURCES = {
+    1: "DYNAMIC_TOPIC_CONFIG",
+    2: "DYNAMIC_BROKER_CONFIG",
+    3: "DYNAMIC_DEFAULT_BROKER_CONFIG",
+    4: "STATIC_BROKER_CONFIG",
+    5: "DEFAULT_CONFIG",
+}
+
+# (resource type "topic" | "broker", resource name)
+ConfigResourceKey = tuple[str, str]
+
+
+def alter_configs_request(
+    resources: Iterable[tuple[ConfigResourceKey, Iterable[tuple[str, str, str | None]]]],
+    validate_only: bool,
+) -> pb.IncrementalAlterConfigsRequest:
+    """Each resource's (config name, op (a CONFIG_OPS name), value) changes."""
+    request = pb.IncrementalAlterConfigsRequest(validate_only=validate_only)
+    for (kind, name), ops in resources:
+        resource = request.resources.add(
+            resource_type=CONFIG_RESOURCE_TYPES[kind], resource_name=name
+        )
+        for config, op, value in ops:
+            entry = resource.configs.add(name=config, config_operation=CONFIG_OPS[op])
+            if value is not None and op != "delete":
+                entry.value = value
+    return request
+
+
+def _resource_key(resource_type: int, resource_name: str) -> ConfigResourceKey:
+    return (_CONFIG_RESOURCE_NAMES.get(resource_type, str(resource_type)), resource_name)
+
+
+def alter_configs_results(
+    resp: pb.IncrementalAlterConfigsResponse,
+) -> dict[ConfigResourceKey, MiniBrokerError | None]:
+    return {
+        _resource_key(r.resource_type, r.resource_name): _result_error(
+            r.error_code, r.error_message
+        )
+        for r in resp.results
+    }
+
+
+def describe_configs_request(
+    resources: Iterable[ConfigResourceKey], keys: Sequence[str]
+) -> pb.DescribeConfigsRequest:
+    """Describe `keys` (empty: every config) of each resource."""
+    request = pb.DescribeConfigsRequest()
+    for kind, name in resources:
+        request.resources.add(
+            resource_type=CONFIG_RESOURCE_TYPES[kind],
+            resource_name=name,
+            configuration_keys=list(keys),
+        )
+    return request
+
+
+class ConfigEntryAnswer(NamedTuple):
+    """One config of a DescribeConfigs answer: admin's ConfigEntry's fields in its order."""
+
+    name: str
+    value: str | None
+    source: str  # a CONFIG_SOURCES name, "UNKNOWN" for a number this client does not know
+    read_only: bool
+    documentation: str
+
+
+class DescribedConfigs(NamedTuple):
+    error: MiniBrokerError | None
+    entries: tuple[ConfigEntryAnswer, ...]
+
+
+def described_configs(
+    resp: pb.DescribeConfigsResponse,
+) -> dict[ConfigResourceKey, DescribedConfigs]:
+    out: dict[ConfigResourceKey, DescribedConfigs] = {}
+    for r in resp.results:
+        entries = tuple(
+            ConfigEntryAnswer(
+                c.name,
+                c.value if c.HasField("value") else None,
+                CONFIG_SOURCES.get(c.config_source, "UNKNOWN"),
+                c.read_only,
+                c.documentation,
+            )
+            for c in r.configs
+        )
+        out[_resource_key(r.resource_type, r.resource_name)] = DescribedConfigs(
+            _result_error(r.error_code, r.error_message), entries
+        )
+    return out
+
+
+def decommission_request(broker_id: int, cancel: bool) -> pb.DecommissionBrokerRequest:
+    return pb.DecommissionBrokerRequest(broker_id=broker_id, cancel=cancel)
+
+
 class ReplicaOffsets(NamedTuple):
     """One replica's offsets as its broker reports them (DescribeReplicas)."""
 
@@ -515,27 +706,42 @@ def replica_offsets(resp: pb.DescribeReplicasResponse) -> Iterator[ReplicaOffset
 
 
 __all__ = [
+    "CONFIG_OPS",
+    "CONFIG_RESOURCE_TYPES",
+    "CONFIG_SOURCES",
     "ELECTION_TYPES",
     "BrokerFields",
     "CallFailed",
     "ClusterAnswer",
+    "ConfigEntryAnswer",
+    "ConfigResourceKey",
     "CreatedTopicAnswer",
+    "DescribedConfigs",
     "EpochEndAnswer",
     "FetchTarget",
     "FetchedPartition",
     "OffsetAnswer",
+    "OngoingAnswer",
     "ProduceResult",
     "ProducerIdAnswer",
     "ReplicaOffsets",
+    "alter_configs_request",
+    "alter_configs_results",
+    "alter_reassignments_request",
     "answer_error",
     "call",
     "cluster_answer",
+    "create_partitions_request",
+    "create_partitions_results",
     "create_topics_request",
     "created_topics",
+    "decommission_request",
     "delete_topics_failures",
     "delete_topics_request",
     "describe_cluster_request",
+    "describe_configs_request",
     "describe_replicas_request",
+    "described_configs",
     "elect_leaders_request",
     "election_results",
     "epoch_end_answers",
@@ -546,12 +752,15 @@ __all__ = [
     "init_producer_id_request",
     "list_offsets_request",
     "list_offsets_results",
+    "list_reassignments_request",
     "metadata_from_pb",
     "metadata_request",
     "offset_for_leader_epoch_request",
+    "ongoing_reassignments",
     "produce_request",
     "produce_results",
     "producer_id_answer",
+    "reassignment_results",
     "replica_offsets",
     "unregister_broker_request",
 ]

@@ -182,6 +182,89 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         reply = await self._app.submit(lambda core, now: core.unregister_broker(broker_id, now))
         return wire.unregister_broker_reply(reply)
 
+    @_fenced
+    async def AlterPartitionReassignments(
+        self, request: pb.AlterPartitionReassignmentsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AlterPartitionReassignmentsResponse:
+        try:
+            targets = wire.reassignment_targets(request)
+        except MiniBrokerError as err:
+            return wire.alter_reassignments_error(request, err)
+        results = await self._app.submit(
+            lambda core, now: core.alter_partition_reassignments(targets, now)
+        )
+        return wire.alter_reassignments_reply(results)
+
+    @_fenced
+    async def ListPartitionReassignments(
+        self, request: pb.ListPartitionReassignmentsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListPartitionReassignmentsResponse:
+        try:
+            partitions = wire.listed_partitions(request)
+        except MiniBrokerError as err:
+            return wire.list_reassignments_error(err)
+        # Read-only, through the command queue like DescribeCluster: never shows state that
+        # is not yet durable.
+        ongoing = await self._app.submit(
+            lambda core, now: Outcome(core.list_partition_reassignments(partitions))
+        )
+        return wire.list_reassignments_reply(ongoing)
+
+    @_fenced
+    async def CreatePartitions(
+        self, request: pb.CreatePartitionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreatePartitionsResponse:
+        try:
+            topics = wire.create_partitions_topics(request)
+        except MiniBrokerError as err:
+            return wire.create_partitions_error(request, err)
+        validate_only = request.validate_only
+        results = await self._app.submit(
+            lambda core, now: core.create_partitions(topics, validate_only, now)
+        )
+        return wire.create_partitions_reply(results)
+
+    @_fenced
+    async def IncrementalAlterConfigs(
+        self, request: pb.IncrementalAlterConfigsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.IncrementalAlterConfigsResponse:
+        try:
+            resources = wire.alter_configs_resources(request)
+        except MiniBrokerError as err:
+            return wire.alter_configs_error(request, err)
+        validate_only = request.validate_only
+        results = await self._app.submit(
+            lambda core, now: core.incremental_alter_configs(resources, validate_only, now)
+        )
+        return wire.alter_configs_reply(results)
+
+    @_fenced
+    async def DescribeConfigs(
+        self, request: pb.DescribeConfigsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DescribeConfigsResponse:
+        try:
+            resources = wire.describe_configs_resources(request)
+        except MiniBrokerError as err:
+            return wire.describe_configs_error(request, err)
+        # Read-only, through the command queue like DescribeCluster.
+        results = await self._app.submit(
+            lambda core, now: Outcome(core.describe_configs(resources))
+        )
+        return wire.describe_configs_reply(results)
+
+    @_fenced
+    async def DecommissionBroker(
+        self, request: pb.DecommissionBrokerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DecommissionBrokerResponse:
+        try:
+            broker_id, cancel = wire.decommission_request(request)
+        except MiniBrokerError as err:
+            return wire.decommission_error(err)
+        reply = await self._app.submit(
+            lambda core, now: core.decommission_broker(broker_id, cancel, now)
+        )
+        return wire.decommission_reply(reply)
+
 
 class QuorumServicer(pb_grpc.QuorumServiceServicer):
     """QuorumService: the voters' Raft RPCs and DescribeQuorum, handed to the quorum shell
