@@ -778,7 +778,7 @@ class Bench:
 
         changes = {
             ConfigResource(kind, name): [
-                AlterConfigOp(key, "delete" if delete else "set", "" if delete else value)
+                AlterConfigOp(key, "delete") if delete else AlterConfigOp(key, "set", value)
                 for key, value in values.items()
             ]
             for (kind, name), values in configs.items()
