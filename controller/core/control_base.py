@@ -24,7 +24,9 @@ from minibroker.controller.core.partition_limits import (
     DEFAULT_MAX_PARTITIONS,
     PartitionLimits,
 )
+from minibroker.controller.core.reassignment import complete_reassignment
 from minibroker.metadata.image import MetadataImage, TopicImage
+from minibroker.metadata.placement import BrokerSlot
 from minibroker.metadata.records import LogEntry, MetadataRecord
 
 R = TypeVar("R")
@@ -83,6 +85,11 @@ class ControlBase:
         )
         self._entries: list[LogEntry] = []
         self._events: list[Event] = []
+        # Failure decommissioning: when each fenced (or unregistered but still named) broker was
+        # first seen fenced by this controller. In memory only: a failover restarts the clock.
+        self.fenced_since: dict[int, int] = {
+            b.broker_id: now_ms for b in self.image.brokers.values() if b.fenced
+        }
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -118,6 +125,39 @@ class ControlBase:
 
     def _online_election(self, topic: TopicImage) -> Election:
         return Election.UNCLEAN if self._unclean_enabled(topic) else Election.ONLINE
+
+    def _placeable_brokers(self) -> list[BrokerSlot]:
+        """Brokers that may take new replicas: active and not decommissioning."""
+        return [
+            BrokerSlot(b.broker_id, b.rack)
+            for b in self.image.brokers.values()
+            if b.is_active and b.broker_id not in self.image.decommissioning
+        ]
+
+    def _min_isr(self, topic: TopicImage) -> int:
+        effective = resolve_topic_config(topic.configs, self.settings.topic_defaults)
+        return int(effective["min.insync.replicas"])
+
+    def _maybe_complete_reassignment(self, topic: TopicImage, index: int, now_ms: int) -> None:
+        """Complete the partition's reassignment if every target replica is in the ISR now
+        (called whenever the ISR of a reassigning partition may have grown)."""
+        current = topic.partitions[index]
+        completed = complete_reassignment(current, self._acceptable())
+        if completed is None:
+            return
+        moved = completed.leader != current.leader
+        self._apply_change(topic, PartitionChange(completed, moved, False), now_ms)
+        self._event(
+            "reassignment_completed",
+            topic=topic.name,
+            partition=index,
+            replicas=list(completed.replicas),
+            removed=list(current.removing_replicas),
+            added=list(current.adding_replicas),
+            leader=completed.leader,
+            leader_moved=moved,
+            partition_epoch=completed.partition_epoch,
+        )
 
     def _apply_change(self, topic: TopicImage, change: PartitionChange, now_ms: int) -> None:
         old = topic.partitions[change.record.partition]

@@ -55,11 +55,14 @@ def elect_leader(
         return NO_LEADER, False
     if current.leader != NO_LEADER and valid(current.leader):
         return current.leader, False
-    for broker_id in replicas:
+    # During a reassignment the target replicas come first (Kafka elects from the target when
+    # it can): `replicas` is target + removing, but say so rather than rely on the order.
+    candidates = current.target_replicas + current.removing_replicas
+    for broker_id in candidates:
         if valid(broker_id):
             return broker_id, False
     if election is Election.UNCLEAN:
-        for broker_id in replicas:
+        for broker_id in candidates:
             if acceptable(broker_id):
                 return broker_id, True
     return NO_LEADER, False
@@ -110,12 +113,29 @@ def check_partition_change(old: PartitionRecord | None, new: PartitionRecord) ->
     """Always-on checks of I7 and I11 for a record about to be written (not `assert`, which
     vanishes under -O): the ISR is a non-empty subset of the replicas, the leader is NO_LEADER
     or an ISR member, epochs never go back, and a leader epoch change comes with a partition
-    epoch change."""
+    epoch change; a reassignment's adding and removing sets (KIP-455) are disjoint subsets of
+    the replicas and leave a non-empty target."""
     problems = []
     if not new.isr or not set(new.isr) <= set(new.replicas) or len(set(new.isr)) != len(new.isr):
         problems.append(f"ISR {list(new.isr)} is not a non-empty subset of {list(new.replicas)}")
     if new.leader != NO_LEADER and new.leader not in new.isr:
         problems.append(f"leader {new.leader} is not in the ISR {list(new.isr)}")
+    if len(set(new.replicas)) != len(new.replicas):
+        problems.append(f"replicas {list(new.replicas)} name a broker twice")
+    adding, removing, replicas = (
+        set(new.adding_replicas),
+        set(new.removing_replicas),
+        set(new.replicas),
+    )
+    if not adding <= replicas or not removing <= replicas:
+        problems.append(
+            f"adding {list(new.adding_replicas)} / removing {list(new.removing_replicas)} are "
+            f"not within the replicas {list(new.replicas)}"
+        )
+    if adding & removing:
+        problems.append(f"brokers {sorted(adding & removing)} are both adding and removing")
+    if new.is_reassigning and not new.target_replicas:
+        problems.append(f"reassignment target is empty (removing {list(new.removing_replicas)})")
     if old is not None:
         if new.partition_epoch != old.partition_epoch + 1:
             problems.append(f"partition epoch {old.partition_epoch} -> {new.partition_epoch}")

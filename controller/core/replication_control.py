@@ -42,7 +42,7 @@ from minibroker.controller.core.partition_limits import (
     hosted_replicas,
     replica_room_problem,
 )
-from minibroker.controller.core.placement import BrokerSlot, PlacementError, place_replicas
+from minibroker.controller.core.placement import PlacementError, place_replicas
 from minibroker.controller.core.rebalance import partitions_to_rebalance
 from minibroker.controller.core.topics import collision_key, invalid_topic_name
 from minibroker.metadata.records import PartitionRecord, RemoveTopicRecord, TopicRecord
@@ -123,6 +123,8 @@ class ReplicationControl(ControlBase):
             )
             if change is not None:
                 self._apply_change(topic, change, now_ms)
+                # KIP-455: an ISR that now holds every target replica completes a reassignment.
+                self._maybe_complete_reassignment(topic, proposal.partition, now_ms)
             committed = topic.partitions[proposal.partition]
             out.append(
                 AlterPartitionResult(
@@ -276,14 +278,12 @@ class ReplicationControl(ControlBase):
                 f"replication factor must be at least 1 (or -1 for the default), got "
                 f"{t.replication_factor}",
             )
-        usable = [
-            BrokerSlot(b.broker_id, b.rack) for b in self.image.brokers.values() if b.is_active
-        ]
+        usable = self._placeable_brokers()
         if rf > len(usable):
             return fail(
                 ErrorCode.INVALID_REPLICATION_FACTOR,
                 f"replication factor {rf} is larger than the number of available (unfenced) "
-                f"brokers: {len(usable)}",
+                f"brokers that are not decommissioning: {len(usable)}",
             )
         try:
             validate_topic_configs(t.configs)

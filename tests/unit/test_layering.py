@@ -37,6 +37,8 @@ PURE = [
     "client/metadata_cache.py",
     "metadata/records.py",
     "metadata/image.py",
+    "metadata/placement.py",
+    "metadata/assignment_plan.py",
     "client/spark/options.py",
     "client/watch/events.py",
     "client/watch/model.py",
