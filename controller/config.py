@@ -150,6 +150,16 @@ CONTROLLER_KEYS: tuple[ConfigKey, ...] = (
         "POLICY_VIOLATION (KIP-578)",
         at_least(1),
     ),
+    ConfigKey(
+        "replica.rebuild.delay.ms",
+        int,
+        -1,
+        "failure decommissioning: a broker fenced (or unregistered) for this long has every "
+        "replica it hosts rebuilt on live brokers, racks honoured, restoring the replication "
+        "factor (-1: never, the default: like Kafka, which moves nothing by itself; a broker "
+        "that comes back before the delay keeps its replicas)",
+        at_least(-1),
+    ),
     *LIMIT_KEYS,
 )
 
@@ -201,6 +211,7 @@ class ControllerConfig:
             max_partitions=self["max.partitions"],
             max_broker_partitions=self["max.broker.partitions"],
             topic_defaults=self.topic_defaults,
+            replica_rebuild_delay_ms=self["replica.rebuild.delay.ms"],
         )
 
 

@@ -140,16 +140,18 @@ def plan_rebalance(partitions: Sequence[PartitionRecord], brokers: Sequence[Brok
     for replicas in [*current.values(), *fixed]:
         if replicas and replicas[0] in listed:
             preferred[replicas[0]] += 1
-    for _ in range(len(current) + 1):
+    while True:  # each swap lowers the sum of squared counts: it ends
         order = sorted(listed, key=lambda b: (preferred[b], b))
         swapped = False
         for hi in reversed(order):
             for lo in order:
                 if preferred[hi] - preferred[lo] <= 1:
                     break
-                key = next((k for k, r in sorted(current.items()) if r[0] == hi and lo in r), None)
-                if key is not None:
-                    r = current[key]
+                found = next(
+                    (k for k, r in sorted(current.items()) if r[0] == hi and lo in r), None
+                )
+                if found is not None:
+                    r = current[found]
                     i = r.index(lo)
                     r[0], r[i] = lo, hi
                     preferred[hi] -= 1

@@ -9,6 +9,7 @@ reporting the broker's log dir offline (Kafka's OfflineLogDirs, KIP-858) fences 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from minibroker.client.errors import ErrorCode
@@ -80,6 +81,7 @@ class ClusterControl(ControlBase):
         self._event(
             "broker_fenced", broker_id=broker_id, broker_epoch=reg.broker_epoch, reason=reason
         )
+        self.fenced_since.setdefault(broker_id, now_ms)
 
     def _unfence(self, broker_id: int, now_ms: int) -> None:
         reg = self.image.brokers[broker_id]
@@ -93,6 +95,7 @@ class ClusterControl(ControlBase):
             now_ms,
         )
         self._event("broker_unfenced", broker_id=broker_id, broker_epoch=reg.broker_epoch)
+        self.fenced_since.pop(broker_id, None)
         self._elect_leaderless(broker_id, now_ms, reason=f"broker {broker_id} unfenced")
 
     def _leads_any(self, broker_id: int) -> bool:
@@ -361,6 +364,11 @@ class ClusterControl(ControlBase):
         return self._done(ProducerIdBlock(ErrorCode.NONE, "", start, size))
 
     def describe_cluster(self, now_ms: int) -> ClusterDescription:
+        replicas: Counter[int] = Counter()
+        leaders: Counter[int] = Counter()
+        for _, p in self.image.partitions():
+            replicas.update(p.replicas)
+            leaders[p.leader] += 1
         brokers = []
         for broker_id in sorted(self.image.brokers):
             session = self.liveness.get(broker_id)
@@ -369,7 +377,15 @@ class ClusterControl(ControlBase):
                 if session is not None and session.heard_since_start
                 else -1
             )
-            brokers.append(BrokerDescription(self.image.brokers[broker_id], ago))
+            brokers.append(
+                BrokerDescription(
+                    self.image.brokers[broker_id],
+                    ago,
+                    decommissioning=broker_id in self.image.decommissioning,
+                    replica_count=replicas[broker_id],
+                    leader_count=leaders[broker_id],
+                )
+            )
         return ClusterDescription(
             self.cluster_id, self.settings.node_id, self.image.next_offset, tuple(brokers)
         )

@@ -23,24 +23,31 @@ The rules and where they come from (sections of docs/protocol.md):
 - AlterPartition: §9 (`isr.py`);
 - placement and topic validation: `placement.py`, `topics.py`;
 - partition limits (KIP-578's max.partitions, max.broker.partitions): `partition_limits.py`;
-- automatic preferred-leader rebalance: §19 (`rebalance.py`).
+- automatic preferred-leader rebalance: §19 (`rebalance.py`);
+- reassignment (KIP-455), CreatePartitions, decommissioning, rebuilding lost replicas:
+  "Reassignment (KIP-455)" (`reassignment.py`, `move_control.py`,
+  `minibroker.metadata.assignment_plan`); dynamic configs (`config_control.py`).
 """
 
 from __future__ import annotations
 
 from minibroker.controller.core.cluster_control import ClusterControl, invalid_offline_log_dirs
+from minibroker.controller.core.config_control import ConfigControl
 from minibroker.controller.core.control_base import ControllerSettings, RandomSource
 from minibroker.controller.core.messages import Outcome
+from minibroker.controller.core.move_control import MoveControl
 from minibroker.controller.core.replication_control import ReplicationControl
 
 
-class ControllerCore(ClusterControl, ReplicationControl):
+class ControllerCore(ClusterControl, ReplicationControl, MoveControl, ConfigControl):
     """The whole control plane: the broker commands (`ClusterControl`), the topic and partition
-    commands (`ReplicationControl`), and the timers that drive both."""
+    commands (`ReplicationControl`), replica moves (`MoveControl`), dynamic configs
+    (`ConfigControl`), and the timers that drive them."""
 
     def tick(self, now_ms: int) -> Outcome[None]:
-        """Timers: the session timeout (one stale broker per tick, as Kafka) and the automatic
-        preferred-leader rebalance."""
+        """Timers: the session timeout (one stale broker per tick, as Kafka), the automatic
+        preferred-leader rebalance, failure decommissioning (replicas of a broker fenced for
+        `replica_rebuild_delay_ms` are rebuilt elsewhere) and the decommissioning sweep."""
         unfenced = [b.broker_id for b in self.image.brokers.values() if not b.fenced]
         stale = self.liveness.oldest_expired(unfenced, now_ms)
         if stale is not None:
@@ -50,6 +57,9 @@ class ControllerCore(ClusterControl, ReplicationControl):
         if self.settings.auto_leader_rebalance_enable and now_ms >= self.next_rebalance_ms:
             self.next_rebalance_ms = now_ms + self.settings.leader_imbalance_check_interval_ms
             self._rebalance(now_ms)
+        self._rebuild_lost_replicas(now_ms)
+        if self.image.decommissioning:
+            self._decommission_sweep(now_ms)
         return self._done(None)
 
 
