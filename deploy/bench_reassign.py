@@ -222,8 +222,11 @@ def brokers_for(args: argparse.Namespace) -> int:
         raise ValueError("--runs must be at least 1")
     if args.window <= 0 or args.move_timeout <= 0:
         raise ValueError("--window and --move-timeout must be positive")
-    if args.record_size < 1:
-        raise ValueError("--record-size must be at least 1")
+    if not 1 <= args.record_size <= batch_bytes_for(args.size, MB) - 1024:
+        raise ValueError(
+            f"--record-size must be 1 to {batch_bytes_for(args.size, MB) - 1024} for a "
+            f"--size of {format_size(args.size)} (half its segments)"
+        )
     return int(brokers)
 
 
@@ -231,6 +234,12 @@ def segment_bytes_for(size: int) -> int:
     """The topic's segment.bytes: size/16 within [64 KiB, 64 MiB], so retention.bytes = size
     trims the log in small steps."""
     return max(MIN_SEGMENT_BYTES, min(MAX_SEGMENT_BYTES, size // 16))
+
+
+def batch_bytes_for(size: int, most: int) -> int:
+    """A producer's batch_size for the topic: at most `most` and half a segment (a batch
+    larger than segment.bytes is refused)."""
+    return min(most, segment_bytes_for(size) // 2)
 
 
 def move_target(current: Sequence[int], brokers: Sequence[int]) -> tuple[int, ...]:
@@ -392,7 +401,7 @@ def format_table(result: Mapping[str, Any]) -> list[str]:
     if fill:
         lines.append(
             f"  fill: {format_size(fill['bytes'])} in {fill['elapsed_s']:.1f} s "
-            f"({fill['mb_per_sec']:.1f} MB/s, acks=all, {FILL_RECORD_SIZE // 1024} KiB records)"
+            f"({fill['mb_per_sec']:.1f} MB/s, acks=all, {fill['record_size']} B records)"
         )
     lines.append("  load average " + " ".join(f"{x:.2f}" for x in result["load_average"]))
     return lines
@@ -425,8 +434,11 @@ class LoadProducer:
     """An acks=all AsyncProducer in a thread of its own (its own event loop), sending to
     partition 0 while resumed; counts acknowledged records and bytes."""
 
-    def __init__(self, bootstrap: str, topic: str, record_size: int, cap: float) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, record_size: int, cap: float, batch_size: int
+    ) -> None:
         self.bootstrap = bootstrap
+        self.batch_size = batch_size
         self.topic = topic
         self.payload = os.urandom(record_size)
         self.cap = cap  # records/s, <= 0: none
@@ -439,15 +451,26 @@ class LoadProducer:
         self._drained.set()
         self._ready = threading.Event()
         self._stop = False
+        self._fill_bytes = 0
+        self.fill: dict[str, Any] | None = None
         self._thread = threading.Thread(target=self._main, name="reassign-load", daemon=True)
 
     def snapshot(self) -> Snapshot:
         return Snapshot(time.monotonic(), self.records, self.bytes, self.failed)
 
-    def start(self) -> None:
+    def start(self, fill_bytes: int = 0) -> dict[str, Any] | None:
+        """Start the thread; it first fills the partition with `fill_bytes` (on the same
+        event loop: one loop for every producer of the bench) and returns the fill's figures."""
+        self._fill_bytes = fill_bytes
         self._thread.start()
-        if not self._ready.wait(60) or self.error is not None:
-            raise launcher.LauncherError(f"the load producer did not start: {self.error}")
+        while not self._ready.wait(1.0):
+            if not self._thread.is_alive():
+                break
+        if not self._ready.is_set() or self.error is not None:
+            if isinstance(self.error, launcher.LauncherError):
+                raise self.error
+            raise launcher.LauncherError(f"the load producer did not start: {self.error!r}")
+        return self.fill
 
     def resume(self) -> None:
         self._drained.clear()
@@ -485,11 +508,13 @@ class LoadProducer:
 
         from minibroker.client.producer import AsyncProducer
 
+        if self._fill_bytes > 0:
+            self.fill = await _fill(self.bootstrap, self.topic, self._fill_bytes)
         async with AsyncProducer(
             self.bootstrap,
             acks="all",
             linger_ms=5,
-            batch_size=256 * 1024,
+            batch_size=self.batch_size,
             max_block_ms=120_000,
             request_timeout_ms=30_000,
         ) as producer:
@@ -518,7 +543,8 @@ class LoadProducer:
 async def _fill(bootstrap: str, topic: str, size: int) -> dict[str, Any]:
     from minibroker.client.producer import AsyncProducer
 
-    payload = os.urandom(FILL_RECORD_SIZE)
+    batch_size = batch_bytes_for(size, MB)
+    payload = os.urandom(min(FILL_RECORD_SIZE, batch_size // 4))
     failures: list[BaseException] = []
 
     def done(future: Any) -> None:
@@ -530,7 +556,7 @@ async def _fill(bootstrap: str, topic: str, size: int) -> dict[str, Any]:
         bootstrap,
         acks="all",
         linger_ms=5,
-        batch_size=1024 * 1024,
+        batch_size=batch_size,
         max_block_ms=120_000,
         buffer_memory=128 * MB,
     ) as producer:
@@ -548,6 +574,7 @@ async def _fill(bootstrap: str, topic: str, size: int) -> dict[str, Any]:
     return {
         "bytes": written,
         "records": count,
+        "record_size": len(payload),
         "elapsed_s": round(elapsed, 3),
         "mb_per_sec": round(rate(written, elapsed) / MB, 3),
     }
@@ -648,20 +675,22 @@ class Bench:
             },
         )
         self._wait_settled()
-        from minibroker.client.cli.common import run_async
-
         _say(args, f"filling {TOPIC}-0 with {format_size(args.size)} (acks=all) ...")
-        fill = run_async(_fill(self.state.bootstrap_servers, TOPIC, args.size))
+        self.load = LoadProducer(
+            self.state.bootstrap_servers,
+            TOPIC,
+            args.record_size,
+            args.throughput,
+            batch_bytes_for(args.size, 256 * 1024),
+        )
+        fill = self.load.start(fill_bytes=args.size)
+        assert fill is not None
         _say(
             args,
             f"filled {format_size(fill['bytes'])} in {fill['elapsed_s']:.1f} s "
             f"({fill['mb_per_sec']:.1f} MB/s)",
         )
         self._wait_settled()
-        self.load = LoadProducer(
-            self.state.bootstrap_servers, TOPIC, args.record_size, args.throughput
-        )
-        self.load.start()
         return fill
 
     def _replication_bytes_in(self, brokers: Iterable[int]) -> float | None:

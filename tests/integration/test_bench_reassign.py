@@ -53,7 +53,8 @@ def test_reassign_bench_moves_a_tiny_partition_there_and_back(
     assert move["to"] != move["from"] and throttled["from"] == move["to"], run
     assert throttled["to"] == move["from"], run
     for m in (move, throttled):
-        assert m["move_s"] > 0 and m["records_per_sec"] > 0 and m["ratio"] is not None, m
+        # A 4 MiB move may take a tenth of a second: no acknowledgement need fall inside it.
+        assert m["move_s"] > 0 and m["records_per_sec"] >= 0 and m["ratio"] is not None, m
         assert m["moved_bytes"] is not None and m["moved_bytes"] > 0, m
     assert throttled["throttle_bytes_per_s"] == 4 * 1024 * 1024
     assert "leader_byte_rate_samples" in throttled, throttled

@@ -82,6 +82,7 @@ def test_brokers_for_refuses_what_cannot_make_a_bench() -> None:
         (["--window", "0"], "--window"),
         (["--move-timeout", "-1"], "--move-timeout"),
         (["--record-size", "0"], "--record-size"),
+        (["--size", "1MiB", "--record-size", "31745"], "--record-size must be 1 to 31744"),
     ]
     for argv, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -135,6 +136,13 @@ def test_segment_bytes_stay_within_bounds() -> None:
     assert br.segment_bytes_for(256 * MB) == 16 * MB
     assert br.segment_bytes_for(4 * MB) == 256 * 1024
     assert br.segment_bytes_for(100) == 64 * 1024
+
+
+def test_batches_fit_in_half_a_segment() -> None:
+    assert br.batch_bytes_for(1024 * MB, MB) == MB
+    assert br.batch_bytes_for(1024 * MB, 256 * 1024) == 256 * 1024
+    assert br.batch_bytes_for(4 * MB, MB) == 128 * 1024
+    assert br.batch_bytes_for(100, MB) == 32 * 1024
 
 
 def test_move_target_replaces_every_replica() -> None:
@@ -275,7 +283,7 @@ def _result(runs: list[dict]) -> dict:
         "record_size": 1024,
         "throttle_bytes_per_s": 50 * MB,
         "runs_requested": len(runs),
-        "fill": {"bytes": 1024 * MB, "elapsed_s": 8.0, "mb_per_sec": 128.0},
+        "fill": {"bytes": 1024 * MB, "elapsed_s": 8.0, "mb_per_sec": 128.0, "record_size": 32768},
         "runs": runs,
         "summary": br.summarize_runs(runs),
         "load_average": [1.0, 2.0, 3.0],
@@ -308,7 +316,7 @@ def test_format_table() -> None:
     assert throttled.split()[:4] == ["move,", "throttle", "50", "MB/s"]
     assert throttled.split()[4:] == ["30.0", "-", "-", "1800", "1.76", "0.90", "2/2"]
     assert "leader 50.5 MB/s, follower - MB/s (throttle 50 MB/s)" in lines[5]
-    assert lines[6] == "  fill: 1 GiB in 8.0 s (128.0 MB/s, acks=all, 32 KiB records)"
+    assert lines[6] == "  fill: 1 GiB in 8.0 s (128.0 MB/s, acks=all, 32768 B records)"
     assert lines[-1] == "  load average 1.00 2.00 3.00"
     json.dumps(result)  # the --json output
 
