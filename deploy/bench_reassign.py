@@ -13,8 +13,9 @@ Then per run (`--runs`, medians reported), with one acks=all producer (`--record
   (a) idle: the producer's throughput over `--window` seconds with nothing moving;
   (b) move: Admin.alter_partition_reassignments to the brokers that hold no replica (every
       replica replaced), polling Admin.list_partition_reassignments until it is empty: move time,
-      bytes moved (the target brokers' ReplicationBytesInPerSec counters over the move), move MB/s,
-      and the producer's throughput over exactly the move;
+      bytes moved (the target brokers' ReplicationBytesInPerSec counters over the move: the
+      partition plus everything the producer wrote while it moved), move MB/s, and the
+      producer's throughput over exactly the move;
   (c) throttled move: the same back again, with `--throttle` bytes/s set the way
       kafka-reassign-partitions --execute --throttle sets it (KIP-73): the dynamic broker configs
       leader/follower.replication.throttled.rate on every broker involved (old and new replicas),
@@ -397,6 +398,9 @@ def format_table(result: Mapping[str, Any]) -> list[str]:
             f"{_cell(t.get('follower_byte_rate_mb_per_sec'), '.1f')} MB/s (throttle "
             f"{throttle / MB:g} MB/s)"
         )
+    lines.append(
+        "  (moved MB: what the new replicas fetched, the partition plus the writes during the move)"
+    )
     fill = result.get("fill")
     if fill:
         lines.append(

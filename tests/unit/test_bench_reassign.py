@@ -316,7 +316,8 @@ def test_format_table() -> None:
     assert throttled.split()[:4] == ["move,", "throttle", "50", "MB/s"]
     assert throttled.split()[4:] == ["30.0", "-", "-", "1800", "1.76", "0.90", "2/2"]
     assert "leader 50.5 MB/s, follower - MB/s (throttle 50 MB/s)" in lines[5]
-    assert lines[6] == "  fill: 1 GiB in 8.0 s (128.0 MB/s, acks=all, 32768 B records)"
+    assert lines[6].startswith("  (moved MB: what the new replicas fetched")
+    assert lines[7] == "  fill: 1 GiB in 8.0 s (128.0 MB/s, acks=all, 32768 B records)"
     assert lines[-1] == "  load average 1.00 2.00 3.00"
     json.dumps(result)  # the --json output
 
