@@ -12,6 +12,7 @@ from typing import Any
 
 BENCH_MODULES: tuple[str, ...] = (
     "minibroker.deploy.bench_failover",
+    "minibroker.deploy.bench_reassign",
     "minibroker.broker.storage.bench",
     "minibroker.client.cli.bench",
 )
@@ -20,7 +21,7 @@ BENCH_MODULES: tuple[str, ...] = (
 def register(sub: Any) -> None:
     parser = sub.add_parser(
         "bench",
-        help="run a benchmark (log, produce, consume, e2e)",
+        help="run a benchmark (log, produce, consume, e2e, failover, metadata, reassign)",
         description="Benchmarks that print measured figures; they never assert.",
     )
     bench_sub = parser.add_subparsers(dest="bench", metavar="BENCH")
