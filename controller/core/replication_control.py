@@ -123,9 +123,15 @@ class ReplicationControl(ControlBase):
             )
             if change is not None:
                 self._apply_change(topic, change, now_ms)
+            # The leader is answered with the record of ITS change. A reassignment that this
+            # ISR completes is the next record, which the leader applies from the metadata
+            # log like any change (replicas, maybe leadership): the answer carries only the ISR,
+            # so answering with the completed record would leave the leader with the old
+            # replica set at the new partition epoch, and it would skip that record as applied.
+            committed = topic.partitions[proposal.partition]
+            if change is not None:
                 # KIP-455: an ISR that now holds every target replica completes a reassignment.
                 self._maybe_complete_reassignment(topic, proposal.partition, now_ms)
-            committed = topic.partitions[proposal.partition]
             out.append(
                 AlterPartitionResult(
                     proposal.topic_id, proposal.partition, ErrorCode.NONE, "", committed

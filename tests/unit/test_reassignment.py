@@ -341,7 +341,14 @@ def test_move_to_three_new_brokers_completes_once_all_are_in_sync():
     p = h.part()
     assert p.replicas == (4, 5, 6) and p.isr == (4, 5, 6) and p.leader == 4
     assert not p.is_reassigning and p.leader_epoch == before.leader_epoch + 1
-    assert result.record == p  # the reply carries the completed state
+    # The leader is answered with the record of its own ISR change (every replica, the new
+    # ISR); the completion is the next record, which it applies from the metadata log. An
+    # answer carrying the completed record would leave it with the old replicas at the new
+    # partition epoch (it would skip that record as applied, and keep the removed replicas).
+    assert result.record is not None
+    assert result.record.replicas == (4, 5, 6, 1, 2, 3)
+    assert set(result.record.isr) == {1, 2, 3, 4, 5, 6}
+    assert result.record.partition_epoch == p.partition_epoch - 1
     names = h.event_names()
     assert "reassignment_started" in names and "reassignment_completed" in names
     done = next(e for e in h.events if e.name == "reassignment_completed")
