@@ -154,7 +154,9 @@ def fill(cluster: LocalCluster, tp: TopicPartition, megabytes: int) -> None:
     from minibroker.client import Producer
 
     value = b"x" * 10_000
-    with Producer(cluster.bootstrap, acks="all", linger_ms=5) as producer:
+    # 16 kB batches: a fetch returns at least one whole batch, so the batch size is the grain
+    # of a throttle.
+    with Producer(cluster.bootstrap, acks="all", linger_ms=5, batch_size=16384) as producer:
         futures = [
             producer.send(tp.topic, value, partition=tp.partition) for _ in range(megabytes * 100)
         ]
