@@ -17,7 +17,7 @@ Concurrency: every method runs on the caller's event loop; no background tasks.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -401,18 +401,29 @@ class AsyncAdmin:
         """Best effort: wait (up to 10 s) until the brokers' metadata shows every new partition
         with a leader, so that a describe or produce right after creation finds the topic.
         The controller has committed the topic either way; a slow broker only delays this."""
+        await self._wait_for_metadata(
+            sorted(created),
+            lambda name, info: (
+                info.topic_id == created[name].topic_id
+                and len(info.partitions) == created[name].num_partitions
+            ),
+        )
+
+    async def _wait_for_metadata(
+        self, names: Sequence[str], ready: Callable[[str, Any], bool]
+    ) -> None:
+        """Best effort: wait (up to 10 s) until the brokers' metadata shows every topic of
+        `names` without error, `ready(name, info)`, and every partition with a leader."""
         deadline = now_ms() + min(self.default_api_timeout_ms, 10_000)
-        names = sorted(created)
         while now_ms() < deadline:
             try:
-                snapshot = await self.cluster.fetch_metadata(names)
+                snapshot = await self.cluster.fetch_metadata(list(names))
             except MiniBrokerError:
                 snapshot = None
             if snapshot is not None and all(
                 (info := snapshot.topics.get(name)) is not None
                 and info.error_code == ErrorCode.NONE
-                and info.topic_id == created[name].topic_id
-                and len(info.partitions) == created[name].num_partitions
+                and ready(name, info)
                 and all(p.leader >= 0 for p in info.partitions.values())
                 for name in names
             ):
@@ -569,23 +580,9 @@ class AsyncAdmin:
     async def _wait_for_partitions(self, counts: Mapping[str, int]) -> None:
         """Best effort: wait (up to 10 s) until the brokers' metadata shows every topic with at
         least its new partition count, each with a leader."""
-        deadline = now_ms() + min(self.default_api_timeout_ms, 10_000)
-        names = sorted(counts)
-        while now_ms() < deadline:
-            try:
-                snapshot = await self.cluster.fetch_metadata(names)
-            except MiniBrokerError:
-                snapshot = None
-            if snapshot is not None and all(
-                (info := snapshot.topics.get(name)) is not None
-                and info.error_code == ErrorCode.NONE
-                and len(info.partitions) >= counts[name]
-                and all(p.leader >= 0 for p in info.partitions.values())
-                for name in names
-            ):
-                self.cluster.metadata.update(snapshot, now_ms())
-                return
-            await asyncio.sleep(self.cluster.retry_backoff_ms / 1000)
+        await self._wait_for_metadata(
+            sorted(counts), lambda name, info: len(info.partitions) >= counts[name]
+        )
 
     async def incremental_alter_configs(
         self,
