@@ -127,6 +127,10 @@ def complete_reassignment(
     leader = current.leader
     if leader not in target or not acceptable(leader):
         leader = _elect_from(target, isr, acceptable)
+        if leader == NO_LEADER and current.leader != NO_LEADER:
+            # No target replica can lead now (all fenced or shutting down): completing would
+            # take a partition that has a leader offline. Wait for the next ISR change.
+            return None
     return replace(
         current,
         replicas=target,

@@ -136,6 +136,13 @@ def test_completion_skips_an_unacceptable_preferred_replica():
     assert new is not None and new.leader == 4
 
 
+def test_completion_waits_rather_than_take_a_led_partition_offline():
+    current = replace(moving(), isr=(1, 3, 4, 5))
+    # Every target replica is in the ISR but none can lead (fenced or shutting down): the
+    # partition keeps its leader and its reassignment until one can.
+    assert complete_reassignment(current, lambda b: b not in (3, 4, 5)) is None
+
+
 def test_completion_keeps_a_leader_that_stays():
     current = replace(moving(), isr=(1, 2, 3, 4, 5), leader=4)
     new = complete_reassignment(current, everyone)
