@@ -87,6 +87,7 @@ class ClusterState:
     # `cluster up --base-port`: brokers on base+id-1, metrics on base+1000+id-1 (plan_cluster);
     # 0: every port was picked free. `add-broker` follows the same rule.
     base_port: int = 0
+    racks: int = 0  # `cluster up --racks N`: rack-0..rack-N-1 (0: none)
 
     @property
     def controller(self) -> ProcessSpec:
@@ -120,6 +121,7 @@ class ClusterState:
             "controller_quorum_voters": self.voters,
             "cluster_id": self.cluster_id,
             "base_port": self.base_port,
+            "racks": self.racks,
             "controller": asdict(self.controller),
             "controllers": [asdict(c) for c in self.controllers],
             "brokers": [asdict(b) for b in self.brokers],
@@ -142,6 +144,7 @@ class ClusterState:
             brokers=brokers,
             cluster_id=str(data.get("cluster_id") or ""),
             base_port=base_port,
+            racks=int(data.get("racks") or 0),
         )
 
     def find(self, ident: str, active: int | None = None) -> ProcessSpec:
@@ -347,6 +350,7 @@ def plan_cluster(
         brokers=specs,
         cluster_id=cluster_id,
         base_port=base_port,
+        racks=max(racks, 0),
     )
 
 
@@ -375,17 +379,18 @@ def next_broker_id(state: ClusterState, taken: Iterable[int] = ()) -> int:
 
 
 def default_rack(state: ClusterState) -> str:
-    """The rack of a new broker when none is asked for: none in a cluster without racks, else
-    the rack with the fewest brokers (ties: the rack seen first in broker id order), which is
-    the rack `cluster up --racks N` would have given the next broker."""
-    order: dict[str, int] = {}
+    """The rack of a new broker when none is asked for: the rack with the fewest brokers among
+    `cluster up --racks N`'s rack-0..rack-N-1 and the racks brokers have (ties: in that order,
+    then by broker id), which is the rack `up` would have given the next broker; none in a
+    cluster without racks."""
+    counts = {f"rack-{i}": 0 for i in range(state.racks)}
     for b in sorted(state.brokers, key=lambda b: b.node_id):
         if b.rack:
-            order[b.rack] = order.get(b.rack, 0) + 1
-    if not order:
+            counts[b.rack] = counts.get(b.rack, 0) + 1
+    if not counts:
         return ""
-    first_seen = list(order)
-    return min(first_seen, key=lambda rack: (order[rack], first_seen.index(rack)))
+    order = list(counts)
+    return min(order, key=lambda rack: (counts[rack], order.index(rack)))
 
 
 def plan_broker(
