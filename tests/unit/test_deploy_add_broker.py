@@ -275,3 +275,33 @@ def test_cli_refusal_is_one_line_and_status_1(
     assert err.startswith("minibroker cluster: broker 1 is the cluster's last broker")
     assert err.count("\n") == 1
     assert json.loads(launcher.state_path(directory).read_text())["brokers"][0]["node_id"] == 1
+
+
+def test_the_readme_tour_shows_a_decommission_and_every_line_parses() -> None:
+    import shlex
+
+    from minibroker.deploy.cli import build_parser
+
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    tour = readme.split("## A tour", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    commands = [
+        part.strip()
+        for line in tour.splitlines()
+        for part in line.split("#", 1)[0].split("|")[-1].split(";")
+        if part.strip().startswith("minibroker ")
+    ]
+    for wanted in (
+        "minibroker cluster add-broker",
+        "minibroker brokers rebalance --execute",
+        "minibroker brokers decommission 1 --wait",
+        "minibroker cluster remove-broker 1",
+    ):
+        assert wanted in commands
+    assert commands.index("minibroker cluster remove-broker 1") < commands.index(
+        "minibroker cluster down"
+    )
+    parser = build_parser()
+    for command in commands:
+        argv = ["1" if word == "N" else word for word in shlex.split(command)[1:]]  # a placeholder
+        args = parser.parse_args(argv)
+        assert callable(args.func), command
