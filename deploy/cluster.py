@@ -15,6 +15,10 @@ kept in cluster.json so restarts reuse it; brokers get every controller in
 leader, asked with QuorumService.DescribeQuorum); a controller without QuorumService (UNIMPLEMENTED)
 is the leader of its quorum of one. The pure parts are in `minibroker.deploy.quorum`.
 
+`add_broker` starts one more broker in a running cluster (`plan_broker`: the next node id, ports
+by the layout's rule, the base port and rack count `cluster up` recorded); `remove_broker` stops,
+unregisters and forgets one that holds no replicas, leaving its dir (so its id is never reused).
+
 A process is identified by its PID *and* its command line (the data dir is in it), so a PID that
 the kernel reused for something else is never signalled.
 """
