@@ -15,6 +15,10 @@ kept in cluster.json so restarts reuse it; brokers get every controller in
 leader, asked with QuorumService.DescribeQuorum); a controller without QuorumService (UNIMPLEMENTED)
 is the leader of its quorum of one. The pure parts are in `minibroker.deploy.quorum`.
 
+`add_broker` starts one more broker in a running cluster (`plan_broker`: the next node id, ports
+by the layout's rule, the base port and rack count `cluster up` recorded); `remove_broker` stops,
+unregisters and forgets one that holds no replicas, leaving its dir (so its id is never reused).
+
 A process is identified by its PID *and* its command line (the data dir is in it), so a PID that
 the kernel reused for something else is never signalled.
 """
@@ -30,6 +34,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -83,6 +88,10 @@ class ClusterState:
     controllers: list[ProcessSpec]
     brokers: list[ProcessSpec]
     cluster_id: str = ""  # generated for a quorum of more than one; "" lets a quorum of one make it
+    # `cluster up --base-port`: brokers on base+id-1, metrics on base+1000+id-1 (plan_cluster);
+    # 0: every port was picked free. `add-broker` follows the same rule.
+    base_port: int = 0
+    racks: int = 0  # `cluster up --racks N`: rack-0..rack-N-1 (0: none)
 
     @property
     def controller(self) -> ProcessSpec:
@@ -115,6 +124,8 @@ class ClusterState:
             "controller_addresses": [c.address for c in self.controllers],
             "controller_quorum_voters": self.voters,
             "cluster_id": self.cluster_id,
+            "base_port": self.base_port,
+            "racks": self.racks,
             "controller": asdict(self.controller),
             "controllers": [asdict(c) for c in self.controllers],
             "brokers": [asdict(b) for b in self.brokers],
@@ -127,11 +138,17 @@ class ClusterState:
         for i, c in enumerate(controllers, start=1):
             if c.node_id < 0:  # a cluster.json from before the quorum: the controller was -1
                 c.node_id = quorum.controller_id(i)
+        brokers = [ProcessSpec(**b) for b in data["brokers"]]
+        base_port = data.get("base_port")
+        if not isinstance(base_port, int):  # a cluster.json from before add-broker
+            base_port = infer_base_port(controllers, brokers)
         return cls(
             dir=directory,
             controllers=controllers,
-            brokers=[ProcessSpec(**b) for b in data["brokers"]],
+            brokers=brokers,
             cluster_id=str(data.get("cluster_id") or ""),
+            base_port=base_port,
+            racks=int(data.get("racks") or 0),
         )
 
     def find(self, ident: str, active: int | None = None) -> ProcessSpec:
@@ -332,8 +349,103 @@ def plan_cluster(
     if cluster_id is None:
         cluster_id = quorum.new_cluster_id() if controllers > 1 else ""
     return ClusterState(
-        dir=directory, controllers=controller_specs, brokers=specs, cluster_id=cluster_id
+        dir=directory,
+        controllers=controller_specs,
+        brokers=specs,
+        cluster_id=cluster_id,
+        base_port=base_port,
+        racks=max(racks, 0),
     )
+
+
+def infer_base_port(controllers: list[ProcessSpec], brokers: list[ProcessSpec]) -> int:
+    """The --base-port a layout was planned with (plan_cluster's rule), 0 when its ports do not
+    follow the rule (they were picked free). For cluster.json files that do not record it."""
+    if not controllers:
+        return 0
+    base = controllers[0].port - 100
+    if base <= 0:
+        return 0
+    for index, c in enumerate(controllers, start=1):
+        if (c.port, c.metrics_port) != (base + 100 + index - 1, base + 1100 + index - 1):
+            return 0
+    for b in brokers:
+        if (b.port, b.metrics_port) != (base + b.node_id - 1, base + 1000 + b.node_id - 1):
+            return 0
+    return base
+
+
+def next_broker_id(state: ClusterState, taken: Iterable[int] = ()) -> int:
+    """The node id of the next broker: one above the highest in the cluster, and above every id
+    in `taken` (the ids of broker dirs left by removed brokers: a new broker never starts on an
+    old broker's data)."""
+    return max([0, *(b.node_id for b in state.brokers), *taken]) + 1
+
+
+def default_rack(state: ClusterState) -> str:
+    """The rack of a new broker when none is asked for: the rack with the fewest brokers among
+    `cluster up --racks N`'s rack-0..rack-N-1 and the racks brokers have (ties: in that order,
+    then by broker id), which is the rack `up` would have given the next broker; none in a
+    cluster without racks."""
+    counts = {f"rack-{i}": 0 for i in range(state.racks)}
+    for b in sorted(state.brokers, key=lambda b: b.node_id):
+        if b.rack:
+            counts[b.rack] = counts.get(b.rack, 0) + 1
+    if not counts:
+        return ""
+    order = list(counts)
+    return min(order, key=lambda rack: (counts[rack], order.index(rack)))
+
+
+def plan_broker(
+    state: ClusterState,
+    rack: str | None = None,
+    taken_ids: Iterable[int] = (),
+    pick_port: Callable[[str], int] = free_port,
+) -> ProcessSpec:
+    """The spec of one more broker (not added to `state`): the next node id, ports as
+    plan_cluster chooses them (base+id-1 and base+1000+id-1, or free ones for base 0), its own
+    dir under the cluster's, the brokers' settings, `rack` or `default_rack`."""
+    node_id = next_broker_id(state, taken_ids)
+    model = state.brokers[0] if state.brokers else state.controller
+    host = model.host
+    used = {p for s in state.all() for p in (s.port, s.metrics_port)}
+    if state.base_port:
+        port = state.base_port + node_id - 1
+        metrics_port = state.base_port + 1000 + node_id - 1
+        for wanted, what in ((port, "port"), (metrics_port, "metrics port")):
+            if wanted in used:
+                owner = next(s for s in state.all() if wanted in (s.port, s.metrics_port))
+                raise LauncherError(
+                    f"broker {node_id}'s {what} {wanted} (--base-port {state.base_port} + "
+                    f"{wanted - state.base_port}) is already {owner.label}'s: this layout has "
+                    f"no room for broker {node_id}"
+                )
+    else:
+        port = _unused_port(pick_port, host, used)
+        metrics_port = _unused_port(pick_port, host, used | {port})
+    folder = pathlib.Path(state.dir).resolve() / f"broker-{node_id}"
+    broker_settings = dict(state.brokers[0].settings) if state.brokers else {}
+    return ProcessSpec(
+        role="broker",
+        node_id=node_id,
+        host=host,
+        port=port,
+        metrics_port=metrics_port,
+        data_dir=str(folder / "data"),
+        log_file=str(folder / "process.log"),
+        rack=default_rack(state) if rack is None else rack,
+        settings=broker_settings,
+    )
+
+
+def _unused_port(pick_port: Callable[[str], int], host: str, used: set[int]) -> int:
+    """A free port that no process of the cluster owns (a stopped one's port looks free)."""
+    for _ in range(100):
+        port = pick_port(host)
+        if port not in used:
+            return port
+    raise LauncherError("found no free port for the new broker")
 
 
 def split_settings(settings: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -705,6 +817,131 @@ def down(directory: str = DEFAULT_DIR, timeout_s: float = 30.0) -> ClusterState:
         spec.pid = 0
     save_state(state)
     return state
+
+
+def broker_dir_ids(directory: str) -> set[int]:
+    """The node ids of the `broker-N` dirs under the cluster's dir (removed brokers' too)."""
+    ids = set()
+    for path in pathlib.Path(directory).glob("broker-*"):
+        suffix = path.name.removeprefix("broker-")
+        if path.is_dir() and suffix.isdigit():
+            ids.add(int(suffix))
+    return ids
+
+
+def add_broker(
+    directory: str = DEFAULT_DIR, rack: str | None = None, timeout_s: float = 60.0
+) -> ProcessSpec:
+    """Start one more broker in a running cluster (`plan_broker`) and wait until it is
+    registered and unfenced. It is in cluster.json from the moment its process runs (so
+    `cluster logs N`, `stop N`, `down` know it, even when it fails to become ready); a port
+    that is busy refuses it with nothing changed."""
+    state = require_state(directory)
+    spec = plan_broker(state, rack, taken_ids=broker_dir_ids(directory))
+    state.brokers.append(spec)
+    start_process(spec, state)  # LauncherError for a busy port: nothing saved
+    save_state(state)
+    try:
+        wait_ready(state, timeout_s, expect=[spec])
+    except LauncherError as err:
+        raise LauncherError(
+            f"{err}\n{spec.label} stays in the cluster: `minibroker cluster logs "
+            f"{spec.node_id}` shows why; `minibroker cluster remove-broker {spec.node_id}` "
+            "drops it"
+        ) from None
+    return spec
+
+
+def removal_refusal(broker_id: int, registered: Any, replica_partitions: int) -> str:
+    """Why broker `broker_id` may not be removed ("" when it may). `registered` is its
+    DescribeCluster entry (None: not registered); `replica_partitions` counts the partitions
+    whose replicas name it (what an unregistered broker is still counted in)."""
+    if registered is not None:
+        replicas = registered.replica_count
+        leaders = registered.leader_count
+        if replicas == 0:
+            return ""
+        state = "being decommissioned" if registered.decommissioning else "not decommissioned"
+        return (
+            f"broker {broker_id} still holds {replicas} replica(s) ({leaders} leadership(s)); "
+            f"it is {state}. Move them off first: `minibroker brokers decommission "
+            f"{broker_id} --wait`, then remove it"
+        )
+    if replica_partitions:
+        return (
+            f"broker {broker_id} is not registered but {replica_partitions} partition(s) "
+            f"still name it as a replica: move them first (`minibroker reassign-partitions`)"
+        )
+    return ""
+
+
+def remove_broker(directory: str, ident: str, timeout_s: float = 30.0) -> str:
+    """Stop a broker that holds no replicas (controlled shutdown), unregister it and drop it
+    from cluster.json; its dir stays on disk (its log) and its id is never given again. Refused,
+    with nothing changed, while it holds replicas, and for the last broker."""
+    from minibroker.client import Admin
+    from minibroker.client.errors import (
+        BrokerIdNotRegisteredError,
+        InvalidRequestError,
+        MiniBrokerError,
+    )
+
+    state = require_state(directory)
+    spec = state.find(ident)
+    if spec.role != "broker":
+        raise LauncherError(f"{spec.name} is a controller: only brokers can be removed")
+    others = [b for b in state.brokers if b is not spec]
+    if not others:
+        raise LauncherError(f"{spec.label} is the cluster's last broker: it cannot be removed")
+    bootstrap = ",".join(b.address for b in others)
+
+    def refusal(admin: Any) -> str:
+        cluster = admin.describe_cluster()
+        registered = next((b for b in cluster.brokers if b.broker_id == spec.node_id), None)
+        named = 0
+        if registered is None:
+            named = sum(
+                1
+                for topic in admin.describe_topics(include_offsets=False)
+                for p in topic.partitions
+                if spec.node_id in p.replicas
+            )
+        return removal_refusal(spec.node_id, registered, named)
+
+    try:
+        with Admin(bootstrap, default_api_timeout_ms=15_000) as admin:
+            problem = refusal(admin)
+            if problem:
+                raise LauncherError(problem)
+            was = process_state(spec)
+            if was != "stopped":
+                _act_on(state, spec, "stop", ident, timeout_s)
+            # Stopped, it is fenced: nothing new is placed on it. Unless something was in the
+            # window between the check and the stop: then it runs again and nothing changed.
+            problem = refusal(admin)
+            if problem:
+                if was != "stopped":
+                    _act_on(state, spec, "start", ident, timeout_s)
+                raise LauncherError(problem)
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    admin.unregister_broker(spec.node_id)
+                    break
+                except BrokerIdNotRegisteredError:
+                    break  # never registered, or unregistered already
+                except InvalidRequestError as err:  # its session has not ended yet
+                    if time.monotonic() >= deadline:
+                        raise LauncherError(f"{spec.label} was stopped but {err}") from None
+                    time.sleep(0.1)
+    except MiniBrokerError as err:
+        raise LauncherError(f"cannot remove {spec.label}: {err}") from None
+    state.brokers.remove(spec)
+    save_state(state)
+    return (
+        f"removed {spec.label}: stopped, unregistered and dropped from the cluster "
+        f"(its files stay in {pathlib.Path(spec.data_dir).parent})"
+    )
 
 
 ACTIONS = ("kill", "stop", "pause", "resume", "start", "restart")

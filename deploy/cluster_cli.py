@@ -1,4 +1,5 @@
-"""`minibroker cluster up|status|kill|stop|pause|resume|start|down|logs`: the local cluster.
+"""`minibroker cluster up|status|kill|stop|pause|resume|start|down|logs|add-broker|remove-broker`:
+the local cluster.
 
 I/O shell over `minibroker.deploy.cluster`: parses flags, prints results in words a newcomer
 understands, and turns LauncherError into one line on stderr and exit status 1.
@@ -96,6 +97,34 @@ def register(sub: Any) -> None:
             help="a broker node id, controller-N, or 'controller' (the active controller)",
         )
         p.set_defaults(func=_act, action=action)
+
+    p = csub.add_parser(
+        "add-broker",
+        help="start one more broker in the running cluster",
+        description="Start one more broker: the next node id (one above the highest), ports "
+        "chosen as `cluster up` chose the others (--base-port's rule, or free ports), the "
+        "brokers' settings. It holds nothing until replicas move to it: `minibroker brokers "
+        "rebalance --execute`.",
+    )
+    p.add_argument(
+        "--rack",
+        default=None,
+        help="its rack (default: none in a cluster without racks, else the rack with the "
+        "fewest brokers)",
+    )
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for readiness")
+    p.set_defaults(func=_add_broker)
+
+    p = csub.add_parser(
+        "remove-broker",
+        help="stop, unregister and forget a broker that holds no replicas",
+        description="Stop a broker (controlled shutdown), unregister it and drop it from the "
+        "cluster; refused while it holds replicas (`minibroker brokers decommission N --wait` "
+        "moves them off). Its files stay on disk; its id is not given again.",
+    )
+    p.add_argument("id", help="the broker's node id")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for each step")
+    p.set_defaults(func=_remove_broker)
 
     p = csub.add_parser("down", help="stop everything (brokers first, controlled)")
     p.set_defaults(func=_down)
@@ -229,6 +258,26 @@ def quorum_status_from_json(data: dict[str, Any]) -> quorum.QuorumStatus:
 @_guard
 def _act(args: argparse.Namespace) -> int:
     print(launcher.act(args.dir, args.action, args.id))
+    return 0
+
+
+@_guard
+def _add_broker(args: argparse.Namespace) -> int:
+    spec = launcher.add_broker(args.dir, args.rack, args.timeout)
+    state = launcher.require_state(args.dir)
+    rack = f" rack {spec.rack}" if spec.rack else ""
+    print(
+        f"added broker {spec.node_id} (pid {spec.pid}) on {spec.address}, "
+        f"metrics http://{spec.host}:{spec.metrics_port}/metrics{rack}"
+    )
+    print(f"Bootstrap servers: {state.bootstrap_servers}")
+    print("It holds no replicas yet: `minibroker brokers rebalance --execute` moves some to it.")
+    return 0
+
+
+@_guard
+def _remove_broker(args: argparse.Namespace) -> int:
+    print(launcher.remove_broker(args.dir, args.id, args.timeout))
     return 0
 
 
