@@ -318,12 +318,20 @@ def test_decommissioning_a_leader_heavy_broker_under_load(tmp_path: pathlib.Path
         )
         wait_until(lambda: settled(admin, [TP.topic, "other"]), 30, "topics settled")
         victim = partition(admin, TP).leader
-        # Make the victim lead everything it can (leader-heavy).
-        led = [
-            TopicPartition("other", p.partition)
-            for p in admin.describe_topics(["other"], include_offsets=False)[0].partitions
-        ]
-        assert led
+        # Make the victim lead everything it can (leader-heavy): put it first in every
+        # replica list that names it (a reorder completes at once) and elect preferred leaders.
+        (other,) = admin.describe_topics(["other"], include_offsets=False)
+        reorder = {
+            TopicPartition("other", p.partition): [victim, *(b for b in p.replicas if b != victim)]
+            for p in other.partitions
+            if victim in p.replicas and p.replicas[0] != victim
+        }
+        if reorder:
+            assert set(admin.alter_partition_reassignments(reorder).values()) == {None}
+            admin.elect_leaders("preferred", list(reorder))
+        (other,) = admin.describe_topics(["other"], include_offsets=False)
+        led = [p.partition for p in other.partitions if p.leader == victim]
+        assert len(led) >= 4, f"broker {victim} leads only {led} of 'other'"
         with (
             BackgroundProducer(cluster.bootstrap, TP.topic) as producer,
             Reader(cluster.bootstrap, TP) as reader,
