@@ -45,6 +45,10 @@ class FollowerHost(Protocol):
         self, tp: TopicPartition, leader_id: int
     ) -> wire.FetchPartitionRequest | None: ...
 
+    def throttle_fetch(
+        self, partitions: list[TopicPartition], cursor: int
+    ) -> tuple[list[TopicPartition], int]: ...
+
     async def apply_follower_fetch(
         self,
         leader_id: int,
@@ -83,6 +87,7 @@ class Fetcher:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._polling = False
+        self._throttle_cursor = 0  # round-robin over throttled partitions (KIP-73)
 
     @property
     def partitions(self) -> frozenset[TopicPartition]:
@@ -129,7 +134,11 @@ class Fetcher:
         # Built in place with add(): finished sub-messages handed to a constructor are copied.
         topics: dict[str, Any] = {}
         sent: dict[tuple[str, int], wire.FetchPartitionRequest] = {}
-        for tp in sorted(self._partitions):
+        # KIP-73: throttled partitions are left out while the follower quota is exceeded.
+        asked, self._throttle_cursor = self._host.throttle_fetch(
+            sorted(self._partitions), self._throttle_cursor
+        )
+        for tp in sorted(asked):
             state = self._host.follower_fetch_state(tp, self.leader_id)
             if state is None:
                 continue

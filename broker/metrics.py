@@ -68,6 +68,42 @@ class BrokerMetrics:
             "kafka_server_DelayedOperationPurgatory_PurgatorySize_Fetch",
             "long-poll fetches waiting for data",
         )
+        # KIP-73 replication throttles (broker/replication/quota.py). Kafka's JMX
+        # `kafka.server:type=LeaderReplication,name=byte-rate` (and FollowerReplication): the
+        # quota's measured rate, bytes/s over its window, of what this broker sent to (leader)
+        # or fetched for (follower) throttled, out-of-sync replicas.
+        self.leader_replication_byte_rate = gauge(
+            "kafka_server_leader_replication_byte_rate",
+            "measured rate (bytes/s) sent to throttled replicas (leader.replication quota)",
+        )
+        self.follower_replication_byte_rate = gauge(
+            "kafka_server_follower_replication_byte_rate",
+            "measured rate (bytes/s) fetched for throttled replicas (follower.replication quota)",
+        )
+        self.leader_replication_rate_limit = gauge(
+            "kafka_server_leader_replication_throttled_rate",
+            "leader.replication.throttled.rate in force here (bytes/s; -1: unthrottled)",
+        )
+        self.follower_replication_rate_limit = gauge(
+            "kafka_server_follower_replication_throttled_rate",
+            "follower.replication.throttled.rate in force here (bytes/s; -1: unthrottled)",
+        )
+        self.leader_throttled_bytes = counter(
+            "kafka_server_leader_replication_throttled_bytes",
+            "bytes sent to throttled replicas (counted against the leader quota)",
+        )
+        self.follower_throttled_bytes = counter(
+            "kafka_server_follower_replication_throttled_bytes",
+            "bytes fetched for throttled replicas (counted against the follower quota)",
+        )
+        self.leader_throttled = counter(
+            "kafka_server_leader_replication_throttled_partitions",
+            "times a throttled partition got no records because the leader quota was exceeded",
+        )
+        self.follower_throttled = counter(
+            "kafka_server_follower_replication_throttled_partitions",
+            "times a throttled partition was left out of a fetch (follower quota exceeded)",
+        )
         self.truncations = counter(
             "minibroker_broker_LogTruncationsPerSec",
             "follower truncations (diverging epoch or out of range)",

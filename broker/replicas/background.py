@@ -26,6 +26,9 @@ log = get_logger(__name__)
 class Background:
     def __init__(self, rm: ReplicaManager) -> None:
         self._rm = rm
+        # (recorded bytes, throttled count) of the leader and follower quotas at the last
+        # metrics refresh: the counters grow by the difference.
+        self._quota_totals = [(0, 0), (0, 0)]
 
     async def run(self, stop: asyncio.Event) -> None:
         """ISR shrink checks, produce expiry, checkpoints, retention, metrics gauges."""
@@ -139,3 +142,31 @@ class Background:
         m.max_lag.set(gauges.max_lag)
         m.fetch_purgatory.set(len(rm.fetch_signals) + len(rm.hw_signals))
         m.produce_purgatory.set(gauges.pending_produces)
+        self._update_quota_metrics()
+
+    def _update_quota_metrics(self) -> None:
+        """KIP-73 quotas: measured rates, limits, and the totals since the last refresh."""
+        engine, m, now = self._rm.engine, self._rm.metrics, wall_clock_ms()
+        sides = (
+            (
+                engine.leader_quota,
+                m.leader_replication_byte_rate,
+                m.leader_replication_rate_limit,
+                m.leader_throttled_bytes,
+                m.leader_throttled,
+            ),
+            (
+                engine.follower_quota,
+                m.follower_replication_byte_rate,
+                m.follower_replication_rate_limit,
+                m.follower_throttled_bytes,
+                m.follower_throttled,
+            ),
+        )
+        for i, (quota, rate, limit, recorded, throttled) in enumerate(sides):
+            rate.set(quota.rate(now))
+            limit.set(-1 if quota.unlimited else quota.limit)
+            seen_bytes, seen_count = self._quota_totals[i]
+            recorded.inc(quota.recorded_bytes - seen_bytes)
+            throttled.inc(quota.throttled_count - seen_count)
+            self._quota_totals[i] = (quota.recorded_bytes, quota.throttled_count)

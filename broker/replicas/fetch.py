@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from minibroker.broker import wire
 from minibroker.broker.purgatory import PurgatoryFullError
 from minibroker.broker.replication.events import FetchPosition, FetchResponse, FollowerFetch
+from minibroker.broker.replication.quota import select_fetch_partitions
 from minibroker.client.common.clock import wall_clock_ms
 from minibroker.client.errors import ErrorCode
 from minibroker.client.types import TopicPartition
@@ -163,6 +164,21 @@ class FetchHandler:
 
     def forget(self, tp: TopicPartition) -> None:
         self._asked.pop(tp, None)
+
+    def throttle_fetch(
+        self, partitions: list[TopicPartition], cursor: int
+    ) -> tuple[list[TopicPartition], int]:
+        """The partitions a follower fetch asks for (KIP-73, quota.select_fetch_partitions):
+        the throttled ones are left out while this follower's quota is exceeded."""
+        engine = self._rm.engine
+        throttled = {tp for tp in partitions if engine.follower_throttled(tp)}
+        if not throttled:
+            return partitions, cursor
+        exceeded = engine.follower_quota.is_exceeded(wall_clock_ms())
+        asked, left_out, cursor = select_fetch_partitions(partitions, throttled, exceeded, cursor)
+        if exceeded:
+            engine.follower_quota.note_throttled(len(left_out))
+        return asked, cursor
 
     def follower_fetch_state(
         self, tp: TopicPartition, leader_id: int

@@ -81,12 +81,19 @@ from minibroker.broker.replication.outputs import (
     WakeFetches,
 )
 from minibroker.broker.replication.partition import PartitionReplica
+from minibroker.broker.replication.quota import RateQuota, follower_throttles
 from minibroker.broker.replication.serving import ReplicaServing
 from minibroker.broker.replication.storage import Storage
 from minibroker.broker.replication.views import ReplicaViews
 from minibroker.broker.storage.errors import is_log_dir_failure
 from minibroker.client.errors import ErrorCode, MiniBrokerError
 from minibroker.client.records import RecordValidation
+from minibroker.client.replication_throttle import (
+    FOLLOWER_THROTTLED_REPLICAS,
+    LEADER_THROTTLED_REPLICAS,
+    parse_throttled_replicas,
+    throttle_rates,
+)
 from minibroker.client.topic_config import resolve_topic_config
 from minibroker.client.types import TopicPartition
 from minibroker.metadata.image import MetadataImage, TopicImage
@@ -112,6 +119,11 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
         # The KAFKA_STORAGE_ERROR message once the dir is offline; never cleared (a failed dir
         # comes back only with a new broker process).
         self.offline: str | None = None
+        # KIP-73 replication quotas, their rates from this broker's dynamic configs (synced on
+        # every metadata batch): what this leader sends to, and this follower fetches for,
+        # throttled replicas (quota.py).
+        self.leader_quota = RateQuota()
+        self.follower_quota = RateQuota()
 
     # -- hosting and metadata -----------------------------------------------------------
 
@@ -141,6 +153,7 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
         hosted = HostedReplica(tp, topic_id, log, core, self._next_generation, self._storage_failed)
         hosted.topic_configs = None if topic_configs is None else dict(topic_configs)
         hosted.record_validation = RecordValidation.from_topic_config(configs)
+        _set_throttled(hosted, configs)
         hosted.max_message_bytes = (
             max_message_bytes
             if max_message_bytes is not None
@@ -168,6 +181,7 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
         """
         out: list[Output] = []
         self._sync_brokers()
+        self._sync_throttle_rates()
         if self.offline is not None:
             return [], out
         # Topics that disappeared since the last act: stop and delete their replicas here.
@@ -225,6 +239,7 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
             return
         if hosted is None or hosted.topic_id != topic.topic_id:
             raise MiniBrokerError(f"{tp}: no log of topic id {topic.topic_id} is hosted")
+        hosted.replication_factor = len(record.target_replicas)
         if hosted.topic_configs != topic.configs:
             # A log opened from disk before metadata arrived ran with the broker's defaults;
             # the topic's own configs (min.insync.replicas, ...) apply now.
@@ -266,6 +281,7 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
         )
         hosted.topic_configs = dict(raw)
         hosted.record_validation = RecordValidation.from_topic_config(configs)
+        _set_throttled(hosted, configs)
 
     def remove(self, tp: TopicPartition, *, delete: bool, reason: str) -> list[Output]:
         """Stop hosting `tp`: the core answers its waiting produces NOT_LEADER_OR_FOLLOWER, its
@@ -302,6 +318,21 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
                 fenced=reg.fenced,
                 in_controlled_shutdown=reg.in_controlled_shutdown,
             )
+
+    def _sync_throttle_rates(self) -> None:
+        """The KIP-73 rates in force here: this broker's dynamic configs over the default."""
+        leader_rate, follower_rate = throttle_rates(self.image.broker_config(self.broker_id))
+        self.leader_quota.set_limit(leader_rate)
+        self.follower_quota.set_limit(follower_rate)
+
+    def follower_throttled(self, tp: TopicPartition) -> bool:
+        """This broker's fetch of `tp` is throttled (KIP-73: it is named in the topic's
+        follower.replication.throttled.replicas, is not in the ISR, and a rate is set)."""
+        hosted = self._hosted.get(tp)
+        if hosted is None or self.follower_quota.unlimited:
+            return False
+        core = hosted.core
+        return follower_throttles(hosted.follower_throttled, tp.partition, self.broker_id, core.isr)
 
     def _typed_configs(self, raw: Mapping[str, str]) -> dict[str, Any]:
         return resolve_topic_config(raw, self.config.topic_defaults)
@@ -462,6 +493,8 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
         if position.leader_id != leader_id:
             return out
         hosted.pending_fetch = None
+        if response.records and self.follower_throttled(tp):
+            self.follower_quota.record(len(response.records), now_ms)
         try:
             self._interpret(
                 hosted, hosted.core.on_fetch_response(position, response, now_ms)[1], out
@@ -532,6 +565,11 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
 
 # ------------------------------------------------------------------------------------------
 # Where the engine meets the core's and storage's current shapes (one place each)
+
+
+def _set_throttled(hosted: HostedReplica[Any], configs: Mapping[str, Any]) -> None:
+    hosted.leader_throttled = parse_throttled_replicas(str(configs[LEADER_THROTTLED_REPLICAS]))
+    hosted.follower_throttled = parse_throttled_replicas(str(configs[FOLLOWER_THROTTLED_REPLICAS]))
 
 
 def _new_core(

@@ -37,6 +37,7 @@ from minibroker.client import batch as batchlib
 from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode, MiniBrokerError
 from minibroker.client.records import RecordValidation, validate_producer_records
+from minibroker.client.replication_throttle import ThrottledReplicas
 from minibroker.client.types import TopicPartition
 
 S = TypeVar("S", bound=Storage)
@@ -44,6 +45,10 @@ S = TypeVar("S", bound=Storage)
 # The engine's handler of a failed storage call: (error, operation, outputs) -> the
 # KAFKA_STORAGE_ERROR message when it was a log-dir failure (the dir is offline now), else None.
 StorageFailed = Callable[[BaseException, str, list[Output]], str | None]
+
+
+def _no_replicas() -> ThrottledReplicas:
+    return ThrottledReplicas(False, frozenset())
 
 
 class FollowerAppendError(Exception):
@@ -65,6 +70,12 @@ class HostedReplica(Generic[S]):
     topic_configs: dict[str, str] | None = None
     record_validation: RecordValidation = field(default_factory=RecordValidation)
     max_message_bytes: int = 1_048_588
+    # The topic's KIP-73 lists (leader/follower.replication.throttled.replicas), parsed.
+    leader_throttled: ThrottledReplicas = field(default_factory=_no_replicas)
+    follower_throttled: ThrottledReplicas = field(default_factory=_no_replicas)
+    # The replication factor the partition is meant to have: its target replicas while a
+    # reassignment runs (Kafka: replicas - removing), else every replica (0: no record yet).
+    replication_factor: int = 0
     # The follower fetch planned by `next_fetch`: only the answer to this very position is
     # applied, so a late answer to an older one (a stopping fetcher's) is dropped.
     pending_fetch: FetchPosition | None = None

@@ -38,6 +38,7 @@ from minibroker.broker.replication.outputs import (
     WakeFollowerFetches,
 )
 from minibroker.broker.replication.partition import PartitionReplica
+from minibroker.broker.replication.quota import RateQuota, leader_throttles
 from minibroker.broker.replication.storage import Storage
 from minibroker.client.errors import ErrorCode
 from minibroker.client.types import TopicPartition
@@ -57,6 +58,7 @@ class ReplicaServing(Generic[S]):
     offline: str | None
     _hosted: dict[TopicPartition, HostedReplica[S]]
     _next_token: int
+    leader_quota: RateQuota
 
     if TYPE_CHECKING:
 
@@ -137,7 +139,18 @@ class ReplicaServing(Generic[S]):
         reply.current_leader = (core.leader_id, core.leader_epoch)
         readable = answer.error == ErrorCode.NONE and answer.diverging_epoch is None
         if readable and answer.read_until_offset > answer.fetch_offset:
+            quota = self.leader_quota
+            throttled = not quota.unlimited and leader_throttles(
+                hosted.leader_throttled, tp.partition, self.broker_id, fetch.replica_id, core.isr
+            )
+            if throttled and quota.is_exceeded(now_ms):
+                # KIP-73: over the leader's quota, a throttled (listed, out-of-sync) follower
+                # gets no records this time; it asks again and the rate decides then.
+                quota.note_throttled()
+                return reply, out
             hosted.read(reply, answer.fetch_offset, max_bytes, answer.read_until_offset, out)
+            if throttled:
+                quota.record(len(reply.records), now_ms)
         return reply, out
 
     def consumer_fetch(

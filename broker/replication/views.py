@@ -115,7 +115,9 @@ class ReplicaViews(Generic[S]):
             if core.is_leader:
                 leaders += 1
                 isr = len(core.isr)
-                under_replicated += isr < len(core.replicas)
+                # Kafka: against the target while a reassignment runs (replicas - removing), so
+                # a move does not count as under-replicated while the new copies catch up.
+                under_replicated += isr < (hosted.replication_factor or len(core.replicas))
                 under_min += isr < core.effective_min_isr
                 at_min += isr == core.effective_min_isr
             else:
