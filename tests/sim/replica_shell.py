@@ -36,6 +36,7 @@ from minibroker.broker.replication.outputs import (
     LogDirFailed,
     Output,
     PartitionApplyFailed,
+    ReplicaRemoved,
     RoleChanged,
     SendAlterPartition,
     StartFollowing,
@@ -117,6 +118,13 @@ class ReplicaShell:
                 self.fetchers[output.tp] = Fetcher(output.leader_id)
             elif isinstance(output, StopFollowing):
                 self.fetchers.pop(output.tp, None)
+            elif isinstance(output, ReplicaRemoved):
+                # ReplicaManager: the engine no longer hosts it; the log goes when it says so.
+                sim.checker.on_replica_removed(self, output.tp.partition, output.delete)
+                if output.delete:
+                    del self.logs[output.tp.partition]
+                sim.stats["replicas_deleted" if output.delete else "replicas_dropped"] += 1
+                sim.note(f"b{self.broker_id} p{output.tp.partition} removed: {output.reason}")
             elif isinstance(output, HighWatermarkMoved):
                 sim.checker.on_high_watermark(self, output.tp.partition)
             elif isinstance(output, Truncated):
