@@ -37,6 +37,11 @@ class SimOptions:
     offline_rate: float = 0.0002
     shutdown_rate: float = 0.0004
     retention_rate: float = 0.0  # per tick and broker: delete some of the oldest batches
+    # Moving replicas (KIP-455): reassignment starts/cancels and broker decommissions per tick
+    # (off in the fixed mix), and the controller's replica.rebuild.delay.ms (-1: off).
+    reassign_rate: float = 0.0
+    decommission_rate: float = 0.0
+    replica_rebuild_delay_ms: int = -1
     # One controller restart and one offline period at a random time of every safety phase.
     scheduled_faults: bool = True
     stream_break_rate: float = 0.003  # per heartbeat
@@ -59,7 +64,7 @@ class SimOptions:
             # Off for one seed in five; otherwise between half and twice the default.
             return 0.0 if rng.random() < 0.2 else default * rng.uniform(0.5, 2.0)
 
-        return replace(
+        options = replace(
             base,
             brokers=rng.choice((3, 3, 4)),
             partitions=rng.randint(2, 4),
@@ -79,6 +84,15 @@ class SimOptions:
             retention_rate=rate(0.002),
             produce_interval_ms=rng.randint(5, 10),
         )
+        # Drawn after the rest, so each seed keeps the options it had before moves existed.
+        options.reassign_rate = rate(0.004)
+        options.decommission_rate = rate(0.0008)
+        if options.reassign_rate or options.decommission_rate:
+            # Room to move: a disjoint target of RF 3 needs 6 brokers, a decommission 4.
+            options.brokers += rng.choice((0, 1, 2, 3))
+        if rng.random() < 0.25:
+            options.replica_rebuild_delay_ms = rng.randint(600, 2_000)
+        return options
 
     def describe(self) -> str:
         """The fields that differ from `SimOptions()`, for a failure message."""

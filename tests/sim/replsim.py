@@ -67,6 +67,7 @@ class Simulation:
             auto_leader_rebalance_enable=True,
             leader_imbalance_check_interval_ms=opt.rebalance_interval_ms,
             leader_imbalance_per_broker_percentage=10,
+            replica_rebuild_delay_ms=opt.replica_rebuild_delay_ms,
         )
         self.controller = SimControllerNode(
             settings, CLUSTER_ID, random.Random(self.rng.getrandbits(64)), 0
@@ -286,6 +287,7 @@ class Simulation:
         # Liveness: heal everything, restart the dead, stop producing; the cluster must settle.
         self.net.faults = False
         self.restart_controller()
+        self.nemesis.heal()  # every decommission cancelled; running moves must complete
         for broker in self.brokers.values():
             broker.paused_until_ms = min(broker.paused_until_ms, self.now_ms)  # wake now
             if not broker.alive:
