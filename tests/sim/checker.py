@@ -10,7 +10,12 @@ records (§8.8, docs/protocol.md §17): epochs move forward, a new leader comes 
 ISR and holds every acknowledged batch, no unclean election happens; a session timeout fences
 only a broker that went silent. At the end (`check_final`): the cluster converged (full ISRs,
 preferred leaders, identical logs holding every acknowledged batch, each idempotent batch once,
-every broker's metadata image equal to the controller's).
+every broker's metadata image equal to the controller's, no reassignment left running).
+Moving replicas (KIP-455): each durable record keeps adding/removing disjoint subsets of the
+replicas, a reassignment ends on its target (whole target in the ISR) or its original replicas,
+and nothing else changes the replicas; a broker drops a replica only once its applied metadata
+no longer names it and, once it has acted on that metadata, holds no log for it. I1 covers the
+new replicas as soon as they are in the controller's ISR.
 """
 
 from __future__ import annotations

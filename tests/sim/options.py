@@ -6,7 +6,10 @@ and topic configs (min.insync.replicas, replica.lag.time.max.ms, partitions, bro
 and slow the network is, and each fault's rate. Each fault kind is switched off for some seeds
 ("swarm testing": a run without crashes reaches states a run full of them never does) and drawn
 around its default rate otherwise, so the seeds together cover about the default mix and much
-more of its neighbourhood. The control-plane timers stay fixed: the checker's liveness bounds
+more of its neighbourhood. Moving replicas (reassignments, decommissions, the controller's
+replica.rebuild.delay.ms) are drawn after everything else, so a seed keeps the options it had
+before they existed, and bring up to three extra brokers so targets can overlap or be disjoint.
+The control-plane timers stay fixed: the checker's liveness bounds
 (a session timeout fences only a silent broker; a controlled shutdown is granted in time) are
 written against them.
 """

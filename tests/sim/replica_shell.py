@@ -5,8 +5,9 @@ MemLogs, carries out every effect of their cores, and decides produce, fetch and
 is only what the broker's asyncio shell does around it, over the simulated network: follower
 fetch sessions to leaders (one request in flight per partition), AlterPartition requests to the
 controller (a lost request or answer surfaces as REQUEST_TIMED_OUT after the request timeout),
-produce answers handed to the workload, and the checker told of HW moves, truncations and
-leader appends. An output that means the engine hit a storage or apply failure is a finding:
+produce answers handed to the workload, logs deleted when the engine removes a replica (a
+reassignment moved it away), and the checker told of HW moves, truncations, leader appends and
+removals. An output that means the engine hit a storage or apply failure is a finding:
 the simulation injects no disk faults.
 """
 

@@ -13,7 +13,8 @@ replay). The rooms:
 - node.py: a simulated broker (registration, heartbeats, the metadata watch, its engine) and
   replica_shell.py, the I/O around its engine (fetch sessions, AlterPartition, produce answers);
 - workload.py: producers (plain and idempotent, acks=all) and consumers;
-- nemesis.py: the faults and the budget they keep to;
+- nemesis.py: the faults and the budget they keep to, and replicas moving (reassignments,
+  cancels, decommissions through the real core);
 - checker.py: the invariants of docs/design.md §8, after every event and at the end;
 - this module: the controller process (requests, group commit, publishing to watchers, crash
   and restart, the topic) and the run: a safety phase with faults, then a liveness phase with
