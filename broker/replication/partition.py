@@ -121,6 +121,7 @@ class PartitionReplica(ReplicaState):
         if (
             state.partition_epoch == self._partition_epoch
             and state.leader_epoch == self._leader_epoch
+            and state.replicas == self._replicas
             and self._role is not Role.NONE
         ):
             return None, []  # already applied

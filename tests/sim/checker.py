@@ -10,7 +10,12 @@ records (§8.8, docs/protocol.md §17): epochs move forward, a new leader comes 
 ISR and holds every acknowledged batch, no unclean election happens; a session timeout fences
 only a broker that went silent. At the end (`check_final`): the cluster converged (full ISRs,
 preferred leaders, identical logs holding every acknowledged batch, each idempotent batch once,
-every broker's metadata image equal to the controller's).
+every broker's metadata image equal to the controller's, no reassignment left running).
+Moving replicas (KIP-455): each durable record keeps adding/removing disjoint subsets of the
+replicas, a reassignment ends on its target (whole target in the ISR) or its original replicas,
+and nothing else changes the replicas; a broker drops a replica only once its applied metadata
+no longer names it and, once it has acted on that metadata, holds no log for it. I1 covers the
+new replicas as soon as they are in the controller's ISR.
 """
 
 from __future__ import annotations
@@ -79,9 +84,10 @@ class Checker:
             pid = record.partition
             old = self.last_record.get((record.topic_id, pid))
             self.last_record[(record.topic_id, pid)] = record
+            where = f"p{pid} record at {entry.offset} ({record.reason}): "
+            self._check_reassignment(where, old, record)
             if old is None:
                 continue
-            where = f"p{pid} record at {entry.offset} ({record.reason}): "
             invariant(
                 record.partition_epoch == old.partition_epoch + 1,
                 f"{where}partition epoch {old.partition_epoch} -> {record.partition_epoch}",
@@ -115,6 +121,111 @@ class Checker:
                             log is not None and log.batch_at(offset) == data,
                             f"{where}new leader {record.leader} lacks acked batch at {offset}",
                         )
+
+    def _check_reassignment(
+        self, where: str, old: PartitionRecord | None, new: PartitionRecord
+    ) -> None:
+        """KIP-455 on the durable records: adding and removing are disjoint subsets of the
+        replicas (no duplicates); only a reassignment changes the replicas; a running one keeps
+        its replicas, adding and removing; it ends completed (replicas == its target, in order)
+        or cancelled (replicas == its original ones)."""
+        replicas, adding, removing = new.replicas, new.adding_replicas, new.removing_replicas
+        invariant(
+            len(set(replicas)) == len(replicas)
+            and set(adding) <= set(replicas)
+            and set(removing) <= set(replicas)
+            and not set(adding) & set(removing)
+            and len(set(adding)) == len(adding)
+            and len(set(removing)) == len(removing),
+            f"{where}bad reassignment state: replicas {list(replicas)}, adding {list(adding)}, "
+            f"removing {list(removing)}",
+        )
+        invariant(set(new.isr) <= set(replicas), f"{where}ISR {list(new.isr)} outside the replicas")
+        if old is None:
+            invariant(not new.is_reassigning, f"{where}created reassigning")
+            return
+        stats = self.sim.stats
+        if old.is_reassigning and new.is_reassigning:
+            invariant(
+                (old.replicas, old.adding_replicas, old.removing_replicas)
+                == (replicas, adding, removing),
+                f"{where}a running reassignment changed: {list(old.replicas)} "
+                f"+{list(old.adding_replicas)} -{list(old.removing_replicas)} -> "
+                f"{list(replicas)} +{list(adding)} -{list(removing)}",
+            )
+        elif old.is_reassigning:
+            if replicas == old.target_replicas:
+                stats["reassignments_completed"] += 1
+                # Completion waits for the whole target in the ISR.
+                invariant(
+                    set(new.isr) == set(replicas),
+                    f"{where}completed with ISR {list(new.isr)} lacking target members",
+                )
+            else:
+                invariant(
+                    replicas == old.original_replicas,
+                    f"{where}reassignment of {list(old.replicas)} +{list(old.adding_replicas)} "
+                    f"-{list(old.removing_replicas)} ended with replicas {list(replicas)}: "
+                    "neither its target nor its original replicas",
+                )
+                stats["reassignments_cancelled"] += 1
+        elif new.is_reassigning:
+            invariant(
+                set(new.original_replicas) == set(old.replicas)
+                and set(adding) == set(new.target_replicas) - set(old.replicas)
+                and set(removing) == set(old.replicas) - set(new.target_replicas)
+                and new.isr == old.isr
+                and new.leader == old.leader,
+                f"{where}reassignment start from {list(old.replicas)} wrote {list(replicas)} "
+                f"+{list(adding)} -{list(removing)}, ISR {list(old.isr)} -> {list(new.isr)}",
+            )
+            stats["reassignments_started"] += 1
+        elif replicas != old.replicas:
+            # A reassignment started and completed in one record: a reorder (nothing to add
+            # or remove), or a target already in the ISR.
+            invariant(
+                set(replicas) == set(old.replicas) or set(replicas) <= set(old.isr),
+                f"{where}replicas changed {list(old.replicas)} -> {list(replicas)} without a "
+                f"reassignment, or completed at once with target members out of the ISR "
+                f"{list(old.isr)}",
+            )
+            stats["reassignments_completed_at_once"] += 1
+
+    def on_replica_removed(self, broker: SimBroker, pid: int, delete: bool) -> None:
+        """A broker drops its replica only once its applied metadata no longer lists it
+        (docs/protocol.md §25); a deleted log is forgotten by the incremental checks."""
+        sim = self.sim
+        assert sim.topic_id is not None
+        record = broker.image.partition(sim.topic_id, pid)
+        invariant(
+            record is None or broker.broker_id not in record.replicas,
+            f"b{broker.broker_id} p{pid}: replica removed while its applied metadata lists it "
+            f"({list(record.replicas) if record else None})",
+        )
+        if delete:
+            key = (broker.broker_id, pid)
+            self.verified[key] = 0
+            self.on_log_shortened(broker.broker_id, pid, 0)
+
+    def on_metadata_acted(self, broker: SimBroker) -> None:
+        """Once a broker has acted on the metadata it applied, it hosts every partition naming
+        it and holds no log of one that does not."""
+        sim = self.sim
+        if sim.topic_id is None:
+            return
+        for pid in range(sim.opt.partitions):
+            record = broker.image.partition(sim.topic_id, pid)
+            if record is None:
+                continue
+            hosts = broker.hosted(pid) is not None
+            if broker.broker_id in record.replicas:
+                invariant(hosts, f"b{broker.broker_id} p{pid}: a replica it does not host")
+            else:
+                invariant(
+                    not hosts and pid not in broker.logs,
+                    f"b{broker.broker_id} p{pid}: holds a log though not in the replicas "
+                    f"{list(record.replicas)} it applied",
+                )
 
     def on_controller_event(self, event: Event) -> None:
         """A session timeout fences only a broker that stopped heartbeating: dead, paused,
@@ -221,6 +332,8 @@ class Checker:
                     if e2 <= e1 or s2 <= s1:
                         check_epoch_entries(entries, f"b{key[0]} p{pid}: ")  # raises, says why
                 seen = epochs.get(key, -1)
+                if core.leader_epoch < 0:
+                    continue  # a log hosted at process start, before any metadata reached it
                 if core.leader_epoch < seen:
                     invariant(
                         False,
@@ -280,9 +393,14 @@ class Checker:
                 return False
             if broker.image.next_offset != ctl.durable_offset:
                 return False
+        if ctl.image.decommissioning:
+            return False
         for pid in range(sim.opt.partitions):
             record = sim.partition(pid)
             if record is None or record.leader == NO_LEADER:
+                return False
+            # Every reassignment completed (KIP-455), replicas back to the replication factor.
+            if record.is_reassigning or len(record.replicas) != sim.opt.replication_factor:
                 return False
             if set(record.isr) != set(record.replicas):
                 return False
@@ -316,6 +434,13 @@ class Checker:
         for pid in range(sim.opt.partitions):
             record = sim.partition(pid)
             assert record is not None
+            for broker in sim.brokers.values():
+                holds = pid in broker.logs
+                invariant(
+                    holds == (broker.broker_id in record.replicas),
+                    f"p{pid}: broker {broker.broker_id} {'holds' if holds else 'lacks'} a log "
+                    f"with replicas {list(record.replicas)}",
+                )
             leader_log = sim.brokers[record.leader].logs[pid]
             # Each replica runs its own retention: the logs agree from the highest log start.
             start = max(sim.brokers[b].logs[pid].log_start_offset for b in record.replicas)

@@ -20,6 +20,23 @@ fetches towards the HW and commits after it died. So:
   to be fenced, controlled shutdowns, offline periods) only shrink ISRs, which is safe while no
   replica is lossy, so they wait until none is (KIP-966's "last replica standing" scenario is
   what they would cause otherwise).
+
+Moving replicas (KIP-455, docs/protocol.md §25): the nemesis starts reassignments through the
+real ControllerCore (a random target of the same replication factor: a reorder, overlapping the
+current replicas, or disjoint from them), cancels running ones, and decommissions brokers (then
+cancels the decommission). During a move a partition has more replicas than its replication
+factor (target + removing) and its ISR may hold removing replicas, which leave it when the move
+completes (ISR ∩ target) or adding ones, which leave it when it is cancelled (ISR ∩ original).
+So the budget is written against the partition's replication factor, len(target_replicas), not
+len(replicas): with every broker of `replicas` counted as an "other", at most
+RF - min.insync.replicas of them are lossy at once, so the target keeps at least
+min.insync.replicas replicas that are not, and completion (which needs the whole target in the
+ISR) always leaves an ISR holding every acknowledged batch. A broker added to a partition after
+it crashed hosts nothing yet and cannot join the ISR before it registers (which ends its
+lossiness). A cancel drops the adding replicas from the ISR, which may be the only healthy
+ones: it shrinks ISRs like the faults above and waits until no replica is lossy. A start
+changes no ISR (one that completes at once keeps the target, all in the ISR) and a
+decommission moves leaderships only to in-sync replicas, so they need no wait.
 """
 
 from __future__ import annotations
@@ -28,8 +45,14 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from minibroker.client.common.invariant import invariant
+from minibroker.client.errors import ErrorCode
 from minibroker.client.types import NO_LEADER
 from minibroker.controller.core.election import Election
+from minibroker.controller.core.messages import (
+    DecommissionReply,
+    ReassignmentResult,
+    ReassignmentTarget,
+)
 
 if TYPE_CHECKING:
     from node import SimBroker
@@ -64,11 +87,12 @@ class Nemesis:
         if not self.healthy(broker_id):
             return False
         opt = self.sim.opt
-        impaired_max = opt.replication_factor - opt.min_insync_replicas - 1
         for pid in range(opt.partitions):
             record = self.sim.partition(pid)
             if record is None or broker_id not in record.replicas:
                 continue
+            # The replication factor, not the replicas of a move (target + removing).
+            impaired_max = len(record.target_replicas) - opt.min_insync_replicas - 1
             others = [b for b in record.replicas if b != broker_id]
             if sum(1 for b in others if not self.healthy(b)) > impaired_max:
                 return False
@@ -191,6 +215,106 @@ class Nemesis:
             broker = sim.brokers[broker_id]
             broker.paused_until_ms = max(broker.paused_until_ms, until)
 
+    # -- moving replicas (KIP-455) -------------------------------------------------------------
+
+    def reassign(self) -> None:
+        """Start a reassignment of a random partition (a reorder of its replicas, a target
+        overlapping them, or one disjoint from them, same replication factor; an arbitrary one
+        now and then, perhaps refused), or cancel a running one, through the real core."""
+        sim = self.sim
+        rng = sim.rng
+        pid = rng.randrange(sim.opt.partitions)
+        record = sim.partition(pid)
+        if record is None or not sim.controller.up:
+            return
+        if record.is_reassigning and rng.random() < 0.4:
+            if self.fence_ok():  # a cancel shrinks the ISR to ISR ∩ original (budget above)
+                self._alter_reassignment(pid, None)
+            return
+        current = list(record.target_replicas)
+        rf = len(current)
+        others = [b for b in sorted(sim.brokers) if b not in current]
+        rng.shuffle(others)
+        kind = rng.choice(("reorder", "overlap", "overlap", "disjoint", "any"))
+        if kind == "disjoint" and len(others) >= rf:
+            target = others[:rf]
+        elif kind in ("overlap", "disjoint") and others:
+            keep = rng.sample(current, rng.randint(max(1, rf - len(others)), rf - 1))
+            target = keep + others[: rf - len(keep)]
+            rng.shuffle(target)
+        elif kind == "any":
+            target = rng.sample(sorted(sim.brokers), rf)
+        else:
+            target = rng.sample(current, rf)
+        self._alter_reassignment(pid, tuple(target))
+
+    def _alter_reassignment(self, pid: int, target: tuple[int, ...] | None) -> None:
+        sim = self.sim
+        before = sim.partition(pid)
+        request = ReassignmentTarget(sim.topic, pid, target)
+
+        def answer(results: tuple[ReassignmentResult, ...]) -> None:
+            error = results[0].error
+            what = "cancel" if target is None else f"to {list(target)}"
+            sim.note(f"reassign p{pid} {what}: {error.name}")
+            sim.stats[f"reassign_{'cancel' if target is None else 'start'}_{error.name}"] += 1
+
+        if not sim.call_controller(
+            lambda core, now: core.alter_partition_reassignments([request], now), answer
+        ):
+            return
+        # The core ran it at once: a start that changed the partition aims at `target`.
+        after = sim.partition(pid)
+        if target is not None and after is not None and after != before:
+            invariant(
+                after.target_replicas == target,
+                f"p{pid}: reassignment to {list(target)} wrote {list(after.target_replicas)}",
+            )
+
+    def decommission(self) -> None:
+        """Decommission a random broker when the others can still hold the replication factor;
+        cancel the decommission later (moves already started go on)."""
+        sim = self.sim
+        image = sim.controller.image
+        if not sim.controller.up:
+            return
+        leaving = image.decommissioning
+        candidates = [b for b in sorted(sim.brokers) if b not in leaving]
+        if len(candidates) - 1 < sim.opt.replication_factor:
+            return
+        broker_id = sim.rng.choice(candidates)
+
+        def answer(reply: DecommissionReply) -> None:
+            sim.note(f"decommission b{broker_id}: {reply.error.name}, {reply.partitions_moving}")
+            sim.stats[f"decommission_{reply.error.name}"] += 1
+
+        sim.call_controller(
+            lambda core, now: core.decommission_broker(broker_id, False, now), answer
+        )
+        sim.at(sim.rng.randint(300, 3_000), partial(self.cancel_decommission, broker_id))
+
+    def cancel_decommission(self, broker_id: int) -> None:
+        """Take the mark off `broker_id` (again later if the controller is down or the answer
+        is lost: the mark is read back from the controller's image)."""
+        sim = self.sim
+        if broker_id not in sim.controller.image.decommissioning and sim.controller.up:
+            return
+        sim.at(sim.rng.randint(200, 600), partial(self.cancel_decommission, broker_id))
+
+        def answer(reply: DecommissionReply) -> None:
+            invariant(reply.error == ErrorCode.NONE, f"cancel decommission b{broker_id}: {reply}")
+            sim.note(f"decommission of b{broker_id} cancelled")
+
+        sim.call_controller(
+            lambda core, now: core.decommission_broker(broker_id, True, now), answer
+        )
+
+    def heal(self) -> None:
+        """The liveness phase: every decommission is cancelled (running moves go on and must
+        complete)."""
+        for broker_id in sorted(self.sim.controller.image.decommissioning):
+            self.cancel_decommission(broker_id)
+
     def maybe_fault(self) -> None:
         """One scheduler tick's draw of faults, at the options' rates."""
         sim = self.sim
@@ -223,3 +347,8 @@ class Nemesis:
             sim.crash_controller()
         if rng.random() < opt.offline_rate:
             self.offline_episode()
+        # Drawn only when on, so the seeds without moves keep the draws they always had.
+        if opt.reassign_rate and rng.random() < opt.reassign_rate:
+            self.reassign()
+        if opt.decommission_rate and rng.random() < opt.decommission_rate:
+            self.decommission()

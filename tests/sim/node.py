@@ -28,6 +28,7 @@ from replica_shell import Fetcher, ReplicaShell
 
 from minibroker.broker.replication.engine import BrokerReplicas
 from minibroker.broker.replication.outputs import EngineConfig
+from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode
 from minibroker.client.types import TopicPartition
 from minibroker.controller.core.messages import (
@@ -88,6 +89,13 @@ class SimBroker(ReplicaShell):
         self.engine = BrokerReplicas(config, self.image)
         self.fetchers = {}
         self.shutting_down = False
+        # MetadataApplier.load_existing_logs: every log on disk is hosted at once, at its
+        # checkpointed HW with the broker's default configs; roles (or removal, for a replica
+        # moved away while this broker was down) come with the metadata.
+        topic_id = self.sim.topic_id
+        for pid, log in sorted(self.logs.items()):
+            assert topic_id is not None  # a log exists only once the topic does
+            self.engine.host(self.tp(pid), topic_id, log, None, high_watermark=log.hw_checkpoint)
 
     def stop_process(self) -> None:
         """The process is gone (crash or stop): only the logs remain."""
@@ -319,7 +327,13 @@ class SimBroker(ReplicaShell):
         now = self.sim.now_ms
         new, outputs = engine.act_on_metadata(now)
         for topic, record in new:
-            log = self.logs.setdefault(record.partition, MemLog())
+            # A replica new here (created, or added by a reassignment): a new empty log; the
+            # follower's core fetches from the leader's log start (OFFSET_OUT_OF_RANGE path).
+            invariant(
+                record.partition not in self.logs,
+                f"b{self.broker_id} p{record.partition}: a log exists but is not hosted",
+            )
+            log = self.logs[record.partition] = MemLog()
             engine.host(
                 self.tp(record.partition),
                 topic.topic_id,
@@ -329,3 +343,4 @@ class SimBroker(ReplicaShell):
             )
             outputs += engine.act_on_partition(topic, record, now)
         self.handle(outputs)
+        self.sim.checker.on_metadata_acted(self)

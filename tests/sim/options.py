@@ -6,7 +6,10 @@ and topic configs (min.insync.replicas, replica.lag.time.max.ms, partitions, bro
 and slow the network is, and each fault's rate. Each fault kind is switched off for some seeds
 ("swarm testing": a run without crashes reaches states a run full of them never does) and drawn
 around its default rate otherwise, so the seeds together cover about the default mix and much
-more of its neighbourhood. The control-plane timers stay fixed: the checker's liveness bounds
+more of its neighbourhood. Moving replicas (reassignments, decommissions, the controller's
+replica.rebuild.delay.ms) are drawn after everything else, so a seed keeps the options it had
+before they existed, and bring up to three extra brokers so targets can overlap or be disjoint.
+The control-plane timers stay fixed: the checker's liveness bounds
 (a session timeout fences only a silent broker; a controlled shutdown is granted in time) are
 written against them.
 """
@@ -37,6 +40,11 @@ class SimOptions:
     offline_rate: float = 0.0002
     shutdown_rate: float = 0.0004
     retention_rate: float = 0.0  # per tick and broker: delete some of the oldest batches
+    # Moving replicas (KIP-455): reassignment starts/cancels and broker decommissions per tick
+    # (off in the fixed mix), and the controller's replica.rebuild.delay.ms (-1: off).
+    reassign_rate: float = 0.0
+    decommission_rate: float = 0.0
+    replica_rebuild_delay_ms: int = -1
     # One controller restart and one offline period at a random time of every safety phase.
     scheduled_faults: bool = True
     stream_break_rate: float = 0.003  # per heartbeat
@@ -59,7 +67,7 @@ class SimOptions:
             # Off for one seed in five; otherwise between half and twice the default.
             return 0.0 if rng.random() < 0.2 else default * rng.uniform(0.5, 2.0)
 
-        return replace(
+        options = replace(
             base,
             brokers=rng.choice((3, 3, 4)),
             partitions=rng.randint(2, 4),
@@ -79,6 +87,15 @@ class SimOptions:
             retention_rate=rate(0.002),
             produce_interval_ms=rng.randint(5, 10),
         )
+        # Drawn after the rest, so each seed keeps the options it had before moves existed.
+        options.reassign_rate = rate(0.004)
+        options.decommission_rate = rate(0.0008)
+        if options.reassign_rate or options.decommission_rate:
+            # Room to move: a disjoint target of RF 3 needs 6 brokers, a decommission 4.
+            options.brokers += rng.choice((0, 1, 2, 3))
+        if rng.random() < 0.25:
+            options.replica_rebuild_delay_ms = rng.randint(600, 2_000)
+        return options
 
     def describe(self) -> str:
         """The fields that differ from `SimOptions()`, for a failure message."""

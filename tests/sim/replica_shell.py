@@ -5,8 +5,9 @@ MemLogs, carries out every effect of their cores, and decides produce, fetch and
 is only what the broker's asyncio shell does around it, over the simulated network: follower
 fetch sessions to leaders (one request in flight per partition), AlterPartition requests to the
 controller (a lost request or answer surfaces as REQUEST_TIMED_OUT after the request timeout),
-produce answers handed to the workload, and the checker told of HW moves, truncations and
-leader appends. An output that means the engine hit a storage or apply failure is a finding:
+produce answers handed to the workload, logs deleted when the engine removes a replica (a
+reassignment moved it away), and the checker told of HW moves, truncations, leader appends and
+removals. An output that means the engine hit a storage or apply failure is a finding:
 the simulation injects no disk faults.
 """
 
@@ -36,6 +37,7 @@ from minibroker.broker.replication.outputs import (
     LogDirFailed,
     Output,
     PartitionApplyFailed,
+    ReplicaRemoved,
     RoleChanged,
     SendAlterPartition,
     StartFollowing,
@@ -117,6 +119,13 @@ class ReplicaShell:
                 self.fetchers[output.tp] = Fetcher(output.leader_id)
             elif isinstance(output, StopFollowing):
                 self.fetchers.pop(output.tp, None)
+            elif isinstance(output, ReplicaRemoved):
+                # ReplicaManager: the engine no longer hosts it; the log goes when it says so.
+                sim.checker.on_replica_removed(self, output.tp.partition, output.delete)
+                if output.delete:
+                    del self.logs[output.tp.partition]
+                sim.stats["replicas_deleted" if output.delete else "replicas_dropped"] += 1
+                sim.note(f"b{self.broker_id} p{output.tp.partition} removed: {output.reason}")
             elif isinstance(output, HighWatermarkMoved):
                 sim.checker.on_high_watermark(self, output.tp.partition)
             elif isinstance(output, Truncated):

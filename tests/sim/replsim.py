@@ -13,7 +13,8 @@ replay). The rooms:
 - node.py: a simulated broker (registration, heartbeats, the metadata watch, its engine) and
   replica_shell.py, the I/O around its engine (fetch sessions, AlterPartition, produce answers);
 - workload.py: producers (plain and idempotent, acks=all) and consumers;
-- nemesis.py: the faults and the budget they keep to;
+- nemesis.py: the faults and the budget they keep to, and replicas moving (reassignments,
+  cancels, decommissions through the real core);
 - checker.py: the invariants of docs/design.md §8, after every event and at the end;
 - this module: the controller process (requests, group commit, publishing to watchers, crash
   and restart, the topic) and the run: a safety phase with faults, then a liveness phase with
@@ -67,6 +68,7 @@ class Simulation:
             auto_leader_rebalance_enable=True,
             leader_imbalance_check_interval_ms=opt.rebalance_interval_ms,
             leader_imbalance_per_broker_percentage=10,
+            replica_rebuild_delay_ms=opt.replica_rebuild_delay_ms,
         )
         self.controller = SimControllerNode(
             settings, CLUSTER_ID, random.Random(self.rng.getrandbits(64)), 0
@@ -286,6 +288,7 @@ class Simulation:
         # Liveness: heal everything, restart the dead, stop producing; the cluster must settle.
         self.net.faults = False
         self.restart_controller()
+        self.nemesis.heal()  # every decommission cancelled; running moves must complete
         for broker in self.brokers.values():
             broker.paused_until_ms = min(broker.paused_until_ms, self.now_ms)  # wake now
             if not broker.alive:

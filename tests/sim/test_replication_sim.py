@@ -4,9 +4,11 @@
 Each seed runs a safety phase (drops, delays, reordering, crashes that lose unflushed tails,
 paused brokers and session timeouts, broken heartbeat streams, leader moves through the real
 ControllerCore, controller crashes and restarts from its journal, offline partitions with
-unclean election disabled, acks=all producers, consumers) with the §8 invariants checked after
-every event, then a liveness phase with every fault healed that must converge to full ISRs,
-preferred leaders and identical logs holding every acknowledged batch. Each seed draws its own
+unclean election disabled, acks=all producers, consumers, and for most seeds replicas moving:
+KIP-455 reassignments started and cancelled, brokers decommissioned, replicas rebuilt after a
+long fence) with the §8 invariants checked after every event, then a liveness phase with every
+fault healed (every decommission cancelled) that must converge to completed reassignments, full
+ISRs, preferred leaders and identical logs holding every acknowledged batch. Each seed draws its own
 options (tests/sim/options.py: brokers, partitions, min.insync.replicas, replica.lag.time.max.ms,
 network loss and delay, each fault's rate, some faults off), TigerBeetle style.
 `MINIBROKER_SIM_SEEDS` bounds the seed count (default 30; `make sim SEEDS=N`);
