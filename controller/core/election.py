@@ -112,8 +112,9 @@ def build_partition_change(
 def check_partition_change(old: PartitionRecord | None, new: PartitionRecord) -> None:
     """Always-on checks of I7 and I11 for a record about to be written (not `assert`, which
     vanishes under -O): the ISR is a non-empty subset of the replicas, the leader is NO_LEADER
-    or an ISR member, epochs never go back, and a leader epoch change comes with a partition
-    epoch change; a reassignment's adding and removing sets (KIP-455) are disjoint subsets of
+    or an ISR member, epochs never go back, a leader epoch change comes with a partition
+    epoch change and with a new leader or dropped replicas (and dropped replicas with a new
+    leader epoch); a reassignment's adding and removing sets (KIP-455) are disjoint subsets of
     the replicas and leave a non-empty target."""
     problems = []
     if not new.isr or not set(new.isr) <= set(new.replicas) or len(set(new.isr)) != len(new.isr):
@@ -141,8 +142,15 @@ def check_partition_change(old: PartitionRecord | None, new: PartitionRecord) ->
             problems.append(f"partition epoch {old.partition_epoch} -> {new.partition_epoch}")
         if new.leader_epoch < old.leader_epoch:
             problems.append(f"leader epoch went back {old.leader_epoch} -> {new.leader_epoch}")
-        if (new.leader_epoch != old.leader_epoch) != (new.leader != old.leader):
-            problems.append("leader epoch and leader changed independently")
+        dropped = set(old.replicas) - set(new.replicas)
+        if new.leader != old.leader and new.leader_epoch == old.leader_epoch:
+            problems.append("the leader changed in the same leader epoch")
+        if new.leader_epoch != old.leader_epoch and new.leader == old.leader and not dropped:
+            # Kafka bumps the epoch of a kept leader only when replicas are dropped
+            # (a reassignment completed or cancelled), to fence the dropped ones' fetches.
+            problems.append("the leader epoch changed without a new leader or a dropped replica")
+        if dropped and new.leader_epoch == old.leader_epoch:
+            problems.append(f"replicas {sorted(dropped)} dropped in the same leader epoch")
     if problems:
         raise InvariantViolation(f"{new.topic_id}-{new.partition}: " + "; ".join(problems))
 

@@ -136,7 +136,12 @@ def complete_reassignment(
         replicas=target,
         isr=isr,
         leader=leader,
-        leader_epoch=current.leader_epoch + (1 if leader != current.leader else 0),
+        # Kafka's triggerLeaderEpochBumpForReplicaReassignmentIfNeeded: dropping a replica
+        # bumps the leader epoch even when the leader stays, so a fetch still in flight from
+        # the removed replica is fenced (it could otherwise land after the broker is added
+        # back with an empty log, and count its old log end offset).
+        leader_epoch=current.leader_epoch
+        + (1 if leader != current.leader or current.removing_replicas else 0),
         partition_epoch=current.partition_epoch + 1,
         adding_replicas=(),
         removing_replicas=(),
@@ -177,7 +182,9 @@ def cancel_reassignment(
         replicas=original,
         isr=isr,
         leader=leader,
-        leader_epoch=current.leader_epoch + (1 if leader != current.leader else 0),
+        # Adding replicas dropped: a new epoch fences them (see complete_reassignment).
+        leader_epoch=current.leader_epoch
+        + (1 if leader != current.leader or current.adding_replicas else 0),
         partition_epoch=current.partition_epoch + 1,
         leader_recovery_state=recovery,
         adding_replicas=(),

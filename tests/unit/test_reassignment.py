@@ -136,6 +136,26 @@ def test_completion_skips_an_unacceptable_preferred_replica():
     assert new is not None and new.leader == 4
 
 
+def test_the_invariant_checks_tie_leader_epochs_to_leaders_and_dropped_replicas():
+    current = replace(moving(), isr=(1, 2, 3, 4, 5), leader=4)
+    same_leader_no_drop = replace(current, partition_epoch=8, leader_epoch=4)
+    with pytest.raises(InvariantViolation, match="without a new leader or a dropped replica"):
+        check_partition_change(current, same_leader_no_drop)
+    dropped_same_epoch = replace(
+        current,
+        replicas=(3, 4, 5),
+        isr=(3, 4, 5),
+        adding_replicas=(),
+        removing_replicas=(),
+        partition_epoch=8,
+    )
+    with pytest.raises(InvariantViolation, match="dropped in the same leader epoch"):
+        check_partition_change(current, dropped_same_epoch)
+    new_leader_same_epoch = replace(current, leader=3, partition_epoch=8)
+    with pytest.raises(InvariantViolation, match="leader changed in the same leader epoch"):
+        check_partition_change(current, new_leader_same_epoch)
+
+
 def test_completion_waits_rather_than_take_a_led_partition_offline():
     current = replace(moving(), isr=(1, 3, 4, 5))
     # Every target replica is in the ISR but none can lead (fenced or shutting down): the
@@ -146,7 +166,10 @@ def test_completion_waits_rather_than_take_a_led_partition_offline():
 def test_completion_keeps_a_leader_that_stays():
     current = replace(moving(), isr=(1, 2, 3, 4, 5), leader=4)
     new = complete_reassignment(current, everyone)
-    assert new is not None and new.leader == 4 and new.leader_epoch == 3
+    # The leader stays, but the dropped replicas' fetches are fenced by a new leader epoch
+    # (Kafka's triggerLeaderEpochBumpForReplicaReassignmentIfNeeded).
+    assert new is not None and new.leader == 4 and new.leader_epoch == 4
+    check_partition_change(current, new)
 
 
 def test_isr_change_alone_keeps_adding_and_removing():
@@ -184,7 +207,8 @@ def test_cancel_reverts_to_the_original_replicas_and_drops_adding_from_the_isr()
     assert isinstance(new, PartitionRecord)
     # replicas - adding in the listed order (Kafka's PartitionReassignmentRevert).
     assert new.replicas == (3, 1, 2) and new.isr == (1, 2, 3) and new.leader == 1
-    assert not new.is_reassigning and new.partition_epoch == 8 and new.leader_epoch == 3
+    # The leader stays; the dropped adding replicas are fenced by a new leader epoch.
+    assert not new.is_reassigning and new.partition_epoch == 8 and new.leader_epoch == 4
     check_partition_change(current, new)
 
 

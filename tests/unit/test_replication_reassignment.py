@@ -473,3 +473,19 @@ def test_the_follower_throttles_listed_partitions_while_out_of_sync() -> None:
     broker_config(cluster, "", FOLLOWER_THROTTLED_RATE, "100")
     cluster.partition((ME, B2, B3), (ME, B2, B3), ME, 3, adding=(B3,), leader_epoch=1)
     assert not follower.engine.follower_throttled(TP)
+
+
+def test_a_record_with_the_same_epochs_but_other_replicas_is_applied():
+    # An AlterPartition answer can hand the leader a partition epoch whose record changed the
+    # replicas (the answer carries only the ISR); the record itself must still be applied, or
+    # the leader keeps the dropped replica (found by the simulation, seed 33).
+    cluster = new_topic(ME, replicas=(ME, B2, B3), leader=ME)
+    core = cluster[ME].engine._hosted[TP].core
+
+    def remotes() -> list[int]:
+        return [r.replica_id for r in core.remote_replicas]
+
+    assert remotes() == [B2, B3]
+    cluster.partition((ME, B2, B3), (ME, B2, B3), ME, 2, removing=(B3,))
+    cluster.partition((ME, B2), (ME, B2), ME, 2)  # same partition and leader epochs
+    assert core.replicas == (ME, B2) and remotes() == [B2]
