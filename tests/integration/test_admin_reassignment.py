@@ -110,8 +110,12 @@ def test_every_moving_replicas_admin_call(cluster: LocalCluster) -> None:
             assert list(ongoing) == [tp]
             assert ongoing[tp].adding_replicas == (stuck,)
             assert ongoing[tp].target_replicas == wanted
-            shown = partition(admin, TOPIC, 0)
-            assert stuck in shown.replicas and shown.adding_replicas == (stuck,)
+            # The brokers' metadata (describe_topics) may lag the controller's a little.
+            wait_until(
+                lambda: partition(admin, TOPIC, 0).adding_replicas == (stuck,),
+                DEADLINE_S,
+                "the brokers' metadata to show the running reassignment",
+            )
             again = admin.alter_partition_reassignments({tp: now.replicas})
             assert isinstance(again[tp], ReassignmentInProgressError)
             assert admin.alter_partition_reassignments({tp: None}) == {tp: None}
@@ -217,9 +221,15 @@ def test_every_moving_replicas_admin_call(cluster: LocalCluster) -> None:
             )
 
         wait_until(drained, DEADLINE_S, f"broker {leaving} drained")
-        (desc,) = admin.describe_topics([TOPIC])
-        assert all(leaving not in p.replicas and len(p.replicas) == 2 for p in desc.partitions)
-        assert all(len(p.isr) == 2 for p in desc.partitions)
+
+        def brokers_show_it() -> bool:
+            (desc,) = admin.describe_topics([TOPIC])
+            return all(
+                leaving not in p.replicas and len(p.replicas) == 2 and len(p.isr) == 2
+                for p in desc.partitions
+            )
+
+        wait_until(brokers_show_it, DEADLINE_S, f"the brokers' metadata without {leaving}")
         with pytest.raises(BrokerIdNotRegisteredError):
             admin.decommission_broker(99)
         assert admin.decommission_broker(leaving, cancel=True) == 0

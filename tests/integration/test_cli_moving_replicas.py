@@ -125,7 +125,8 @@ def test_reassign_configs_alter_and_decommission_from_the_command_line(
         )
         assert "throttled.replicas" not in topic_configs
         expected = {p["partition"]: p["replicas"] for p in proposal["partitions"]}
-        assert replicas() == expected
+        # The brokers' metadata (topics describe) may lag the controller's a little.
+        wait_until(lambda: replicas() == expected, 30, "the brokers' metadata to show the move")
         consumed = ok(
             "consume",
             "moved",
@@ -177,7 +178,11 @@ def test_reassign_configs_alter_and_decommission_from_the_command_line(
         progress = ok("brokers", "decommission", "3", "--wait", "--timeout-s", "60", *boot)
         assert progress.startswith("Decommissioning broker 3: ")
         assert "Broker 3 holds no replicas: it can be stopped" in progress
-        assert all(3 not in r for r in replicas().values())
+        wait_until(
+            lambda: all(3 not in r for r in replicas().values()),
+            30,
+            "the brokers' metadata without broker 3",
+        )
         line = next(
             line
             for line in ok("brokers", "list", *boot).splitlines()

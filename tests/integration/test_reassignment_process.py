@@ -99,6 +99,18 @@ def partition(admin: Admin, tp: TopicPartition):  # type: ignore[no-untyped-def]
     return next(p for p in desc.partitions if p.partition == tp.partition)
 
 
+def partition_at(admin: Admin, replicas: list[int] | tuple[int, ...]):  # type: ignore[no-untyped-def]
+    """TP once the brokers' metadata (which may lag the controller's) shows `replicas`, with
+    no move running and the whole replica set in the ISR."""
+
+    def there():  # type: ignore[no-untyped-def]
+        p = partition(admin, TP)
+        done = not p.adding_replicas and not p.removing_replicas and set(p.isr) == set(p.replicas)
+        return p if done and list(p.replicas) == list(replicas) else None
+
+    return wait_until(there, 30, f"{TP} on {list(replicas)} in the brokers' metadata")
+
+
 def settled(admin: Admin, topics: list[str]) -> bool:
     for desc in admin.describe_topics(topics, include_offsets=False):
         for p in desc.partitions:
@@ -218,9 +230,8 @@ def test_a_partition_moves_to_three_new_brokers_under_load(six: LocalCluster) ->
                 assert set(ongoing[TP].removing_replicas) == set(original)
             wait_until(lambda: no_reassignments(admin), 60, "the reassignment to complete")
             wait_for_progress(producer, 300)
-        p = partition(admin, TP)
-        assert list(p.replicas) == target
-        assert set(p.isr) == set(target) and p.leader in target
+        p = partition_at(admin, target)
+        assert p.leader in target
         assert not p.adding_replicas and not p.removing_replicas
         check_log(six, producer, reader)
         # The old brokers delete their copies once the metadata no longer names them.
@@ -253,8 +264,7 @@ def test_cancel_mid_way_reverts_to_the_original_replicas(six: LocalCluster) -> N
             assert admin.alter_partition_reassignments({TP: None}) == {TP: None}
             assert no_reassignments(admin)
             wait_for_progress(producer, 100)
-        p = partition(admin, TP)
-        assert list(p.replicas) == list(original)
+        partition_at(admin, original)
         wait_until(
             lambda: not replica_dir(six, newcomer, TP).exists(), 30, "the cancelled copy deleted"
         )
@@ -297,7 +307,7 @@ def test_a_throttled_move_stays_within_its_rate(six_small_fetches: LocalCluster)
 
         wait_until(moving, 120, "the throttled move to complete", interval_s=0.5)
         unthrottle(admin, [source, newcomer], TP.topic)
-        assert partition(admin, TP).replicas == (newcomer,)
+        partition_at(admin, [newcomer])
         busy = [s for s in samples if max(s) > 0]
         assert len(busy) >= 3, f"the broker metrics showed no throttled traffic: {samples}"
         highest = max(max(s) for s in samples)
@@ -328,10 +338,17 @@ def test_decommissioning_a_leader_heavy_broker_under_load(tmp_path: pathlib.Path
         }
         if reorder:
             assert set(admin.alter_partition_reassignments(reorder).values()) == {None}
-            admin.elect_leaders("preferred", list(reorder))
-        (other,) = admin.describe_topics(["other"], include_offsets=False)
-        led = [p.partition for p in other.partitions if p.leader == victim]
-        assert len(led) >= 4, f"broker {victim} leads only {led} of 'other'"
+
+        def leader_heavy() -> bool:
+            # The brokers' metadata (what describe_topics reads) may lag the controller's.
+            (other,) = admin.describe_topics(["other"], include_offsets=False)
+            if any(p.replicas[0] != victim for p in other.partitions if victim in p.replicas):
+                return False
+            admin.elect_leaders("preferred", [TopicPartition("other", p) for p in range(8)])
+            (other,) = admin.describe_topics(["other"], include_offsets=False)
+            return sum(1 for p in other.partitions if p.leader == victim) >= 4
+
+        wait_until(leader_heavy, 30, f"broker {victim} to lead 4 partitions of 'other'")
         with (
             BackgroundProducer(cluster.bootstrap, TP.topic) as producer,
             Reader(cluster.bootstrap, TP) as reader,
@@ -396,8 +413,7 @@ def test_controller_and_new_replica_killed_mid_reassignment_it_completes(
             unthrottle(admin, list(range(1, 5)), TP.topic)
             wait_until(lambda: no_reassignments(admin), 90, "the reassignment to complete")
             wait_for_progress(producer, 200)
-        p = partition(admin, TP)
-        assert list(p.replicas) == spare and set(p.isr) == set(spare)
+        partition_at(admin, spare)
         check_log(cluster, producer, None)
 
 
