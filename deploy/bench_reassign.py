@@ -661,7 +661,7 @@ class Bench:
                 return None
             if replicas is not None and set(p.replicas) != set(replicas):
                 return None
-            if getattr(p, "adding_replicas", ()) or getattr(p, "removing_replicas", ()):
+            if p.adding_replicas or p.removing_replicas:
                 return None
             return p
 

@@ -109,8 +109,8 @@ def register(sub: Any) -> None:
 
 def broker_state(broker: Any) -> str:
     """active, fenced, shutting-down, decommissioning or decommissioned."""
-    if getattr(broker, "decommissioning", False):
-        if getattr(broker, "replica_count", 0) == 0:
+    if broker.decommissioning:
+        if broker.replica_count == 0:
             return "decommissioned"
         return "fenced" if broker.fenced else "decommissioning"
     if broker.in_controlled_shutdown:
@@ -126,8 +126,8 @@ def describe_json(brokers: Any) -> list[dict[str, Any]]:
             "port": b.port,
             "rack": b.rack,
             "state": broker_state(b),
-            "replicas": getattr(b, "replica_count", 0),
-            "leaders": getattr(b, "leader_count", 0),
+            "replicas": b.replica_count,
+            "leaders": b.leader_count,
             "broker_epoch": b.broker_epoch,
             "last_heartbeat_ms_ago": b.last_heartbeat_ms_ago,
         }
@@ -138,8 +138,8 @@ def describe_json(brokers: Any) -> list[dict[str, Any]]:
 def format_brokers(brokers: Any) -> list[str]:
     return [
         f"Broker: {b.broker_id}\tAddress: {b.host}:{b.port}\tRack: {b.rack}\t"
-        f"State: {broker_state(b)}\tReplicas: {getattr(b, 'replica_count', 0)}\t"
-        f"Leaders: {getattr(b, 'leader_count', 0)}\tBrokerEpoch: {b.broker_epoch}\t"
+        f"State: {broker_state(b)}\tReplicas: {b.replica_count}\t"
+        f"Leaders: {b.leader_count}\tBrokerEpoch: {b.broker_epoch}\t"
         f"LastHeartbeatMsAgo: {b.last_heartbeat_ms_ago}"
         for b in brokers
     ]
@@ -180,8 +180,8 @@ def decommission_progress(
     """(the progress line, whether `broker_id` holds nothing any more)."""
     if broker is None:
         return f"Broker {broker_id} is no longer registered.", True
-    replicas = getattr(broker, "replica_count", 0)
-    leaders = getattr(broker, "leader_count", 0)
+    replicas = broker.replica_count
+    leaders = broker.leader_count
     moving = sum(
         1
         for r in reassignments.values()
@@ -237,7 +237,7 @@ def rebalance_brokers(cluster: Any) -> list[Any]:
     return [
         BrokerSlot(b.broker_id, b.rack)
         for b in sorted(cluster.brokers, key=lambda b: b.broker_id)
-        if not b.fenced and not getattr(b, "decommissioning", False)
+        if not b.fenced and not b.decommissioning
     ]
 
 

@@ -123,7 +123,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def original_replicas(p: Any) -> tuple[int, ...]:
     """A partition's replicas before any reassignment in progress (Kafka's rollback)."""
-    adding = tuple(getattr(p, "adding_replicas", ()))
+    adding = tuple(p.adding_replicas)
     return tuple(r for r in p.replicas if r not in adding)
 
 
@@ -148,8 +148,8 @@ def partition_records(topics: Iterable[Any]) -> list[Any]:
             leader=p.leader,
             leader_epoch=p.leader_epoch,
             partition_epoch=p.partition_epoch,
-            adding_replicas=tuple(getattr(p, "adding_replicas", ())),
-            removing_replicas=tuple(getattr(p, "removing_replicas", ())),
+            adding_replicas=tuple(p.adding_replicas),
+            removing_replicas=tuple(p.removing_replicas),
         )
         for t in topics
         for p in t.partitions

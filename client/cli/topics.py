@@ -214,8 +214,8 @@ def format_describe(topics: list[Any]) -> list[str]:
                 f"LeaderEpoch: {p.leader_epoch}\tReplicas: {_ids(p.replicas)}\t"
                 f"Isr: {_ids(p.isr)}"
             )
-            adding = tuple(getattr(p, "adding_replicas", ()))
-            removing = tuple(getattr(p, "removing_replicas", ()))
+            adding = tuple(p.adding_replicas)
+            removing = tuple(p.removing_replicas)
             if adding:
                 line += f"\tAdding Replicas: {_ids(adding)}"
             if removing:
@@ -252,8 +252,8 @@ def describe_json(topics: list[Any]) -> list[dict[str, Any]]:
             "replicas": list(p.replicas),
             "isr": list(p.isr),
             "offline_replicas": list(p.offline_replicas),
-            "adding_replicas": list(getattr(p, "adding_replicas", ())),
-            "removing_replicas": list(getattr(p, "removing_replicas", ())),
+            "adding_replicas": list(p.adding_replicas),
+            "removing_replicas": list(p.removing_replicas),
             "high_watermark": p.high_watermark,
             "log_end_offsets": {str(node): leo for node, leo in p.log_end_offsets.items()},
         }
