@@ -171,10 +171,17 @@ def cancel_reassignment(
                 "topic does not allow",
             )
         candidates = [b for b in original if acceptable(b)]
-        leader = candidates[0] if candidates else NO_LEADER
-        isr = (candidates[0] if candidates else original[0],)
-        if leader != NO_LEADER:
-            recovery = LEADER_RECOVERING
+        if not candidates:
+            # An ISR of an out-of-sync replica with no leader would let it lead later as if
+            # it were clean (no RECOVERING state, no unclean election on record).
+            return Rejection(
+                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                f"cannot revert {where} to {list(original)}: no original replica is in the ISR "
+                "and none is alive to lead it (unclean election needs a live replica)",
+            )
+        leader = candidates[0]
+        isr = (leader,)
+        recovery = LEADER_RECOVERING
     elif leader not in original or not acceptable(leader):
         leader = _elect_from(original, isr, acceptable)
     return replace(

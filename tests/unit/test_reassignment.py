@@ -228,6 +228,10 @@ def test_cancel_needing_an_unclean_election_is_refused_unless_the_topic_allows_i
     assert allowed.replicas == (1,) and allowed.isr == (1,) and allowed.leader == 1
     assert allowed.leader_recovery_state == LEADER_RECOVERING
     check_partition_change(current, allowed)
+    # No original replica alive to lead: refused, rather than an ISR of an out-of-sync
+    # replica that would later lead as if clean.
+    nobody = cancel_reassignment(current, lambda b: b != 1, True)
+    assert isinstance(nobody, Rejection) and nobody.code == ErrorCode.INVALID_REPLICA_ASSIGNMENT
 
 
 # -- invariants -----------------------------------------------------------------------------
