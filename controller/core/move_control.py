@@ -373,9 +373,19 @@ class MoveControl(ControlBase):
     def _decommission_sweep(self, now_ms: int) -> None:
         """Timers: every partition still naming a decommissioning broker and not moving gets a
         reassignment (one cancelled, or left over by a controller failover)."""
-        for b in sorted(self.image.decommissioning):
-            if any(b in p.replicas and not p.is_reassigning for _, p in self.image.partitions()):
-                self._replace_replicas(b, now_ms, reason=f"broker {b} decommissioning")
+        marked = self.image.decommissioning
+        # One pass over the partitions (not one per marked broker, and not sorted): the marked
+        # brokers still named by a partition that is not moving.
+        pending = {
+            b
+            for topic in self.image.topics_by_id.values()
+            for p in topic.partitions.values()
+            if not p.is_reassigning
+            for b in p.replicas
+            if b in marked
+        }
+        for b in sorted(pending):
+            self._replace_replicas(b, now_ms, reason=f"broker {b} decommissioning")
 
     def _rebuild_lost_replicas(self, now_ms: int) -> None:
         """Failure decommissioning: a broker fenced (or unregistered) for at least
