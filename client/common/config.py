@@ -84,7 +84,7 @@ def load_file(path: str | pathlib.Path) -> dict[str, str]:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{p}: {err}") from None
-        return {k: _toml_scalar(v) for k, v in _flatten(data)}
+        return {k: config_str(v) for k, v in _flatten(data)}
     values: dict[str, str] = {}
     for lineno, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
@@ -106,7 +106,8 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, A
             yield name, value
 
 
-def _toml_scalar(value: Any) -> str:
+def config_str(value: Any) -> str:
+    """A typed config value as Kafka writes it (booleans lowercase)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)

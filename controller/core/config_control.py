@@ -12,9 +12,8 @@ keys only (the throttled-replicas lists), as in Kafka.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from minibroker.client.common.config import ConfigError, ConfigKey, resolve
+from minibroker.client.common.config import ConfigError, ConfigKey, config_str, resolve
 from minibroker.client.errors import ErrorCode
 from minibroker.client.replication_throttle import (
     BROKER_DYNAMIC_CONFIG_KEYS,
@@ -105,12 +104,6 @@ def apply_ops(
 
 def _items(value: str) -> list[str]:
     return [i.strip() for i in value.split(",") if i.strip()]
-
-
-def _str(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 class ConfigControl(ControlBase):
@@ -220,9 +213,9 @@ class ConfigControl(ControlBase):
                 if key.name in topic.configs:
                     value, source = topic.configs[key.name], CONFIG_SOURCE_DYNAMIC_TOPIC
                 elif key.name in defaults:
-                    value, source = _str(defaults[key.name]), CONFIG_SOURCE_STATIC_BROKER
+                    value, source = config_str(defaults[key.name]), CONFIG_SOURCE_STATIC_BROKER
                 else:
-                    value, source = _str(key.default), CONFIG_SOURCE_DEFAULT
+                    value, source = config_str(key.default), CONFIG_SOURCE_DEFAULT
                 entries.append(ConfigEntry(key.name, value, source, False, key.doc))
             return entries
         if r.resource_type == CONFIG_RESOURCE_BROKER:
@@ -235,7 +228,7 @@ class ConfigControl(ControlBase):
                 elif key.name in cluster:
                     value, source = cluster[key.name], CONFIG_SOURCE_DYNAMIC_DEFAULT_BROKER
                 else:
-                    value, source = _str(key.default), CONFIG_SOURCE_DEFAULT
+                    value, source = config_str(key.default), CONFIG_SOURCE_DEFAULT
                 entries.append(ConfigEntry(key.name, value, source, False, key.doc))
             return entries
         raise _Refused(

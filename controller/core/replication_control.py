@@ -12,9 +12,8 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any
 
-from minibroker.client.common.config import ConfigError
+from minibroker.client.common.config import ConfigError, config_str
 from minibroker.client.errors import ErrorCode
 from minibroker.client.topic_config import resolve_topic_config, validate_topic_configs
 from minibroker.client.types import NO_LEADER
@@ -312,7 +311,7 @@ class ReplicationControl(ControlBase):
         if problem:
             return fail(ErrorCode.POLICY_VIOLATION, f"topic {t.name!r}: {problem}")
         effective = {
-            k: _config_str(v)
+            k: config_str(v)
             for k, v in resolve_topic_config(t.configs, self.settings.topic_defaults).items()
         }
         topic_id = (
@@ -364,9 +363,3 @@ class ReplicationControl(ControlBase):
             self._event("topic_deleted", topic=name, topic_id=topic.topic_id)
             results.append(DeleteTopicResult(name, ErrorCode.NONE, "", topic.topic_id))
         return self._done(tuple(results))
-
-
-def _config_str(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
