@@ -57,12 +57,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from minibroker.client.replication_throttle import (
-    FOLLOWER_THROTTLED_RATE,
-    FOLLOWER_THROTTLED_REPLICAS,
-    LEADER_THROTTLED_RATE,
-    LEADER_THROTTLED_REPLICAS,
-)
 from minibroker.deploy import cluster as launcher
 
 MB = 1024 * 1024
@@ -262,21 +256,18 @@ def throttle_configs(
     rate: int,
 ) -> dict[tuple[str, str], dict[str, str]]:
     """What kafka-reassign-partitions --execute --throttle RATE sets for one move, as
-    {(resource type, name): {config: value}}: both rates on every broker of the old and new
-    replica sets, and on the topic the leader throttle on the current replicas (the brokers
-    that may lead while it moves) and the follower throttle on the moving (added) ones."""
-    moving = [b for b in target if b not in current]
-    out: dict[tuple[str, str], dict[str, str]] = {}
-    for broker in sorted(set(current) | set(target)):
-        out[("broker", str(broker))] = {
-            LEADER_THROTTLED_RATE: str(rate),
-            FOLLOWER_THROTTLED_RATE: str(rate),
-        }
-    out[("topic", topic)] = {
-        LEADER_THROTTLED_REPLICAS: ",".join(f"{partition}:{b}" for b in current),
-        FOLLOWER_THROTTLED_REPLICAS: ",".join(f"{partition}:{b}" for b in moving),
+    {(resource type, name): {config: value}}: the reassign tool's own plan
+    (client/cli/reassign_plan.throttle_plan and throttle_changes), so the benchmark measures
+    exactly what the tool sets: both rates on every broker of the old and new replica sets,
+    the leader throttle on the current replicas and the follower throttle on the added ones."""
+    from minibroker.client.cli.reassign_plan import throttle_changes, throttle_plan
+    from minibroker.client.types import TopicPartition
+
+    tp = TopicPartition(topic, partition)
+    changes = throttle_changes(throttle_plan({tp: current}, {tp: target}), rate)
+    return {
+        (kind, name): {key: value or "" for key, _op, value in ops} for kind, name, ops in changes
     }
-    return out
 
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
