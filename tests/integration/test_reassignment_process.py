@@ -372,8 +372,14 @@ def test_decommissioning_a_leader_heavy_broker_under_load(tmp_path: pathlib.Path
         check_log(cluster, producer, reader)
         # A decommissioned broker gets no new replicas.
         admin.create_topics([NewTopic("after", 6, 2)])
-        (after,) = admin.describe_topics(["after"], include_offsets=False)
-        assert all(victim not in p.replicas for p in after.partitions)
+
+        def placed() -> list[int]:
+            # The brokers' metadata (what describe_topics reads) may lag the controller's.
+            # wait_until retries while it raises UnknownTopicOrPartitionError.
+            (after,) = admin.describe_topics(["after"], include_offsets=False)
+            return [b for p in after.partitions for b in p.replicas]
+
+        assert victim not in wait_until(placed, 30, "topic 'after' in the brokers' metadata")
 
 
 def test_controller_and_new_replica_killed_mid_reassignment_it_completes(
