@@ -3,13 +3,14 @@
 `partition`, `slow`, `isolate` and `heal` change faults.json (every process polls it) and
 `cluster status` (text and --json); refusals say why and change nothing; a broker isolated from
 the controller is fenced (its heartbeats are held until the session times out) and comes back
-unfenced after `heal`; `down` removes the file. The processes read `network.faults.*` only once
-the fault layer (client/common/netfaults.py) is in: before that they refuse the settings, and
-these tests are skipped.
+unfenced after `heal`; `down` removes the file. The processes accept `network.faults.*` only once
+the fault layer (client/common/netfaults.py) is in, and hold messages only once their channels
+have it: until then these tests are skipped.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import pathlib
 
@@ -18,6 +19,7 @@ from cluster_harness import wait_until
 from test_launcher import cli, kill_everything, status
 
 from minibroker.broker.config import is_known_key
+from minibroker.broker.controller_link import ControllerLink
 from minibroker.client import Admin
 
 pytestmark = [
@@ -27,6 +29,11 @@ pytestmark = [
         reason="the processes do not know network.faults.* yet (the fault layer is not merged)",
     ),
 ]
+# The broker's link to the controller holds messages on a cut link (SPEC-15 §1).
+fault_layer_wired = pytest.mark.skipif(
+    "faults" not in inspect.signature(ControllerLink.__init__).parameters,
+    reason="the broker's controller link has no fault layer yet",
+)
 
 # A short session: a broker cut from the controller is fenced within a second or so.
 SETTINGS = ("broker.heartbeat.interval.ms=100", "broker.session.timeout.ms=1000")
@@ -44,9 +51,7 @@ def fenced(bootstrap: str, broker_id: int) -> bool | None:
     return None
 
 
-def test_fault_commands_change_the_file_and_status_and_fence_a_broker_cut_from_the_controller(
-    tmp_path: pathlib.Path,
-) -> None:
+def test_fault_commands_change_the_file_and_status(tmp_path: pathlib.Path) -> None:
     directory = str(tmp_path / "mb")
     sets = [arg for s in SETTINGS for arg in ("--set", s)]
     try:
@@ -91,7 +96,21 @@ def test_fault_commands_change_the_file_and_status_and_fence_a_broker_cut_from_t
         data = faults_file(directory)
         assert data["cut"] == [] and data["slow"] == {} and data["no_clients"] == []
         assert "network: no faults set" in cli("cluster", "--dir", directory, "status").stdout
+        cli("cluster", "--dir", directory, "down")
+        assert not (pathlib.Path(directory) / "faults.json").exists()
+    finally:
+        kill_everything(directory)
 
+
+@fault_layer_wired
+def test_a_broker_isolated_from_the_controller_is_fenced_and_back_after_heal(
+    tmp_path: pathlib.Path,
+) -> None:
+    directory = str(tmp_path / "mb")
+    sets = [arg for s in SETTINGS for arg in ("--set", s)]
+    try:
+        cli("cluster", "--dir", directory, "up", "--base-port", "0", "--controllers", "1",
+            "--brokers", "2", *sets)  # fmt: skip
         # A broker cut from the controller: its heartbeats are held, the session times out.
         bootstrap = status(directory)["bootstrap_servers"]
         assert fenced(bootstrap, 1) is False
@@ -101,8 +120,5 @@ def test_fault_commands_change_the_file_and_status_and_fence_a_broker_cut_from_t
         assert fenced(bootstrap, 2) is False  # the others keep their sessions
         cli("cluster", "--dir", directory, "heal")
         wait_until(lambda: fenced(bootstrap, 1) is False, 30, "broker 1 unfenced after heal")
-
-        cli("cluster", "--dir", directory, "down")
-        assert not (pathlib.Path(directory) / "faults.json").exists()
     finally:
         kill_everything(directory)
