@@ -3,14 +3,11 @@
 `partition`, `slow`, `isolate` and `heal` change faults.json (every process polls it) and
 `cluster status` (text and --json); refusals say why and change nothing; a broker isolated from
 the controller is fenced (its heartbeats are held until the session times out) and comes back
-unfenced after `heal`; `down` removes the file. The processes accept `network.faults.*` only once
-the fault layer (client/common/netfaults.py) is in, and hold messages only once their channels
-have it: until then these tests are skipped.
+unfenced after `heal`; `down` removes the file.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import pathlib
 
@@ -18,22 +15,9 @@ import pytest
 from cluster_harness import wait_until
 from test_launcher import cli, kill_everything, status
 
-from minibroker.broker.config import is_known_key
-from minibroker.broker.controller_link import ControllerLink
 from minibroker.client import Admin
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        not is_known_key("network.faults.file"),
-        reason="the processes do not know network.faults.* yet (the fault layer is not merged)",
-    ),
-]
-# The broker's link to the controller holds messages on a cut link (SPEC-15 §1).
-fault_layer_wired = pytest.mark.skipif(
-    "faults" not in inspect.signature(ControllerLink.__init__).parameters,
-    reason="the broker's controller link has no fault layer yet",
-)
+pytestmark = pytest.mark.integration
 
 # A short session: a broker cut from the controller is fenced within a second or so.
 SETTINGS = ("broker.heartbeat.interval.ms=100", "broker.session.timeout.ms=1000")
@@ -102,7 +86,6 @@ def test_fault_commands_change_the_file_and_status(tmp_path: pathlib.Path) -> No
         kill_everything(directory)
 
 
-@fault_layer_wired
 def test_a_broker_isolated_from_the_controller_is_fenced_and_back_after_heal(
     tmp_path: pathlib.Path,
 ) -> None:
