@@ -739,8 +739,11 @@ def run_verify(args: argparse.Namespace) -> dict[str, Any]:
                 pids = [s.pid for s in state.all()]
                 result = _run(args, directory, kinds, seed, duration_s)
             finally:
-                _kill_cluster(directory)
-            result["cluster_pids"] = pids
+                killed = _kill_cluster(directory)
+            # Every process this run started and killed at the end, and where it ran (gone
+            # now), so a caller can check that nothing is left.
+            result["cluster_dir"] = directory
+            result["cluster_pids"] = sorted(set(pids) | set(killed))
             return result
     launcher.require_state(args.dir)
     return _run(args, args.dir, kinds, seed, duration_s)
