@@ -774,7 +774,7 @@ def _run(
     faults: list[checker.Fault] = []
     fault_rows: list[dict[str, Any]] = []
     stop = threading.Event()
-    started = _now()
+    started = _now()  # again once the workload starts: the chart and elapsed time begin there
     try:
         for topic in topics:
             admin.create_topic(
@@ -794,6 +794,7 @@ def _run(
             consumers.append(
                 ConsumerThread(state.bootstrap_servers, topic, args.partitions, f"c{i}")
             )
+        started = _now()
         for producer in producers:
             producer.start()
         for consumer in consumers:
@@ -930,6 +931,8 @@ def _run(
         "throughput_per_s": [round(r, 1) for r in rates],
         "chart": report.chart(rates, ended - started, marks),
         "min_insync_replicas": min_insync,
+        # ISR changes the controllers committed for our partitions (the min ISR check's input).
+        "isr_changes": sum(len(changes) for changes in timeline.values()),
         "topics": topics,
         "partitions": args.partitions,
     }

@@ -3,6 +3,7 @@ deploy/verify_report.py)."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -80,3 +81,32 @@ def test_fault_table_lists_every_chosen_kind() -> None:
     table = {"kill": {"count": 2, "recovered": 2, "median_s": 1.0, "p95_s": 2.0, "max_s": 2.0}}
     lines = fault_table(table, ("kill", "disk"))
     assert "1.00s" in lines[1] and lines[2].split()[:2] == ["disk", "0"]
+
+
+def _line(event: str, at: str, **fields: object) -> str:
+    return json.dumps({"event": event, "timestamp": at, **fields})
+
+
+def test_isr_timeline_reads_committed_changes_once_per_partition_epoch() -> None:
+    from minibroker.deploy.verify import first_event_at, isr_timeline
+
+    t1, t2, t3 = "2026-01-01T00:00:01+00:00", "2026-01-01T00:00:02+00:00", "2026-01-01T00:00:03Z"
+    common = {"topic": "v", "partition": 0}
+    lines = [
+        "not json",
+        _line("isr_shrink", t2, new_isr=[1], partition_epoch=3, **common),
+        # Another controller logged the same change later: the earliest line counts.
+        _line("isr_shrink", t3, new_isr=[1], partition_epoch=3, **common),
+        _line("leader_elected", t1, isr=[1, 2], partition_epoch=2, **common),
+        _line("isr_expand", t3, new_isr=[1, 2, 3], partition_epoch=4, **common),
+        _line("isr_shrink", t1, new_isr=[9], partition_epoch=3, topic="other", partition=0),
+        _line("log_dir_offline", t2, broker_id=2),
+        _line("log_dir_offline", t3, broker_id=3),
+    ]
+    timeline = isr_timeline(lines, ["v"])
+    base = 1767225600.0
+    assert timeline == {
+        "v-0": [(base + 1, 2, (1, 2)), (base + 2, 3, (1,)), (base + 3, 4, (1, 2, 3))]
+    }
+    assert first_event_at(lines, "log_dir_offline", base, broker_id=3) == base + 3
+    assert first_event_at(lines, "log_dir_offline", base + 2.5, broker_id=2) is None
