@@ -13,6 +13,7 @@ from typing import Any
 
 from minibroker.client.common.config import ConfigError, ConfigKey, at_least, resolve
 from minibroker.client.common.limits import LIMIT_KEYS, ServerLimits
+from minibroker.client.common.netfaults import NETWORK_FAULT_KEYS
 from minibroker.client.controller_finder import parse_controllers
 from minibroker.client.topic_config import TOPIC_CONFIG_KEYS
 
@@ -124,6 +125,7 @@ BROKER_KEYS: tuple[ConfigKey, ...] = (
         at_least(1),
     ),
     *LIMIT_KEYS,
+    *NETWORK_FAULT_KEYS,
 )
 
 _BROKER_KEY_NAMES = frozenset(k.name for k in BROKER_KEYS)

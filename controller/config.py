@@ -14,6 +14,7 @@ from typing import Any
 
 from minibroker.client.common.config import ConfigError, ConfigKey, at_least, resolve
 from minibroker.client.common.limits import LIMIT_KEYS, ServerLimits
+from minibroker.client.common.netfaults import NETWORK_FAULT_KEYS
 from minibroker.client.topic_config import TOPIC_CONFIG_KEYS, TOPIC_CONFIG_NAMES
 from minibroker.controller.core.controller import ControllerSettings
 from minibroker.controller.core.partition_limits import (
@@ -161,6 +162,7 @@ CONTROLLER_KEYS: tuple[ConfigKey, ...] = (
         at_least(-1),
     ),
     *LIMIT_KEYS,
+    *NETWORK_FAULT_KEYS,
 )
 
 ALL_KEYS: tuple[ConfigKey, ...] = CONTROLLER_KEYS + TOPIC_CONFIG_KEYS
