@@ -375,22 +375,6 @@ def _start_brokers(run: Run, ids: Sequence[int]) -> None:
     launcher.wait_ready(state, 60.0, expect=specs)
 
 
-def _net() -> Any:
-    """The launcher's network fault functions (partition, isolate, heal)."""
-    import importlib
-
-    for name in ("minibroker.deploy.cluster", "minibroker.deploy.netfaults"):
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        if hasattr(module, "heal") and hasattr(module, "partition"):
-            return module
-    raise launcher.LauncherError(
-        "this build has no network faults (`cluster partition`): run without --faults partition"
-    )
-
-
 def _hold(seconds: float, stop: threading.Event) -> None:
     stop.wait(seconds)
 
@@ -496,7 +480,7 @@ def first_event_at(lines: Iterable[str], name: str, since: float, **match: Any) 
 
 
 def _partition(run: Run, fault: PlannedFault, stop: threading.Event) -> tuple[Target, float, float]:
-    net = _net()
+    net = launcher
     directory = run.directory
     parts = run.describe()
     part = parts[fault.pick % len(parts)]
@@ -505,7 +489,8 @@ def _partition(run: Run, fault: PlannedFault, stop: threading.Event) -> tuple[Ta
     state = run.state()
     brokers = sorted(b.node_id for b in state.brokers)
     variant = fault.variant
-    started = _now()
+    marks = _log_sizes(state)
+    called = _now()
     if variant == "zombie":
         net.isolate(directory, str(leader), "nodes")
         target = Target(
@@ -545,10 +530,59 @@ def _partition(run: Run, fault: PlannedFault, stop: threading.Event) -> tuple[Ta
             side = "the controllers with the majority"
         net.partition(directory, groups)
         target = Target([leader], _affected(parts, [leader]), f"split {' | '.join(groups)}: {side}")
+    # Processes poll the fault file: the fault starts when every one of them has applied it.
+    generation = int(launcher.current_faults(directory).get("generation", 0))
+    started = faults_applied_at(state, marks, generation) or called
     _hold(fault.hold_s, stop)
     ended = _now()
     net.heal(directory)
     return target, started, ended
+
+
+def _log_sizes(state: launcher.ClusterState) -> dict[str, int]:
+    sizes = {}
+    for spec in state.all():
+        try:
+            sizes[spec.log_file] = os.path.getsize(spec.log_file)
+        except OSError:
+            sizes[spec.log_file] = 0
+    return sizes
+
+
+def faults_applied_at(
+    state: launcher.ClusterState, marks: dict[str, int], generation: int, timeout_s: float = 5.0
+) -> float | None:
+    """The wall time by which every running process had logged `network_faults_changed` for
+    `generation` or a later one (read from its log past `marks`); None if one did not within
+    `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    applied: dict[str, float] = {}
+    while time.monotonic() < deadline:
+        running = [s for s in state.all() if launcher.process_state(s) == "running"]
+        for spec in running:
+            if spec.log_file in applied:
+                continue
+            try:
+                with open(spec.log_file, "rb") as f:
+                    f.seek(marks.get(spec.log_file, 0))
+                    text = f.read().decode(errors="replace")
+            except OSError:
+                continue
+            for line in text.splitlines():
+                if "network_faults_changed" not in line or not line.startswith("{"):
+                    continue
+                try:
+                    event = json.loads(line)
+                    at = datetime.datetime.fromisoformat(str(event["timestamp"])).timestamp()
+                    if int(event.get("generation", -1)) >= generation:
+                        applied[spec.log_file] = at
+                        break
+                except (ValueError, KeyError, TypeError):
+                    continue
+        if all(s.log_file in applied for s in running):
+            return max(applied.values(), default=None)
+        time.sleep(0.02)
+    return None
 
 
 # -- after the run --------------------------------------------------------------------------------
@@ -860,11 +894,9 @@ def _run(
         for c in consumers:
             c.stop()
         with contextlib.suppress(Exception):
-            net = _net()
-            if net.current_faults(directory).get("cut") or net.current_faults(directory).get(
-                "no_clients"
-            ):
-                net.heal(directory)
+            now = launcher.current_faults(directory)
+            if now.get("cut") or now.get("no_clients") or now.get("slow"):
+                launcher.heal(directory)
         if not args.fresh:
             with contextlib.suppress(Exception):
                 admin.delete_topics(topics)

@@ -113,8 +113,9 @@ class Schedule:
         t = self._timing
         if kind == "partition":
             variant = self._draw(self._variant_bag, PARTITION_VARIANTS)
-            # Long enough to be noticed: the ISR shrinks, the controller fences.
-            hold = max(t.lag_s, t.session_s) + jitter
+            # Long enough to be noticed: the ISR shrinks, the controller fences (a second more
+            # for a controller quorum that first elects a new leader, in a split).
+            hold = max(t.lag_s, t.session_s) + 1.0 + jitter
         elif kind == "pause":
             variant = "two" if two else "one"
             hold = t.lag_s + jitter  # past replica.lag.time.max.ms
