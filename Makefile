@@ -9,7 +9,7 @@ EXTRAS  ?= dev,spark
 PYTEST_ARGS ?=
 SEEDS   ?= 200
 
-.PHONY: install test test-unit test-integration lint mypy proto proto-check bench sim sim-quorum demo clean
+.PHONY: install test test-unit test-integration lint mypy proto proto-check bench sim sim-quorum demo verify clean
 
 install: $(STAMP)
 
@@ -72,6 +72,11 @@ bench: install
 
 demo: install
 	$(BIN)/minibroker demo $(DEMO_ARGS)
+
+# A 10-minute Jepsen-style run on a temporary cluster, every fault kind (100+ rounds); exit 1 on
+# any violation, with the seed that reproduces it. VERIFY_ARGS adds options (--seed N, --json).
+verify: install
+	$(BIN)/minibroker verify --fresh --duration 600s $(VERIFY_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .proto-gen build *.egg-info client/records/*.so

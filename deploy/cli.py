@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "minibroker.deploy.bench",
     "minibroker.deploy.cluster_cli",
     "minibroker.deploy.demo",
+    "minibroker.deploy.verify",
     "minibroker.broker.cli",
     "minibroker.controller.cli",
 )
