@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 EXTRAS  ?= dev,spark
 PYTEST_ARGS ?=
-SEEDS   ?= 200
+SEEDS   ?= 500
 
 .PHONY: install test test-unit test-integration lint mypy proto proto-check bench sim sim-quorum demo verify clean
 
@@ -30,8 +30,10 @@ test-unit: install
 test-integration: install
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
-# Every seeded simulation under tests/sim runs SEEDS seeds: the replication one and the controller
-# quorum's (tests/sim/test_quorum_sim.py; 300 seeds when SEEDS is unset, as in `make test`).
+# Every seeded simulation under tests/sim runs SEEDS seeds: the replication one (500 when SEEDS
+# is unset, as in `make test`, spread over one worker process per core; MINIBROKER_SIM_WORKERS=N
+# overrides, MINIBROKER_SIM_SEED=N runs one seed) and the controller quorum's
+# (tests/sim/test_quorum_sim.py; 300 seeds when SEEDS is unset).
 sim: install
 	MINIBROKER_SIM_SEEDS=$(SEEDS) $(BIN)/python -m pytest tests/sim -q $(PYTEST_ARGS)
 

@@ -40,8 +40,11 @@ class RemoteReplica:
         # An ISR member gets a fresh lag allowance; a non-member gets none, so it cannot hold
         # the HW back through the "caught up" clause before it has fetched.
         self.last_caught_up_time_ms = now_ms if in_isr else NEVER_MS
+        # What the follower fetched in an earlier epoch may be gone: a leader re-elected in a
+        # later epoch may have missed an epoch in between whose leader truncated the follower.
+        # So even a re-elected leader forgets the LEO: the HW waits for a fetch in this epoch.
+        self.leo = UNKNOWN_OFFSET
         if is_new_leader:
-            self.leo = UNKNOWN_OFFSET
             self.log_start_offset = UNKNOWN_OFFSET
             self.last_fetch_leader_leo = UNKNOWN_OFFSET
             self.last_fetch_time_ms = NEVER_MS

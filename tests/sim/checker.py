@@ -23,6 +23,8 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING
 
+from scheduler import CONTROLLER
+
 from minibroker.broker.replication.events import Role
 from minibroker.broker.replication.invariants import (
     check_batches_contiguous,
@@ -37,6 +39,7 @@ from minibroker.controller.core.messages import Event
 from minibroker.metadata.records import LogEntry, PartitionRecord
 
 if TYPE_CHECKING:
+    from memlog import MemLog
     from node import SimBroker
     from replsim import Simulation
 
@@ -229,20 +232,27 @@ class Checker:
 
     def on_controller_event(self, event: Event) -> None:
         """A session timeout fences only a broker that stopped heartbeating: dead, paused,
-        re-registering, or an older incarnation. A controller restart must not mass-fence
-        live brokers (docs/protocol.md §16, KAFKA-18138)."""
+        re-registering, an older incarnation, or cut from the controller. A controller restart
+        must not mass-fence live brokers (docs/protocol.md §16, KAFKA-18138)."""
         if event.name != "broker_fenced" or not event.fields["reason"].startswith("session"):
             return
         sim = self.sim
         broker = sim.brokers[event.fields["broker_id"]]
         quiet_since_ms = sim.now_ms - sim.opt.session_timeout_ms - 2 * sim.opt.heartbeat_interval_ms
-        invariant(
+        silent = (
             not broker.alive
             or not broker.registered
             or broker.broker_epoch != event.fields["broker_epoch"]
-            or broker.paused_until_ms >= quiet_since_ms,
+            or broker.paused_until_ms >= quiet_since_ms
+        )
+        if silent:
+            return
+        invariant(
+            sim.net.cut_since(broker.broker_id, CONTROLLER, quiet_since_ms),
             f"b{broker.broker_id} fenced by the session timeout while heartbeating: {event}",
         )
+        # The cut held its heartbeats (the coverage test wants some of these).
+        sim.stats["running_brokers_fenced_across_a_cut"] += 1
 
     def _live_out_of_sync(self, broker_id: int, record: PartitionRecord) -> bool:
         broker = self.sim.brokers[broker_id]
@@ -253,6 +263,27 @@ class Checker:
             and not broker.paused()
             and reg is not None
             and not reg.fenced
+        )
+
+    def on_produce_acked(self, leader: SimBroker, pid: int, base_offset: int, data: bytes) -> None:
+        """A leader acknowledges an acks=all batch: at that moment at least min.insync.replicas
+        replicas' logs hold it (what Kafka promises of acks=all; a zombie leader whose followers
+        are cut away must not acknowledge on its own copy). Crashed brokers' logs count as they
+        are now, so a crash budget that let an acknowledged batch rest on fewer copies fails
+        here too."""
+        sim = self.sim
+        core = leader.engine.get(leader.tp(pid)).core if leader.engine is not None else None
+        replicas = len(core.replicas) if core is not None else sim.opt.replication_factor
+        needed = min(sim.opt.min_insync_replicas, replicas)
+        holders = [
+            b.broker_id
+            for b in sim.brokers.values()
+            if (log := b.logs.get(pid)) is not None and log.batch_at(base_offset) == data
+        ]
+        invariant(
+            len(holders) >= needed,
+            f"p{pid}: b{leader.broker_id} acknowledged the batch at {base_offset} held by "
+            f"{holders} only (min.insync.replicas {needed})",
         )
 
     def on_producer_error(self, pid: int, error: ErrorCode) -> None:
@@ -273,7 +304,11 @@ class Checker:
 
     def on_high_watermark(self, broker: SimBroker, pid: int) -> None:
         """A replica's HW moved: the batches below it are committed (I2, I5), and a leader
-        moves it only with at least min.insync.replicas in its ISR (strict min ISR, §8.7)."""
+        moves it only with at least min.insync.replicas in its ISR (strict min ISR, §8.7). A
+        leader cut from every other member of its ISR (a zombie) hears nothing that could move
+        its HW past what they held before the cut: it may still move it (a lagging follower
+        outside the ISR stops holding it back), but only over batches that every other member
+        which has not crashed since the cut holds, byte for byte."""
         hosted = broker.hosted(pid)
         assert hosted is not None
         core = hosted.core
@@ -286,6 +321,9 @@ class Checker:
                     f"b{broker.broker_id} p{pid}: HW moved to {hw} with ISR "
                     f"{sorted(core.isr)} below min.insync.replicas {min_isr}",
                 )
+            net = self.sim.net
+            if net.cuts and len(core.isr) > 1:
+                self._check_isolated_leader_hw(broker, pid, hosted.log, core.isr, hw)
         log = hosted.log
         key = (broker.broker_id, pid)
         # The log is what lies from its start on: batches below it (kept until retention, and
@@ -306,6 +344,30 @@ class Checker:
                     f"p{pid}: broker {broker.broker_id} holds different bytes at "
                     f"{header.base_offset} below its HW {hw}",
                 )
+
+    def _check_isolated_leader_hw(
+        self, broker: SimBroker, pid: int, log: MemLog, isr: frozenset[int], hw: int
+    ) -> None:
+        net, me = self.sim.net, broker.broker_id
+        others = [b for b in isr if b != me]
+        if not all(net.is_cut(me, b) for b in others):
+            return
+        last = log.index_of(hw) - 1  # the leader's last batch below the HW
+        if last < 0 or log.headers[last].base_offset < log.log_start_offset:
+            return
+        base = log.headers[last].base_offset
+        self.sim.stats["hw_moves_by_isolated_leaders"] += 1
+        for b in others:
+            other = self.sim.brokers[b]
+            if other.crashed_at_ms >= net.cut_at_ms[frozenset((me, b))]:
+                continue  # it may have lost what it held when the cut began
+            theirs = other.logs.get(pid)
+            invariant(
+                theirs is not None
+                and (base < theirs.log_start_offset or theirs.batch_at(base) == log.batches[last]),
+                f"b{me} p{pid}: HW moved to {hw} while cut from every other member of its ISR "
+                f"{sorted(isr)}, past what b{b} holds",
+            )
 
     def check(self, full: bool = True) -> None:
         """After every event: each replica the event may have changed keeps its local

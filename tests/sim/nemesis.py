@@ -6,7 +6,10 @@ brokers asking to be fenced and preferred elections (bursts of leader moves, KIP
 scenario), controlled shutdowns (SIGTERM) and restarts, controller crashes (the controller
 process is replsim.py's), and offline periods (every ISR member of a partition paused past the
 session timeout, so the partition must stay offline: unclean election is disabled and an
-out-of-sync replica must never lead). Network faults are the Network's (scheduler.py).
+out-of-sync replica must never lead), and network partitions (links cut for a while: a zombie
+leader, a follower cut from its leader, a broker cut from the controller, one broker split from
+the rest; the Network, scheduler.py, holds what a cut link carries). Drops and delays are the
+Network's.
 
 The fault budget (docs/design.md §8.1: an acked write survives while at most
 replication.factor - min.insync.replicas replicas are impaired at once). Data is lost only when
@@ -44,6 +47,8 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
+from scheduler import CONTROLLER
+
 from minibroker.client.common.invariant import invariant
 from minibroker.client.errors import ErrorCode
 from minibroker.client.types import NO_LEADER
@@ -53,6 +58,7 @@ from minibroker.controller.core.messages import (
     ReassignmentResult,
     ReassignmentTarget,
 )
+from minibroker.metadata.records import PartitionRecord
 
 if TYPE_CHECKING:
     from node import SimBroker
@@ -68,13 +74,15 @@ class Nemesis:
     # -- the budget --------------------------------------------------------------------------
 
     def healthy(self, broker_id: int) -> bool:
-        """Running, registered as this process, unfenced, not shutting down or paused."""
+        """Running, registered as this process, unfenced, not shutting down or paused, not cut
+        from the controller."""
         sim = self.sim
         broker = sim.brokers[broker_id]
         reg = sim.controller.image.brokers.get(broker_id)
         return (
             broker.alive
             and not broker.paused()
+            and not sim.net.is_cut(broker_id, CONTROLLER)
             and broker.registered
             and reg is not None
             and reg.broker_epoch == broker.broker_epoch
@@ -94,13 +102,22 @@ class Nemesis:
             # The replication factor, not the replicas of a move (target + removing).
             impaired_max = len(record.target_replicas) - opt.min_insync_replicas - 1
             others = [b for b in record.replicas if b != broker_id]
-            if sum(1 for b in others if not self.healthy(b)) > impaired_max:
+            if sum(1 for b in others if not self.healthy_in(b, record)) > impaired_max:
                 return False
             if broker_id in record.isr:
-                healthy = sum(1 for b in record.isr if b != broker_id and self.healthy(b))
+                healthy = sum(
+                    1 for b in record.isr if b != broker_id and self.healthy_in(b, record)
+                )
                 if healthy < opt.min_insync_replicas:
                     return False
         return True
+
+    def healthy_in(self, broker_id: int, record: PartitionRecord) -> bool:
+        """Healthy, and (a follower) not cut from the partition's leader."""
+        leader = record.leader
+        return self.healthy(broker_id) and (
+            leader in (NO_LEADER, broker_id) or not self.sim.net.is_cut(broker_id, leader)
+        )
 
     def fence_ok(self) -> bool:
         """A fault that loses nothing (see the budget above)."""
@@ -114,6 +131,7 @@ class Nemesis:
         sim.stats["broker_crashes"] += 1
         broker.stop_process()
         broker.lossy = True
+        broker.crashed_at_ms = sim.now_ms
         for pid, log in broker.logs.items():
             log.crash(sim.rng)
             sim.checker.on_log_shortened(broker.broker_id, pid, log.leo)
@@ -148,7 +166,8 @@ class Nemesis:
             invariant(
                 not sim.controller.up
                 or sim.controller_up_since_ms > steady_ms
-                or broker.paused_until_ms > steady_ms,
+                or broker.paused_until_ms > steady_ms
+                or sim.net.any_cut_since(steady_ms),
                 f"b{broker.broker_id}: controlled shutdown not granted in {SHUTDOWN_TIMEOUT_MS} "
                 f"ms by a controller up since {sim.controller_up_since_ms}",
             )
@@ -214,6 +233,79 @@ class Nemesis:
         for broker_id in record.isr:
             broker = sim.brokers[broker_id]
             broker.paused_until_ms = max(broker.paused_until_ms, until)
+
+    # -- network partitions ------------------------------------------------------------------
+
+    def partition_episode(self) -> None:
+        """Cut links for a while (scheduler.py's Network holds what they carry), one of:
+        - zombie: a leader cut from the controller and every other broker; its clients still
+          reach it (they keep its address as the leader: stale metadata), so it takes writes it
+          must never acknowledge, and is fenced and replaced meanwhile;
+        - follower: a follower cut from its leader (the leader shrinks the ISR; it rejoins);
+        - controller: a broker cut from the controller only (fenced, its leaderships move,
+          while it still serves fetches and its clients);
+        - split: one broker cut from every other broker, the controller on its side or theirs.
+        A cut, like a pause, fences without losing data, so it keeps to the same budget
+        (`fence_ok`); a broker cut from the controller or its leader is impaired for a crash."""
+        sim = self.sim
+        if sim.net.cuts or not self.fence_ok():
+            return  # one episode at a time
+        rng = sim.rng
+        brokers = sorted(sim.brokers)
+        kind = rng.choice(("zombie", "follower", "controller", "split"))
+        links: list[tuple[int, int]] = []
+        if kind in ("zombie", "follower"):
+            led = [
+                r
+                for r in (sim.partition(p) for p in range(sim.opt.partitions))
+                if r is not None and r.leader != NO_LEADER
+            ]
+            if not led:
+                return
+            record = rng.choice(led)
+            leader = record.leader
+            if kind == "zombie":
+                links = [(leader, CONTROLLER)] + [(leader, b) for b in brokers if b != leader]
+                what = f"b{leader} (leader of p{record.partition}) from every node"
+            else:
+                follower = rng.choice([b for b in record.replicas if b != leader])
+                links = [(follower, leader)]
+                what = f"follower b{follower} of p{record.partition} from its leader b{leader}"
+        elif kind == "controller":
+            broker_id = rng.choice(brokers)
+            links = [(broker_id, CONTROLLER)]
+            what = f"b{broker_id} from the controller"
+        else:
+            broker_id = rng.choice(brokers)
+            rest = [b for b in brokers if b != broker_id]
+            links = [(broker_id, b) for b in rest]
+            if rng.random() < 0.5:
+                links += [(b, CONTROLLER) for b in rest]
+                what = f"b{broker_id} + controller | {rest}"
+            else:
+                links.append((broker_id, CONTROLLER))
+                what = f"b{broker_id} | {rest} + controller"
+        duration_ms = rng.randint(200, sim.opt.partition_ms_max)
+        sim.note(f"partition ({kind}) for {duration_ms} ms: cut {what}")
+        sim.stats[f"partition_{kind}"] += 1
+        for a, b in links:
+            sim.net.cut(a, b)
+        # A leader cut from the controller keeps its clients, whose metadata still names it.
+        stale = sim.workload.stale_leader
+        for pid in range(sim.opt.partitions):
+            leader = sim.leader(pid)
+            if leader != NO_LEADER and sim.net.is_cut(leader, CONTROLLER):
+                stale[pid] = leader
+        sim.at(duration_ms, partial(self.heal_partition, links))
+
+    def heal_partition(self, links: list[tuple[int, int]]) -> None:
+        sim = self.sim
+        if not all(sim.net.is_cut(a, b) for a, b in links):
+            return  # healed already (the liveness phase heals everything)
+        sim.note("partition healed")
+        for a, b in links:
+            sim.net.heal(a, b)
+        sim.workload.stale_leader.clear()
 
     # -- moving replicas (KIP-455) -------------------------------------------------------------
 
@@ -311,9 +403,11 @@ class Nemesis:
 
     def heal(self) -> None:
         """The liveness phase: every decommission is cancelled (running moves go on and must
-        complete)."""
+        complete) and every cut link heals."""
         for broker_id in sorted(self.sim.controller.image.decommissioning):
             self.cancel_decommission(broker_id)
+        self.sim.net.heal_all()
+        self.sim.workload.stale_leader.clear()
 
     def maybe_fault(self) -> None:
         """One scheduler tick's draw of faults, at the options' rates."""
@@ -352,3 +446,5 @@ class Nemesis:
             self.reassign()
         if opt.decommission_rate and rng.random() < opt.decommission_rate:
             self.decommission()
+        if opt.partition_rate and rng.random() < opt.partition_rate:
+            self.partition_episode()

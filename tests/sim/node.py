@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from memlog import MemLog
 from replica_shell import Fetcher, ReplicaShell
+from scheduler import CONTROLLER
 
 from minibroker.broker.replication.engine import BrokerReplicas
 from minibroker.broker.replication.outputs import EngineConfig
@@ -69,6 +70,7 @@ class SimBroker(ReplicaShell):
         self.shutting_down = False  # SIGTERM: controlled shutdown in progress
         # Crashed, so its log may lack what it acknowledged, until a new incarnation registers.
         self.lossy = False
+        self.crashed_at_ms = -1  # the last crash (the nemesis's), for the checker
 
     def start_process(self) -> None:
         self.alive = True
@@ -104,6 +106,10 @@ class SimBroker(ReplicaShell):
         self.fetchers = {}
         self.registered = False
         self.watch = None
+
+    def runs(self, incarnation: int) -> Callable[[], bool]:
+        """Whether the process `incarnation` still runs (what it was sending is still sent)."""
+        return lambda: self.alive and self.incarnation == incarnation
 
     def paused(self) -> bool:
         return self.sim.now_ms < self.paused_until_ms
@@ -164,16 +170,21 @@ class SimBroker(ReplicaShell):
             sim.note(f"b{self.broker_id} registered, broker epoch {reply.broker_epoch}")
             self._open_watch(incarnation)
 
+        deadline_ms = sim.now_ms + sim.opt.request_timeout_ms
+        to_controller = (self.broker_id, CONTROLLER)
+
         def arrive() -> None:
             sim.call_controller(
                 lambda core, now: core.register_broker(request, now),
                 lambda reply: sim.net.send(
-                    lambda: self.run_on(incarnation, lambda: on_reply(reply))
+                    lambda: self.run_on(incarnation, lambda: on_reply(reply)),
+                    (CONTROLLER, self.broker_id),
+                    deadline_ms,
                 ),
             )
 
         sim.at(sim.opt.request_timeout_ms, retry)
-        sim.net.send(arrive)
+        sim.net.send(arrive, to_controller, deadline_ms, self.runs(incarnation))
 
     def _heartbeat_tick(self, incarnation: int) -> None:
         if not self.alive or self.incarnation != incarnation:
@@ -217,14 +228,17 @@ class SimBroker(ReplicaShell):
                 return  # the stream died with that controller process
             sim.call_controller(
                 lambda core, now: core.heartbeat(request, stream_id, now),
-                lambda reply: sim.at(
-                    sim.net.delay(),
+                lambda reply: sim.net.transmit(
                     lambda: self.run_on(incarnation, lambda: self._on_heartbeat_reply(reply)),
+                    (CONTROLLER, self.broker_id),
                 ),
             )
 
-        # A stream is TCP: heartbeats are delayed, never dropped alone (a loss breaks it).
-        sim.at(sim.net.delay(), arrive)
+        # A stream is TCP: heartbeats are delayed, never dropped alone (a loss breaks it). It has
+        # no deadline: on a cut link they wait for the heal (keepalive is not modelled).
+        sim.net.transmit(
+            arrive, (self.broker_id, CONTROLLER), still_sent=lambda: self.hb_stream == stream
+        )
 
     def _on_heartbeat_reply(self, reply: HeartbeatReply) -> None:
         if reply.error in (ErrorCode.STALE_BROKER_EPOCH, ErrorCode.BROKER_ID_NOT_REGISTERED):
@@ -252,7 +266,7 @@ class SimBroker(ReplicaShell):
                     )
                 )
 
-        sim.at(sim.net.delay(), arrive)
+        sim.net.transmit(arrive, (broker_id, CONTROLLER))
 
     # -- metadata (WatchMetadata) -------------------------------------------------------------
 
@@ -273,15 +287,16 @@ class SimBroker(ReplicaShell):
             return
         sim = self.sim
         ctl = sim.controller
-        if not ctl.up:
+        if not ctl.up or sim.net.is_cut(self.broker_id, CONTROLLER):
+            # Refused, or (cut) the call would hang until the heal: try again later.
             sim.at(sim.rng.randint(50, 200), lambda: self._open_watch(incarnation))
             return
         token = self.watch = next(sim.watch_ids)
         is_snapshot, items, offset = ctl.read_from(self.image.next_offset)
         if is_snapshot or items:
-            sim.at(
-                sim.net.delay(),
+            sim.net.transmit(
                 lambda: self.on_watch_batch(token, is_snapshot, items, offset),
+                (CONTROLLER, self.broker_id),
             )
 
     def on_watch_batch(

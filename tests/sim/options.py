@@ -8,7 +8,8 @@ and slow the network is, and each fault's rate. Each fault kind is switched off 
 around its default rate otherwise, so the seeds together cover about the default mix and much
 more of its neighbourhood. Moving replicas (reassignments, decommissions, the controller's
 replica.rebuild.delay.ms) are drawn after everything else, so a seed keeps the options it had
-before they existed, and bring up to three extra brokers so targets can overlap or be disjoint.
+before they existed, and bring up to three extra brokers so targets can overlap or be disjoint;
+network partitions are drawn after them, for the same reason.
 The control-plane timers stay fixed: the checker's liveness bounds
 (a session timeout fences only a silent broker; a controlled shutdown is granted in time) are
 written against them.
@@ -45,6 +46,12 @@ class SimOptions:
     reassign_rate: float = 0.0
     decommission_rate: float = 0.0
     replica_rebuild_delay_ms: int = -1
+    # Network partitions (per tick, off in the fixed mix): one episode at a time, drawn among
+    # the nemesis's scenarios (a zombie leader, a follower cut from its leader, a broker cut
+    # from the controller only, one broker split from the rest with the controller on either
+    # side), healed after partition_ms_max at most.
+    partition_rate: float = 0.0
+    partition_ms_max: int = 2_500
     # One controller restart and one offline period at a random time of every safety phase.
     scheduled_faults: bool = True
     stream_break_rate: float = 0.003  # per heartbeat
@@ -95,6 +102,9 @@ class SimOptions:
             options.brokers += rng.choice((0, 1, 2, 3))
         if rng.random() < 0.25:
             options.replica_rebuild_delay_ms = rng.randint(600, 2_000)
+        # Drawn after the moves, so each seed keeps the options it had before partitions existed.
+        options.partition_rate = rate(0.003)
+        options.partition_ms_max = rng.randint(800, 3_000)
         return options
 
     def describe(self) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memlog import MemLog
+from scheduler import CONTROLLER
 
 from minibroker.broker.replication.engine import BrokerReplicas
 from minibroker.broker.replication.events import (
@@ -138,6 +139,8 @@ class ReplicaShell:
             elif isinstance(output, Appended):
                 if output.as_leader:
                     sim.checker.on_leader_append(self, output.tp.partition, output.leader_epoch)
+                    if sim.net.is_cut(self.broker_id, CONTROLLER):
+                        sim.stats["appends_by_leader_cut_from_controller"] += 1
             elif isinstance(output, RoleChanged):
                 if output.role is Role.LEADER:
                     sim.note(
@@ -194,11 +197,15 @@ class ReplicaShell:
                 ),
             )
 
+            deadline_ms = sim.now_ms + sim.opt.request_timeout_ms
+
             def arrive() -> None:
                 sim.call_controller(
                     lambda core, now: core.alter_partition(request, now),
                     lambda reply: sim.net.send(
-                        lambda: answer(alter_partition_result(proposal.proposal_id, reply))
+                        lambda: answer(alter_partition_result(proposal.proposal_id, reply)),
+                        (CONTROLLER, self.broker_id),
+                        deadline_ms,
                     ),
                 )
                 if sim.net.faults and sim.rng.random() < 0.02:
@@ -206,7 +213,7 @@ class ReplicaShell:
                     sim.crash_controller()
 
             sim.at(sim.opt.request_timeout_ms, lost)
-            sim.net.send(arrive)
+            sim.net.send(arrive, (self.broker_id, CONTROLLER), deadline_ms, self.runs(incarnation))
 
         sim.at(max(proposal.delay_ms, 0), lambda: self.run_on(incarnation, send_now))
 
@@ -232,6 +239,7 @@ class ReplicaShell:
         follower = self
         incarnation = follower.incarnation
         fetch_id = fetcher.in_flight = next(sim.fetch_ids)
+        deadline_ms = sim.now_ms + 2 * sim.opt.request_timeout_ms
         leader = sim.brokers[fetcher.leader_id]
         request = FollowerFetch(
             replica_id=follower.broker_id,
@@ -264,9 +272,10 @@ class ReplicaShell:
             if sim.net.dropped():
                 sim.at(100, done)
             else:
-                sim.at(
-                    sim.net.delay(),
+                sim.net.transmit(
                     lambda: follower.run_on(incarnation, lambda: respond(response)),
+                    (leader.broker_id, follower.broker_id),
+                    deadline_ms,
                 )
 
         def respond(response: FetchResponse) -> None:
@@ -283,9 +292,14 @@ class ReplicaShell:
             else:
                 leader.run_on(None, arrive)
 
-        # The request timeout: a fetch to a stopped leader is given up.
+        # The request timeout: a fetch to a stopped (or cut off) leader is given up.
         sim.at(2 * sim.opt.request_timeout_ms, done)
         if sim.net.dropped():
             sim.at(100, done)
         else:
-            sim.at(sim.net.delay(), reach_leader)
+            sim.net.transmit(
+                reach_leader,
+                (follower.broker_id, leader.broker_id),
+                deadline_ms,
+                follower.runs(incarnation),
+            )

@@ -39,7 +39,7 @@ from checker import Checker
 from nemesis import Nemesis
 from node import CLUSTER_ID, SimBroker
 from options import SimOptions
-from scheduler import Network, Scheduler
+from scheduler import CONTROLLER, Network, Scheduler
 from sim_controller import SimControllerNode
 from workload import Workload
 
@@ -171,7 +171,11 @@ class Simulation:
                 broker.break_watch()  # the stream broke; the reconnect resends from there
                 continue
             delay = self.net.delay() * (3 if faults and self.rng.random() < 0.2 else 1)
-            self.at(delay, partial(broker.on_watch_batch, token, False, batch, batch[0].offset))
+            self.net.transmit(
+                partial(broker.on_watch_batch, token, False, batch, batch[0].offset),
+                (CONTROLLER, broker.broker_id),
+                delay_ms=delay,
+            )
 
     def _controller_tick(self) -> None:
         self.at(self.opt.controller_tick_ms, self._controller_tick)

@@ -1,11 +1,13 @@
 """The simulation's clients: producers (plain and idempotent, acks=all) and consumers.
 
 Producers send to whichever broker the controller's current record names as leader (the
-clients' omniscient metadata); what a leader acknowledges goes into `acked` once the answer has
-travelled back, and from then on it must never be lost. The idempotent producer (one per
-partition, one batch in flight) retries the same batch (same producer id, epoch and sequence)
-after errors and lost answers, to whichever broker leads now (docs/design.md §5, §8.5). A
-consumer per partition reads from the current leader and checks what it sees (I3).
+clients' omniscient metadata; while a partition episode cuts a leader from the controller, half
+of its clients' requests still go to it, as stale metadata sends them); what a leader
+acknowledges goes into `acked` once the answer has travelled back, and from then on it must
+never be lost. The idempotent producer (one per partition, one batch in flight) retries the
+same batch (same producer id, epoch and sequence) after errors and lost answers, to whichever
+broker leads now (docs/design.md §5, §8.5). A consumer per partition reads from the current
+leader (or a stale one) and checks what it sees (I3).
 """
 
 from __future__ import annotations
@@ -47,6 +49,19 @@ class Workload:
         self.producers = {pid: IdempotentProducer(1_000 + pid) for pid in range(sim.opt.partitions)}
         self.consumer_position: dict[int, int] = {}
         self.producer_ids = {p.producer_id for p in self.producers.values()}
+        # pid -> a leader cut from the controller whose clients' metadata still names it (set
+        # by the nemesis for a partition episode): half their requests go there.
+        self.stale_leader: dict[int, int] = {}
+
+    def route(self, pid: int) -> tuple[int, bool]:
+        """Where a client sends its request for `pid`: (broker, whether that is a stale leader
+        rather than the controller's). No draw unless a stale leader is set."""
+        sim = self.sim
+        leader_id = sim.leader(pid)
+        stale = self.stale_leader.get(pid)
+        if stale is not None and stale != leader_id and sim.rng.random() < 0.5:
+            return stale, True
+        return leader_id, False
 
     def tick(self) -> None:
         """One scheduler tick of client activity (only while faults are on: the liveness
@@ -91,7 +106,7 @@ class Workload:
     def _produce(self) -> None:
         sim = self.sim
         pid = sim.rng.randrange(sim.opt.partitions)
-        leader_id = sim.leader(pid)
+        leader_id, _ = self.route(pid)
         if leader_id == NO_LEADER:
             return
         self.produced += 1
@@ -122,7 +137,7 @@ class Workload:
         attempt = producer.attempt
         raw = producer.in_flight
         request = ("idem", pid, sequence, attempt)
-        leader_id = sim.leader(pid)
+        leader_id, stale = self.route(pid)
 
         def retry_later(delay_ms: int) -> None:
             sim.at(delay_ms, lambda: self._retry_if_current(pid, sequence, attempt))
@@ -135,7 +150,8 @@ class Workload:
         def arrive() -> None:
             reply = self._send(broker, pid, raw, request)
             if reply is not None and reply.error != ErrorCode.NONE:
-                sim.checker.on_producer_error(pid, reply.error)
+                if not stale:  # a zombie's producer state may lag the real leader's
+                    sim.checker.on_producer_error(pid, reply.error)
                 sim.net.send(lambda: self._retry_if_current(pid, sequence, attempt))
 
         sim.net.send(lambda: broker.run_on(None, arrive))
@@ -167,6 +183,8 @@ class Workload:
         if done.error == ErrorCode.NONE:
             data = broker.logs[pid].batch_at(base_offset)
             invariant(data is not None, f"acked batch at {base_offset} is not in the leader's log")
+            assert data is not None
+            sim.checker.on_produce_acked(broker, pid, base_offset, data)
             # The answer travels back; a lost one just means the client never learns.
             sim.net.send(lambda: self._record_ack(pid, base_offset, data))  # type: ignore[arg-type]
         if isinstance(request, tuple) and request[0] == "idem":
@@ -179,7 +197,7 @@ class Workload:
         sim = self.sim
         committed = sim.checker.committed
         for pid in range(sim.opt.partitions):
-            leader_id = sim.leader(pid)
+            leader_id, _ = self.route(pid)
             if leader_id == NO_LEADER:
                 continue
             broker = sim.brokers[leader_id]

@@ -148,6 +148,30 @@ def test_new_leader_hw_is_frozen_until_every_isr_member_fetched_in_the_epoch() -
     assert HighWatermarkChanged(10) in effects
 
 
+def test_re_elected_leader_forgets_follower_leos_from_the_earlier_epoch() -> None:
+    """A leader re-elected in a later epoch may have missed an epoch in between whose leader
+    truncated its followers (the metadata of both elections applied at once): a LEO a follower
+    reported in the old epoch no longer says what it holds, so the HW waits for fetches in the
+    new epoch. Found by the simulation (tests/sim, seed 423 with partitions): the re-elected
+    leader moved its HW over the follower's stale LEO and acknowledged an acks=all batch held
+    by itself alone with min.insync.replicas=2."""
+    replica, cache, _ = make_leader(leo=10, hw=7)
+    produce(replica, records=5)  # LEO 15
+    fetch(replica, 2, 15)
+    fetch(replica, 3, 10)
+    assert replica.high_watermark == 10  # broker 3 holds it back
+    # Re-elected two epochs later with broker 3 out of the ISR; meanwhile the leader of the
+    # epoch between truncated broker 2 to 12.
+    _, effects = replica.apply_partition_state(
+        PartitionState((1, 2, 3), frozenset({1, 2}), LEADER, EPOCH + 2, 12), now_ms=0
+    )
+    apply_to_cache(cache, effects)
+    assert replica.leader_epoch == EPOCH + 2
+    assert replica.high_watermark == 10  # not 15, which broker 2 no longer holds
+    fetch(replica, 2, 12, epoch=EPOCH + 2)
+    assert replica.high_watermark == 12
+
+
 def test_stale_or_repeated_partition_records_are_ignored() -> None:
     replica, _, _ = make_leader()
     older = PartitionState((1, 2, 3), frozenset({1, 2}), 2, EPOCH - 1, 9)
