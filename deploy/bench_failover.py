@@ -615,7 +615,8 @@ def _stopped_at(spec: launcher.ProcessSpec, timeout_s: float) -> float | None:
     return None
 
 
-def _read_lines(path: str) -> list[str]:
+def read_lines(path: str) -> list[str]:
+    """A process's log file as lines ([] when it cannot be read: not written yet)."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             return f.readlines()
@@ -657,7 +658,7 @@ async def _controller_round(
         launcher.signal_process(spec, signal.SIGKILL)
         launcher.wait_stopped(spec, 5.0)
     # The new leader's log, up to now: its activation, our topic, a broker-driven change.
-    logged = log_times(_read_lines(by_id[new_id].log_file), t0_wall, topic, time.time())
+    logged = log_times(read_lines(by_id[new_id].log_file), t0_wall, topic, time.time())
     result = {
         "round": n,
         "killed": spec.name,

@@ -48,6 +48,7 @@ from typing import Any
 from minibroker.deploy import cluster as launcher
 from minibroker.deploy import verify_checker as checker
 from minibroker.deploy import verify_report as report
+from minibroker.deploy.bench_failover import read_lines
 from minibroker.deploy.verify_schedule import (
     FAULT_KINDS,
     PlannedFault,
@@ -454,7 +455,7 @@ def _disk(run: Run, target: Target) -> tuple[Target, float, float]:
     ended = _now()
     # The fault begins when the broker's append fails, not when its limit was lowered: the
     # controller logs the report it then sends (`log_dir_offline`).
-    lines = [line for s in run.state().controllers for line in _read_lines(s.log_file)]
+    lines = [line for s in run.state().controllers for line in read_lines(s.log_file)]
     reported = first_event_at(lines, "log_dir_offline", started, broker_id=broker)
     _start_brokers(run, [broker])
     return target, reported if reported is not None else started, ended
@@ -708,14 +709,6 @@ def isr_timeline(
     return out
 
 
-def _read_lines(path: str) -> list[str]:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.readlines()
-    except OSError:
-        return []
-
-
 # -- the run --------------------------------------------------------------------------------------
 
 
@@ -883,7 +876,7 @@ def _run(
         lines = [
             line
             for s in launcher.require_state(directory).controllers
-            for line in _read_lines(s.log_file)
+            for line in read_lines(s.log_file)
         ]
         timeline = isr_timeline(lines, topics)
     finally:
