@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from minibroker.deploy import quorum
+from minibroker.deploy import netfaults, quorum
 
 STATE_FILE = "cluster.json"
 DEFAULT_DIR = ".minibroker"
@@ -516,7 +516,10 @@ def command_for(spec: ProcessSpec, state: ClusterState) -> list[str]:
         ]
         if spec.rack:
             cmd += ["--rack", spec.rack]
-    # The user's --set first, the launcher's quorum layout last: it wins (a later --set does).
+    # Every process polls the launcher's fault table (nothing set: no fault, see netfaults).
+    launcher_settings["network.faults.file"] = str(faults_path(state.dir).resolve())
+    launcher_settings["network.faults.node"] = spec.name
+    # The user's --set first, the launcher's settings last: they win (a later --set does).
     for key, value in sorted(spec.settings.items()):
         if key not in launcher_settings:
             cmd += ["--set", f"{key}={value}"]
@@ -785,6 +788,7 @@ def up(
     for spec in state.all():
         if process_state(spec) == "paused":
             signal_process(spec, signal.SIGCONT)
+    reset_faults(state)  # a cluster starts with every link open
     # Every voter at once: a quorum elects only once a majority runs.
     for spec in state.controllers:
         start_process(spec, state)
@@ -816,6 +820,7 @@ def down(directory: str = DEFAULT_DIR, timeout_s: float = 30.0) -> ClusterState:
     for spec in state.all():
         spec.pid = 0
     save_state(state)
+    remove_faults(directory)
     return state
 
 
@@ -841,6 +846,7 @@ def add_broker(
     state.brokers.append(spec)
     start_process(spec, state)  # LauncherError for a busy port: nothing saved
     save_state(state)
+    sync_fault_nodes(state)  # its peers look its address up in faults.json's nodes
     try:
         wait_ready(state, timeout_s, expect=[spec])
     except LauncherError as err:
@@ -938,6 +944,7 @@ def remove_broker(directory: str, ident: str, timeout_s: float = 30.0) -> str:
         raise LauncherError(f"cannot remove {spec.label}: {err}") from None
     state.brokers.remove(spec)
     save_state(state)
+    sync_fault_nodes(state)
     return (
         f"removed {spec.label}: stopped, unregistered and dropped from the cluster "
         f"(its files stay in {pathlib.Path(spec.data_dir).parent})"
@@ -973,8 +980,17 @@ def _act_on(
             return f"{spec.label} is already {current} (pid {spec.pid})"
         start_process(spec, state)
         save_state(state)
+        started = f"started {spec.label} (pid {spec.pid}) on {spec.address}"
+        table = read_faults(state.dir, state)
+        if netfaults.touches(table, spec.name):
+            # It reads faults.json at start: cut off, it cannot register or join until healed.
+            cut_from = netfaults.labels(netfaults.peers(table, spec.name)) or "its clients"
+            return (
+                f"{started}; it is still cut from {cut_from}, so it cannot register or join "
+                "until `minibroker cluster heal`"
+            )
         wait_ready(state, timeout_s, expect=[spec])
-        return f"started {spec.label} (pid {spec.pid}) on {spec.address}"
+        return started
     if action == "restart":
         said = []
         if current != "stopped":
@@ -1035,6 +1051,179 @@ def status(directory: str = DEFAULT_DIR, ask_quorum: bool = True) -> dict[str, A
         "controllers": [row(c) for c in state.controllers],
         "brokers": [row(b) for b in state.brokers],
     }
+    try:
+        info["faults"] = read_faults(directory, state).to_json()
+    except LauncherError as err:
+        info["faults"] = {"error": str(err)}
     if ask_quorum:
         info["quorum"] = quorum_status(state).to_json()
     return info
+
+
+# -- network faults (SPEC-15 §2; the planning is in minibroker.deploy.netfaults) ----------------
+
+FAULTS_LOCK = "faults.lock"
+
+
+def faults_path(directory: str) -> pathlib.Path:
+    return pathlib.Path(directory) / netfaults.FILE_NAME
+
+
+def fault_nodes(state: ClusterState) -> list[netfaults.Node]:
+    return [
+        netfaults.Node(
+            name=s.name,
+            role=s.role,
+            number=s.node_id if s.role == "broker" else quorum.controller_index(s.node_id),
+            address=s.address,
+        )
+        for s in state.all()
+    ]
+
+
+def read_faults(directory: str, state: ClusterState | None = None) -> netfaults.FaultTable:
+    """The table in faults.json; the empty one (naming `state`'s nodes) when there is none.
+    LauncherError for a file that is not a fault table (`cluster heal` rewrites it)."""
+    path = faults_path(directory)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        table = netfaults.FaultTable()
+        return netfaults.with_nodes(table, fault_nodes(state)) if state is not None else table
+    try:
+        return netfaults.FaultTable.from_json(json.loads(text))
+    except (ValueError, netfaults.FaultError) as err:
+        raise LauncherError(
+            f"{path} is not a fault table ({err}); `minibroker cluster heal` rewrites it"
+        ) from None
+
+
+def write_faults(directory: str, table: netfaults.FaultTable, previous: int) -> None:
+    """Replace faults.json atomically with `table` at generation `previous` + 1 (the processes
+    poll it: they see the old file or the new one, never half of one)."""
+    path = faults_path(directory)
+    data = {**table.to_json(), "generation": previous + 1}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _update_faults(
+    directory: str,
+    change: Callable[[ClusterState, netfaults.FaultTable], tuple[netfaults.FaultTable, str]],
+    lenient: bool = False,
+) -> str:
+    """Read, change and write faults.json under a lock (two commands at once do not lose one
+    another's faults); returns the change's sentence. `lenient`: a bad file counts as empty."""
+    import fcntl
+
+    state = require_state(directory)
+    with open(pathlib.Path(directory) / FAULTS_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            table = read_faults(directory, state)
+        except LauncherError:
+            if not lenient:
+                raise
+            table = netfaults.FaultTable()
+        # The nodes map follows the cluster (brokers added or removed since it was written).
+        table = netfaults.with_nodes(table, fault_nodes(state))
+        try:
+            new, said = change(state, table)
+        except netfaults.FaultError as err:
+            raise LauncherError(str(err)) from None
+        write_faults(directory, new, table.generation)
+    return said
+
+
+def _active_name(state: ClusterState, idents: Iterable[str]) -> str | None:
+    """The active controller's name when one of `idents` says `controller` (asked now)."""
+    if not netfaults.needs_active(idents):
+        return None
+    if not state.is_quorum:
+        return state.controller.name
+    spec = active_controller(state)
+    return spec.name if spec is not None else None
+
+
+def partition(directory: str, groups: list[str]) -> str:
+    """Cut every node of each group (a comma list: `1`, `broker-2`, `controller` the active
+    one, `controller-2`, `controllers`, `brokers`) from every node of the other groups; nodes
+    in no group keep their links. Returns the sentence for the user."""
+
+    def change(
+        state: ClusterState, table: netfaults.FaultTable
+    ) -> tuple[netfaults.FaultTable, str]:
+        active = _active_name(state, groups)
+        resolved = netfaults.parse_groups(groups, fault_nodes(state), active)
+        return netfaults.plan_partition(
+            table, resolved, time.time(), active, netfaults.needs_active(groups)
+        )
+
+    return _update_faults(directory, change)
+
+
+def isolate(directory: str, ident: str, scope: str = "nodes") -> str:
+    """Cut one node from the controllers (`controller`), the brokers (`brokers`), both
+    (`nodes`), or both and its clients (`all`). Returns the sentence for the user."""
+
+    def change(
+        state: ClusterState, table: netfaults.FaultTable
+    ) -> tuple[netfaults.FaultTable, str]:
+        nodes = fault_nodes(state)
+        active = _active_name(state, [ident])
+        name = netfaults.resolve_one(ident, nodes, active)
+        named_active = netfaults.needs_active([ident])
+        return netfaults.plan_isolate(table, nodes, name, scope, time.time(), named_active)
+
+    return _update_faults(directory, change)
+
+
+def slow(directory: str, ident: str, delay_ms: int, loss: float = 0.0) -> str:
+    """Every link of one node: `delay_ms` one way per message, `loss` retransmitted."""
+    try:
+        netfaults.check_slow(delay_ms, loss)  # before asking the quorum anything
+    except netfaults.FaultError as err:
+        raise LauncherError(str(err)) from None
+
+    def change(
+        state: ClusterState, table: netfaults.FaultTable
+    ) -> tuple[netfaults.FaultTable, str]:
+        nodes = fault_nodes(state)
+        name = netfaults.resolve_one(ident, nodes, _active_name(state, [ident]))
+        node = next(n for n in nodes if n.name == name)
+        return netfaults.plan_slow(table, node, delay_ms, loss, time.time())
+
+    return _update_faults(directory, change)
+
+
+def heal(directory: str) -> str:
+    """Clear every fault (a malformed faults.json too)."""
+    return _update_faults(directory, lambda _state, table: netfaults.plan_heal(table), True)
+
+
+def current_faults(directory: str) -> dict[str, Any]:
+    """faults.json's content (the empty table when there is none)."""
+    return read_faults(directory, load_state(directory)).to_json()
+
+
+def reset_faults(state: ClusterState) -> None:
+    """`cluster up`: no fault (the empty table naming every process)."""
+    try:
+        previous = read_faults(state.dir).generation
+    except LauncherError:
+        previous = 0
+    table = netfaults.with_nodes(netfaults.FaultTable(), fault_nodes(state))
+    write_faults(state.dir, table, previous)
+
+
+def sync_fault_nodes(state: ClusterState) -> None:
+    """A broker was added or removed: faults.json names the cluster's processes now (faults on
+    a removed broker dropped); nothing to do without a file."""
+    if faults_path(state.dir).exists():
+        _update_faults(state.dir, lambda _state, table: (table, ""))
+
+
+def remove_faults(directory: str) -> None:
+    faults_path(directory).unlink(missing_ok=True)
+    (pathlib.Path(directory) / FAULTS_LOCK).unlink(missing_ok=True)

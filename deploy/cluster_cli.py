@@ -1,5 +1,5 @@
-"""`minibroker cluster up|status|kill|stop|pause|resume|start|down|logs|add-broker|remove-broker`:
-the local cluster.
+"""`minibroker cluster up|status|kill|stop|pause|resume|start|down|logs|add-broker|remove-broker|
+partition|isolate|slow|heal`: the local cluster.
 
 I/O shell over `minibroker.deploy.cluster`: parses flags, prints results in words a newcomer
 understands, and turns LauncherError into one line on stderr and exit status 1.
@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from minibroker.deploy import cluster as launcher
-from minibroker.deploy import quorum
+from minibroker.deploy import netfaults, quorum
 
 # `cluster up`'s quorum size for a new cluster: 3, like `make demo` and the compose file. The
 # local cluster exists to break things and watch them recover (`cluster kill`, `watch`); with one
@@ -126,6 +126,8 @@ def register(sub: Any) -> None:
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for each step")
     p.set_defaults(func=_remove_broker)
 
+    register_faults(csub)
+
     p = csub.add_parser("down", help="stop everything (brokers first, controlled)")
     p.set_defaults(func=_down)
 
@@ -154,6 +156,95 @@ def _guard(fn: Any) -> Any:
             return 2
 
     return wrapped
+
+
+NODE_HELP = (
+    "a broker id (1) or broker-1, controller-N, or 'controller' (the active controller, asked now)"
+)
+
+
+def register_faults(csub: Any) -> None:
+    """partition / isolate / slow / heal: network faults between the cluster's processes."""
+    p = csub.add_parser(
+        "partition",
+        help="cut the network between groups of processes",
+        description="Cut every process of each group from every process of the other groups "
+        "(both ways; a cut link is silence: calls hang until their deadline, as in a real "
+        "partition). A group is a comma list of broker ids (1 or broker-1), controller-N, "
+        "'controller' (the active controller now), 'controllers' or 'brokers' (all of them). "
+        "Processes in no group keep every link; clients still reach every process. Faults add "
+        "up until `cluster heal`. Example: `cluster partition 1 2,3,controller` (broker 1 "
+        "alone, the rest with the active controller).",
+    )
+    p.add_argument("groups", nargs="+", metavar="GROUP", help="two or more comma lists")
+    p.set_defaults(func=_partition)
+
+    p = csub.add_parser(
+        "isolate",
+        help="cut one process from the others (clients still reach it unless --from all)",
+        description="Cut one process from the controllers, the brokers, or both; with "
+        "--from all its server also holds every incoming call, its clients' too. Faults add "
+        "up until `cluster heal`.",
+    )
+    p.add_argument("id", help=NODE_HELP)
+    p.add_argument(
+        "--from",
+        dest="scope",
+        choices=netfaults.SCOPES,
+        default="nodes",
+        help="controller: cut from every controller (a controller: from the other "
+        "controllers); brokers: from every other broker (a controller: from every broker); "
+        "nodes: both (default); all: both, and its clients cannot reach it either",
+    )
+    p.set_defaults(func=_isolate)
+
+    p = csub.add_parser(
+        "slow",
+        help="add delay and loss to every link of one process",
+        description="Every link between the process and another process gets --delay-ms one "
+        "way per message (round trip twice that; both ends slow: delays add) and --loss: each "
+        "message is lost with that probability and retransmitted TCP-like (after 200 ms, "
+        "doubling per consecutive loss): slow, never dropped. Replaces the process's previous "
+        "slow setting; `cluster heal` clears it.",
+    )
+    p.add_argument("id", help=NODE_HELP)
+    p.add_argument("--delay-ms", type=int, required=True, help="one-way delay per message")
+    p.add_argument(
+        "--loss", type=float, default=0.0, help="probability a message is lost, in [0, 1)"
+    )
+    p.set_defaults(func=_slow)
+
+    p = csub.add_parser(
+        "heal",
+        help="clear every network fault",
+        description="Open every cut link and remove every delay; held messages are delivered "
+        "in order, as TCP would after a partition heals.",
+    )
+    p.set_defaults(func=_heal)
+
+
+@_guard
+def _partition(args: argparse.Namespace) -> int:
+    print(launcher.partition(args.dir, args.groups))
+    return 0
+
+
+@_guard
+def _isolate(args: argparse.Namespace) -> int:
+    print(launcher.isolate(args.dir, args.id, args.scope))
+    return 0
+
+
+@_guard
+def _slow(args: argparse.Namespace) -> int:
+    print(launcher.slow(args.dir, args.id, args.delay_ms, args.loss))
+    return 0
+
+
+@_guard
+def _heal(args: argparse.Namespace) -> int:
+    print(launcher.heal(args.dir))
+    return 0
 
 
 @_guard
@@ -227,7 +318,21 @@ def status_lines(info: dict[str, Any]) -> list[str]:
     if "quorum" in info:
         lines.append("")
         lines += quorum.render_quorum(quorum_status_from_json(info["quorum"]))
+    if "faults" in info:
+        lines.append("")
+        lines += fault_lines(info["faults"])
     return lines
+
+
+def fault_lines(data: dict[str, Any]) -> list[str]:
+    """The network faults set, from `status()`'s "faults" (faults.json's content)."""
+    if "error" in data:
+        return [f"network: {data['error']}"]
+    try:
+        table = netfaults.FaultTable.from_json(data)
+    except netfaults.FaultError as err:
+        return [f"network: faults.json unreadable ({err})"]
+    return netfaults.describe(table)
 
 
 def quorum_status_from_json(data: dict[str, Any]) -> quorum.QuorumStatus:

@@ -58,6 +58,7 @@ class EventKind(StrEnum):
     PROCESS = "process"
     CONTROLLER_ELECTION = "ctrl-election"
     CONTROLLER_RESIGNED = "ctrl-resigned"
+    NETWORK = "network"
 
 
 @dataclass(frozen=True, slots=True)

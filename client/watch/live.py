@@ -1,7 +1,7 @@
 """The I/O loop of `minibroker watch`: polls the cluster, follows the metadata log, redraws.
 
-Does network I/O (grpc.aio), reads files (the local launcher's `cluster.json`, `/proc/<pid>/stat`
-and `cmdline`) and writes to the terminal (rich). Event-loop thread
+Does network I/O (grpc.aio), reads files (the local launcher's `cluster.json` and `faults.json`,
+`/proc/<pid>/stat` and `cmdline`) and writes to the terminal (rich). Event-loop thread
 only; the `WatchModel` it feeds is owned by this loop.
 
 Three activities share the model:
@@ -40,11 +40,13 @@ from minibroker.client.watch.observations import (
     CONTROLLER,
     BrokerAddress,
     ClusterInfo,
+    FaultsInfo,
     FollowerReport,
     ProcessInfo,
     QuorumAnswer,
     ReplicaReport,
     TruncationReport,
+    faults_from_json,
     merge_quorum_answers,
 )
 from minibroker.client.watch.render import render
@@ -53,6 +55,7 @@ from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
 CLUSTER_FILE = "cluster.json"
+FAULTS_FILE = "faults.json"  # the launcher's network faults (deploy/netfaults.py)
 RECONNECT_DELAY_S = 0.25
 
 
@@ -145,6 +148,22 @@ def read_cluster_file(cluster_dir: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def read_faults_file(cluster_dir: str) -> FaultsInfo | None:
+    """The launcher's faults.json: no file is no fault (`FaultsInfo()`); None when it cannot be
+    read as a fault table (hand-edited: the processes keep their last table, so does `watch`).
+    The launcher replaces it atomically: a half-written file is never seen."""
+    try:
+        text = (pathlib.Path(cluster_dir) / FAULTS_FILE).read_text()
+    except FileNotFoundError:
+        return FaultsInfo()
+    except OSError:
+        return None
+    try:
+        return faults_from_json(json.loads(text))
+    except ValueError:
+        return None
+
+
 def local_process_state(pid: int, data_dir: str) -> str:
     """running / paused / stopped, the way the launcher judges it: a PID counts only while its
     command line still names the process's data dir (the kernel may have reused the PID)."""
@@ -221,6 +240,9 @@ class Watcher:
         except (TypeError, ValueError, AttributeError):
             # A hand-edited or half-migrated file: keep the last good view rather than stop.
             return
+        faults = read_faults_file(self.options.cluster_dir)
+        if faults is not None:
+            self.model.observe_faults(faults, self._clock())
 
     def _apply_local(self, data: dict[str, Any]) -> None:
         controllers = data.get("controllers")
@@ -530,6 +552,7 @@ __all__ = [
     "options_for",
     "quorum_answer_from_pb",
     "read_cluster_file",
+    "read_faults_file",
     "replica_reports_from_pb",
     "truncation_from_pb",
     "watch",

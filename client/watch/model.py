@@ -16,7 +16,10 @@ and `render` draws the rows (`minibroker.client.watch.rows`) and the timeline it
   for the header, and a controller election or resignation on the timeline when they change
   between two looks; a `LeaderChangeRecord` in the metadata log is the same election, with the
   time it was written (each (leader, epoch) is put on the timeline once, whichever comes first);
-- the local launcher's process states (`observe_processes`): running, paused (SIGSTOP), stopped.
+- the local launcher's process states (`observe_processes`): running, paused (SIGSTOP), stopped;
+- the local launcher's network faults (`observe_faults`, from `faults.json`): each command that set
+  one is an event at the time it was given ("broker 1 isolated from every other node"), and a
+  table that had faults and has none is "network healed" at the look that saw it.
 
 Times are wall-clock milliseconds (`now_ms` comes in from the caller), because timeline entries
 from the controller's records and from the brokers' truncations carry wall-clock times too.
@@ -43,6 +46,7 @@ from minibroker.client.watch.observations import (
     BrokerAddress,
     BrokerProbe,
     ClusterInfo,
+    FaultsInfo,
     ProcessInfo,
     QuorumInfo,
     Reachability,
@@ -84,6 +88,8 @@ class WatchModel:
         self._quorum_seen: tuple[int, int] | None = None
         self._last_led: tuple[int, int] | None = None  # the last (leader, epoch) with a leader
         self._elections_shown: set[tuple[int, int]] = set()
+        self.faults: FaultsInfo | None = None  # None: not a local cluster (or no look yet)
+        self._fault_events_shown: set[tuple[int, str]] = set()
 
     # -- timeline -----------------------------------------------------------------------------
 
@@ -305,6 +311,26 @@ class WatchModel:
                     broker_id=None if is_controller_key(key) else int_or_none(key),
                 )
             )
+
+    def observe_faults(self, current: FaultsInfo, now_ms: int) -> None:
+        """The launcher's fault table as just read (no file: `FaultsInfo()`, no fault).
+        Commands not shown yet become events at their own times; faults gone since the last
+        look are "network healed"."""
+        before = self.faults
+        self.faults = current
+        for at_ms, text in current.events:
+            if (at_ms, text) in self._fault_events_shown:
+                continue
+            self._fault_events_shown.add((at_ms, text))
+            self.add_event(ClusterEvent(at_ms, EventKind.NETWORK, text))
+        if before is not None and before.active and not current.active:
+            self.add_event(ClusterEvent(now_ms, EventKind.NETWORK, "network healed"))
+
+    def fault_texts(self) -> list[str]:
+        """The faults set now, in words (empty: none)."""
+        if self.faults is None or not self.faults.active:
+            return []
+        return [text for _, text in self.faults.events] or ["network faults set"]
 
     # -- queries for the renderer -------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """What `watch` observes of the cluster besides the metadata log: the brokers' DescribeReplicas
 answers (replica states and truncations), the controller's DescribeCluster answer, the controller
-quorum's DescribeQuorum answers, the local launcher's processes, and whether each process
-answered. Plain values; pure.
+quorum's DescribeQuorum answers, the local launcher's processes and network faults
+(`faults.json`), and whether each process answered. Plain values; pure.
 """
 
 from __future__ import annotations
@@ -44,6 +44,31 @@ class QuorumInfo:
     why_no_leader: str = ""
     voters: int = 0
     answered: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FaultsInfo:
+    """The local launcher's network faults (`faults.json`, deploy/netfaults.py): whether any is
+    set, and the sentences of the commands that set them, (wall-clock ms, text) oldest first."""
+
+    generation: int = 0
+    active: bool = False
+    events: tuple[tuple[int, str], ...] = ()
+
+
+def faults_from_json(data: object) -> FaultsInfo | None:
+    """faults.json's content as `watch` needs it; None for anything that is not a fault table
+    (the processes ignore such a file too)."""
+    if not isinstance(data, dict) or data.get("version") != 1:
+        return None
+    try:
+        active = bool(data.get("cut") or data.get("no_clients") or data.get("slow"))
+        events = tuple(
+            (round(float(e["at"]) * 1000), str(e["text"])) for e in data.get("events") or []
+        )
+        return FaultsInfo(int(data.get("generation") or 0), active, events)
+    except (TypeError, ValueError, KeyError):
+        return None
 
 
 def merge_quorum_answers(answers: Sequence[QuorumAnswer], asked: int) -> QuorumInfo | None:

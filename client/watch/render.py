@@ -44,6 +44,7 @@ _EVENT_STYLES = {
     EventKind.PROCESS: "blue",
     EventKind.CONTROLLER_ELECTION: "bold cyan",
     EventKind.CONTROLLER_RESIGNED: "bold red",
+    EventKind.NETWORK: "bold magenta",
 }
 
 _BROKER_STATUS_STYLES = {
@@ -139,6 +140,11 @@ def _header(model: WatchModel, now_ms: int, rows: list[PartitionRow]) -> Text:
     high = max(model.high_offset, model.image.next_offset)
     text.append(f"  metadata offset {model.image.next_offset}/{high}\n")
     _quorum_line(model, text)
+    faults = model.fault_texts()
+    if faults:
+        text.append("network faults: ", style="bold magenta")
+        text.append("; ".join(faults), style="magenta")
+        text.append("  (`minibroker cluster heal` clears them)\n")
     offline = sum(1 for r in rows if r.offline)
     under_min = sum(1 for r in rows if r.under_min_isr)
     under = sum(1 for r in rows if r.under_replicated)

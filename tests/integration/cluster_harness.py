@@ -89,6 +89,24 @@ class LocalCluster:
         launcher.act(self.directory, "start", str(ident))
         self.reload()
 
+    # Network faults (SPEC-15 §2): faults.json, which every process polls; they add up until
+    # heal(). Each returns the launcher's sentence.
+
+    def partition(self, *groups: str | int) -> str:
+        return launcher.partition(self.directory, [str(g) for g in groups])
+
+    def isolate(self, ident: str | int, scope: str = "nodes") -> str:
+        return launcher.isolate(self.directory, str(ident), scope)
+
+    def slow(self, ident: str | int, delay_ms: int, loss: float = 0.0) -> str:
+        return launcher.slow(self.directory, str(ident), delay_ms, loss)
+
+    def heal(self) -> str:
+        return launcher.heal(self.directory)
+
+    def faults(self) -> dict[str, Any]:
+        return launcher.current_faults(self.directory)
+
     def log_tail(self, ident: str | int, lines: int = 40) -> str:
         return launcher.read_log_tail(self.spec(ident).log_file, lines)
 

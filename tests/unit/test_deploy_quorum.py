@@ -85,12 +85,18 @@ def test_plan_with_free_ports_names_every_port_up_front() -> None:
     ]
 
 
+def launcher_sets(cmd: list[str]) -> list[str]:
+    return [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
+
+
 def test_single_controller_keeps_todays_layout_and_command() -> None:
     state = plan(1)
     assert state.cluster_id == ""
     assert state.controller.node_id == 1000 and state.controller.port == 9192
     cmd = launcher.command_for(state.controller, state)
-    assert "--node-id" not in cmd and "--set" not in cmd
+    assert "--node-id" not in cmd
+    # Only the fault table every process polls (SPEC-15): no quorum setting.
+    assert all(s.startswith("network.faults.") for s in launcher_sets(cmd))
     broker = launcher.command_for(state.brokers[0], state)
     assert broker[broker.index("--controller") + 1] == "127.0.0.1:9192"
 
@@ -100,7 +106,7 @@ def test_quorum_commands() -> None:
     state.controllers[1].settings["controller.quorum.voters"] = "1@wrong:1"  # the launcher wins
     cmd = launcher.command_for(state.controllers[1], state)
     assert cmd[cmd.index("--node-id") + 1] == "1001"
-    sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
+    sets = [s for s in launcher_sets(cmd) if not s.startswith("network.faults.")]
     assert sets == [f"cluster.id={state.cluster_id}", f"controller.quorum.voters={state.voters}"]
     broker = launcher.command_for(state.brokers[0], state)
     assert broker[broker.index("--controller") + 1] == state.controller_bootstrap
