@@ -42,6 +42,7 @@ from minibroker.client.common import metrics as metrics_server
 from minibroker.client.common import runtime
 from minibroker.client.common.grpc_limits import LimitsInterceptor, RequestBudget
 from minibroker.client.common.limits import ServerLimits
+from minibroker.client.common.netfaults import NetFaults, server_interceptors
 from minibroker.client.errors import MiniBrokerError
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
@@ -101,7 +102,11 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
     if config["metrics.port"] >= 0:
         metrics_port = metrics_server.serve(metrics.registry, config["metrics.port"])
 
-    rm = ReplicaManager(config, log_manager, metrics, config.controller)
+    # The launcher's network faults (nothing installed unless it set network.faults.file).
+    faults = NetFaults.from_config(config)
+    if faults is not None:
+        faults.start()
+    rm = ReplicaManager(config, log_manager, metrics, config.controller, faults)
     try:
         rm.load_existing_logs()
     except Exception as err:
@@ -116,7 +121,8 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
     budget = RequestBudget(limits.queued_max_request_bytes)
     interceptor = LimitsInterceptor(limits, budget)
     server = grpc.aio.server(
-        options=server_options(limits), interceptors=[interceptor] if interceptor.enabled else []
+        options=server_options(limits),
+        interceptors=([interceptor] if interceptor.enabled else []) + server_interceptors(faults),
     )
     host, port = config.listen
     bound = server.add_insecure_port(f"{host}:{port}")
@@ -139,6 +145,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         on_metadata=rm.apply_metadata_batch,
         metadata_offset=rm.metadata_offset,
         applied_offset=rm.applied_metadata_offset,
+        faults=faults,
     )
     rm.attach(link)
     servicer = BrokerServicer(
@@ -205,6 +212,8 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         await rm.stop()
         await server.stop(grace=1.0)
         await link.close()
+        if faults is not None:
+            faults.close()
         if rm.log_dir_failure is not None:
             # Not one more write to a failed dir (no flush, no checkpoints, no marker): the
             # files close when the process exits, and the next start recovers the logs.

@@ -49,6 +49,7 @@ from typing import Any
 import grpc
 
 from minibroker.client.common.log import get_logger
+from minibroker.client.common.netfaults import NetFaults, aio_interceptors, intercept_sync
 from minibroker.client.controller_finder import (
     SEARCH_BACKOFF_S,
     ControllerFinder,
@@ -103,6 +104,7 @@ class ControllerLink:
         on_metadata: Callable[[pb.MetadataBatch], Awaitable[None]],
         metadata_offset: Callable[[], int],
         applied_offset: Callable[[], int] | None = None,
+        faults: NetFaults | None = None,
     ) -> None:
         """`metadata_offset()`: where the watch resumes (the next offset not in the image).
         `applied_offset()`: the next offset whose batch is not fully acted on yet, which the
@@ -111,6 +113,7 @@ class ControllerLink:
         `controllers`: every configured controller ("host:port"); `controller`: the one
         controller (before the quorum), used when `controllers` is empty."""
         self.broker_id = broker_id
+        self._faults = faults
         self.incarnation_id = uuid.uuid4().hex
         if not controllers:
             if controller is None:
@@ -162,7 +165,11 @@ class ControllerLink:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            channel = grpc.aio.insecure_channel(
+                address,
+                options=_CHANNEL_OPTIONS,
+                interceptors=aio_interceptors(self._faults, address),
+            )
             self._channels[address] = channel
         return channel
 
@@ -390,7 +397,9 @@ class ControllerLink:
         loop = asyncio.get_running_loop()
         channel = self._heartbeat_channels.get(target)
         if channel is None:
-            channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            channel = intercept_sync(
+                grpc.insecure_channel(target, options=_CHANNEL_OPTIONS), self._faults, target
+            )
             self._heartbeat_channels[target] = channel
         self._heartbeat_stub = pb_grpc.ControllerServiceStub(channel)
         self._heartbeat_target = target

@@ -34,9 +34,12 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
+
+if TYPE_CHECKING:
+    from minibroker.client.common.netfaults import NetFaults
 
 _ID_MASK = 0x7FFFFFFF  # correlation ids are int32 on the wire
 # Kafka's client default for connections.max.idle.ms, below the broker's 600000.
@@ -53,7 +56,17 @@ class _OpenStream:
     """One bidirectional call, the requests waiting to be written on it (in order) and the
     requests waiting for an answer on it (every queued request is also pending)."""
 
-    __slots__ = ("call", "last_used", "messages", "outbox", "pending", "reader", "wakeup", "writer")
+    __slots__ = (
+        "call",
+        "last_used",
+        "messages",
+        "outbox",
+        "pending",
+        "read_held",
+        "reader",
+        "wakeup",
+        "writer",
+    )
 
     def __init__(self, call: Any, now: float) -> None:
         self.call = call
@@ -66,6 +79,8 @@ class _OpenStream:
         self.wakeup: asyncio.Future[None] | None = None
         self.reader: asyncio.Task[None] | None = None
         self.writer: asyncio.Task[None] | None = None
+        # Set while the reader holds an answer on a cut link (client/common/netfaults.py).
+        self.read_held = False
 
     def fail_all(self, err: BaseException) -> None:
         self.outbox.clear()
@@ -101,9 +116,19 @@ def _too_large_size(err: BaseException) -> int | None:
 class RequestStream:
     """Requests to one broker on one stream method (e.g. `stub.FetchStream`)."""
 
-    def __init__(self, method: Any, address: str, *, idle_ms: int = CLIENT_IDLE_MS) -> None:
+    def __init__(
+        self,
+        method: Any,
+        address: str,
+        *,
+        idle_ms: int = CLIENT_IDLE_MS,
+        faults: NetFaults | None = None,
+    ) -> None:
         self._method = method
         self.address = address
+        # The network fault layer (None: not installed): each message written and each answer
+        # read waits while the link to `address` is cut, and for its delay while it is slow.
+        self._faults = faults
         self._idle_s = idle_ms / 1000
         self._open: _OpenStream | None = None
         self._next_id = 0
@@ -179,6 +204,10 @@ class RequestStream:
         writer = stream.writer
         if writer is not None and writer is not asyncio.current_task():
             writer.cancel()
+        # An answer held on a cut link is never handed over once the stream is given up.
+        reader = stream.reader
+        if stream.read_held and reader is not None and reader is not asyncio.current_task():
+            reader.cancel()
 
     def _expire(self, stream: _OpenStream, cid: int) -> None:
         future = stream.pending.pop(cid, None)
@@ -198,6 +227,7 @@ class RequestStream:
     async def _write(self, stream: _OpenStream) -> None:
         err: BaseException
         outbox = stream.outbox
+        faults = self._faults
         try:
             while True:
                 if not outbox:
@@ -205,6 +235,10 @@ class RequestStream:
                     await stream.wakeup
                     stream.wakeup = None
                     continue
+                if faults is not None and faults.active is not None:
+                    # Held here, the request stays first in the outbox (order kept); its own
+                    # timeout still runs, and cancels this writer when it fires.
+                    await faults.hold(self.address)
                 await stream.call.write(outbox.popleft())
         except grpc.aio.AioRpcError as rpc_err:
             err = rpc_err
@@ -221,9 +255,14 @@ class RequestStream:
 
     async def _read(self, stream: _OpenStream) -> None:
         err: BaseException
+        faults = self._faults
         try:
             while True:
                 answer = await stream.call.read()
+                if faults is not None and faults.active is not None:
+                    stream.read_held = True
+                    await faults.hold(self.address)
+                    stream.read_held = False
                 if answer is grpc.aio.EOF:
                     err = rpc_error(grpc.StatusCode.UNAVAILABLE, f"{self.address} ended the stream")
                     break
@@ -232,6 +271,15 @@ class RequestStream:
                     future.set_result(answer)
         except grpc.aio.AioRpcError as rpc_err:
             err = rpc_err
+            if faults is not None and faults.active is not None and self._open is stream:
+                # A broken stream is news from the peer too: none gets through a cut link.
+                stream.read_held = True
+                try:
+                    await faults.hold(self.address)
+                except asyncio.CancelledError:
+                    err = rpc_error(
+                        grpc.StatusCode.CANCELLED, f"stream to {self.address} cancelled"
+                    )
         except asyncio.CancelledError:
             err = rpc_error(grpc.StatusCode.CANCELLED, f"stream to {self.address} cancelled")
         except Exception as other:

@@ -36,6 +36,7 @@ from minibroker.client.common import metrics as common_metrics
 from minibroker.client.common import runtime
 from minibroker.client.common.grpc_limits import LimitsInterceptor, RequestBudget
 from minibroker.client.common.log import get_logger
+from minibroker.client.common.netfaults import NetFaults, server_interceptors
 from minibroker.controller.config import ControllerConfig, normalised_voters
 from minibroker.controller.core.controller import ControllerCore
 from minibroker.controller.core.messages import Outcome
@@ -149,6 +150,7 @@ class ControllerApp:
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._fatal_event = asyncio.Event()
+        self.faults: NetFaults | None = None
 
     @property
     def core(self) -> ControllerCore:
@@ -233,9 +235,14 @@ class ControllerApp:
         host, port = _split_listen(self.config["listeners"])
         limits = self.config.limits
         interceptor = LimitsInterceptor(limits, RequestBudget(limits.queued_max_request_bytes))
+        # The launcher's network faults (nothing installed unless it set network.faults.file).
+        self.faults = NetFaults.from_config(self.config)
+        if self.faults is not None:
+            self.faults.start()
         server = grpc.aio.server(
             options=SERVER_OPTIONS + limits.grpc_options(),
-            interceptors=[interceptor] if interceptor.enabled else [],
+            interceptors=([interceptor] if interceptor.enabled else [])
+            + server_interceptors(self.faults),
         )
         pb_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(self), server)
         pb_grpc.add_QuorumServiceServicer_to_server(QuorumServicer(self), server)
@@ -253,6 +260,7 @@ class ControllerApp:
             raft_log=self.raft_log,
             listener=self,
             header_voters=normalised_voters(voters),
+            faults=self.faults,
         )
         await self.quorum.start()
         self._tasks = [
@@ -292,6 +300,8 @@ class ControllerApp:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.quorum is not None:
             await self.quorum.stop()
+        if self.faults is not None:
+            self.faults.close()
         while not self._queue.empty():
             _, future = self._queue.get_nowait()
             if future is not None and not future.done():

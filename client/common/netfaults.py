@@ -374,6 +374,8 @@ class NetFaults:
         self._aio_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Messages held right now on a cut link or by `no_clients` (for tests and the logs).
+        self.held = 0
 
     @classmethod
     def from_config(cls, config: Any) -> NetFaults | None:
@@ -537,9 +539,11 @@ class NetFaults:
             waits: set[asyncio.Future[Any]] = {changed}
             if done is not None:
                 waits.add(done)
+            self.held += 1
             try:
-                await asyncio.wait(waits, timeout=remaining)
+                await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
             finally:
+                self.held -= 1
                 changed.cancel()
         return True
 
@@ -572,7 +576,11 @@ class NetFaults:
                     raise HeldCallError(
                         grpc.StatusCode.DEADLINE_EXCEEDED, _deadline_details(address)
                     )
-                self._cond.wait(remaining)
+                self.held += 1
+                try:
+                    self._cond.wait(remaining)
+                finally:
+                    self.held -= 1
         delay = self._message_delay_s(address)
         if delay <= 0:
             return
@@ -613,25 +621,16 @@ def _cancelled_future(call: Any) -> asyncio.Future[None]:
     return future
 
 
-class _AioFaults(
-    grpc.aio.UnaryUnaryClientInterceptor,
-    grpc.aio.UnaryStreamClientInterceptor,
-    grpc.aio.StreamUnaryClientInterceptor,
-    grpc.aio.StreamStreamClientInterceptor,
-):
-    """Holds the messages of every call on one channel (to `address`)."""
+class _AioLink:
+    """Holds the messages of every call on one channel (to `address`). grpc.aio files each
+    interceptor under one kind of call only, so each kind has its own class below."""
 
     def __init__(self, faults: NetFaults, address: str) -> None:
         self._faults = faults
         self._address = address
 
-    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+    async def _unary_response(self, call: Any, deadline: float | None) -> Any:
         faults = self._faults
-        deadline = _deadline(details.timeout)
-        if faults.active is not None:
-            await faults.hold(self._address, deadline)
-            details = _remaining(details, deadline)
-        call = await continuation(details, request)
         try:
             response = await call
         except grpc.aio.AioRpcError:
@@ -641,36 +640,6 @@ class _AioFaults(
         if faults.active is not None:
             await faults.hold(self._address, deadline)
         return response
-
-    async def intercept_stream_unary(
-        self, continuation: Any, details: Any, request_iterator: Any
-    ) -> Any:
-        deadline = _deadline(details.timeout)
-        call = await continuation(details, self._held_requests(request_iterator, deadline))
-        try:
-            response = await call
-        except grpc.aio.AioRpcError:
-            if self._faults.active is not None:
-                await self._faults.hold(self._address, deadline)
-            raise
-        if self._faults.active is not None:
-            await self._faults.hold(self._address, deadline)
-        return response
-
-    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        faults = self._faults
-        deadline = _deadline(details.timeout)
-        if faults.active is not None:
-            await faults.hold(self._address, deadline)
-            details = _remaining(details, deadline)
-        return self._held_responses(await continuation(details, request), deadline)
-
-    async def intercept_stream_stream(
-        self, continuation: Any, details: Any, request_iterator: Any
-    ) -> Any:
-        deadline = _deadline(details.timeout)
-        call = await continuation(details, self._held_requests(request_iterator, deadline))
-        return self._held_responses(call, deadline)
 
     async def _held_requests(self, requests: Any, deadline: float | None) -> AsyncIterator[Any]:
         faults = self._faults
@@ -714,12 +683,51 @@ class _AioFaults(
                 cancelled.cancel()
 
 
+class _AioUnaryUnary(_AioLink, grpc.aio.UnaryUnaryClientInterceptor):
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        deadline = _deadline(details.timeout)
+        if self._faults.active is not None:
+            await self._faults.hold(self._address, deadline)
+            details = _remaining(details, deadline)
+        return await self._unary_response(await continuation(details, request), deadline)
+
+
+class _AioStreamUnary(_AioLink, grpc.aio.StreamUnaryClientInterceptor):
+    async def intercept_stream_unary(
+        self, continuation: Any, details: Any, request_iterator: Any
+    ) -> Any:
+        deadline = _deadline(details.timeout)
+        call = await continuation(details, self._held_requests(request_iterator, deadline))
+        return await self._unary_response(call, deadline)
+
+
+class _AioUnaryStream(_AioLink, grpc.aio.UnaryStreamClientInterceptor):
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        deadline = _deadline(details.timeout)
+        if self._faults.active is not None:
+            await self._faults.hold(self._address, deadline)
+            details = _remaining(details, deadline)
+        return self._held_responses(await continuation(details, request), deadline)
+
+
+class _AioStreamStream(_AioLink, grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(
+        self, continuation: Any, details: Any, request_iterator: Any
+    ) -> Any:
+        deadline = _deadline(details.timeout)
+        call = await continuation(details, self._held_requests(request_iterator, deadline))
+        return self._held_responses(call, deadline)
+
+
 _END = object()
 
 
 def aio_interceptors(faults: NetFaults | None, address: str) -> list[Any]:
     """The interceptors for a grpc.aio channel to `address` (none without a fault layer)."""
-    return [] if faults is None else [_AioFaults(faults, address)]
+    if faults is None:
+        return []
+    kinds = (_AioUnaryUnary, _AioUnaryStream, _AioStreamUnary, _AioStreamStream)
+    return [kind(faults, address) for kind in kinds]
 
 
 # -- synchronous client side --------------------------------------------------------------

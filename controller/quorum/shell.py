@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import grpc
 
 from minibroker.client.common.log import get_logger
+from minibroker.client.common.netfaults import NetFaults, aio_interceptors
 from minibroker.controller.quorum import wire as qwire
 from minibroker.controller.quorum.core import QuorumCore
 from minibroker.controller.quorum.messages import (
@@ -135,8 +136,10 @@ class QuorumShell:
         raft_log: RaftLog,
         listener: QuorumListener,
         header_voters: str,
+        faults: NetFaults | None = None,
     ) -> None:
         self.settings = settings
+        self._faults = faults
         self.node_id = settings.node_id
         self.voters = {v.voter_id: v for v in voters}
         self.cluster_id = cluster_id
@@ -223,8 +226,11 @@ class QuorumShell:
         )
         for voter in self.voters.values():
             if voter.voter_id != self.node_id:
+                address = f"{voter.host}:{voter.port}"
                 channel = grpc.aio.insecure_channel(
-                    f"{voter.host}:{voter.port}", options=CHANNEL_OPTIONS
+                    address,
+                    options=CHANNEL_OPTIONS,
+                    interceptors=aio_interceptors(self._faults, address),
                 )
                 self._channels.append(channel)
                 self._stubs[voter.voter_id] = pb_grpc.QuorumServiceStub(channel)

@@ -1,0 +1,395 @@
+"""The network fault layer on real gRPC calls (client/common/netfaults.py): an in-process
+grpc.aio server on 127.0.0.1 (any port) with a small servicer of our ControllerService and
+BrokerService methods, and clients through aio and synchronous channels with the layer.
+
+A cut link holds a call (nothing reaches the server) until heal, then it is answered; with a
+deadline it fails with DEADLINE_EXCEEDED; streams hold messages in both directions and deliver
+them in order after heal; cancelling a held call ends it; a slow link adds its delay each way;
+`no_clients` holds calls at the server. No fixed sleeps: "held" is seen through the layer's count
+of held messages, waited on with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from minibroker.client.common.netfaults import (
+    NetFaults,
+    aio_interceptors,
+    intercept_sync,
+    parse_faults,
+    server_interceptors,
+)
+from minibroker.client.stream import RequestStream
+from minibroker.proto import minibroker_pb2 as pb
+from minibroker.proto import minibroker_pb2_grpc as pb_grpc
+
+WAIT_S = 10.0
+
+
+class Servicer(pb_grpc.ControllerServiceServicer, pb_grpc.BrokerServiceServicer):
+    """Records what reached it; `gate` (when set) holds answers until released."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.heartbeats: list[int] = []
+        self.fetches: list[int] = []
+        self.batches: asyncio.Queue[int] = asyncio.Queue()
+        self.gate: asyncio.Event | None = None
+
+    async def DescribeCluster(self, request: Any, context: Any) -> pb.DescribeClusterResponse:
+        self.calls += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        return pb.DescribeClusterResponse(cluster_id="c1", metadata_offset=self.calls)
+
+    async def Heartbeat(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        async for request in request_iterator:
+            self.heartbeats.append(request.broker_epoch)
+            if self.gate is not None:
+                await self.gate.wait()
+            yield pb.BrokerHeartbeatResponse(error_message=str(request.broker_epoch))
+
+    async def WatchMetadata(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        while True:
+            offset = await self.batches.get()
+            yield pb.MetadataBatch(high_offset=offset)
+
+    async def FetchStream(self, request_iterator: Any, context: Any) -> None:
+        # As broker/service.py serves it: context.read() and context.write().
+        while True:
+            request = await context.read()
+            if request is grpc.aio.EOF:
+                return
+            self.fetches.append(request.correlation_id)
+            if self.gate is not None:
+                await self.gate.wait()
+            await context.write(pb.FetchResponse(correlation_id=request.correlation_id))
+
+
+def table(port: int, **fields: Any) -> Any:
+    return parse_faults(
+        json.dumps(
+            {
+                "version": 1,
+                "generation": 1,
+                "nodes": {"broker-1": "127.0.0.1:1", "controller-1": f"127.0.0.1:{port}"},
+                **fields,
+            }
+        )
+    )
+
+
+CUT = {"cut": [["broker-1", "controller-1"]]}
+
+
+async def eventually(predicate: Callable[[], Any], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+class Env:
+    def __init__(self, port: int, servicer: Servicer, server_faults: NetFaults) -> None:
+        self.port = port
+        self.address = f"127.0.0.1:{port}"
+        self.servicer = servicer
+        self.server_faults = server_faults
+        self.faults = NetFaults("unused", "broker-1")  # the client's layer, set by hand
+        self.channels: list[Any] = []
+
+    def cut(self) -> None:
+        self.faults.set_table(table(self.port, **CUT))
+
+    def heal(self) -> None:
+        self.faults.set_table(table(self.port))
+
+    def aio_stub(self, layered: bool = True) -> Any:
+        faults = self.faults if layered else None
+        channel = grpc.aio.insecure_channel(
+            self.address, interceptors=aio_interceptors(faults, self.address)
+        )
+        self.channels.append(channel)
+        return pb_grpc.ControllerServiceStub(channel)
+
+    def sync_stub(self) -> Any:
+        channel = intercept_sync(grpc.insecure_channel(self.address), self.faults, self.address)
+        self.channels.append(channel)
+        return pb_grpc.ControllerServiceStub(channel)
+
+    def fetch_stream(self, layered: bool = True) -> RequestStream:
+        channel = grpc.aio.insecure_channel(self.address)
+        self.channels.append(channel)
+        return RequestStream(
+            pb_grpc.BrokerServiceStub(channel).FetchStream,
+            self.address,
+            faults=self.faults if layered else None,
+        )
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    servicer = Servicer()
+    server_faults = NetFaults("unused", "controller-1")
+    server = grpc.aio.server(interceptors=server_interceptors(server_faults))
+    pb_grpc.add_ControllerServiceServicer_to_server(servicer, server)
+    pb_grpc.add_BrokerServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    e = Env(port, servicer, server_faults)
+    try:
+        yield e
+    finally:
+        for channel in e.channels:
+            closed = channel.close()
+            if asyncio.iscoroutine(closed):
+                await closed
+        await server.stop(grace=None)
+
+
+# -- aio channels -------------------------------------------------------------------------
+
+
+async def test_a_cut_link_holds_a_unary_request_until_heal(env: Env) -> None:
+    stub = env.aio_stub()
+    assert (await stub.DescribeCluster(pb.DescribeClusterRequest())).cluster_id == "c1"
+    env.cut()
+    call = asyncio.ensure_future(stub.DescribeCluster(pb.DescribeClusterRequest(), timeout=30))
+    await eventually(lambda: env.faults.held == 1, "the request held")
+    assert env.servicer.calls == 1 and not call.done()  # never sent
+    env.heal()
+    answer = await asyncio.wait_for(call, WAIT_S)
+    assert answer.metadata_offset == 2
+
+
+async def test_a_cut_link_holds_an_answer_that_came_back(env: Env) -> None:
+    stub = env.aio_stub()
+    env.servicer.gate = asyncio.Event()
+    call = asyncio.ensure_future(stub.DescribeCluster(pb.DescribeClusterRequest()))
+    await eventually(lambda: env.servicer.calls == 1, "the request served")
+    env.cut()
+    env.servicer.gate.set()  # the server answers now; the answer is not handed over
+    await eventually(lambda: env.faults.held == 1, "the answer held")
+    assert not call.done()
+    env.heal()
+    assert (await asyncio.wait_for(call, WAIT_S)).metadata_offset == 1
+
+
+async def test_a_cut_link_ends_a_call_at_its_deadline(env: Env) -> None:
+    stub = env.aio_stub()
+    env.cut()
+    started = time.monotonic()
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await stub.DescribeCluster(pb.DescribeClusterRequest(), timeout=0.3)
+    assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert time.monotonic() - started >= 0.29
+    assert env.servicer.calls == 0 and env.faults.held == 0
+
+
+async def test_a_held_call_can_be_cancelled(env: Env) -> None:
+    stub = env.aio_stub()
+    env.cut()
+    call = stub.DescribeCluster(pb.DescribeClusterRequest())
+    waiter = asyncio.ensure_future(call)
+    await eventually(lambda: env.faults.held == 1, "the request held")
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(waiter, WAIT_S)
+    await eventually(lambda: env.faults.held == 0, "the hold released")
+    assert env.servicer.calls == 0
+
+
+async def test_a_stream_holds_answers_and_delivers_them_in_order_after_heal(env: Env) -> None:
+    stub = env.aio_stub()
+    call = stub.WatchMetadata(pb.WatchMetadataRequest())
+    got: list[int] = []
+
+    async def consume() -> None:
+        async for batch in call:
+            got.append(batch.high_offset)
+
+    consumer = asyncio.ensure_future(consume())
+    env.servicer.batches.put_nowait(1)
+    await eventually(lambda: got == [1], "the first batch")
+    env.cut()
+    for offset in (2, 3, 4):
+        env.servicer.batches.put_nowait(offset)
+    await eventually(lambda: env.faults.held == 1, "the second batch held")
+    assert got == [1]
+    env.heal()
+    await eventually(lambda: got == [1, 2, 3, 4], "every batch, in order")
+    # Cancelling the call while an answer is held ends the iteration as grpc.aio does.
+    env.cut()
+    env.servicer.batches.put_nowait(5)
+    await eventually(lambda: env.faults.held == 1, "the fifth batch held")
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(consumer, WAIT_S)
+    assert got == [1, 2, 3, 4]
+
+
+async def test_a_request_stream_holds_requests_in_order_until_heal(env: Env) -> None:
+    stream = env.fetch_stream()
+    first = await stream.request(pb.FetchRequest(), 5)
+    assert env.servicer.fetches == [first.correlation_id]
+    env.cut()
+    pending = [asyncio.ensure_future(stream.request(pb.FetchRequest(), 30)) for _ in range(3)]
+    await eventually(lambda: env.faults.held == 1, "the writer held")
+    assert len(env.servicer.fetches) == 1 and not any(p.done() for p in pending)
+    env.heal()
+    answers = await asyncio.wait_for(asyncio.gather(*pending), WAIT_S)
+    ids = [a.correlation_id for a in answers]
+    assert env.servicer.fetches[1:] == ids == sorted(ids)
+    # A request held past its timeout fails as any timed-out request does.
+    env.cut()
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await stream.request(pb.FetchRequest(), 0.2)
+    assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    await eventually(lambda: env.faults.held == 0, "the writer released")
+    env.heal()
+    assert (await stream.request(pb.FetchRequest(), 5)).correlation_id > 0
+    await stream.close()
+
+
+async def test_a_request_stream_holds_answers_on_a_cut_link(env: Env) -> None:
+    stream = env.fetch_stream()
+    await stream.request(pb.FetchRequest(), 5)
+    env.servicer.gate = asyncio.Event()
+    request = asyncio.ensure_future(stream.request(pb.FetchRequest(), 30))
+    await eventually(lambda: len(env.servicer.fetches) == 2, "the request served")
+    env.cut()
+    env.servicer.gate.set()  # answered now, while the link is cut
+    await eventually(lambda: env.faults.held == 1, "the answer held")
+    assert not request.done()
+    env.heal()
+    assert (await asyncio.wait_for(request, WAIT_S)).correlation_id == 2
+    await stream.close()
+
+
+async def test_a_slow_link_delays_each_message_both_ways(env: Env) -> None:
+    stub = env.aio_stub()
+    await stub.DescribeCluster(pb.DescribeClusterRequest())  # connected
+    env.faults.set_table(table(env.port, slow={"controller-1": {"delay_ms": 150}}))
+    started = time.monotonic()
+    await stub.DescribeCluster(pb.DescribeClusterRequest(), timeout=30)
+    assert time.monotonic() - started >= 0.29  # 150 ms out, 150 ms back
+    stream = env.fetch_stream()
+    started = time.monotonic()
+    await stream.request(pb.FetchRequest(), 30)
+    assert time.monotonic() - started >= 0.29
+    await stream.close()
+
+
+async def test_without_a_fault_nothing_is_held_or_delayed(env: Env) -> None:
+    env.faults.set_table(table(env.port, cut=[["broker-1", "controller-1"]]))
+    env.faults.set_table(table(env.port))  # healed: the fast path again
+    assert env.faults.active is None
+    stub = env.aio_stub()
+    assert (await stub.DescribeCluster(pb.DescribeClusterRequest(), timeout=5)).cluster_id
+
+
+# -- the server side ----------------------------------------------------------------------
+
+
+async def test_no_clients_holds_every_incoming_call_at_the_server(env: Env) -> None:
+    stub = env.aio_stub(layered=False)  # a client outside the launcher's nodes
+    stream = env.fetch_stream(layered=False)
+    await stream.request(pb.FetchRequest(), 5)
+    env.server_faults.set_table(table(env.port, no_clients=["controller-1"]))
+    call = asyncio.ensure_future(stub.DescribeCluster(pb.DescribeClusterRequest(), timeout=30))
+    await eventually(lambda: env.server_faults.held == 1, "the unary call held")
+    assert env.servicer.calls == 0
+    # An open stream's next request is held too (read by the handler with context.read()).
+    fetch = asyncio.ensure_future(stream.request(pb.FetchRequest(), 30))
+    await eventually(lambda: env.server_faults.held == 2, "the stream's request held")
+    assert len(env.servicer.fetches) == 1
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await stub.DescribeCluster(pb.DescribeClusterRequest(), timeout=0.2)
+    assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    env.server_faults.set_table(table(env.port))
+    assert (await asyncio.wait_for(call, WAIT_S)).cluster_id == "c1"
+    assert (await asyncio.wait_for(fetch, WAIT_S)).correlation_id == 2
+    await stream.close()
+
+
+# -- synchronous channels (the broker's heartbeat thread) ---------------------------------
+
+
+def heartbeats(requests: queue.Queue[int | None]) -> Iterator[pb.BrokerHeartbeatRequest]:
+    while (epoch := requests.get()) is not None:
+        yield pb.BrokerHeartbeatRequest(broker_epoch=epoch)
+
+
+async def test_sync_unary_call_held_until_heal(env: Env) -> None:
+    stub = env.sync_stub()
+    env.cut()
+    call = asyncio.ensure_future(
+        asyncio.to_thread(stub.DescribeCluster, pb.DescribeClusterRequest(), timeout=30)
+    )
+    await eventually(lambda: env.faults.held == 1, "the request held")
+    assert env.servicer.calls == 0
+    env.heal()
+    assert (await asyncio.wait_for(call, WAIT_S)).cluster_id == "c1"
+    env.cut()
+    with pytest.raises(grpc.RpcError) as failed:
+        await asyncio.to_thread(stub.DescribeCluster, pb.DescribeClusterRequest(), timeout=0.2)
+    assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # type: ignore[attr-defined]
+
+
+async def test_sync_stream_holds_both_ways_in_order_and_cancels(env: Env) -> None:
+    stub = env.sync_stub()
+    requests: queue.Queue[int | None] = queue.Queue()
+    call = stub.Heartbeat(heartbeats(requests))
+    got: list[str] = []
+    ended: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            for response in call:
+                got.append(response.error_message)
+        except grpc.RpcError as err:
+            ended.append(err)
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    requests.put(1)
+    await eventually(lambda: got == ["1"], "the first answer")
+    env.cut()
+    requests.put(2)
+    requests.put(3)
+    await eventually(lambda: env.faults.held == 1, "the second heartbeat held")
+    assert env.servicer.heartbeats == [1]
+    env.heal()
+    await eventually(lambda: got == ["1", "2", "3"], "every answer, in order")
+    assert env.servicer.heartbeats == [1, 2, 3]
+    # An answer that came back while the link is cut is held, then delivered after heal.
+    env.servicer.gate = asyncio.Event()
+    requests.put(4)
+    await eventually(lambda: env.servicer.heartbeats == [1, 2, 3, 4], "the fourth served")
+    env.cut()
+    env.servicer.gate.set()
+    await eventually(lambda: env.faults.held == 1, "the fourth answer held")
+    assert got == ["1", "2", "3"]
+    env.heal()
+    await eventually(lambda: got == ["1", "2", "3", "4"], "the fourth answer")
+    # A held call is cancelled (as the heartbeat thread's close() does).
+    env.cut()
+    requests.put(5)
+    await eventually(lambda: env.faults.held == 1, "the fifth heartbeat held")
+    call.cancel()
+    await asyncio.to_thread(thread.join, WAIT_S)
+    assert not thread.is_alive()
+    assert ended and ended[0].code() == grpc.StatusCode.CANCELLED  # type: ignore[attr-defined]
+    assert env.servicer.heartbeats == [1, 2, 3, 4]
+    requests.put(None)
