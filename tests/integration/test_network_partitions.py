@@ -362,6 +362,16 @@ def test_a_zombie_leader_acknowledges_nothing_and_is_truncated_after_heal(
     controller commits a shrink, which it cannot reach), never serves a record above its HW,
     is fenced and replaced in a higher epoch, and after the heal truncates what only it held and
     rejoins the ISR."""
+    zombie_leader(cluster)
+
+
+def test_a_zombie_leader_with_a_controller_quorum(quorum_cluster: LocalCluster) -> None:
+    """The same with three controllers: the zombie's heartbeat stream stalls and it asks the
+    quorum, which it cannot reach either; after the heal it finds the active one again."""
+    zombie_leader(quorum_cluster)
+
+
+def zombie_leader(cluster: LocalCluster) -> None:
     create_topic(cluster)
     before = full_isr(cluster)
     assert before is not None
@@ -743,3 +753,44 @@ def test_a_quorum_split_the_leader_and_the_active_controller_against_the_rest(
     assert not probe.above_hw, probe.above_hw[:3]
     assert not monitor.split_brains(), monitor.split_brains()
     check_invariants(cluster, producer, reader, never_stored={a.value for a in probe.answers})
+
+
+def test_three_zombie_leaders_in_a_row_each_cut_right_after_the_previous_heal(
+    cluster: LocalCluster,
+) -> None:
+    """Cut the leader, and as soon as it is replaced heal and cut the new one (once it has a
+    second in-sync replica), three times, so a cut can land while the previous zombie is still
+    truncating and catching up (its held heartbeats and AlterPartition arriving late): the ISR
+    goes down to one replica, writes wait, and nothing acknowledged is lost."""
+    create_topic(cluster)
+    leader = full_isr(cluster)
+    assert leader is not None
+    epoch, current = leader.leader_epoch, leader.leader_id
+    with (
+        BackgroundProducer(cluster.bootstrap, TOPIC) as producer,
+        Reader(cluster.bootstrap, TP) as reader,
+        LeaderMonitor(cluster, [1, 2, 3]) as monitor,
+    ):
+        wait_for_progress(producer, 100)
+        for _ in range(3):
+            cluster.isolate(current)
+            wait_faults_seen(cluster)
+            others = [b for b in (1, 2, 3) if b != current]
+            replaced = wait_until(
+                lambda o=others, e=epoch: new_leader(cluster, o, e),  # type: ignore[misc]
+                20,
+                f"a leader other than broker {current}",
+            )
+            cluster.heal()
+            epoch, current = replaced.leader_epoch, replaced.leader_id
+            # A clean election needs another in-sync replica: cut the new leader as soon as it
+            # has one (the last zombie may still be catching up).
+            wait_until(
+                lambda c=current: len(leading(cluster, c).isr) >= 2,  # type: ignore[misc]
+                20,
+                f"a second in-sync replica beside broker {current}",
+            )
+        wait_until(lambda: full_isr(cluster), 30, "a full ISR after the last heal")
+        wait_for_progress(producer, 100)
+    assert not monitor.split_brains(), monitor.split_brains()
+    check_invariants(cluster, producer, reader)
