@@ -794,3 +794,39 @@ def test_three_zombie_leaders_in_a_row_each_cut_right_after_the_previous_heal(
         wait_for_progress(producer, 100)
     assert not monitor.split_brains(), monitor.split_brains()
     check_invariants(cluster, producer, reader)
+
+
+def test_a_leader_cut_from_everyone_its_clients_too_loses_its_clients_to_the_new_leader(
+    cluster: LocalCluster,
+) -> None:
+    """`isolate --from all`: the leader's server holds every incoming call as well. The
+    producer's requests to it time out, it refreshes its metadata from another broker and
+    goes on writing to the new leader while the cut lasts; after the heal the old leader
+    truncates and rejoins."""
+    create_topic(cluster)
+    before = full_isr(cluster)
+    assert before is not None
+    silent = before.leader_id
+    others = [b for b in (1, 2, 3) if b != silent]
+    with (
+        BackgroundProducer(cluster.bootstrap, TOPIC) as producer,
+        Reader(cluster.bootstrap, TP) as reader,
+    ):
+        wait_for_progress(producer, 100)
+        cluster.isolate(silent, scope="all")
+        wait_faults_seen(cluster)
+        replaced = wait_until(
+            lambda: new_leader(cluster, others, before.leader_epoch), 20, "a new leader"
+        )
+        wait_for_progress(producer, 100, timeout_s=30)
+        cluster.heal()
+        wait_until(
+            lambda: (
+                not replica(cluster, silent).is_leader
+                and silent in leading(cluster, replaced.leader_id).isr
+            ),
+            30,
+            f"broker {silent} following and back in the ISR",
+        )
+        wait_for_progress(producer, 100)
+    check_invariants(cluster, producer, reader)
