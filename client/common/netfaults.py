@@ -50,6 +50,12 @@ from typing import Any
 
 import grpc
 
+# grpc 1.85: the call kinds grpc.aio itself wraps an interceptor's answer iterator in.
+from grpc.aio._interceptor import (
+    StreamStreamCallResponseIterator,
+    UnaryStreamCallResponseIterator,
+)
+
 from minibroker.client.common.config import ConfigKey, at_least
 from minibroker.client.common.log import get_logger
 
@@ -609,8 +615,9 @@ def _remaining(details: Any, deadline: float | None) -> Any:
     return details._replace(timeout=max(deadline - time.monotonic(), 0.0))
 
 
-def _cancelled_future(call: Any) -> asyncio.Future[None]:
-    """Done once `call` is cancelled (an answer held for it is then never handed over)."""
+def _cancelled_future(call: Any, stop: asyncio.Future[None] | None = None) -> asyncio.Future[None]:
+    """Done once `call` is cancelled, or `stop` is done (an answer held for it is then never
+    handed over)."""
     future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def ended(call: Any) -> None:
@@ -618,6 +625,8 @@ def _cancelled_future(call: Any) -> asyncio.Future[None]:
             _resolve(future)
 
     call.add_done_callback(ended)
+    if stop is not None:
+        stop.add_done_callback(lambda _: _resolve(future))
     return future
 
 
@@ -654,7 +663,9 @@ class _AioLink:
                     await faults.hold(self._address, deadline)
                 yield request
 
-    async def _held_responses(self, call: Any, deadline: float | None) -> AsyncIterator[Any]:
+    async def _held_responses(
+        self, call: Any, deadline: float | None, stop: asyncio.Future[None] | None = None
+    ) -> AsyncIterator[Any]:
         faults = self._faults
         cancelled: asyncio.Future[None] | None = None
         iterator = call.__aiter__()
@@ -669,7 +680,7 @@ class _AioLink:
                     response, error = _END, err
                 if faults.active is not None:
                     if cancelled is None:
-                        cancelled = _cancelled_future(call)
+                        cancelled = _cancelled_future(call, stop)
                     await faults.hold(self._address, deadline, cancelled)
                     if cancelled.done():
                         raise asyncio.CancelledError  # as grpc.aio says a cancelled call
@@ -707,7 +718,9 @@ class _AioUnaryStream(_AioLink, grpc.aio.UnaryStreamClientInterceptor):
         if self._faults.active is not None:
             await self._faults.hold(self._address, deadline)
             details = _remaining(details, deadline)
-        return self._held_responses(await continuation(details, request), deadline)
+        return _held_stream_call(
+            _HeldUnaryStreamCall, self, await continuation(details, request), deadline
+        )
 
 
 class _AioStreamStream(_AioLink, grpc.aio.StreamStreamClientInterceptor):
@@ -716,10 +729,40 @@ class _AioStreamStream(_AioLink, grpc.aio.StreamStreamClientInterceptor):
     ) -> Any:
         deadline = _deadline(details.timeout)
         call = await continuation(details, self._held_requests(request_iterator, deadline))
-        return self._held_responses(call, deadline)
+        return _held_stream_call(_HeldStreamStreamCall, self, call, deadline)
 
 
 _END = object()
+
+
+class _HeldStreamCall:
+    """What a streaming interceptor returns: the call's answers through `_held_responses`, and
+    a cancel() that also ends a held read. grpc.aio's own wrapper for an interceptor's answer
+    iterator cancels the call underneath only, which does nothing once that call has ended:
+    a stream the server ended while the link was cut (its status came back and is held) could
+    not be cancelled at all, and its caller hung until the heal."""
+
+    _call: Any
+    _stop: asyncio.Future[None]
+
+    def cancel(self) -> bool:
+        _resolve(self._stop)
+        return bool(self._call.cancel())
+
+
+class _HeldUnaryStreamCall(_HeldStreamCall, UnaryStreamCallResponseIterator):
+    pass
+
+
+class _HeldStreamStreamCall(_HeldStreamCall, StreamStreamCallResponseIterator):
+    pass
+
+
+def _held_stream_call(kind: Any, link: _AioLink, call: Any, deadline: float | None) -> Any:
+    stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    held = kind(call, link._held_responses(call, deadline, stop))
+    held._stop = stop
+    return held
 
 
 def aio_interceptors(faults: NetFaults | None, address: str) -> list[Any]:
