@@ -1103,8 +1103,16 @@ def write_faults(directory: str, table: netfaults.FaultTable, previous: int) -> 
     poll it: they see the old file or the new one, never half of one)."""
     path = faults_path(directory)
     data = {**table.to_json(), "generation": previous + 1}
+    text = json.dumps(data, indent=2) + "\n"
+    # The processes' own parser is the judge of the format: never write what they would ignore.
+    from minibroker.client.common.netfaults import FaultFileError, parse_faults
+
+    try:
+        parse_faults(text)
+    except FaultFileError as err:
+        raise LauncherError(f"refusing a fault table the processes would reject: {err}") from None
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 

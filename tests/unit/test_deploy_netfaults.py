@@ -394,6 +394,19 @@ def test_errors_leave_the_file_alone(tmp_path: pathlib.Path) -> None:
     assert read(state)["generation"] == 1
 
 
+def test_the_launcher_never_writes_a_table_the_processes_reject(tmp_path: pathlib.Path) -> None:
+    """The processes' parser judges the file: a table naming a node outside `nodes` (which a
+    process would log as bad and ignore, keeping its old faults) is refused, the file kept."""
+    state = saved_cluster(tmp_path)
+    launcher.reset_faults(state)
+    bad = nf.FaultTable(
+        nodes={"broker-1": "127.0.0.1:1"}, cut=frozenset({("broker-1", "broker-9")})
+    )
+    with pytest.raises(launcher.LauncherError, match="processes would reject"):
+        launcher.write_faults(state.dir, bad, 1)
+    assert read(state)["generation"] == 1
+
+
 def test_controller_in_a_quorum_of_one_is_its_only_controller(tmp_path: pathlib.Path) -> None:
     state = saved_cluster(tmp_path, controllers=1)
     said = launcher.isolate(state.dir, "controller")
