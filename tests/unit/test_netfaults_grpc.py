@@ -274,7 +274,17 @@ async def test_a_request_stream_holds_answers_on_a_cut_link(env: Env) -> None:
     assert not request.done()
     env.heal()
     assert (await asyncio.wait_for(request, WAIT_S)).correlation_id == 2
-    await stream.close()
+    # A request whose answer is held past its timeout fails, and the held read is let go.
+    env.servicer.gate = asyncio.Event()
+    request = asyncio.ensure_future(stream.request(pb.FetchRequest(), 0.5))
+    await eventually(lambda: len(env.servicer.fetches) == 3, "the third request served")
+    env.cut()
+    env.servicer.gate.set()
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await asyncio.wait_for(request, WAIT_S)
+    assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    await eventually(lambda: env.faults.held == 0, "the held answer let go")
+    await asyncio.wait_for(stream.close(), WAIT_S)
 
 
 async def test_a_slow_link_delays_each_message_both_ways(env: Env) -> None:
