@@ -46,7 +46,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -882,34 +882,52 @@ def intercept_sync(channel: grpc.Channel, faults: NetFaults | None, address: str
 
 
 class _HeldContext:
-    """A servicer context whose read() and write() wait while the node takes no calls."""
+    """A servicer context whose read(), write() and abort() wait while the node takes no calls
+    (grpc.aio's abort() sends the status at once, before the handler's error is raised)."""
 
     def __init__(self, faults: NetFaults, context: Any) -> None:
         self._faults = faults
         self._context = context
 
-    async def _hold(self) -> None:
-        if self._faults.active is not None:
-            await _hold_incoming(self._faults, self._context)
-
     async def read(self) -> Any:
         message = await self._context.read()
-        await self._hold()
+        if self._faults.active is not None:
+            await _hold_incoming(self._faults, self._context)
         return message
 
     async def write(self, message: Any) -> None:
-        await self._hold()
+        if self._faults.active is not None:
+            await _hold_incoming(self._faults, self._context)
         await self._context.write(message)
+
+    async def abort(self, *args: Any, **kwargs: Any) -> NoReturn:
+        if self._faults.active is not None:
+            await _wait_incoming(self._faults, self._context)  # at the deadline: abort anyway
+        await self._context.abort(*args, **kwargs)
+        raise AssertionError("abort() returned")  # grpc.aio's raises AbortError
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._context, name)
 
 
-async def _hold_incoming(faults: NetFaults, context: Any) -> None:
+async def _wait_incoming(faults: NetFaults, context: Any) -> bool:
+    """Wait while this node takes no calls; False: the call's deadline passed first."""
     remaining = context.time_remaining()
     deadline = None if remaining is None else time.monotonic() + remaining
-    if not await faults.hold_incoming(deadline):
+    return await faults.hold_incoming(deadline)
+
+
+async def _hold_incoming(faults: NetFaults, context: Any) -> None:
+    if not await _wait_incoming(faults, context):
         await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+
+async def _hold_failure(faults: NetFaults, context: Any) -> None:
+    """Hold the error a handler raised like an answer (at the deadline it goes out as it is:
+    the caller has its own DEADLINE_EXCEEDED by then). Not for AbortError: that status went
+    out with abort(), held there; nor CancelledError: the call is gone."""
+    if faults.active is not None:
+        await _wait_incoming(faults, context)
 
 
 class _NoClients(grpc.aio.ServerInterceptor):
@@ -960,10 +978,23 @@ class _NoClients(grpc.aio.ServerInterceptor):
             async def wrapped_gen(request: Any, context: Any) -> AsyncIterator[Any]:
                 if faults.active is not None:
                     await _hold_incoming(faults, context)
-                async for response in behavior(*arguments(request, context)):
+                responses = behavior(*arguments(request, context)).__aiter__()
+                while True:
+                    try:
+                        response = await responses.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    except grpc.aio.AbortError:
+                        raise
+                    except Exception:
+                        await _hold_failure(faults, context)
+                        raise
                     if faults.active is not None:
                         await _hold_incoming(faults, context)
                     yield response
+                # The end of the stream (its OK status) is an answer too.
+                if faults.active is not None:
+                    await _hold_incoming(faults, context)
 
             return wrapped_gen
         if inspect.iscoroutinefunction(behavior):
@@ -971,7 +1002,13 @@ class _NoClients(grpc.aio.ServerInterceptor):
             async def wrapped(request: Any, context: Any) -> Any:
                 if faults.active is not None:
                     await _hold_incoming(faults, context)
-                response = await behavior(*arguments(request, context))
+                try:
+                    response = await behavior(*arguments(request, context))
+                except grpc.aio.AbortError:
+                    raise
+                except Exception:
+                    await _hold_failure(faults, context)
+                    raise
                 if faults.active is not None:
                     await _hold_incoming(faults, context)
                 return response
@@ -980,9 +1017,14 @@ class _NoClients(grpc.aio.ServerInterceptor):
         return behavior  # a synchronous handler runs in grpc's thread pool: none here
 
 
-def server_interceptors(faults: NetFaults | None) -> list[grpc.aio.ServerInterceptor]:
-    """The interceptors for a grpc.aio server (none without a fault layer)."""
-    return [] if faults is None else [_NoClients(faults)]
+def server_interceptors(
+    faults: NetFaults | None, *inner: grpc.aio.ServerInterceptor
+) -> list[grpc.aio.ServerInterceptor]:
+    """The interceptors for a grpc.aio server: the fault layer's (none without one) first, so
+    outermost, then `inner` (the server's limits). A call held by `no_clients` has then not
+    reached the limits: it counts against neither max.connections.per.ip nor the request
+    budget, as a connection that never arrived would not."""
+    return ([] if faults is None else [_NoClients(faults)]) + list(inner)
 
 
 __all__ = [
