@@ -270,6 +270,51 @@ async def test_a_stream_holds_answers_and_delivers_them_in_order_after_heal(env:
     assert got == [1, 2, 3, 4]
 
 
+async def test_cancel_ends_a_read_whose_held_answer_is_the_streams_end(env: Env) -> None:
+    # The server ends the stream while the link is cut: its status came back and is held, so
+    # the call underneath is done and its own cancel() does nothing. The caller's cancel() must
+    # still end the held read at once, and say it cancelled (found with a controller that
+    # resigned while cut off: the broker moved its metadata watch to the new leader by
+    # cancelling it, and the watch hung until the heal).
+    stub = env.aio_stub()
+    call = stub.WatchMetadata(pb.WatchMetadataRequest())
+    got: list[int] = []
+
+    async def consume() -> None:
+        async for batch in call:
+            got.append(batch.high_offset)
+
+    consumer = asyncio.ensure_future(consume())
+    env.servicer.batches.put_nowait(1)
+    await eventually(lambda: got == [1], "the first batch")
+    env.cut()
+    env.servicer.batches.put_nowait(ABORT_STREAM)  # the stream's end is held on the cut link
+    await eventually(lambda: env.faults.held == 1, "the stream's end held")
+    assert call.cancel() is True
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(consumer, WAIT_S)
+    assert env.faults.held == 0
+    assert call.cancel() is False  # nothing left to cancel
+
+
+async def test_a_request_stream_on_a_cut_link_ends_at_its_deadline(env: Env) -> None:
+    # grpc.aio cancels a call whose request iterator raises: the hold must not raise there.
+    stub = env.aio_stub()
+    env.cut()
+
+    async def requests() -> AsyncIterator[pb.BrokerHeartbeatRequest]:
+        yield pb.BrokerHeartbeatRequest(broker_epoch=1)
+        await asyncio.Event().wait()  # the stream stays open
+
+    call = stub.Heartbeat(requests(), timeout=0.3)
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        async for _ in call:
+            pass
+    assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert env.servicer.heartbeats == []
+    await eventually(lambda: env.faults.held == 0, "the hold released")
+
+
 async def test_a_request_stream_holds_requests_in_order_until_heal(env: Env) -> None:
     stream = env.fetch_stream()
     first = await stream.request(pb.FetchRequest(), 5)
