@@ -21,7 +21,7 @@ message (both ends slow: the delays add) and a TCP-like retransmission for each 
 every call coming into its server (isolated from its clients too).
 
 Pieces: the pure table (`parse_faults`, `FaultTable`, `retransmission_s`), the process's view of
-the file (`NetFaults`: reads it at start, stats it every `network.faults.poll.ms` and reloads it
+the file (`NetFaults`: reads it at start, rereads it every `network.faults.poll.ms` and reloads it
 when it changes; a bad file is logged and ignored, the previous table kept) and the grpc hooks:
 `aio_interceptors` / `intercept_sync` for channels, `server_interceptors` for servers, and
 `NetFaults.hold` that `client/stream.py` calls around each message of a `RequestStream` (the
