@@ -122,7 +122,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
     interceptor = LimitsInterceptor(limits, budget)
     server = grpc.aio.server(
         options=server_options(limits),
-        interceptors=([interceptor] if interceptor.enabled else []) + server_interceptors(faults),
+        interceptors=server_interceptors(faults, *([interceptor] if interceptor.enabled else [])),
     )
     host, port = config.listen
     bound = server.add_insecure_port(f"{host}:{port}")

@@ -62,7 +62,6 @@ class _OpenStream:
         "messages",
         "outbox",
         "pending",
-        "read_held",
         "reader",
         "wakeup",
         "writer",
@@ -79,8 +78,6 @@ class _OpenStream:
         self.wakeup: asyncio.Future[None] | None = None
         self.reader: asyncio.Task[None] | None = None
         self.writer: asyncio.Task[None] | None = None
-        # Set while the reader holds an answer on a cut link (client/common/netfaults.py).
-        self.read_held = False
 
     def fail_all(self, err: BaseException) -> None:
         self.outbox.clear()
@@ -200,14 +197,13 @@ class RequestStream:
             self._open = None
         stream.call.cancel()
         # Cancelling the call does not wake a write still waiting for the call's headers to go
-        # out (a peer that never speaks HTTP/2); only cancelling the writer does.
-        writer = stream.writer
-        if writer is not None and writer is not asyncio.current_task():
-            writer.cancel()
-        # An answer held on a cut link is never handed over once the stream is given up.
-        reader = stream.reader
-        if stream.read_held and reader is not None and reader is not asyncio.current_task():
-            reader.cancel()
+        # out (a peer that never speaks HTTP/2), nor a read whose answer is held on a cut link
+        # (client/common/netfaults.py); cancelling their tasks does. Either then fails what is
+        # still pending with CANCELLED: nothing, as our caller fails it all first.
+        current = asyncio.current_task()
+        for task in (stream.writer, stream.reader):
+            if task is not None and task is not current:
+                task.cancel()
 
     def _expire(self, stream: _OpenStream, cid: int) -> None:
         future = stream.pending.pop(cid, None)
@@ -260,9 +256,7 @@ class RequestStream:
             while True:
                 answer = await stream.call.read()
                 if faults is not None and faults.active is not None:
-                    stream.read_held = True
                     await faults.hold(self.address)
-                    stream.read_held = False
                 if answer is grpc.aio.EOF:
                     err = rpc_error(grpc.StatusCode.UNAVAILABLE, f"{self.address} ended the stream")
                     break
@@ -273,7 +267,6 @@ class RequestStream:
             err = rpc_err
             if faults is not None and faults.active is not None and self._open is stream:
                 # A broken stream is news from the peer too: none gets through a cut link.
-                stream.read_held = True
                 try:
                     await faults.hold(self.address)
                 except asyncio.CancelledError:

@@ -241,8 +241,9 @@ class ControllerApp:
             self.faults.start()
         server = grpc.aio.server(
             options=SERVER_OPTIONS + limits.grpc_options(),
-            interceptors=([interceptor] if interceptor.enabled else [])
-            + server_interceptors(self.faults),
+            interceptors=server_interceptors(
+                self.faults, *([interceptor] if interceptor.enabled else [])
+            ),
         )
         pb_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(self), server)
         pb_grpc.add_QuorumServiceServicer_to_server(QuorumServicer(self), server)

@@ -21,7 +21,7 @@ message (both ends slow: the delays add) and a TCP-like retransmission for each 
 every call coming into its server (isolated from its clients too).
 
 Pieces: the pure table (`parse_faults`, `FaultTable`, `retransmission_s`), the process's view of
-the file (`NetFaults`: reads it at start, stats it every `network.faults.poll.ms` and reloads it
+the file (`NetFaults`: reads it at start, rereads it every `network.faults.poll.ms` and reloads it
 when it changes; a bad file is logged and ignored, the previous table kept) and the grpc hooks:
 `aio_interceptors` / `intercept_sync` for channels, `server_interceptors` for servers, and
 `NetFaults.hold` that `client/stream.py` calls around each message of a `RequestStream` (the
@@ -40,13 +40,12 @@ import contextvars
 import inspect
 import json
 import math
-import os
 import random
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -375,12 +374,16 @@ class NetFaults:
         # The table while any fault is set, None while none is: the one check on every message.
         self.active: FaultTable | None = None
         self._rng = rng if rng is not None else random.Random()
-        self._stamp: tuple[int, int, int] | None = None
+        # The file's bytes at the last look (None: no file). The file is small: comparing its
+        # bytes is exact, where (mtime, size, inode) misses a same-size rewrite in one tick.
+        self._content: bytes | None = None
         self._cond = threading.Condition()
-        self._aio_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        # One future per event loop with messages held on it, resolved by the next wake().
+        self._aio_changed: dict[asyncio.AbstractEventLoop, asyncio.Future[None]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        # Messages held right now on a cut link or by `no_clients` (for tests and the logs).
+        # Messages held right now on a cut link or by `no_clients` (for tests and the logs);
+        # changed only under `_cond` (held messages wait on several threads).
         self.held = 0
 
     @classmethod
@@ -398,19 +401,19 @@ class NetFaults:
     def load(self) -> bool:
         """Reread the file if it changed since the last look; whether the table changed."""
         try:
-            st = os.stat(self.path)
-            stamp: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
+            with open(self.path, "rb") as f:
+                content: bytes | None = f.read()
         except FileNotFoundError:
-            stamp = None
+            content = None
         except OSError as err:
             log.warning("network_faults_file_unreadable", path=self.path, error=str(err))
             return False
-        if stamp == self._stamp:
+        if content == self._content:
             return False
-        self._stamp = stamp
+        self._content = content
         try:
-            table = EMPTY if stamp is None else load_faults(self.path)
-        except (OSError, FaultFileError) as err:
+            table = EMPTY if content is None else parse_faults(content.decode("utf-8"))
+        except (UnicodeDecodeError, FaultFileError) as err:
             log.warning(
                 "network_faults_file_bad",
                 path=self.path,
@@ -435,14 +438,22 @@ class NetFaults:
             cut_from=table.cut_from(self.node),
             no_clients=self.node in table.no_clients,
         )
+        if table.nodes and self.node not in table.nodes:
+            # Its links are found by this node's name: without it, no fault ever applies here.
+            log.warning(
+                "network_faults_node_unknown",
+                node=self.node,
+                generation=table.generation,
+                nodes=sorted(table.nodes),
+            )
         self.wake()
 
     def wake(self) -> None:
         """Wake every held message to look at the table (and its caller's cancellation)."""
         with self._cond:
-            waiters, self._aio_waiters = self._aio_waiters, []
+            changed, self._aio_changed = self._aio_changed, {}
             self._cond.notify_all()
-        for loop, future in waiters:
+        for loop, future in changed.items():
             try:
                 loop.call_soon_threadsafe(_resolve, future)
             except RuntimeError:  # that loop is closed: nobody waits there any more
@@ -490,8 +501,7 @@ class NetFaults:
         table = self.active
         return table is not None and self.node in table.no_clients
 
-    def _message_delay_s(self, address: str) -> float:
-        link = self.link_to(address)
+    def _delay_s(self, link: Link) -> float:
         if link.delay_s <= 0 and link.loss <= 0:
             return 0.0
         return link.message_delay_s(self._rng)
@@ -506,9 +516,14 @@ class NetFaults:
         early when it completes (the call ended: the caller looks at why)."""
         if self.active is None:
             return
-        if not await self._wait_while(lambda: self._cut_to(address), deadline, done, address):
+        link = self.link_to(address)
+        if link is OPEN_LINK:
             return
-        delay = self._message_delay_s(address)
+        if link.cut:
+            if not await self._wait_while(lambda: self._cut_to(address), deadline, done, address):
+                return
+            link = self.link_to(address)  # as the heal left it
+        delay = self._delay_s(link)
         if delay > 0:
             await self._sleep(delay, address, deadline, done)
 
@@ -537,33 +552,37 @@ class NetFaults:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise aio_deadline_error(address)
-            changed = loop.create_future()
             with self._cond:
-                self._aio_waiters.append((loop, changed))
-            if not blocked():  # changed before the waiter was registered
-                break
-            waits: set[asyncio.Future[Any]] = {changed}
-            if done is not None:
-                waits.add(done)
-            self.held += 1
+                # Shared by every message held on this loop (never cancelled by one of them).
+                changed = self._aio_changed.get(loop)
+                if changed is None:
+                    changed = self._aio_changed[loop] = loop.create_future()
+                self.held += 1
             try:
+                if not blocked():  # changed before the future was registered
+                    break
+                waits: set[asyncio.Future[Any]] = {changed}
+                if done is not None:
+                    waits.add(done)
                 await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                self.held -= 1
-                changed.cancel()
+                with self._cond:
+                    self.held -= 1
         return True
 
     async def _sleep(
         self, delay: float, address: str, deadline: float | None, done: asyncio.Future[Any] | None
     ) -> None:
         remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining < delay:
-            await asyncio.sleep(max(remaining, 0))
-            raise aio_deadline_error(address)
+        wait = delay if remaining is None else min(delay, max(remaining, 0.0))
         if done is None:
-            await asyncio.sleep(delay)
+            await asyncio.sleep(wait)
         else:
-            await asyncio.wait({done}, timeout=delay)
+            await asyncio.wait({done}, timeout=wait)
+            if done.done():
+                return  # the call ended: its caller looks at why
+        if remaining is not None and remaining < delay:
+            raise aio_deadline_error(address)
 
     # -- holding (threads) ----------------------------------------------------------------
 
@@ -573,21 +592,26 @@ class NetFaults:
         """`hold` for a thread: returns early once `cancelled` is set (after `wake()`)."""
         if self.active is None:
             return
-        with self._cond:
-            while self._cut_to(address):
-                if cancelled is not None and cancelled.is_set():
-                    return
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise HeldCallError(
-                        grpc.StatusCode.DEADLINE_EXCEEDED, _deadline_details(address)
-                    )
-                self.held += 1
-                try:
-                    self._cond.wait(remaining)
-                finally:
-                    self.held -= 1
-        delay = self._message_delay_s(address)
+        link = self.link_to(address)
+        if link is OPEN_LINK:
+            return
+        if link.cut:
+            with self._cond:
+                while self._cut_to(address):
+                    if cancelled is not None and cancelled.is_set():
+                        return
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise HeldCallError(
+                            grpc.StatusCode.DEADLINE_EXCEEDED, _deadline_details(address)
+                        )
+                    self.held += 1
+                    try:
+                        self._cond.wait(remaining)
+                    finally:
+                        self.held -= 1
+            link = self.link_to(address)  # as the heal left it
+        delay = self._delay_s(link)
         if delay <= 0:
             return
         remaining = None if deadline is None else deadline - time.monotonic()
@@ -651,20 +675,29 @@ class _AioLink:
         return response
 
     async def _held_requests(self, requests: Any, deadline: float | None) -> AsyncIterator[Any]:
+        """`requests`, each held on the way out. Past the call's deadline the iterator just ends
+        (grpc ends the call itself with DEADLINE_EXCEEDED): an error raised here would make
+        grpc.aio cancel the call, and its caller would get CancelledError instead."""
         faults = self._faults
         if hasattr(requests, "__aiter__"):
             async for request in requests:
                 if faults.active is not None:
-                    await faults.hold(self._address, deadline)
+                    try:
+                        await faults.hold(self._address, deadline)
+                    except grpc.aio.AioRpcError:
+                        return
                 yield request
         else:
             for request in requests:
                 if faults.active is not None:
-                    await faults.hold(self._address, deadline)
+                    try:
+                        await faults.hold(self._address, deadline)
+                    except grpc.aio.AioRpcError:
+                        return
                 yield request
 
     async def _held_responses(
-        self, call: Any, deadline: float | None, stop: asyncio.Future[None] | None = None
+        self, call: Any, deadline: float | None, held: _HeldRead | None = None
     ) -> AsyncIterator[Any]:
         faults = self._faults
         cancelled: asyncio.Future[None] | None = None
@@ -680,8 +713,14 @@ class _AioLink:
                     response, error = _END, err
                 if faults.active is not None:
                     if cancelled is None:
-                        cancelled = _cancelled_future(call, stop)
-                    await faults.hold(self._address, deadline, cancelled)
+                        cancelled = _cancelled_future(call, None if held is None else held.stop)
+                    if held is not None:
+                        held.holding = True
+                    try:
+                        await faults.hold(self._address, deadline, cancelled)
+                    finally:
+                        if held is not None:
+                            held.holding = False
                     if cancelled.done():
                         raise asyncio.CancelledError  # as grpc.aio says a cancelled call
                 if error is not None:
@@ -735,6 +774,17 @@ class _AioStreamStream(_AioLink, grpc.aio.StreamStreamClientInterceptor):
 _END = object()
 
 
+class _HeldRead:
+    """Shared by a streaming call and its answer iterator: `stop` ends a held read (resolved
+    by cancel()); `holding` is true while an answer (or the call's end) is held."""
+
+    __slots__ = ("holding", "stop")
+
+    def __init__(self, stop: asyncio.Future[None]) -> None:
+        self.stop = stop
+        self.holding = False
+
+
 class _HeldStreamCall:
     """What a streaming interceptor returns: the call's answers through `_held_responses`, and
     a cancel() that also ends a held read. grpc.aio's own wrapper for an interceptor's answer
@@ -743,11 +793,18 @@ class _HeldStreamCall:
     not be cancelled at all, and its caller hung until the heal."""
 
     _call: Any
-    _stop: asyncio.Future[None]
+    _held: _HeldRead
 
     def cancel(self) -> bool:
-        _resolve(self._stop)
-        return bool(self._call.cancel())
+        """True when this cancelled the call, or ended a held read (the call underneath may
+        have ended already: for its caller, it had not)."""
+        held = self._held
+        ended_a_hold = False
+        # (grpc.aio's __del__ cancels too, maybe after the loop has closed: nothing to end then.)
+        if not held.stop.done() and not held.stop.get_loop().is_closed():
+            ended_a_hold = held.holding
+            held.stop.set_result(None)
+        return bool(self._call.cancel()) or ended_a_hold
 
 
 class _HeldUnaryStreamCall(_HeldStreamCall, UnaryStreamCallResponseIterator):
@@ -759,10 +816,10 @@ class _HeldStreamStreamCall(_HeldStreamCall, StreamStreamCallResponseIterator):
 
 
 def _held_stream_call(kind: Any, link: _AioLink, call: Any, deadline: float | None) -> Any:
-    stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    held = kind(call, link._held_responses(call, deadline, stop))
-    held._stop = stop
-    return held
+    held = _HeldRead(asyncio.get_running_loop().create_future())
+    wrapped = kind(call, link._held_responses(call, deadline, held))
+    wrapped._held = held
+    return wrapped
 
 
 def aio_interceptors(faults: NetFaults | None, address: str) -> list[Any]:
@@ -882,34 +939,52 @@ def intercept_sync(channel: grpc.Channel, faults: NetFaults | None, address: str
 
 
 class _HeldContext:
-    """A servicer context whose read() and write() wait while the node takes no calls."""
+    """A servicer context whose read(), write() and abort() wait while the node takes no calls
+    (grpc.aio's abort() sends the status at once, before the handler's error is raised)."""
 
     def __init__(self, faults: NetFaults, context: Any) -> None:
         self._faults = faults
         self._context = context
 
-    async def _hold(self) -> None:
-        if self._faults.active is not None:
-            await _hold_incoming(self._faults, self._context)
-
     async def read(self) -> Any:
         message = await self._context.read()
-        await self._hold()
+        if self._faults.active is not None:
+            await _hold_incoming(self._faults, self._context)
         return message
 
     async def write(self, message: Any) -> None:
-        await self._hold()
+        if self._faults.active is not None:
+            await _hold_incoming(self._faults, self._context)
         await self._context.write(message)
+
+    async def abort(self, *args: Any, **kwargs: Any) -> NoReturn:
+        if self._faults.active is not None:
+            await _wait_incoming(self._faults, self._context)  # at the deadline: abort anyway
+        await self._context.abort(*args, **kwargs)
+        raise AssertionError("abort() returned")  # grpc.aio's raises AbortError
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._context, name)
 
 
-async def _hold_incoming(faults: NetFaults, context: Any) -> None:
+async def _wait_incoming(faults: NetFaults, context: Any) -> bool:
+    """Wait while this node takes no calls; False: the call's deadline passed first."""
     remaining = context.time_remaining()
     deadline = None if remaining is None else time.monotonic() + remaining
-    if not await faults.hold_incoming(deadline):
+    return await faults.hold_incoming(deadline)
+
+
+async def _hold_incoming(faults: NetFaults, context: Any) -> None:
+    if not await _wait_incoming(faults, context):
         await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+
+async def _hold_failure(faults: NetFaults, context: Any) -> None:
+    """Hold the error a handler raised like an answer (at the deadline it goes out as it is:
+    the caller has its own DEADLINE_EXCEEDED by then). Not for AbortError: that status went
+    out with abort(), held there; nor CancelledError: the call is gone."""
+    if faults.active is not None:
+        await _wait_incoming(faults, context)
 
 
 class _NoClients(grpc.aio.ServerInterceptor):
@@ -960,10 +1035,23 @@ class _NoClients(grpc.aio.ServerInterceptor):
             async def wrapped_gen(request: Any, context: Any) -> AsyncIterator[Any]:
                 if faults.active is not None:
                     await _hold_incoming(faults, context)
-                async for response in behavior(*arguments(request, context)):
+                responses = behavior(*arguments(request, context)).__aiter__()
+                while True:
+                    try:
+                        response = await responses.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    except grpc.aio.AbortError:
+                        raise
+                    except Exception:
+                        await _hold_failure(faults, context)
+                        raise
                     if faults.active is not None:
                         await _hold_incoming(faults, context)
                     yield response
+                # The end of the stream (its OK status) is an answer too.
+                if faults.active is not None:
+                    await _hold_incoming(faults, context)
 
             return wrapped_gen
         if inspect.iscoroutinefunction(behavior):
@@ -971,7 +1059,13 @@ class _NoClients(grpc.aio.ServerInterceptor):
             async def wrapped(request: Any, context: Any) -> Any:
                 if faults.active is not None:
                     await _hold_incoming(faults, context)
-                response = await behavior(*arguments(request, context))
+                try:
+                    response = await behavior(*arguments(request, context))
+                except grpc.aio.AbortError:
+                    raise
+                except Exception:
+                    await _hold_failure(faults, context)
+                    raise
                 if faults.active is not None:
                     await _hold_incoming(faults, context)
                 return response
@@ -980,9 +1074,14 @@ class _NoClients(grpc.aio.ServerInterceptor):
         return behavior  # a synchronous handler runs in grpc's thread pool: none here
 
 
-def server_interceptors(faults: NetFaults | None) -> list[grpc.aio.ServerInterceptor]:
-    """The interceptors for a grpc.aio server (none without a fault layer)."""
-    return [] if faults is None else [_NoClients(faults)]
+def server_interceptors(
+    faults: NetFaults | None, *inner: grpc.aio.ServerInterceptor
+) -> list[grpc.aio.ServerInterceptor]:
+    """The interceptors for a grpc.aio server: the fault layer's (none without one) first, so
+    outermost, then `inner` (the server's limits). A call held by `no_clients` has then not
+    reached the limits: it counts against neither max.connections.per.ip nor the request
+    budget, as a connection that never arrived would not."""
+    return ([] if faults is None else [_NoClients(faults)]) + list(inner)
 
 
 __all__ = [

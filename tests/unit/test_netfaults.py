@@ -4,14 +4,19 @@ the file (reload on change, a bad file keeps the previous table)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
 import re
+import time
+from typing import Any
 
+import grpc
 import pytest
 
 from minibroker.broker.config import build_config as broker_config
+from minibroker.client.common import netfaults
 from minibroker.client.common.netfaults import (
     EMPTY,
     MAX_RETRANSMISSIONS,
@@ -203,6 +208,104 @@ def test_the_process_view_reloads_on_change_and_keeps_the_table_on_a_bad_file(
     assert faults.load() and faults.active is not None
     os.remove(path)
     assert faults.load() and faults.active is None  # file removed (cluster down): no fault
+
+
+def test_a_same_size_rewrite_within_one_mtime_tick_is_seen(tmp_path: os.PathLike[str]) -> None:
+    path = os.path.join(tmp_path, "faults.json")
+    faults = NetFaults(path, "broker-1")
+    write(path, text(cut=[["broker-1", "broker-2"]]))
+    assert faults.load() and faults.link_to("127.0.0.1:40002").cut
+    before = os.stat(path)
+    with open(path, "r+") as f:  # same file, same size, same mtime: only the bytes differ
+        f.write(text(cut=[["broker-1", "broker-3"]]))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
+        before.st_size,
+        before.st_mtime_ns,
+        before.st_ino,
+    )
+    assert faults.load()
+    assert faults.link_to("127.0.0.1:40003").cut and not faults.link_to("127.0.0.1:40002").cut
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict[str, Any]]] = []
+
+    def __getattr__(self, level: str) -> Any:
+        return lambda event, **kw: self.lines.append((level, event, kw))
+
+
+def test_a_table_that_does_not_name_this_node_is_warned_about(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    recorder = Recorder()
+    monkeypatch.setattr(netfaults, "log", recorder)
+    faults = NetFaults("unused", "broker-9")  # a launcher bug: never faulted, silently
+    faults.set_table(parse_faults(text(cut=[["broker-1", "broker-2"]])))
+    warned = [kw for level, event, kw in recorder.lines if event == "network_faults_node_unknown"]
+    assert warned and warned[0]["node"] == "broker-9" and recorder.lines[-1][0] == "warning"
+    recorder.lines.clear()
+    NetFaults("unused", "broker-1").set_table(parse_faults(text()))
+    NetFaults("unused", "broker-9").set_table(EMPTY)  # no file: no nodes to be missing from
+    assert [event for _, event, _ in recorder.lines] == ["network_faults_changed"] * 2
+
+
+# -- holding, without grpc ----------------------------------------------------------------
+
+
+def cut_12() -> NetFaults:
+    faults = NetFaults("unused", "broker-1")
+    faults.set_table(parse_faults(text(cut=[["broker-1", "broker-2"]])))
+    return faults
+
+
+async def test_held_messages_share_one_waiter_and_leave_none_behind() -> None:
+    faults = cut_12()
+    held = [
+        asyncio.ensure_future(faults.hold("127.0.0.1:40002", time.monotonic() + 30))
+        for _ in range(3)
+    ]
+    while faults.held < 3:
+        await asyncio.sleep(0.005)
+    assert len(faults._aio_changed) == 1  # one future for the loop, not one per message
+    for _ in range(5):  # held, then timed out: nothing stays registered for them
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await faults.hold("127.0.0.1:40002", time.monotonic() + 0.01)
+        assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert len(faults._aio_changed) == 1 and faults.held == 3
+    faults.set_table(parse_faults(text()))  # heal
+    await asyncio.wait_for(asyncio.gather(*held), 10)
+    assert faults._aio_changed == {} and faults.held == 0
+
+
+async def test_a_slow_links_delay_ends_when_the_call_does() -> None:
+    faults = NetFaults("unused", "broker-1")
+    faults.set_table(parse_faults(text(slow={"broker-2": {"delay_ms": 600_000}})))
+    done = asyncio.get_running_loop().create_future()
+    done.set_result(None)  # the call ended: its message is not delayed any more
+    # The deadline is shorter than the delay: the hold still ends with the call, not at it.
+    await asyncio.wait_for(faults.hold("127.0.0.1:40002", time.monotonic() + 300, done), 10)
+
+
+class Counting(NetFaults):
+    lookups = 0
+
+    def link_to(self, address: str) -> Link:
+        self.lookups += 1
+        return super().link_to(address)
+
+
+async def test_a_message_looks_its_link_up_once() -> None:
+    faults = Counting("unused", "broker-1")
+    faults.set_table(parse_faults(text(slow={"broker-2": {"delay_ms": 1}})))
+    await faults.hold("127.0.0.1:40002")
+    assert faults.lookups == 1
+    faults.hold_sync("127.0.0.1:40002")
+    assert faults.lookups == 2
+    await faults.hold("127.0.0.1:40003")  # an open link
+    assert faults.lookups == 3
 
 
 @pytest.mark.parametrize("build", [broker_config, controller_config])

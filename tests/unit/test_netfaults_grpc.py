@@ -4,14 +4,16 @@ BrokerService methods, and clients through aio and synchronous channels with the
 
 A cut link holds a call (nothing reaches the server) until heal, then it is answered; with a
 deadline it fails with DEADLINE_EXCEEDED; streams hold messages in both directions and deliver
-them in order after heal; cancelling a held call ends it; a slow link adds its delay each way;
-`no_clients` holds calls at the server. No fixed sleeps: "held" is seen through the layer's count
-of held messages, waited on with a deadline.
+them in order after heal; cancelling a held call ends it (even one whose end came back and is
+held); a slow link adds its delay each way; `no_clients` holds calls at the server, their errors
+and ends included, before they reach the server's limits. No fixed sleeps: "held" is seen
+through the layer's count of held messages, waited on with a deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import queue
 import threading
@@ -22,6 +24,8 @@ from typing import Any
 import grpc
 import pytest
 
+from minibroker.client.common.grpc_limits import LimitsInterceptor
+from minibroker.client.common.limits import ServerLimits
 from minibroker.client.common.netfaults import (
     NetFaults,
     aio_interceptors,
@@ -36,8 +40,15 @@ from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 WAIT_S = 10.0
 
 
+END_STREAM = 0  # WatchMetadata's batches: this one ends the stream (OK),
+ABORT_STREAM = -1  # this one with FAILED_PRECONDITION (context.abort)
+RAISE_STREAM = -2  # and this one with UNKNOWN (the handler raises)
+
+
 class Servicer(pb_grpc.ControllerServiceServicer, pb_grpc.BrokerServiceServicer):
-    """Records what reached it; `gate` (when set) holds answers until released."""
+    """Records what reached it; `gate` (when set) holds answers until released; `fail` makes
+    DescribeCluster end with an error instead of answering: "abort" FAILED_PRECONDITION by
+    context.abort(), "raise" an exception (UNKNOWN)."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -45,11 +56,16 @@ class Servicer(pb_grpc.ControllerServiceServicer, pb_grpc.BrokerServiceServicer)
         self.fetches: list[int] = []
         self.batches: asyncio.Queue[int] = asyncio.Queue()
         self.gate: asyncio.Event | None = None
+        self.fail: str | None = None
 
     async def DescribeCluster(self, request: Any, context: Any) -> pb.DescribeClusterResponse:
         self.calls += 1
         if self.gate is not None:
             await self.gate.wait()
+        if self.fail == "abort":
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "not the controller")
+        if self.fail == "raise":
+            raise RuntimeError("a bug in the handler")
         return pb.DescribeClusterResponse(cluster_id="c1", metadata_offset=self.calls)
 
     async def Heartbeat(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
@@ -62,6 +78,12 @@ class Servicer(pb_grpc.ControllerServiceServicer, pb_grpc.BrokerServiceServicer)
     async def WatchMetadata(self, request: Any, context: Any) -> AsyncIterator[Any]:
         while True:
             offset = await self.batches.get()
+            if offset == END_STREAM:
+                return
+            if offset == ABORT_STREAM:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "not the controller")
+            if offset == RAISE_STREAM:
+                raise RuntimeError("a bug in the handler")
             yield pb.MetadataBatch(high_offset=offset)
 
     async def FetchStream(self, request_iterator: Any, context: Any) -> None:
@@ -138,24 +160,33 @@ class Env:
         )
 
 
-@pytest.fixture
-async def env() -> AsyncIterator[Env]:
-    servicer = Servicer()
-    server_faults = NetFaults("unused", "controller-1")
-    server = grpc.aio.server(interceptors=server_interceptors(server_faults))
+@contextlib.asynccontextmanager
+async def serving(servicer: Servicer, interceptors: list[Any]) -> AsyncIterator[int]:
+    """An in-process server of `servicer` on 127.0.0.1; yields its port."""
+    server = grpc.aio.server(interceptors=interceptors)
     pb_grpc.add_ControllerServiceServicer_to_server(servicer, server)
     pb_grpc.add_BrokerServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    e = Env(port, servicer, server_faults)
     try:
-        yield e
+        yield port
     finally:
-        for channel in e.channels:
-            closed = channel.close()
-            if asyncio.iscoroutine(closed):
-                await closed
         await server.stop(grace=None)
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    servicer = Servicer()
+    server_faults = NetFaults("unused", "controller-1")
+    async with serving(servicer, server_interceptors(server_faults)) as port:
+        e = Env(port, servicer, server_faults)
+        try:
+            yield e
+        finally:
+            for channel in e.channels:
+                closed = channel.close()
+                if asyncio.iscoroutine(closed):
+                    await closed
 
 
 # -- aio channels -------------------------------------------------------------------------
@@ -239,6 +270,51 @@ async def test_a_stream_holds_answers_and_delivers_them_in_order_after_heal(env:
     assert got == [1, 2, 3, 4]
 
 
+async def test_cancel_ends_a_read_whose_held_answer_is_the_streams_end(env: Env) -> None:
+    # The server ends the stream while the link is cut: its status came back and is held, so
+    # the call underneath is done and its own cancel() does nothing. The caller's cancel() must
+    # still end the held read at once, and say it cancelled (found with a controller that
+    # resigned while cut off: the broker moved its metadata watch to the new leader by
+    # cancelling it, and the watch hung until the heal).
+    stub = env.aio_stub()
+    call = stub.WatchMetadata(pb.WatchMetadataRequest())
+    got: list[int] = []
+
+    async def consume() -> None:
+        async for batch in call:
+            got.append(batch.high_offset)
+
+    consumer = asyncio.ensure_future(consume())
+    env.servicer.batches.put_nowait(1)
+    await eventually(lambda: got == [1], "the first batch")
+    env.cut()
+    env.servicer.batches.put_nowait(ABORT_STREAM)  # the stream's end is held on the cut link
+    await eventually(lambda: env.faults.held == 1, "the stream's end held")
+    assert call.cancel() is True
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(consumer, WAIT_S)
+    assert env.faults.held == 0
+    assert call.cancel() is False  # nothing left to cancel
+
+
+async def test_a_request_stream_on_a_cut_link_ends_at_its_deadline(env: Env) -> None:
+    # grpc.aio cancels a call whose request iterator raises: the hold must not raise there.
+    stub = env.aio_stub()
+    env.cut()
+
+    async def requests() -> AsyncIterator[pb.BrokerHeartbeatRequest]:
+        yield pb.BrokerHeartbeatRequest(broker_epoch=1)
+        await asyncio.Event().wait()  # the stream stays open
+
+    call = stub.Heartbeat(requests(), timeout=0.3)
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        async for _ in call:
+            pass
+    assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert env.servicer.heartbeats == []
+    await eventually(lambda: env.faults.held == 0, "the hold released")
+
+
 async def test_a_request_stream_holds_requests_in_order_until_heal(env: Env) -> None:
     stream = env.fetch_stream()
     first = await stream.request(pb.FetchRequest(), 5)
@@ -274,7 +350,17 @@ async def test_a_request_stream_holds_answers_on_a_cut_link(env: Env) -> None:
     assert not request.done()
     env.heal()
     assert (await asyncio.wait_for(request, WAIT_S)).correlation_id == 2
-    await stream.close()
+    # A request whose answer is held past its timeout fails, and the held read is let go.
+    env.servicer.gate = asyncio.Event()
+    request = asyncio.ensure_future(stream.request(pb.FetchRequest(), 0.5))
+    await eventually(lambda: len(env.servicer.fetches) == 3, "the third request served")
+    env.cut()
+    env.servicer.gate.set()
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await asyncio.wait_for(request, WAIT_S)
+    assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    await eventually(lambda: env.faults.held == 0, "the held answer let go")
+    await asyncio.wait_for(stream.close(), WAIT_S)
 
 
 async def test_a_slow_link_delays_each_message_both_ways(env: Env) -> None:
@@ -321,6 +407,97 @@ async def test_no_clients_holds_every_incoming_call_at_the_server(env: Env) -> N
     assert (await asyncio.wait_for(call, WAIT_S)).cluster_id == "c1"
     assert (await asyncio.wait_for(fetch, WAIT_S)).correlation_id == 2
     await stream.close()
+
+
+@pytest.mark.parametrize(
+    "fail, code",
+    [("abort", grpc.StatusCode.FAILED_PRECONDITION), ("raise", grpc.StatusCode.UNKNOWN)],
+)
+async def test_no_clients_holds_a_handlers_error_like_an_answer(
+    env: Env, fail: str, code: grpc.StatusCode
+) -> None:
+    stub = env.aio_stub(layered=False)
+    env.servicer.gate = asyncio.Event()
+    env.servicer.fail = fail
+    call = asyncio.ensure_future(stub.DescribeCluster(pb.DescribeClusterRequest(), timeout=30))
+    await eventually(lambda: env.servicer.calls == 1, "the handler running")
+    env.server_faults.set_table(table(env.port, no_clients=["controller-1"]))
+    env.servicer.gate.set()  # the handler fails now; its status is held
+    await eventually(lambda: env.server_faults.held == 1, "the handler's error held")
+    assert not call.done()
+    env.server_faults.set_table(table(env.port))
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await asyncio.wait_for(call, WAIT_S)
+    assert failed.value.code() == code
+
+
+@pytest.mark.parametrize(
+    "end, code",
+    [
+        (END_STREAM, grpc.StatusCode.OK),
+        (ABORT_STREAM, grpc.StatusCode.FAILED_PRECONDITION),
+        (RAISE_STREAM, grpc.StatusCode.UNKNOWN),
+    ],
+)
+async def test_no_clients_holds_the_end_of_a_stream(
+    env: Env, end: int, code: grpc.StatusCode
+) -> None:
+    stub = env.aio_stub(layered=False)
+    call = stub.WatchMetadata(pb.WatchMetadataRequest(), timeout=30)
+    got: list[int] = []
+
+    async def consume() -> None:
+        async for batch in call:
+            got.append(batch.high_offset)
+
+    consumer = asyncio.ensure_future(consume())
+    env.servicer.batches.put_nowait(1)
+    await eventually(lambda: got == [1], "the first batch")
+    env.server_faults.set_table(table(env.port, no_clients=["controller-1"]))
+    env.servicer.batches.put_nowait(end)
+    await eventually(lambda: env.server_faults.held == 1, "the stream's end held")
+    assert not consumer.done()
+    env.server_faults.set_table(table(env.port))
+    if code == grpc.StatusCode.OK:
+        await asyncio.wait_for(consumer, WAIT_S)
+    else:
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await asyncio.wait_for(consumer, WAIT_S)
+        assert failed.value.code() == code
+    assert got == [1]
+
+
+async def test_calls_held_by_no_clients_count_against_no_server_limit() -> None:
+    # The fault layer's interceptor goes first (outermost): a held call has not reached the
+    # limits, so a second client is held too, not refused as over max.connections.per.ip.
+    servicer = Servicer()
+    server_faults = NetFaults("unused", "controller-1")
+    limits = LimitsInterceptor(ServerLimits(max_connections_per_ip=1), None)
+    async with serving(servicer, server_interceptors(server_faults, limits)) as port:
+        address = f"127.0.0.1:{port}"
+        # Two connections (channels to one target share one unless told not to).
+        channels = [
+            grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+            for _ in range(2)
+        ]
+        try:
+            first, second = (pb_grpc.ControllerServiceStub(c) for c in channels)
+            server_faults.set_table(table(port, no_clients=["controller-1"]))
+            one = asyncio.ensure_future(first.DescribeCluster(pb.DescribeClusterRequest()))
+            await eventually(lambda: server_faults.held == 1, "the first client's call held")
+            two = asyncio.ensure_future(second.DescribeCluster(pb.DescribeClusterRequest()))
+            await eventually(lambda: server_faults.held == 2, "the second client's call held")
+            assert not one.done() and not two.done() and servicer.calls == 0
+            server_faults.set_table(table(port))
+            # After the heal the limit applies again (the second may be refused if the two
+            # overlap: the limit's call, not the fault layer's).
+            answers = await asyncio.wait_for(
+                asyncio.gather(one, two, return_exceptions=True), WAIT_S
+            )
+            assert answers[0].cluster_id == "c1"
+        finally:
+            for channel in channels:
+                await channel.close()
 
 
 # -- synchronous channels (the broker's heartbeat thread) ---------------------------------
