@@ -45,7 +45,7 @@ def register(sub: Any) -> None:
     parser.add_argument("--data-dir", help="data dir for logs and checkpoints (log.dirs)")
     parser.add_argument(
         "--listen",
-        help="[NAME://]HOST:PORT to serve on (listeners; NAME PLAINTEXT by default); port 0 picks a free port",
+        help="[NAME://]HOST:PORT to serve on (listeners; HOST:PORT is PLAINTEXT); port 0: any",
     )
     parser.add_argument(
         "--controller", help="HOST:PORT of the controller (a comma-separated list: a quorum)"

@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", help="the metadata log's data dir (metadata.log.dir)")
     parser.add_argument(
         "--listen",
-        help="[NAME://]HOST:PORT to serve on (listeners; NAME PLAINTEXT by default); port 0 picks a free port",
+        help="[NAME://]HOST:PORT to serve on (listeners; HOST:PORT is PLAINTEXT); port 0: any",
     )
     parser.add_argument("--node-id", type=int, help="the controller's id (node.id)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus port (0: any, -1: off)")
