@@ -125,7 +125,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         interceptors=server_interceptors(faults, *([interceptor] if interceptor.enabled else [])),
     )
     host, port = config.listen
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = server.add_insecure_port(config.listener.address)
     if bound == 0:
         log.error("listen_failed", address=f"{host}:{port}")
         _print_error(f"cannot listen on {host}:{port}")

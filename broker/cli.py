@@ -43,7 +43,10 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("--node-id", type=int, help="this broker's id (node.id)")
     parser.add_argument("--data-dir", help="data dir for logs and checkpoints (log.dirs)")
-    parser.add_argument("--listen", help="HOST:PORT to serve on; port 0 picks a free port")
+    parser.add_argument(
+        "--listen",
+        help="[NAME://]HOST:PORT to serve on (listeners; HOST:PORT is PLAINTEXT); port 0: any",
+    )
     parser.add_argument(
         "--controller", help="HOST:PORT of the controller (a comma-separated list: a quorum)"
     )

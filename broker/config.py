@@ -7,12 +7,20 @@ Kafka's broker name (`log.segment.bytes`, `message.max.bytes`, ...); a topic's o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from minibroker.client.common.config import ConfigError, ConfigKey, at_least, resolve
 from minibroker.client.common.limits import LIMIT_KEYS, ServerLimits
+from minibroker.client.common.listeners import (
+    DEFAULT_PROTOCOL_MAP,
+    SSL,
+    Listener,
+    parse_protocol_map,
+    parse_single_listener,
+    security_protocol,
+)
 from minibroker.client.common.netfaults import NETWORK_FAULT_KEYS
 from minibroker.client.controller_finder import parse_controllers
 from minibroker.client.topic_config import TOPIC_CONFIG_KEYS
@@ -36,7 +44,21 @@ BROKER_ALIASES: dict[str, str] = {
 BROKER_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("node.id", int, -1, "this broker's id (required, >= 0)"),
     ConfigKey("log.dirs", str, "", "the data dir (one dir per broker)"),
-    ConfigKey("listeners", str, "127.0.0.1:9092", "HOST:PORT the broker serves on (port 0: any)"),
+    ConfigKey(
+        "listeners",
+        str,
+        "127.0.0.1:9092",
+        "NAME://HOST:PORT the broker serves on (HOST:PORT means PLAINTEXT; port 0: any; "
+        "one listener)",
+        lambda v: _problem(parse_single_listener, v),
+    ),
+    ConfigKey(
+        "listener.security.protocol.map",
+        str,
+        DEFAULT_PROTOCOL_MAP,
+        "NAME:PROTOCOL,... the security protocol of each listener name (PLAINTEXT or SSL)",
+        lambda v: _problem(parse_protocol_map, v),
+    ),
     ConfigKey(
         "controller.quorum.bootstrap.servers",
         str,
@@ -128,6 +150,15 @@ BROKER_KEYS: tuple[ConfigKey, ...] = (
     *NETWORK_FAULT_KEYS,
 )
 
+
+def _problem(parse: Callable[[str], object], value: str) -> str | None:
+    try:
+        parse(value)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
 _BROKER_KEY_NAMES = frozenset(k.name for k in BROKER_KEYS)
 _TOPIC_KEY_NAMES = frozenset(k.name for k in TOPIC_CONFIG_KEYS)
 
@@ -152,8 +183,21 @@ class BrokerConfig:
         return str(self.values["log.dirs"])
 
     @property
+    def listener(self) -> Listener:
+        """The listener the broker serves on (build_config checked it)."""
+        return parse_single_listener(str(self.values["listeners"]))
+
+    @property
     def listen(self) -> tuple[str, int]:
-        return split_host_port(str(self.values["listeners"]))
+        listener = self.listener
+        return listener.host, listener.port
+
+    @property
+    def security_protocol(self) -> str:
+        """PLAINTEXT or SSL: the listener name looked up in listener.security.protocol.map."""
+        return security_protocol(
+            self.listener, parse_protocol_map(str(self.values["listener.security.protocol.map"]))
+        )
 
     @property
     def controllers(self) -> tuple[str, ...]:
@@ -193,6 +237,19 @@ def _controller_list(values: Mapping[str, Any], layers: list[dict[str, Any]]) ->
         raise ConfigError(f"{name}: {err}") from None
 
 
+def _check_listener(config: BrokerConfig) -> None:
+    try:
+        protocol = config.security_protocol
+    except ValueError as err:
+        raise ConfigError(f"listeners: {err}") from None
+    if protocol == SSL:
+        # TLS is section B of issue 16 (branch sec-tls): until it lands, an SSL listener would
+        # serve plaintext, so it is refused.
+        raise ConfigError(
+            f"listeners: {config.listener} is an SSL listener; this build serves PLAINTEXT only"
+        )
+
+
 def split_host_port(text: str) -> tuple[str, int]:
     text = text.strip()
     for prefix in ("PLAINTEXT://", "plaintext://"):
@@ -228,5 +285,7 @@ def build_config(*layers: Mapping[str, Any]) -> BrokerConfig:
     if not values["log.dirs"]:
         raise ConfigError("a data dir is required (--data-dir DIR)")
     ServerLimits.from_config(values)  # cross-key rules
+    config = BrokerConfig(values=values, topic_defaults={})
+    _check_listener(config)
     topic_defaults = resolve(TOPIC_CONFIG_KEYS, *topic_layers)
     return BrokerConfig(values=values, topic_defaults=topic_defaults)

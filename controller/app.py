@@ -101,13 +101,6 @@ class _Pending:
     ran: list[tuple[asyncio.Future[Any] | None, Outcome[Any], BaseException | None]]
 
 
-def _split_listen(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"--listen expects HOST:PORT, got {listen!r}")
-    return host or "127.0.0.1", int(port)
-
-
 def _clone(image: MetadataImage) -> MetadataImage:
     copy = MetadataImage()
     copy.replace_with_snapshot(image.to_records(), image.next_offset)
@@ -232,7 +225,8 @@ class ControllerApp:
             partitions=image.partition_count(),
             load_ms=round((time.monotonic() - started) * 1000, 1),
         )
-        host, port = _split_listen(self.config["listeners"])
+        listener = self.config.listener
+        host, port = listener.host, listener.port
         limits = self.config.limits
         interceptor = LimitsInterceptor(limits, RequestBudget(limits.queued_max_request_bytes))
         # The launcher's network faults (nothing installed unless it set network.faults.file).
@@ -248,7 +242,7 @@ class ControllerApp:
         pb_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(self), server)
         pb_grpc.add_QuorumServiceServicer_to_server(QuorumServicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        self.port = server.add_insecure_port(f"{host}:{port}")
+        self.port = server.add_insecure_port(listener.address)
         if self.port == 0:
             raise OSError(f"cannot listen on {host}:{port}")
         if not str(self.config["controller.quorum.voters"]).strip():

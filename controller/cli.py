@@ -22,7 +22,10 @@ EPILOG = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", help="the metadata log's data dir (metadata.log.dir)")
-    parser.add_argument("--listen", help="HOST:PORT to serve on; port 0 picks a free port")
+    parser.add_argument(
+        "--listen",
+        help="[NAME://]HOST:PORT to serve on (listeners; HOST:PORT is PLAINTEXT); port 0: any",
+    )
     parser.add_argument("--node-id", type=int, help="the controller's id (node.id)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus port (0: any, -1: off)")
     parser.add_argument("--config", help="a .properties or .toml file")
@@ -63,13 +66,6 @@ def main(args: argparse.Namespace) -> int:
         config = build_config(*command_line_layers(args, flag_keys))
     except ConfigError as err:
         print(f"minibroker controller: {err}", file=sys.stderr)
-        return 2
-    _host, sep, port = str(config["listeners"]).rpartition(":")
-    if not sep or not port.isdigit():
-        print(
-            f"minibroker controller: --listen expects HOST:PORT, got {config['listeners']!r}",
-            file=sys.stderr,
-        )
         return 2
     if not config["metadata.log.dir"]:
         print("minibroker controller: --data-dir is required", file=sys.stderr)

@@ -8,12 +8,20 @@ Broker-level defaults for topic configs (`min.insync.replicas`, `unclean.leader.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from minibroker.client.common.config import ConfigError, ConfigKey, at_least, resolve
 from minibroker.client.common.limits import LIMIT_KEYS, ServerLimits
+from minibroker.client.common.listeners import (
+    DEFAULT_PROTOCOL_MAP,
+    SSL,
+    Listener,
+    parse_protocol_map,
+    parse_single_listener,
+    security_protocol,
+)
 from minibroker.client.common.netfaults import NETWORK_FAULT_KEYS
 from minibroker.client.topic_config import TOPIC_CONFIG_KEYS, TOPIC_CONFIG_NAMES
 from minibroker.controller.core.controller import ControllerSettings
@@ -22,6 +30,15 @@ from minibroker.controller.core.partition_limits import (
     DEFAULT_MAX_PARTITIONS,
 )
 from minibroker.controller.quorum.messages import QuorumSettings, VoterAddress
+
+
+def _problem(parse: Callable[[str], object], value: str) -> str | None:
+    try:
+        parse(value)
+    except ValueError as err:
+        return str(err)
+    return None
+
 
 CONTROLLER_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
@@ -68,7 +85,16 @@ CONTROLLER_KEYS: tuple[ConfigKey, ...] = (
         "listeners",
         str,
         "127.0.0.1:9093",
-        "HOST:PORT to serve ControllerService on (port 0: any; --listen)",
+        "NAME://HOST:PORT to serve ControllerService on (HOST:PORT means PLAINTEXT; port 0: "
+        "any; one listener; --listen)",
+        lambda v: _problem(parse_single_listener, v),
+    ),
+    ConfigKey(
+        "listener.security.protocol.map",
+        str,
+        DEFAULT_PROTOCOL_MAP,
+        "NAME:PROTOCOL,... the security protocol of each listener name (PLAINTEXT or SSL)",
+        lambda v: _problem(parse_protocol_map, v),
     ),
     ConfigKey(
         "metrics.port",
@@ -183,12 +209,24 @@ class ControllerConfig:
     def topic_defaults(self) -> dict[str, Any]:
         return {k: v for k, v in self.values.items() if k in TOPIC_CONFIG_NAMES}
 
+    @property
+    def listener(self) -> Listener:
+        """The listener ControllerService is served on (build_config checked it)."""
+        return parse_single_listener(str(self["listeners"]))
+
+    @property
+    def security_protocol(self) -> str:
+        """PLAINTEXT or SSL: the listener name looked up in listener.security.protocol.map."""
+        return security_protocol(
+            self.listener, parse_protocol_map(str(self["listener.security.protocol.map"]))
+        )
+
     def quorum_voters(self) -> tuple[VoterAddress, ...]:
         """The voters, sorted by id; a quorum of one (this controller) when unset."""
         text = str(self["controller.quorum.voters"]).strip()
         if not text:
-            host, _, port = str(self["listeners"]).rpartition(":")
-            return (VoterAddress(self["node.id"], host or "127.0.0.1", int(port)),)
+            listener = self.listener
+            return (VoterAddress(self["node.id"], listener.host, listener.port),)
         return parse_voters(text)
 
     def quorum_settings(self) -> QuorumSettings:
@@ -256,6 +294,16 @@ def build_config(*layers: Mapping[str, Any]) -> ControllerConfig:
         )
     ServerLimits.from_config(values)  # cross-key rules
     config = ControllerConfig(values)
+    try:
+        protocol = config.security_protocol
+    except ValueError as err:
+        raise ConfigError(f"listeners: {err}") from None
+    if protocol == SSL:
+        # TLS is section B of issue 16 (branch sec-tls): until it lands, an SSL listener would
+        # serve plaintext, so it is refused.
+        raise ConfigError(
+            f"listeners: {config.listener} is an SSL listener; this build serves PLAINTEXT only"
+        )
     if str(values["controller.quorum.voters"]).strip():
         voters = config.quorum_voters()
         me = [v for v in voters if v.voter_id == values["node.id"]]
@@ -264,8 +312,8 @@ def build_config(*layers: Mapping[str, Any]) -> ControllerConfig:
                 f"controller.quorum.voters ({values['controller.quorum.voters']}) does not name "
                 f"this controller's node.id {values['node.id']}"
             )
-        _, _, port = str(values["listeners"]).rpartition(":")
-        if port.isdigit() and int(port) not in (0, me[0].port):
+        port = config.listener.port
+        if port not in (0, me[0].port):
             raise ConfigError(
                 f"listeners port {port} is not this voter's port {me[0].port} in "
                 "controller.quorum.voters"

@@ -24,6 +24,7 @@ PURE = [
     "client/errors.py",
     "client/common/invariant.py",
     "client/common/limits.py",
+    "client/common/listeners.py",
     "client/batch.py",
     "client/records",
     "client/compression.py",
