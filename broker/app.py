@@ -43,6 +43,7 @@ from minibroker.client.common import runtime
 from minibroker.client.common.grpc_limits import LimitsInterceptor, RequestBudget
 from minibroker.client.common.limits import ServerLimits
 from minibroker.client.common.netfaults import NetFaults, server_interceptors
+from minibroker.client.common.tls import add_port
 from minibroker.client.errors import MiniBrokerError
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
@@ -106,7 +107,10 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
     faults = NetFaults.from_config(config)
     if faults is not None:
         faults.start()
-    rm = ReplicaManager(config, log_manager, metrics, config.controller, faults)
+    # The listener's TLS (None: PLAINTEXT), also used on the broker's channels to the controllers
+    # and to the leaders it follows (build_config read the files once already).
+    tls = config.tls
+    rm = ReplicaManager(config, log_manager, metrics, config.controller, faults, tls)
     try:
         rm.load_existing_logs()
     except Exception as err:
@@ -125,7 +129,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         interceptors=server_interceptors(faults, *([interceptor] if interceptor.enabled else [])),
     )
     host, port = config.listen
-    bound = server.add_insecure_port(config.listener.address)
+    bound = add_port(server, config.listener.address, tls)
     if bound == 0:
         log.error("listen_failed", address=f"{host}:{port}")
         _print_error(f"cannot listen on {host}:{port}")
@@ -146,6 +150,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         metadata_offset=rm.metadata_offset,
         applied_offset=rm.applied_metadata_offset,
         faults=faults,
+        tls=tls,
     )
     rm.attach(link)
     servicer = BrokerServicer(
@@ -160,6 +165,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
     log.info(
         "broker_listening",
         address=f"{host}:{bound}",
+        security_protocol=config.security_protocol,
         metrics_port=metrics_port,
         controller=",".join(config.controllers),
         rack=config.rack,

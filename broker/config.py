@@ -15,13 +15,13 @@ from minibroker.client.common.config import ConfigError, ConfigKey, at_least, re
 from minibroker.client.common.limits import LIMIT_KEYS, ServerLimits
 from minibroker.client.common.listeners import (
     DEFAULT_PROTOCOL_MAP,
-    SSL,
     Listener,
     parse_protocol_map,
     parse_single_listener,
     security_protocol,
 )
 from minibroker.client.common.netfaults import NETWORK_FAULT_KEYS
+from minibroker.client.common.tls import SERVER_SSL_KEYS, TlsSettings, node_tls
 from minibroker.client.controller_finder import parse_controllers
 from minibroker.client.topic_config import TOPIC_CONFIG_KEYS
 
@@ -148,6 +148,7 @@ BROKER_KEYS: tuple[ConfigKey, ...] = (
     ),
     *LIMIT_KEYS,
     *NETWORK_FAULT_KEYS,
+    *SERVER_SSL_KEYS,
 )
 
 
@@ -200,6 +201,12 @@ class BrokerConfig:
         )
 
     @property
+    def tls(self) -> TlsSettings | None:
+        """The SSL listener's certificate, key and CA, also presented on this node's own
+        channels to other nodes (mutual TLS); None for a PLAINTEXT listener. Reads the files."""
+        return node_tls(self.values, self.security_protocol)
+
+    @property
     def controllers(self) -> tuple[str, ...]:
         """Every configured controller, "host:port" each, in order (build_config checked them)."""
         return parse_controllers(str(self.values["controller.quorum.bootstrap.servers"]))
@@ -242,12 +249,8 @@ def _check_listener(config: BrokerConfig) -> None:
         protocol = config.security_protocol
     except ValueError as err:
         raise ConfigError(f"listeners: {err}") from None
-    if protocol == SSL:
-        # TLS is section B of issue 16 (branch sec-tls): until it lands, an SSL listener would
-        # serve plaintext, so it is refused.
-        raise ConfigError(
-            f"listeners: {config.listener} is an SSL listener; this build serves PLAINTEXT only"
-        )
+    # An SSL listener's PEM files are read now, so that a missing one fails the start clearly.
+    node_tls(config.values, protocol)
 
 
 def split_host_port(text: str) -> tuple[str, int]:

@@ -50,6 +50,7 @@ import grpc
 
 from minibroker.client.common.log import get_logger
 from minibroker.client.common.netfaults import NetFaults, aio_interceptors, intercept_sync
+from minibroker.client.common.tls import TlsSettings, aio_channel, sync_channel
 from minibroker.client.controller_finder import (
     SEARCH_BACKOFF_S,
     ControllerFinder,
@@ -105,6 +106,7 @@ class ControllerLink:
         metadata_offset: Callable[[], int],
         applied_offset: Callable[[], int] | None = None,
         faults: NetFaults | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
         """`metadata_offset()`: where the watch resumes (the next offset not in the image).
         `applied_offset()`: the next offset whose batch is not fully acted on yet, which the
@@ -114,6 +116,7 @@ class ControllerLink:
         controller (before the quorum), used when `controllers` is empty."""
         self.broker_id = broker_id
         self._faults = faults
+        self._tls = tls  # the broker's own certificate when its listener is SSL (mutual TLS)
         self.incarnation_id = uuid.uuid4().hex
         if not controllers:
             if controller is None:
@@ -165,8 +168,9 @@ class ControllerLink:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(
+            channel = aio_channel(
                 address,
+                self._tls,
                 options=_CHANNEL_OPTIONS,
                 interceptors=aio_interceptors(self._faults, address),
             )
@@ -398,7 +402,7 @@ class ControllerLink:
         channel = self._heartbeat_channels.get(target)
         if channel is None:
             channel = intercept_sync(
-                grpc.insecure_channel(target, options=_CHANNEL_OPTIONS), self._faults, target
+                sync_channel(target, self._tls, options=_CHANNEL_OPTIONS), self._faults, target
             )
             self._heartbeat_channels[target] = channel
         self._heartbeat_stub = pb_grpc.ControllerServiceStub(channel)

@@ -18,6 +18,7 @@ import grpc
 from minibroker.broker import wire
 from minibroker.client.common.log import get_logger
 from minibroker.client.common.netfaults import NetFaults
+from minibroker.client.common.tls import TlsSettings, aio_channel
 from minibroker.client.stream import RequestStream
 from minibroker.client.types import TopicPartition
 from minibroker.proto import minibroker_pb2 as pb
@@ -73,6 +74,7 @@ class Fetcher:
         response_max_bytes: int,
         backoff_ms: int,
         faults: NetFaults | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
         self.leader_id = leader_id
         self.address = address
@@ -83,7 +85,7 @@ class Fetcher:
         self._max_bytes = max_bytes
         self._response_max_bytes = response_max_bytes
         self._backoff_s = backoff_ms / 1000.0
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = aio_channel(address, tls, options=CHANNEL_OPTIONS)
         # Long polls go out on one FetchStream (half the CPU and latency of unary calls).
         self._stream = RequestStream(
             pb_grpc.BrokerServiceStub(self._channel).FetchStream, address, faults=faults
@@ -210,11 +212,13 @@ class FetcherManager:
         host: FollowerHost,
         address_of: Callable[[int], str | None],
         faults: NetFaults | None = None,
+        tls: TlsSettings | None = None,
         **fetcher_options: int,
     ) -> None:
         self._host = host
         self._address_of = address_of
         self._faults = faults
+        self._tls = tls
         self._options = fetcher_options
         self._fetchers: dict[int, Fetcher] = {}
         self._assignment: dict[TopicPartition, int] = {}
@@ -247,7 +251,9 @@ class FetcherManager:
             self._stop_later(self._fetchers.pop(leader_id))
             fetcher = None
         if fetcher is None:
-            fetcher = Fetcher(self._host, leader_id, address, faults=self._faults, **self._options)
+            fetcher = Fetcher(
+                self._host, leader_id, address, faults=self._faults, tls=self._tls, **self._options
+            )
             for other, lid in self._assignment.items():
                 if lid == leader_id:
                     fetcher.add(other)

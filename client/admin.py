@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minibroker.client import wire
+from minibroker.client.common.tls import client_tls
 from minibroker.client.controller_finder import LeaderHint
 from minibroker.client.errors import (
     ErrorCode,
@@ -266,6 +267,10 @@ class AsyncAdmin:
         request_timeout_ms: int = 30_000,
         retry_backoff_ms: int = 100,
         default_api_timeout_ms: int = 60_000,
+        security_protocol: str = "PLAINTEXT",
+        ssl_ca_location: str | None = None,
+        ssl_certificate_location: str | None = None,
+        ssl_key_location: str | None = None,
     ) -> None:
         self.request_timeout_ms = request_timeout_ms
         self.default_api_timeout_ms = default_api_timeout_ms
@@ -273,6 +278,9 @@ class AsyncAdmin:
             bootstrap_servers,
             request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=retry_backoff_ms,
+            tls=client_tls(
+                security_protocol, ssl_ca_location, ssl_certificate_location, ssl_key_location
+            ),
         )
         # The newest NOT_CONTROLLER hint that named the active controller (preferred over the
         # brokers' metadata, which may lag an election), and the newest quorum epoch seen.

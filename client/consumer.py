@@ -25,6 +25,7 @@ import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 
 from minibroker.client.common.config import ConfigError
+from minibroker.client.common.tls import client_tls
 from minibroker.client.errors import (
     MiniBrokerError,
     OffsetOutOfRangeError,
@@ -70,6 +71,10 @@ class AsyncConsumer:
         default_api_timeout_ms: int = 60_000,
         metadata_max_age_ms: int = 300_000,
         max_block_ms: int = 5_000,
+        security_protocol: str = "PLAINTEXT",
+        ssl_ca_location: str | None = None,
+        ssl_certificate_location: str | None = None,
+        ssl_key_location: str | None = None,
     ) -> None:
         if auto_offset_reset not in _RESETS:
             raise ConfigError(
@@ -94,6 +99,9 @@ class AsyncConsumer:
             request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=retry_backoff_ms,
             metadata_max_age_ms=metadata_max_age_ms,
+            tls=client_tls(
+                security_protocol, ssl_ca_location, ssl_certificate_location, ssl_key_location
+            ),
         )
         default_reset = None if auto_offset_reset == "none" else auto_offset_reset
         self._subscriptions = SubscriptionState(default_reset)

@@ -28,6 +28,7 @@ from typing import Any
 from minibroker.client.accumulator import RecordAccumulator, record_size_estimate
 from minibroker.client.batch import Compression
 from minibroker.client.common.config import ConfigError
+from minibroker.client.common.tls import client_tls
 from minibroker.client.errors import (
     ClientClosedError,
     MessageTooLargeError,
@@ -103,6 +104,10 @@ class AsyncProducer:
         metadata_max_age_ms: int = 300_000,
         client_id: str = "",
         rng: random.Random | None = None,
+        security_protocol: str = "PLAINTEXT",
+        ssl_ca_location: str | None = None,
+        ssl_certificate_location: str | None = None,
+        ssl_key_location: str | None = None,
     ) -> None:
         self.acks = parse_acks(acks)
         if enable_idempotence is None:
@@ -147,6 +152,9 @@ class AsyncProducer:
             request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=retry_backoff_ms,
             metadata_max_age_ms=metadata_max_age_ms,
+            tls=client_tls(
+                security_protocol, ssl_ca_location, ssl_certificate_location, ssl_key_location
+            ),
         )
         self.accumulator = RecordAccumulator(
             batch_size=batch_size,

@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from minibroker.client.common.tls import TlsSettings, aio_channel
 from minibroker.client.errors import (
     ClientClosedError,
     ErrorCode,
@@ -132,8 +133,10 @@ class ClusterClient:
         request_timeout_ms: int = 30_000,
         retry_backoff_ms: int = 100,
         metadata_max_age_ms: int = 300_000,
+        tls: TlsSettings | None = None,
     ) -> None:
         self.bootstrap = parse_bootstrap(bootstrap_servers)
+        self.tls = tls
         self.request_timeout_ms = request_timeout_ms
         self.retry_backoff_ms = retry_backoff_ms
         self.metadata = MetadataCache(metadata_max_age_ms)
@@ -152,7 +155,7 @@ class ClusterClient:
             raise ClientClosedError("the client is closed")
         chan = self._channels.get(address)
         if chan is None:
-            chan = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            chan = aio_channel(address, self.tls, options=CHANNEL_OPTIONS)
             self._channels[address] = chan
         return chan
 

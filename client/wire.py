@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import grpc
 
+from minibroker.client.common.tls import MISMATCH_HINT, looks_like_tls_mismatch
 from minibroker.client.controller_finder import LeaderHint, hint_from_error
 from minibroker.client.errors import (
     ErrorCode,
@@ -73,6 +74,10 @@ def error_from_rpc(err: grpc.aio.AioRpcError | grpc.RpcError, address: str) -> M
         # A controller of a quorum that is not the active one (retriable: ask the leader).
         return NotControllerError(f"{address} is not the active controller: {details}")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED):
+        if looks_like_tls_mismatch(details or ""):
+            return NetworkExceptionError(
+                f"broker {address} unavailable: {details} ({MISMATCH_HINT})"
+            )
         return NetworkExceptionError(f"broker {address} unavailable: {details}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return RequestTimedOutError(f"request to {address} timed out")

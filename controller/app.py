@@ -37,6 +37,7 @@ from minibroker.client.common import runtime
 from minibroker.client.common.grpc_limits import LimitsInterceptor, RequestBudget
 from minibroker.client.common.log import get_logger
 from minibroker.client.common.netfaults import NetFaults, server_interceptors
+from minibroker.client.common.tls import add_port
 from minibroker.controller.config import ControllerConfig, normalised_voters
 from minibroker.controller.core.controller import ControllerCore
 from minibroker.controller.core.messages import Outcome
@@ -242,7 +243,8 @@ class ControllerApp:
         pb_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(self), server)
         pb_grpc.add_QuorumServiceServicer_to_server(QuorumServicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        self.port = server.add_insecure_port(listener.address)
+        tls = self.config.tls
+        self.port = add_port(server, listener.address, tls)
         if self.port == 0:
             raise OSError(f"cannot listen on {host}:{port}")
         if not str(self.config["controller.quorum.voters"]).strip():
@@ -256,6 +258,7 @@ class ControllerApp:
             listener=self,
             header_voters=normalised_voters(voters),
             faults=self.faults,
+            tls=tls,
         )
         await self.quorum.start()
         self._tasks = [

@@ -16,13 +16,13 @@ from minibroker.client.common.config import ConfigError, ConfigKey, at_least, re
 from minibroker.client.common.limits import LIMIT_KEYS, ServerLimits
 from minibroker.client.common.listeners import (
     DEFAULT_PROTOCOL_MAP,
-    SSL,
     Listener,
     parse_protocol_map,
     parse_single_listener,
     security_protocol,
 )
 from minibroker.client.common.netfaults import NETWORK_FAULT_KEYS
+from minibroker.client.common.tls import SERVER_SSL_KEYS, TlsSettings, node_tls
 from minibroker.client.topic_config import TOPIC_CONFIG_KEYS, TOPIC_CONFIG_NAMES
 from minibroker.controller.core.controller import ControllerSettings
 from minibroker.controller.core.partition_limits import (
@@ -189,6 +189,7 @@ CONTROLLER_KEYS: tuple[ConfigKey, ...] = (
     ),
     *LIMIT_KEYS,
     *NETWORK_FAULT_KEYS,
+    *SERVER_SSL_KEYS,
 )
 
 ALL_KEYS: tuple[ConfigKey, ...] = CONTROLLER_KEYS + TOPIC_CONFIG_KEYS
@@ -220,6 +221,12 @@ class ControllerConfig:
         return security_protocol(
             self.listener, parse_protocol_map(str(self["listener.security.protocol.map"]))
         )
+
+    @property
+    def tls(self) -> TlsSettings | None:
+        """The SSL listener's certificate, key and CA, also presented on this node's own
+        channels to other nodes (mutual TLS); None for a PLAINTEXT listener. Reads the files."""
+        return node_tls(self.values, self.security_protocol)
 
     def quorum_voters(self) -> tuple[VoterAddress, ...]:
         """The voters, sorted by id; a quorum of one (this controller) when unset."""
@@ -298,12 +305,8 @@ def build_config(*layers: Mapping[str, Any]) -> ControllerConfig:
         protocol = config.security_protocol
     except ValueError as err:
         raise ConfigError(f"listeners: {err}") from None
-    if protocol == SSL:
-        # TLS is section B of issue 16 (branch sec-tls): until it lands, an SSL listener would
-        # serve plaintext, so it is refused.
-        raise ConfigError(
-            f"listeners: {config.listener} is an SSL listener; this build serves PLAINTEXT only"
-        )
+    # An SSL listener's PEM files are read now, so that a missing one fails the start clearly.
+    node_tls(config.values, protocol)
     if str(values["controller.quorum.voters"]).strip():
         voters = config.quorum_voters()
         me = [v for v in voters if v.voter_id == values["node.id"]]

@@ -92,6 +92,9 @@ class ClusterState:
     # 0: every port was picked free. `add-broker` follows the same rule.
     base_port: int = 0
     racks: int = 0  # `cluster up --racks N`: rack-0..rack-N-1 (0: none)
+    # SSL listeners everywhere, mutual TLS between nodes (ssl.client.auth=required); the
+    # certificates live under DIR/tls (node ones made as a node first starts: tls_settings_for).
+    tls: bool = False
 
     @property
     def controller(self) -> ProcessSpec:
@@ -126,6 +129,7 @@ class ClusterState:
             "cluster_id": self.cluster_id,
             "base_port": self.base_port,
             "racks": self.racks,
+            "tls": self.tls,
             "controller": asdict(self.controller),
             "controllers": [asdict(c) for c in self.controllers],
             "brokers": [asdict(b) for b in self.brokers],
@@ -149,6 +153,7 @@ class ClusterState:
             cluster_id=str(data.get("cluster_id") or ""),
             base_port=base_port,
             racks=int(data.get("racks") or 0),
+            tls=bool(data.get("tls")),
         )
 
     def find(self, ident: str, active: int | None = None) -> ProcessSpec:
@@ -489,7 +494,7 @@ def command_for(spec: ProcessSpec, state: ClusterState) -> list[str]:
             "--data-dir",
             spec.data_dir,
             "--listen",
-            spec.address,
+            listener_of(spec, state),
             "--metrics-port",
             str(spec.metrics_port),
         ]
@@ -507,7 +512,7 @@ def command_for(spec: ProcessSpec, state: ClusterState) -> list[str]:
             "--data-dir",
             spec.data_dir,
             "--listen",
-            spec.address,
+            listener_of(spec, state),
             # controller.quorum.bootstrap.servers: every controller (one for a quorum of one).
             "--controller",
             state.controller_bootstrap,
@@ -519,6 +524,7 @@ def command_for(spec: ProcessSpec, state: ClusterState) -> list[str]:
     # Every process polls the launcher's fault table (nothing set: no fault, see netfaults).
     launcher_settings["network.faults.file"] = str(faults_path(state.dir).resolve())
     launcher_settings["network.faults.node"] = spec.name
+    launcher_settings.update(tls_settings_for(spec, state))
     # The user's --set first, the launcher's settings last: they win (a later --set does).
     for key, value in sorted(spec.settings.items()):
         if key not in launcher_settings:
@@ -526,6 +532,93 @@ def command_for(spec: ProcessSpec, state: ClusterState) -> list[str]:
     for key, value in sorted(launcher_settings.items()):
         cmd += ["--set", f"{key}={value}"]
     return cmd
+
+
+def listener_of(spec: ProcessSpec, state: ClusterState) -> str:
+    """The process's `listeners`: SSL://host:port in a --tls cluster, else host:port."""
+    return f"SSL://{spec.address}" if state.tls else spec.address
+
+
+# -- TLS (cluster up --tls) ---------------------------------------------------------------------
+
+TLS_DIR = "tls"
+# The user the launcher, the CLI and watch connect as (CN of DIR/tls/admin.pem).
+CLIENT_USER = "admin"
+
+
+def tls_dir(directory: str) -> pathlib.Path:
+    return pathlib.Path(directory).resolve() / TLS_DIR
+
+
+def _ca(directory: str) -> Any:
+    from minibroker.deploy import tls
+
+    folder = tls_dir(directory)
+    pair = tls.PemPair(folder / "ca.pem", folder / "ca.key")
+    if pair.cert.exists() and pair.key.exists():
+        return pair
+    return tls.make_ca(folder)
+
+
+def node_pems(spec: ProcessSpec, state: ClusterState) -> Any:
+    """The node's certificate and key (made, signed by the cluster's CA, on first use)."""
+    from minibroker.deploy import tls
+
+    folder = tls_dir(state.dir)
+    name = tls.node_name(spec.role, spec.node_id)
+    pair = tls.PemPair(folder / f"{name}.pem", folder / f"{name}.key")
+    if pair.cert.exists() and pair.key.exists():
+        return pair
+    return tls.make_node_cert(_ca(state.dir), folder, spec.role, spec.node_id, [spec.host])
+
+
+def client_pems(directory: str) -> Any:
+    """The CLIENT_USER certificate (made on first use)."""
+    from minibroker.deploy import tls
+
+    folder = tls_dir(directory)
+    pair = tls.PemPair(folder / f"{CLIENT_USER}.pem", folder / f"{CLIENT_USER}.key")
+    if pair.cert.exists() and pair.key.exists():
+        return pair
+    return tls.make_client_cert(_ca(directory), folder, CLIENT_USER)
+
+
+def tls_settings_for(spec: ProcessSpec, state: ClusterState) -> dict[str, str]:
+    """A node's ssl.* settings in a --tls cluster (nothing otherwise)."""
+    if not state.tls:
+        return {}
+    pair = node_pems(spec, state)
+    return {
+        "ssl.ca.location": str(tls_dir(state.dir) / "ca.pem"),
+        "ssl.certificate.location": str(pair.cert),
+        "ssl.key.location": str(pair.key),
+        "ssl.client.auth": "required",
+    }
+
+
+def client_properties(state: ClusterState) -> dict[str, str]:
+    """Kafka client properties for this cluster (--command-config's): {} when plaintext."""
+    if not state.tls:
+        return {}
+    pair = client_pems(state.dir)
+    return {
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(tls_dir(state.dir) / "ca.pem"),
+        "ssl.certificate.location": str(pair.cert),
+        "ssl.key.location": str(pair.key),
+    }
+
+
+def client_kwargs(state: ClusterState) -> dict[str, str]:
+    """The same as the Python client's keyword arguments (Producer(..., **client_kwargs(s)))."""
+    return {k.replace(".", "_"): v for k, v in client_properties(state).items()}
+
+
+def client_tls(state: ClusterState) -> Any:
+    """The launcher's own channels' TLS settings (None: plaintext)."""
+    from minibroker.client.common.tls import client_tls_from_properties
+
+    return client_tls_from_properties(client_properties(state))
 
 
 # -- actions ------------------------------------------------------------------------------------
@@ -586,13 +679,14 @@ def _reap(pid: int) -> None:
 
 
 def describe_quorum(
-    spec: ProcessSpec, timeout_s: float = DESCRIBE_QUORUM_TIMEOUT_S
+    spec: ProcessSpec, timeout_s: float = DESCRIBE_QUORUM_TIMEOUT_S, tls: Any = None
 ) -> quorum.VoterInput:
     """One controller's DescribeQuorum answer with its process state. UNIMPLEMENTED (a controller
     from before the quorum) stands for the leader of a quorum of one. Never raises for the
     network: a failed call is the answer's `error`."""
     import grpc
 
+    from minibroker.client.common.tls import sync_channel
     from minibroker.proto import minibroker_pb2 as pb
     from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
@@ -606,7 +700,7 @@ def describe_quorum(
     )
     if current != "running":
         return base
-    with grpc.insecure_channel(spec.address) as channel:
+    with sync_channel(spec.address, tls) as channel:
         stub = pb_grpc.QuorumServiceStub(channel)
         try:
             reply = stub.DescribeQuorum(pb.DescribeQuorumRequest(), timeout=timeout_s)
@@ -629,8 +723,14 @@ def quorum_inputs(state: ClusterState) -> list[quorum.VoterInput]:
     timeout, not one per voter)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    tls = client_tls(state)
     with ThreadPoolExecutor(max_workers=len(state.controllers)) as pool:
-        return list(pool.map(describe_quorum, state.controllers))
+        return list(
+            pool.map(
+                lambda spec: describe_quorum(spec, DESCRIBE_QUORUM_TIMEOUT_S, tls),
+                state.controllers,
+            )
+        )
 
 
 def quorum_status(state: ClusterState) -> quorum.QuorumStatus:
@@ -657,14 +757,15 @@ def wait_ready(
     """Wait until the active controller answers DescribeCluster, every expected broker is
     registered and unfenced, and every expected controller answers DescribeQuorum naming a
     leader (a follower does not answer DescribeCluster: NOT_CONTROLLER)."""
-    import grpc
+    from minibroker.client.common.tls import sync_channel
 
     expected = expect if expect is not None else state.all()
     wanted = {b.node_id for b in expected if b.role == "broker"}
     voters = [c for c in expected if c.role == "controller"]
     deadline = time.monotonic() + timeout_s
     last_problem = "controller not answering yet"
-    channels = {c.address: grpc.insecure_channel(c.address) for c in state.controllers}
+    tls = client_tls(state)
+    channels = {c.address: sync_channel(c.address, tls) for c in state.controllers}
     try:
         while time.monotonic() < deadline:
             for spec in state.all():
@@ -697,9 +798,10 @@ def _ready_problem(
     from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
     if voters and state.is_quorum:
+        tls = client_tls(state)
         waiting = [
             v.name
-            for v in map(describe_quorum, voters)
+            for v in (describe_quorum(s, DESCRIBE_QUORUM_TIMEOUT_S, tls) for s in voters)
             if v.answer is None or v.answer.leader_id == quorum.NO_LEADER
         ]
         if waiting:
@@ -753,8 +855,13 @@ def up(
     settings: dict[str, str] | None = None,
     timeout_s: float = 60.0,
     controllers: int | None = None,
+    tls: bool = False,
 ) -> ClusterState:
     """Start the cluster in `directory`, or restart whatever of it is stopped (data kept).
+
+    `tls`: a new cluster gets a local CA and certificates under DIR/tls and SSL listeners with
+    mutual TLS between nodes; an existing cluster keeps what it was made with (asking for TLS
+    on a plaintext one is an error).
 
     `controllers`: the quorum size of a new cluster (None: DEFAULT_CONTROLLERS); an existing
     cluster keeps its own, and asking for another is an error (a voter set is not changed by
@@ -771,7 +878,13 @@ def up(
             settings or {},
             controllers=controllers or DEFAULT_CONTROLLERS,
         )
+        state.tls = tls
     else:
+        if tls and not state.tls:
+            raise LauncherError(
+                f"the cluster in {directory!r} was made without --tls; its listeners stay "
+                "PLAINTEXT. Start a new cluster in another --dir for TLS"
+            )
         if controllers is not None and controllers != len(state.controllers):
             raise LauncherError(
                 f"the cluster in {directory!r} has {len(state.controllers)} controller(s); "
@@ -915,7 +1028,7 @@ def remove_broker(directory: str, ident: str, timeout_s: float = 30.0) -> str:
         return removal_refusal(spec.node_id, registered, named)
 
     try:
-        with Admin(bootstrap, default_api_timeout_ms=15_000) as admin:
+        with Admin(bootstrap, default_api_timeout_ms=15_000, **client_kwargs(state)) as admin:
             problem = refusal(admin)
             if problem:
                 raise LauncherError(problem)

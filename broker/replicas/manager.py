@@ -68,6 +68,7 @@ from minibroker.broker.storage.log_manager import LogManager
 from minibroker.client.common.clock import wall_clock_ms
 from minibroker.client.common.log import get_logger
 from minibroker.client.common.netfaults import NetFaults
+from minibroker.client.common.tls import TlsSettings
 from minibroker.client.errors import ErrorCode, MiniBrokerError
 from minibroker.client.types import TopicPartition
 from minibroker.metadata.image import MetadataImage
@@ -114,6 +115,7 @@ class ReplicaManager:
         metrics: BrokerMetrics,
         controller_address: tuple[str, int],
         faults: NetFaults | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
         self.config = config
         self.broker_id = config.node_id
@@ -149,6 +151,7 @@ class ReplicaManager:
             self.fetching,
             self._broker_address,
             faults,
+            tls,
             max_wait_ms=config["replica.fetch.wait.max.ms"],
             min_bytes=config["replica.fetch.min.bytes"],
             max_bytes=config["replica.fetch.max.bytes"],

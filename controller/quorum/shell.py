@@ -30,6 +30,7 @@ import grpc
 
 from minibroker.client.common.log import get_logger
 from minibroker.client.common.netfaults import NetFaults, aio_interceptors
+from minibroker.client.common.tls import TlsSettings, aio_channel
 from minibroker.controller.quorum import wire as qwire
 from minibroker.controller.quorum.core import QuorumCore
 from minibroker.controller.quorum.messages import (
@@ -137,9 +138,11 @@ class QuorumShell:
         listener: QuorumListener,
         header_voters: str,
         faults: NetFaults | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
         self.settings = settings
         self._faults = faults
+        self._tls = tls  # the controller's own certificate when its listener is SSL
         self.node_id = settings.node_id
         self.voters = {v.voter_id: v for v in voters}
         self.cluster_id = cluster_id
@@ -227,8 +230,9 @@ class QuorumShell:
         for voter in self.voters.values():
             if voter.voter_id != self.node_id:
                 address = f"{voter.host}:{voter.port}"
-                channel = grpc.aio.insecure_channel(
+                channel = aio_channel(
                     address,
+                    self._tls,
                     options=CHANNEL_OPTIONS,
                     interceptors=aio_interceptors(self._faults, address),
                 )

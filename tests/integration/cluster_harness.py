@@ -43,6 +43,7 @@ class LocalCluster:
         settings: dict[str, str],
         racks: int = 0,
         controllers: int = 1,
+        tls: bool = False,
     ):
         self.directory = directory
         self.state = launcher.up(
@@ -53,6 +54,7 @@ class LocalCluster:
             settings=settings,
             timeout_s=60.0,
             controllers=controllers,
+            tls=tls,
         )
 
     @property
@@ -127,10 +129,11 @@ def local_cluster(
     settings: dict[str, str] | None = None,
     racks: int = 0,
     controllers: int = 1,
+    tls: bool = False,
 ) -> Iterator[LocalCluster]:
     cluster: LocalCluster | None = None
     try:
-        cluster = LocalCluster(directory, brokers, settings or {}, racks, controllers)
+        cluster = LocalCluster(directory, brokers, settings or {}, racks, controllers, tls)
         yield cluster
     finally:
         if cluster is not None:

@@ -1,0 +1,269 @@
+"""TLS on the wire: the one place that opens server ports and channels, secure or not.
+
+Reads the PEM files it is given (once, when the settings are built); the rest builds gRPC
+credentials. Every server (broker, controller) opens its port with `add_port`, and every
+channel (client transport, broker fetcher and controller link, quorum shell, watch, launcher,
+healthcheck, benches) is made by `aio_channel` / `sync_channel`: with `tls=None` they are the
+plaintext ones of before.
+
+Settings use Kafka's names (librdkafka's PEM-location ones): `ssl.ca.location` (the CA that
+signs the peers' certificates), `ssl.certificate.location` + `ssl.key.location` (this side's
+certificate and key), and for servers `ssl.client.auth` (none | requested | required). Python
+clients take them as keyword arguments (`security_protocol="SSL"`, `ssl_ca_location`, ...).
+
+A node (broker or controller) whose listener is SSL dials the other nodes over TLS too, with
+its own certificate (mutual TLS between nodes when they set `ssl.client.auth=required`).
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from minibroker.client.common.config import ConfigError, ConfigKey, one_of
+
+PLAINTEXT = "PLAINTEXT"
+SSL = "SSL"
+SECURITY_PROTOCOLS = (PLAINTEXT, SSL)
+CLIENT_AUTH_MODES = ("none", "requested", "required")
+
+# Keys every TLS side takes (servers, and clients in --command-config files).
+SSL_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey(
+        "ssl.ca.location",
+        str,
+        "",
+        "PEM file of the CA that signs the peers' certificates (SSL listeners and their links)",
+    ),
+    ConfigKey("ssl.certificate.location", str, "", "PEM file of this side's certificate"),
+    ConfigKey("ssl.key.location", str, "", "PEM file of this side's private key (unencrypted)"),
+)
+# Brokers and controllers (Kafka's broker names).
+SERVER_SSL_KEYS: tuple[ConfigKey, ...] = (
+    *SSL_KEYS,
+    ConfigKey(
+        "ssl.client.auth",
+        str,
+        "none",
+        "SSL listener: required = callers must present a certificate signed by ssl.ca.location "
+        "(mutual TLS); none/requested = they need not (gRPC's Python server cannot ask for an "
+        "optional certificate, so requested behaves as none)",
+        one_of(*CLIENT_AUTH_MODES),
+    ),
+)
+
+
+_SERVER_NAMES = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location")
+
+
+@dataclass(frozen=True, slots=True)
+class TlsSettings:
+    """PEM bytes for one side of TLS connections. `ca` None: the system's trusted roots
+    (clients only); `cert`/`key` None: present no certificate (clients only)."""
+
+    ca: bytes | None
+    cert: bytes | None
+    key: bytes | None
+    client_auth: str = "none"
+
+    def __repr__(self) -> str:  # never the key's bytes in a log line
+        return (
+            f"TlsSettings(ca={self.ca is not None}, cert={self.cert is not None}, "
+            f"client_auth={self.client_auth!r})"
+        )
+
+
+def _read(name: str, location: str) -> bytes:
+    try:
+        data = pathlib.Path(location).read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{name}: cannot read {location!r}: {err.strerror}") from None
+    if b"-----BEGIN" not in data:
+        raise ConfigError(f"{name}: {location!r} is not a PEM file")
+    return data
+
+
+def check_protocol(value: str, name: str = "security.protocol") -> str:
+    protocol = str(value).strip().upper()
+    if protocol not in SECURITY_PROTOCOLS:
+        raise ConfigError(
+            f"{name}: {value!r} is not supported; use one of {', '.join(SECURITY_PROTOCOLS)}"
+        )
+    return protocol
+
+
+def load_tls(
+    *,
+    ca_location: str = "",
+    certificate_location: str = "",
+    key_location: str = "",
+    client_auth: str = "none",
+    server: bool = False,
+    names: tuple[str, str, str] = (
+        "ssl.ca.location",
+        "ssl.certificate.location",
+        "ssl.key.location",
+    ),
+) -> TlsSettings:
+    """Read the PEM files. A server (a node) needs all three; a client needs the CA unless the
+    system's roots sign the brokers', and a certificate only with its key. `names`: how the
+    caller spells the three settings in its errors (the client's keyword arguments differ)."""
+    ca_name, cert_name, key_name = names
+    if client_auth not in CLIENT_AUTH_MODES:
+        raise ConfigError(
+            f"ssl.client.auth: {client_auth!r} is not one of {', '.join(CLIENT_AUTH_MODES)}"
+        )
+    if server:
+        missing = [
+            n
+            for n, v in zip(names, (ca_location, certificate_location, key_location))
+            if not v.strip()
+        ]
+        if missing:
+            raise ConfigError(
+                f"an SSL listener needs {', '.join(missing)} (PEM files; `minibroker cluster up "
+                "--tls` makes them)"
+            )
+    if bool(certificate_location.strip()) != bool(key_location.strip()):
+        raise ConfigError(f"{cert_name} and {key_name} go together: set both or neither")
+    return TlsSettings(
+        ca=_read(ca_name, ca_location) if ca_location.strip() else None,
+        cert=_read(cert_name, certificate_location) if certificate_location.strip() else None,
+        key=_read(key_name, key_location) if key_location.strip() else None,
+        client_auth=client_auth,
+    )
+
+
+def node_tls(values: Mapping[str, Any], protocol: str) -> TlsSettings | None:
+    """A broker's or controller's settings for its listener and the channels it opens to other
+    nodes: None on a PLAINTEXT listener (the ssl.* keys are then unused, as in Kafka)."""
+    if check_protocol(protocol, "listener security protocol") == PLAINTEXT:
+        return None
+    return load_tls(
+        ca_location=str(values["ssl.ca.location"]),
+        certificate_location=str(values["ssl.certificate.location"]),
+        key_location=str(values["ssl.key.location"]),
+        client_auth=str(values["ssl.client.auth"]),
+        server=True,
+    )
+
+
+def client_tls(
+    security_protocol: str = PLAINTEXT,
+    ssl_ca_location: str | None = None,
+    ssl_certificate_location: str | None = None,
+    ssl_key_location: str | None = None,
+) -> TlsSettings | None:
+    """The Python client's keyword arguments -> settings (None: plaintext). ssl_* without
+    security_protocol="SSL" is an error rather than a silently plaintext connection."""
+    protocol = check_protocol(security_protocol or PLAINTEXT, "security_protocol")
+    given = [
+        n
+        for n, v in (
+            ("ssl_ca_location", ssl_ca_location),
+            ("ssl_certificate_location", ssl_certificate_location),
+            ("ssl_key_location", ssl_key_location),
+        )
+        if v
+    ]
+    if protocol == PLAINTEXT:
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)} set but security_protocol is PLAINTEXT; "
+                'pass security_protocol="SSL"'
+            )
+        return None
+    return load_tls(
+        ca_location=ssl_ca_location or "",
+        certificate_location=ssl_certificate_location or "",
+        key_location=ssl_key_location or "",
+        names=("ssl_ca_location", "ssl_certificate_location", "ssl_key_location"),
+    )
+
+
+def client_tls_from_properties(values: Mapping[str, str]) -> TlsSettings | None:
+    """A `--command-config` file's Kafka client properties -> settings (None: plaintext)."""
+    known = {"security.protocol", *(k.name for k in SSL_KEYS)}
+    unknown = sorted(k for k in values if k not in known)
+    if unknown:
+        raise ConfigError(
+            f"unknown client propert{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(known))}"
+        )
+    protocol = check_protocol(values.get("security.protocol", PLAINTEXT) or PLAINTEXT)
+    if protocol == PLAINTEXT:
+        return None
+    return load_tls(
+        ca_location=values.get("ssl.ca.location", ""),
+        certificate_location=values.get("ssl.certificate.location", ""),
+        key_location=values.get("ssl.key.location", ""),
+    )
+
+
+def server_credentials(tls: TlsSettings) -> grpc.ServerCredentials:
+    if tls.cert is None or tls.key is None:
+        raise ConfigError("an SSL listener needs ssl.certificate.location and ssl.key.location")
+    required = tls.client_auth == "required"
+    return grpc.ssl_server_credentials(
+        [(tls.key, tls.cert)],
+        root_certificates=tls.ca if required else None,
+        require_client_auth=required,
+    )
+
+
+def channel_credentials(tls: TlsSettings) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(
+        root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert
+    )
+
+
+def add_port(server: Any, address: str, tls: TlsSettings | None) -> int:
+    """Open `address` on a grpc (aio) server; the bound port, 0 when it could not bind."""
+    if tls is None:
+        return int(server.add_insecure_port(address))
+    return int(server.add_secure_port(address, server_credentials(tls)))
+
+
+def aio_channel(
+    address: str,
+    tls: TlsSettings | None,
+    *,
+    options: Sequence[tuple[str, Any]] = (),
+    interceptors: Sequence[Any] | None = None,
+) -> grpc.aio.Channel:
+    if tls is None:
+        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+    return grpc.aio.secure_channel(
+        address, channel_credentials(tls), options=options, interceptors=interceptors
+    )
+
+
+def sync_channel(
+    address: str, tls: TlsSettings | None, *, options: Sequence[tuple[str, Any]] = ()
+) -> grpc.Channel:
+    if tls is None:
+        return grpc.insecure_channel(address, options=options)
+    return grpc.secure_channel(address, channel_credentials(tls), options=options)
+
+
+# What a client adds to a connection error when it may be a protocol mismatch.
+MISMATCH_HINT = (
+    "if the cluster's listeners are SSL, connect with TLS (Python: security_protocol='SSL', "
+    "ssl_ca_location=...; CLI: --command-config FILE with security.protocol=SSL); if it "
+    "requires client certificates, give ssl_certificate_location and ssl_key_location too"
+)
+
+
+# What gRPC reports when the two ends disagree on TLS, or a certificate is refused: a plaintext
+# call to an SSL listener sees the socket closed; TLS to a plaintext one or to a server whose
+# CA it does not trust fails the handshake.
+_MISMATCH_SIGNS = ("socket closed", "handshake", "ssl", "certificate", "wrong_version_number")
+
+
+def looks_like_tls_mismatch(details: str) -> bool:
+    text = details.lower()
+    return any(sign in text for sign in _MISMATCH_SIGNS)
