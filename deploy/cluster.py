@@ -130,6 +130,8 @@ class ClusterState:
             "base_port": self.base_port,
             "racks": self.racks,
             "tls": self.tls,
+            # The CLI's default --command-config for this cluster (client/cli/common.py).
+            "client_config": str(client_config_path(self.dir)) if self.tls else "",
             "controller": asdict(self.controller),
             "controllers": [asdict(c) for c in self.controllers],
             "brokers": [asdict(b) for b in self.brokers],
@@ -609,9 +611,39 @@ def client_properties(state: ClusterState) -> dict[str, str]:
     }
 
 
+CLIENT_CONFIG = "client.properties"
+
+
+def client_config_path(directory: str) -> pathlib.Path:
+    return pathlib.Path(directory).resolve() / CLIENT_CONFIG
+
+
+def write_client_config(state: ClusterState) -> pathlib.Path:
+    """DIR/client.properties: Kafka client properties for the CLI (`--command-config`), the
+    same a Kafka tool would take."""
+    path = client_config_path(state.dir)
+    lines = [
+        "# minibroker cluster up --tls: connect as the user "
+        f"{CLIENT_USER!r} (certificate signed by the cluster's CA)",
+        *(f"{key}={value}" for key, value in client_properties(state).items()),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def client_kwargs(state: ClusterState) -> dict[str, str]:
     """The same as the Python client's keyword arguments (Producer(..., **client_kwargs(s)))."""
     return {k.replace(".", "_"): v for k, v in client_properties(state).items()}
+
+
+def refuse_tls(state: ClusterState | None, what: str) -> None:
+    """`what` speaks plaintext only (its clients take no TLS settings yet): a clear error on a
+    --tls cluster instead of connections that fail."""
+    if state is not None and state.tls:
+        raise LauncherError(
+            f"{what} does not speak TLS yet and the cluster in {state.dir!r} is a --tls one; "
+            "run it on a cluster made without --tls"
+        )
 
 
 def client_tls(state: ClusterState) -> Any:
@@ -902,6 +934,8 @@ def up(
         if process_state(spec) == "paused":
             signal_process(spec, signal.SIGCONT)
     reset_faults(state)  # a cluster starts with every link open
+    if state.tls:
+        write_client_config(state)
     # Every voter at once: a quorum elects only once a majority runs.
     for spec in state.controllers:
         start_process(spec, state)

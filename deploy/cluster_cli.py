@@ -74,6 +74,16 @@ def register(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="a setting for every process that knows KEY (repeatable)",
     )
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="a new cluster with TLS: a local CA and certificates under DIR/tls, SSL listeners "
+        "with mutual TLS between nodes (ssl.client.auth=required), and DIR/client.properties "
+        "for clients (the CLI and watch use it by default from .minibroker; elsewhere pass "
+        "--command-config FILE). No per-RPC identity checks or ACLs yet: any holder of a "
+        "certificate signed by the CA is trusted. `minibroker demo` and `verify` on such a "
+        "cluster are refused (plaintext only for now)",
+    )
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for readiness")
     p.set_defaults(func=_up)
 
@@ -268,6 +278,7 @@ def _up(args: argparse.Namespace) -> int:
         parse_overrides(args.set),
         args.timeout,
         controllers=controllers,
+        tls=args.tls,
     )
     for c in state.controllers:
         print(
@@ -287,6 +298,15 @@ def _up(args: argparse.Namespace) -> int:
             f"active controller: {leader.name if leader else 'none yet'}"
         )
     print(f"Cluster ready. Bootstrap servers: {state.bootstrap_servers}")
+    if state.tls:
+        config = launcher.client_config_path(state.dir)
+        print(
+            f"TLS: SSL listeners, mutual TLS between nodes; client settings in {config} "
+            f"(CA and certificates in {launcher.tls_dir(state.dir)}). The CLI uses it by default "
+            f"from .minibroker; elsewhere pass --command-config {config}. Python: "
+            "Producer(bootstrap, **props) with props security_protocol='SSL', ssl_ca_location, "
+            "ssl_certificate_location, ssl_key_location as in that file"
+        )
     print(
         "Try: minibroker topics create demo --partitions 3 --replication-factor 3; minibroker watch"
     )

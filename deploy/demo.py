@@ -322,6 +322,7 @@ def _demo(args: argparse.Namespace) -> int:
         "own process"
     )
     existing = launcher.load_state(args.dir)
+    launcher.refuse_tls(existing, "minibroker demo")
     state = launcher.up(
         args.dir,
         brokers=3,

@@ -20,7 +20,10 @@ DEFAULT_TIMEOUT_S = 3.0
 
 
 def check(
-    address: str, service: str = "", timeout_s: float = DEFAULT_TIMEOUT_S
+    address: str,
+    service: str = "",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    command_config: str | None = None,
 ) -> tuple[bool, str]:
     """Ask `address` for the health of `service` ("" = the whole process).
 
@@ -29,7 +32,11 @@ def check(
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(address) as channel:
+    from minibroker.client.common.config import load_file
+    from minibroker.client.common.tls import client_tls_from_properties, sync_channel
+
+    tls = client_tls_from_properties(load_file(command_config)) if command_config else None
+    with sync_channel(address, tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             response = stub.Check(
@@ -67,12 +74,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=f"deadline of the call (default {DEFAULT_TIMEOUT_S:g})",
     )
+    parser.add_argument(
+        "--command-config",
+        metavar="FILE",
+        default=None,
+        help="Kafka client properties for an SSL listener (security.protocol=SSL, "
+        "ssl.ca.location, ssl.certificate.location, ssl.key.location)",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    serving, line = check(args.address, args.service, args.timeout)
+    serving, line = check(args.address, args.service, args.timeout, args.command_config)
     print(line)
     return 0 if serving else 1
 

@@ -772,7 +772,7 @@ def run_verify(args: argparse.Namespace) -> dict[str, Any]:
             result["cluster_dir"] = directory
             result["cluster_pids"] = sorted(set(pids) | set(killed))
             return result
-    launcher.require_state(args.dir)
+    launcher.refuse_tls(launcher.require_state(args.dir), "minibroker verify")
     return _run(args, args.dir, kinds, seed, duration_s)
 
 

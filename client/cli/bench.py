@@ -60,6 +60,7 @@ from minibroker.client.cli.common import (
     guarded,
     parse_config_pairs,
     run_async,
+    security_of,
 )
 from minibroker.client.produce_result import FutureRecordMetadata
 from minibroker.client.types import TopicPartition
@@ -481,7 +482,7 @@ async def bench_produce(args: argparse.Namespace, out: TextIO) -> BenchResult:
 
     payload = os.urandom(args.record_size)
     stats = LatencyStats(args.num_records, out)
-    props = {"acks": args.acks, **_typed_props(args.producer_props)}
+    props = {"acks": args.acks, **security_of(args), **_typed_props(args.producer_props)}
     bootstrap = props.pop("bootstrap_servers", None) or bootstrap_of(args)
     timed = getattr(args, "latency", True)
     meter = CpuMeter(getattr(args, "broker_pids", ()))
@@ -545,7 +546,7 @@ def bench_produce_sync(args: argparse.Namespace, out: TextIO) -> BenchResult:
 
     payload = os.urandom(args.record_size)
     stats = LatencyStats(args.num_records, out)
-    props = {"acks": args.acks, **_typed_props(args.producer_props)}
+    props = {"acks": args.acks, **security_of(args), **_typed_props(args.producer_props)}
     bootstrap = props.pop("bootstrap_servers", None) or bootstrap_of(args)
     timed = getattr(args, "latency", True)
     meter = CpuMeter(getattr(args, "broker_pids", ()))
@@ -635,6 +636,7 @@ async def _consume_latencies(
     topic: str,
     num_records: int,
     timeout_ms: int,
+    security: dict[str, Any] | None = None,
     *,
     ready: Callable[[], object],
     all_sent: Callable[[], bool],
@@ -650,7 +652,7 @@ async def _consume_latencies(
     latencies: list[float] = []
     received_bytes = 0
     async with AsyncConsumer(
-        bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=500
+        bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=500, **(security or {})
     ) as consumer:
         info = await consumer.cluster.wait_for_topic(topic, consumer.max_block_ms)
         tps = [TopicPartition(topic, p) for p in sorted(info.partitions)]
@@ -707,11 +709,11 @@ async def bench_e2e(args: argparse.Namespace, out: TextIO) -> str:
         raise ValueError("--rate and --num-records must be positive")
     size = max(args.record_size, _SEND_TIME.size)
     filler = os.urandom(size - _SEND_TIME.size)
-    props = {"acks": args.acks, **_typed_props(args.producer_props)}
+    props = {"acks": args.acks, **security_of(args), **_typed_props(args.producer_props)}
     bootstrap = props.pop("bootstrap_servers", None) or bootstrap_of(args)
     failures: list[BaseException] = []
     loop = asyncio.get_running_loop()
-    consumer_args = (bootstrap, args.topic, args.num_records, args.timeout)
+    consumer_args = (bootstrap, args.topic, args.num_records, args.timeout, security_of(args))
     sent_event = asyncio.Event()
 
     if getattr(args, "same_process", False):
@@ -850,7 +852,9 @@ async def bench_consume(args: argparse.Namespace) -> BenchResult:
     from minibroker.client.consumer import AsyncConsumer
 
     meter = CpuMeter(getattr(args, "broker_pids", ()))
-    async with AsyncConsumer(bootstrap_of(args), auto_offset_reset="earliest") as consumer:
+    async with AsyncConsumer(
+        bootstrap_of(args), auto_offset_reset="earliest", **security_of(args)
+    ) as consumer:
         info = await consumer.cluster.wait_for_topic(args.topic, consumer.max_block_ms)
         consumer.assign([TopicPartition(args.topic, p) for p in sorted(info.partitions)])
         meter.start()

@@ -57,17 +57,80 @@ def add_bootstrap_argument(parser: argparse.ArgumentParser) -> None:
         help=f"brokers to connect to (default: ${ENV_BOOTSTRAP}, then "
         f".minibroker/cluster.json, then {FALLBACK_BOOTSTRAP})",
     )
+    parser.add_argument(
+        "--command-config",
+        dest="command_config",
+        default=argparse.SUPPRESS,
+        metavar="FILE",
+        help="Kafka client properties for the connection: security.protocol=SSL, "
+        "ssl.ca.location, ssl.certificate.location, ssl.key.location (default: the "
+        "client.properties of a `cluster up --tls` cluster when the brokers come from "
+        ".minibroker/cluster.json)",
+    )
 
 
 def bootstrap_of(args: argparse.Namespace) -> str:
     return getattr(args, "bootstrap_server", None) or default_bootstrap()
 
 
+def command_config_path(args: argparse.Namespace, cwd: pathlib.Path | None = None) -> str | None:
+    """The client properties file: `--command-config`, else the `client_config` of
+    .minibroker/cluster.json when the bootstrap servers come from that file too (neither
+    `--bootstrap-server` nor $MINIBROKER_BOOTSTRAP_SERVER given)."""
+    given = getattr(args, "command_config", None)
+    if given:
+        return str(given)
+    if getattr(args, "bootstrap_server", None) or os.environ.get(ENV_BOOTSTRAP, "").strip():
+        return None
+    return cluster_client_config((cwd or pathlib.Path.cwd()) / CLUSTER_FILE.parent)
+
+
+def cluster_client_config(cluster_dir: str | pathlib.Path) -> str | None:
+    """The `client_config` (client.properties) a launcher's cluster.json names, if any."""
+    try:
+        data = json.loads((pathlib.Path(cluster_dir) / CLUSTER_FILE.name).read_text())
+    except (OSError, ValueError):
+        return None
+    path = data.get("client_config") if isinstance(data, dict) else None
+    return path if isinstance(path, str) and path else None
+
+
+def security_from_file(path: str | None) -> dict[str, Any]:
+    """A client properties file -> the Python client's keyword arguments (checked: the PEM
+    files are read once here, so a wrong path fails before any connection)."""
+    from minibroker.client.common.config import load_file
+    from minibroker.client.common.tls import client_tls_from_properties
+
+    if not path:
+        return {}
+    props = load_file(path)
+    client_tls_from_properties(props)
+    return {key.replace(".", "_"): value for key, value in props.items()}
+
+
+def security_of(args: argparse.Namespace) -> dict[str, Any]:
+    """`--command-config` (or the local cluster's client.properties) as client kwargs."""
+    return security_from_file(command_config_path(args))
+
+
+def tls_of(args: argparse.Namespace, cluster_dir: str | None = None) -> Any:
+    """The same as TlsSettings for channels a command makes itself (watch); None: plaintext.
+    `cluster_dir`: a launcher directory whose client.properties applies when no
+    --command-config is given."""
+    from minibroker.client.common.config import load_file
+    from minibroker.client.common.tls import client_tls_from_properties
+
+    path = getattr(args, "command_config", None) or (
+        cluster_client_config(cluster_dir) if cluster_dir else command_config_path(args)
+    )
+    return client_tls_from_properties(load_file(path)) if path else None
+
+
 def admin_of(args: argparse.Namespace) -> Any:
     """An AsyncAdmin for the command's bootstrap servers (use as `async with`)."""
     from minibroker.client.admin import AsyncAdmin
 
-    return AsyncAdmin(bootstrap_of(args), default_api_timeout_ms=15_000)
+    return AsyncAdmin(bootstrap_of(args), default_api_timeout_ms=15_000, **security_of(args))
 
 
 def help_when_no_action(parser: argparse.ArgumentParser) -> None:

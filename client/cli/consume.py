@@ -20,7 +20,13 @@ import json
 import sys
 from typing import Any, BinaryIO
 
-from minibroker.client.cli.common import add_bootstrap_argument, bootstrap_of, guarded, run_async
+from minibroker.client.cli.common import (
+    add_bootstrap_argument,
+    bootstrap_of,
+    guarded,
+    run_async,
+    security_of,
+)
 from minibroker.client.types import Record, TopicPartition
 
 
@@ -92,6 +98,7 @@ async def consume(args: argparse.Namespace, out: BinaryIO, progress: list[int]) 
         bootstrap_of(args),
         auto_offset_reset="earliest" if args.from_beginning else "latest",
         client_rack=args.client_rack,
+        **security_of(args),
     ) as consumer:
         if args.partition is None:
             info = await consumer.cluster.wait_for_topic(args.topic, consumer.max_block_ms)

@@ -21,7 +21,13 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO, TextIO
 
-from minibroker.client.cli.common import add_bootstrap_argument, bootstrap_of, fail, guarded
+from minibroker.client.cli.common import (
+    add_bootstrap_argument,
+    bootstrap_of,
+    fail,
+    guarded,
+    security_of,
+)
 
 
 def register(sub: Any) -> None:
@@ -156,6 +162,7 @@ def _produce(args: argparse.Namespace) -> int:
         acks=args.acks,
         linger_ms=args.linger_ms,
         compression_type=args.compression_type,
+        **security_of(args),
     ) as producer:
         failures = produce_lines(
             producer,

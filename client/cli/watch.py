@@ -21,6 +21,7 @@ from minibroker.client.cli.common import (
     add_bootstrap_argument,
     bootstrap_of,
     guarded,
+    tls_of,
 )
 
 # Wide enough for three replicas with lags on one line; a pipe has no terminal width to ask.
@@ -80,7 +81,7 @@ def _watch(args: argparse.Namespace) -> int:
         # The cluster named by --cluster-dir is the one to watch.
         data = read_cluster_file(args.cluster_dir) or {}
         bootstrap = str(data.get("bootstrap_servers") or bootstrap)
-    options = options_for(bootstrap, args.topic, cluster_dir)
+    options = options_for(bootstrap, args.topic, cluster_dir, tls_of(args, cluster_dir))
     width = args.width or (None if sys.stdout.isatty() else ONCE_WIDTH_NOT_A_TTY)
     console = Console(width=width, highlight=False)
 

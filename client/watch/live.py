@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.live import Live
 
 from minibroker.client.common.clock import wall_clock_ms
+from minibroker.client.common.tls import TlsSettings, aio_channel
 from minibroker.client.transport import CHANNEL_OPTIONS, parse_bootstrap
 from minibroker.client.watch.model import WatchModel
 from minibroker.client.watch.observations import (
@@ -67,6 +68,7 @@ class WatchOptions:
     poll_interval_s: float = 0.25
     rpc_timeout_s: float = 1.0
     refresh_per_second: float = 4.0
+    tls: TlsSettings | None = None  # the cluster's client TLS (--command-config); None: plaintext
 
 
 # -- wire: protobuf answers -> model types ------------------------------------------------------
@@ -222,7 +224,7 @@ class Watcher:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            channel = aio_channel(address, self.options.tls, options=CHANNEL_OPTIONS)
             self._channels[address] = channel
         return channel
 
@@ -538,9 +540,11 @@ async def watch(
         return 0
 
 
-def options_for(bootstrap: str, topic: str | None, cluster_dir: str | None) -> WatchOptions:
+def options_for(
+    bootstrap: str, topic: str | None, cluster_dir: str | None, tls: TlsSettings | None = None
+) -> WatchOptions:
     return WatchOptions(
-        bootstrap=tuple(parse_bootstrap(bootstrap)), topic=topic, cluster_dir=cluster_dir
+        bootstrap=tuple(parse_bootstrap(bootstrap)), topic=topic, cluster_dir=cluster_dir, tls=tls
     )
 
 

@@ -9,7 +9,10 @@ does not trust the cluster's CA all get a clear error; a leader kill fails over.
 
 from __future__ import annotations
 
+import os
 import pathlib
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -138,3 +141,43 @@ def test_a_client_that_does_not_trust_the_ca_is_refused(
         ssl_key_location=str(user.key),
     )
     assert "CERTIFICATE_VERIFY_FAILED" in message or "handshake" in message.lower(), message
+
+
+def _cli(*argv: str, cwd: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "minibroker.deploy", *argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "MINIBROKER_BOOTSTRAP_SERVER"},
+    )
+
+
+def test_cli_and_watch_connect_with_the_client_properties(
+    cluster: LocalCluster, tmp_path: pathlib.Path
+) -> None:
+    config = launcher.client_config_path(cluster.state.dir)
+    text = config.read_text()
+    assert "security.protocol=SSL" in text and "ssl.certificate.location=" in text
+    common = ("--bootstrap-server", cluster.bootstrap, "--command-config", str(config))
+    made = _cli(
+        "topics",
+        "create",
+        "cli-tls",
+        "--partitions",
+        "1",
+        "--replication-factor",
+        "3",
+        *common,
+        cwd=tmp_path,
+    )
+    assert made.returncode == 0, made.stderr
+    listed = _cli("topics", "list", *common, cwd=tmp_path)
+    assert listed.returncode == 0 and "cli-tls" in listed.stdout.split(), listed.stderr
+    plain = _cli("topics", "list", "--bootstrap-server", cluster.bootstrap, cwd=tmp_path)
+    assert plain.returncode == 1 and "--command-config" in plain.stderr, plain.stderr
+    # watch finds the cluster's client.properties through its cluster.json.
+    watched = _cli("watch", "--once", "--cluster-dir", cluster.state.dir, cwd=tmp_path)
+    assert watched.returncode == 0, watched.stderr
+    assert watched.stdout.count("alive") >= 3, watched.stdout
