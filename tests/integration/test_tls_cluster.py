@@ -181,3 +181,25 @@ def test_cli_and_watch_connect_with_the_client_properties(
     watched = _cli("watch", "--once", "--cluster-dir", cluster.state.dir, cwd=tmp_path)
     assert watched.returncode == 0, watched.stderr
     assert watched.stdout.count("alive") >= 3, watched.stdout
+
+
+def test_controller_failover_over_tls(cluster: LocalCluster) -> None:
+    """The quorum re-elects over its TLS links and brokers follow the new active controller."""
+    state = cluster.state
+    victim = launcher.active_controller(state)
+    assert victim is not None
+    cluster.kill(victim.name)
+    try:
+        wait_until(
+            lambda: (
+                (leader := launcher.active_controller(state)) is not None
+                and leader.name != victim.name
+            ),
+            30,
+            "a new active controller",
+        )
+        with Admin(cluster.bootstrap, **launcher.client_kwargs(state)) as admin:
+            admin.create_topic("after-failover", 1, 3)
+            wait_until(lambda: "after-failover" in admin.list_topics(), 30, "the topic in metadata")
+    finally:
+        cluster.start(victim.name)
