@@ -136,11 +136,13 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         log_manager.close()
         data_dir.close()
         return 1
+    advertised = config.advertised(bound)
     link = ControllerLink(
         controllers=config.controllers,
         broker_id=config.node_id,
-        host=host,
-        port=bound,
+        # The address registered, which Metadata answers give clients and other brokers.
+        host=f"[{advertised.host}]" if ":" in advertised.host else advertised.host,
+        port=advertised.port,
         rack=config.rack,
         metrics_port=metrics_port,
         cluster_id=data_dir.cluster_id or "",
@@ -166,6 +168,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         "broker_listening",
         address=f"{host}:{bound}",
         security_protocol=config.security_protocol,
+        advertised=advertised.address,
         metrics_port=metrics_port,
         controller=",".join(config.controllers),
         rack=config.rack,

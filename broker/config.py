@@ -7,6 +7,7 @@ Kafka's broker name (`log.segment.bytes`, `message.max.bytes`, ...); a topic's o
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,15 @@ BROKER_KEYS: tuple[ConfigKey, ...] = (
         "NAME://HOST:PORT the broker serves on (HOST:PORT means PLAINTEXT; port 0: any; "
         "one listener)",
         lambda v: _problem(parse_single_listener, v),
+    ),
+    ConfigKey(
+        "advertised.listeners",
+        str,
+        "",
+        "NAME://HOST:PORT the broker registers with the controller and Metadata answers give "
+        "clients and other brokers (unset: the listener; port 0: the port bound); required "
+        "when the listener's host is 0.0.0.0 or ::",
+        lambda v: _problem(parse_single_listener, v) if v.strip() else None,
     ),
     ConfigKey(
         "listener.security.protocol.map",
@@ -193,6 +203,15 @@ class BrokerConfig:
         listener = self.listener
         return listener.host, listener.port
 
+    def advertised(self, bound_port: int) -> Listener:
+        """The address to register and hand out: advertised.listeners (its port 0: the bound
+        port), or the listener itself (on the bound port). build_config refused a wildcard."""
+        text = str(self.values["advertised.listeners"]).strip()
+        chosen = parse_single_listener(text) if text else self.listener
+        if chosen.port == 0:
+            chosen = dataclasses.replace(chosen, port=bound_port)
+        return chosen
+
     @property
     def security_protocol(self) -> str:
         """PLAINTEXT or SSL: the listener name looked up in listener.security.protocol.map."""
@@ -251,6 +270,27 @@ def _check_listener(config: BrokerConfig) -> None:
         raise ConfigError(f"listeners: {err}") from None
     # An SSL listener's PEM files are read now, so that a missing one fails the start clearly.
     node_tls(config.values, protocol)
+    listener = config.listener
+    text = str(config.values["advertised.listeners"]).strip()
+    if not text:
+        if listener.is_wildcard:
+            raise ConfigError(
+                f"listeners: {listener} binds every interface, which is no address to give "
+                "clients: set advertised.listeners to the address they should use "
+                f"(e.g. {listener.name}://HOSTNAME:{listener.port or 9092})"
+            )
+        return
+    advertised = parse_single_listener(text)
+    if advertised.is_wildcard:
+        raise ConfigError(
+            f"advertised.listeners: {advertised} is the non-routable meta-address; name the "
+            "host clients should connect to"
+        )
+    if advertised.name != listener.name:
+        raise ConfigError(
+            f"advertised.listeners: listener name {advertised.name} is not the name in "
+            f"listeners ({listener})"
+        )
 
 
 def split_host_port(text: str) -> tuple[str, int]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Protocol
 
 from minibroker.broker.replication.events import (
-    UNKNOWN_BROKER_EPOCH,
     ConsumerFetchAnswer,
     EpochEndOffsetAnswer,
     FollowerFetch,
@@ -70,6 +69,35 @@ def high_watermark_lags_epoch_start(view: ReadView) -> bool:
     return view.role is Role.LEADER and view.leader_epoch_start_offset > view.high_watermark
 
 
+def broker_epoch_problem(
+    fetch: FollowerFetch, assigned_broker_epoch: int, registered_broker_epoch: int
+) -> str | None:
+    """Why a follower fetch's broker epoch is refused (STALE_BROKER_EPOCH), or None.
+
+    A replica fetch must carry the follower's current registration: the epoch this leader's
+    metadata has for it (KIP-903, without Kafka's -1 "unknown" exemption, which let any client
+    pose as a follower and move the HW). Older than that, or than a fetch already accepted from
+    it, is an earlier incarnation; -1 is no epoch at all. Newer than the registration this
+    leader knows is a follower that registered again before this leader's metadata caught up:
+    refused too (its LEO must not count while the leader may still hold it in the ISR under its
+    previous incarnation), and the follower's fetcher retries after replica.fetch.backoff.ms
+    until the metadata has the registration: a delay, not a wedge."""
+    epoch, replica = fetch.broker_epoch, fetch.replica_id
+    if epoch < 0:
+        return f"replica {replica}'s fetch carries no broker epoch ({epoch})"
+    if epoch < registered_broker_epoch or epoch < assigned_broker_epoch:
+        return (
+            f"stale broker epoch {epoch} for replica {replica} "
+            f"(registered: {registered_broker_epoch})"
+        )
+    if epoch != registered_broker_epoch:
+        return (
+            f"broker epoch {epoch} for replica {replica} is not the registration this leader "
+            f"knows ({registered_broker_epoch}): retry when the metadata has it"
+        )
+    return None
+
+
 def follower_fetch(
     view: ReadView,
     cache: EpochCacheView,
@@ -106,14 +134,9 @@ def follower_fetch(
             else ErrorCode.NOT_LEADER_OR_FOLLOWER
         )
         return refuse(error, f"replica {fetch.replica_id} is not assigned")
-    if fetch.broker_epoch != UNKNOWN_BROKER_EPOCH and (
-        assigned_broker_epoch > fetch.broker_epoch or registered_broker_epoch > fetch.broker_epoch
-    ):
-        # KIP-903: a fetch from an earlier incarnation must not update state or expand ISR.
-        return refuse(
-            ErrorCode.NOT_LEADER_OR_FOLLOWER,
-            f"stale broker epoch {fetch.broker_epoch} for replica {fetch.replica_id}",
-        )
+    problem = broker_epoch_problem(fetch, assigned_broker_epoch, registered_broker_epoch)
+    if problem is not None:
+        return refuse(ErrorCode.STALE_BROKER_EPOCH, problem)
     if fetch.last_fetched_epoch != UNDEFINED_EPOCH:
         epoch, end_offset = cache.end_offset_for(fetch.last_fetched_epoch, leo)
         if end_offset == UNDEFINED_EPOCH_OFFSET or epoch == UNDEFINED_EPOCH:

@@ -172,3 +172,42 @@ def test_controller_listeners_config() -> None:
         controller_config({"listeners": "PLAINTEXT://h"})
     with pytest.raises(ConfigError, match="SSL listener"):
         controller_config({"listeners": "SSL://h:1"})
+
+
+def test_broker_advertises_its_listener_by_default() -> None:
+    config = broker_config(BROKER, {"listeners": "PLAINTEXT://127.0.0.2:0"})
+    assert config.advertised(41000) == Listener("PLAINTEXT", "127.0.0.2", 41000)
+    fixed = broker_config(BROKER, {"listeners": "127.0.0.2:9092"})
+    assert fixed.advertised(9092) == Listener("PLAINTEXT", "127.0.0.2", 9092)
+
+
+def test_broker_advertised_listeners() -> None:
+    config = broker_config(
+        BROKER,
+        {"listeners": "PLAINTEXT://0.0.0.0:0", "advertised.listeners": "PLAINTEXT://127.0.0.4:0"},
+    )
+    assert config.advertised(41000) == Listener("PLAINTEXT", "127.0.0.4", 41000)
+    mapped = broker_config(
+        BROKER,
+        {"listeners": "[::]:9092", "advertised.listeners": "PLAINTEXT://broker-1.example:19092"},
+    )
+    assert mapped.advertised(9092) == Listener("PLAINTEXT", "broker-1.example", 19092)
+
+
+@pytest.mark.parametrize(
+    ("layer", "error"),
+    [
+        ({"listeners": "PLAINTEXT://0.0.0.0:9092"}, "binds every interface.*advertised.listeners"),
+        ({"listeners": "[::]:9092"}, "binds every interface"),
+        (
+            {"listeners": "0.0.0.0:9092", "advertised.listeners": "PLAINTEXT://0.0.0.0:9092"},
+            "non-routable",
+        ),
+        ({"advertised.listeners": "h"}, "advertised.listeners.*no port"),
+        ({"advertised.listeners": "PLAINTEXT://a:1,SSL://b:1"}, "one listener"),
+        ({"advertised.listeners": "OTHER://h:1"}, "name OTHER is not the name in listeners"),
+    ],
+)
+def test_broker_advertised_listeners_refused(layer: dict[str, str], error: str) -> None:
+    with pytest.raises(ConfigError, match=error):
+        broker_config(BROKER, layer)

@@ -195,6 +195,21 @@ def test_out_of_range_answer_truncates_fully_below_the_leaders_log_start() -> No
     assert replica.next_fetch(0)[0] == FetchPosition(LEADER, EPOCH, 30, 3, 30)
 
 
+def test_a_stale_broker_epoch_refusal_backs_off_and_retries() -> None:
+    """The leader refuses a fetch whose broker epoch is not the registration it knows (e.g.
+    this broker registered again and the leader's metadata lags): back off, then ask again,
+    never stop fetching (issue 16)."""
+    replica, _, _ = make_follower()
+    position = replica.next_fetch(0)[0]
+    assert position is not None
+    _, effects = replica.on_fetch_response(
+        position, FetchResponse(ErrorCode.STALE_BROKER_EPOCH), now_ms=1_000
+    )
+    assert effects == [Backoff(100, "STALE_BROKER_EPOCH")]
+    assert replica.next_fetch(1_050)[0] is None
+    assert replica.next_fetch(1_100)[0] == position
+
+
 def test_fenced_waits_for_metadata_and_unknown_epoch_backs_off() -> None:
     """docs/protocol.md §11 step 8."""
     replica, _, _ = make_follower()

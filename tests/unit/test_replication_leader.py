@@ -7,6 +7,8 @@ no event loop; time is an explicit `now_ms`.
 
 from __future__ import annotations
 
+import pytest
+
 from minibroker.broker.replication.eligibility import BrokerEligibilityView
 from minibroker.broker.replication.events import (
     AlterPartitionResult,
@@ -408,12 +410,51 @@ def test_stale_broker_epoch_fetch_changes_nothing_kip_903() -> None:
     fetch(replica, 3, 0)  # the old incarnation of broker 3 fetched once, below the HW
     view.update(3, 203)  # broker 3 restarted with a new broker epoch
     answer, effects = fetch(replica, 3, 2, broker_epoch=103)
-    assert answer.error == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert answer.error == ErrorCode.STALE_BROKER_EPOCH
     assert replica.replica_leo(3) == 0
     assert not of_type(effects, ProposeIsr)
     _, expand = fetch(replica, 3, 2, broker_epoch=203)
     proposal = of_type(expand, ProposeIsr)[0]
     assert (3, 203) in proposal.new_isr_with_epochs
+
+
+@pytest.mark.parametrize("forged_epoch", [-1, -2, 102, 104, 2**31 - 1])
+def test_follower_fetch_without_the_current_broker_epoch_changes_nothing(
+    forged_epoch: int,
+) -> None:
+    """Issue 16: a replica fetch must carry the follower's current registration. A client posing
+    as paused follower 3 (with -1, an old epoch, or a made-up newer one) is refused: no LEO,
+    no HW, no ISR change, and the acks=all write waits for the real follower."""
+    replica, _, _ = make_leader(isr=(1, 2, 3))
+    produce(replica, acks=-1, records=2)
+    _, effects = fetch(replica, 2, 2)
+    assert replica.high_watermark == 0 and not of_type(effects, CompleteProduce)
+    answer, effects = fetch(replica, 3, 2, broker_epoch=forged_epoch)
+    assert answer.error == ErrorCode.STALE_BROKER_EPOCH
+    assert answer.read_until_offset == -1  # nothing read
+    assert effects == []
+    assert replica.replica_leo(3) == -1
+    assert replica.high_watermark == 0
+    _, effects = fetch(replica, 3, 2)  # the real follower, with its registration's epoch
+    assert replica.high_watermark == 2
+    assert of_type(effects, CompleteProduce)
+
+
+def test_a_newer_broker_epoch_is_accepted_once_the_leader_knows_the_registration() -> None:
+    """A follower that registered again (epoch 203) before the leader's metadata had it is
+    refused (it retries after replica.fetch.backoff.ms, see the follower tests), and accepted
+    once the metadata has it; a fetch of the older incarnation is refused from then on."""
+    view = brokers()
+    replica, _, _ = make_leader(isr=(1, 2), view=view)
+    answer, effects = fetch(replica, 3, 0, broker_epoch=203)
+    assert answer.error == ErrorCode.STALE_BROKER_EPOCH
+    assert "retry" in answer.message
+    assert effects == [] and replica.replica_leo(3) == -1
+    view.update(3, 203)
+    answer, effects = fetch(replica, 3, 0, broker_epoch=203)
+    assert answer.error == ErrorCode.NONE
+    assert (3, 203) in of_type(effects, ProposeIsr)[0].new_isr_with_epochs
+    assert fetch(replica, 3, 0, broker_epoch=103)[0].error == ErrorCode.STALE_BROKER_EPOCH
 
 
 # -- ISR expansion and AlterPartition answers ----------------------------------------------
