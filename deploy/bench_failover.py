@@ -494,12 +494,11 @@ class QuorumPoller:
     """DescribeQuorum on every voter over channels kept open (a fresh channel per poll would
     add a connection set-up to every sample)."""
 
-    def __init__(self, specs: Sequence[launcher.ProcessSpec]) -> None:
-        import grpc
-
+    def __init__(self, specs: Sequence[launcher.ProcessSpec], tls: Any = None) -> None:
+        from minibroker.client.common.tls import aio_channel
         from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
-        self._channels = {s.node_id: grpc.aio.insecure_channel(s.address) for s in specs}
+        self._channels = {s.node_id: aio_channel(s.address, tls) for s in specs}
         self._stubs = {i: pb_grpc.QuorumServiceStub(c) for i, c in self._channels.items()}
 
     async def ask(self, node_id: int, timeout_s: float = 0.5) -> quorum.QuorumAnswer | None:
