@@ -203,3 +203,14 @@ def test_controller_failover_over_tls(cluster: LocalCluster) -> None:
             wait_until(lambda: "after-failover" in admin.list_topics(), 30, "the topic in metadata")
     finally:
         cluster.start(victim.name)
+
+
+def test_add_broker_gets_its_own_certificate(cluster: LocalCluster) -> None:
+    spec = launcher.add_broker(cluster.directory, timeout_s=60)
+    cluster.reload()
+    name = certs.node_name("broker", spec.node_id)
+    pem = (launcher.tls_dir(cluster.state.dir) / f"{name}.pem").read_bytes()
+    assert certs.identity(pem) == f"node:{name}"
+    with Admin(cluster.bootstrap, **launcher.client_kwargs(cluster.state)) as admin:
+        registered = {b.broker_id for b in admin.describe_cluster().brokers}
+    assert spec.node_id in registered
