@@ -31,6 +31,7 @@ from minibroker.client.spark.options import (
     SourceOptions,
     TopicSelection,
     resolve_offsets,
+    security_kwargs,
     timestamp_targets,
 )
 from minibroker.client.sync import Admin, Consumer
@@ -67,7 +68,7 @@ class OffsetReader:
 
     def _clients(self) -> tuple[Admin, Consumer]:
         if self._admin is None or self._consumer is None:
-            self._admin = Admin(self.opts.bootstrap_servers)
+            self._admin = Admin(self.opts.bootstrap_servers, **security_kwargs(self.opts.consumer))
             self._consumer = Consumer(
                 self.opts.bootstrap_servers, auto_offset_reset="none", **self.opts.consumer
             )

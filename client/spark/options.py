@@ -8,7 +8,8 @@ Pure: no I/O, no pyspark. Option names and meanings are those of Spark's Kafka c
 latest), `startingTimestamp` / `startingOffsetsByTimestamp` (and the `ending` ones),
 `maxOffsetsPerTrigger`, `minPartitions`, `failOnDataLoss`, `includeHeaders`. Client settings go
 through under their Kafka names, with or without the `kafka.` prefix (`client.rack`, `acks`,
-`compression.type`, `linger.ms`, ...).
+`compression.type`, `linger.ms`, ..., and TLS: `security.protocol`, `ssl.ca.location`,
+`ssl.certificate.location`, `ssl.key.location`).
 
 Offsets travel as Kafka's JSON shape `{"topic": {"0": 23}}`: Spark round-trips streaming offsets
 through JSON, so partition keys are strings everywhere a plan leaves this module.
@@ -43,7 +44,16 @@ REFUSED_SINK = {
 }
 
 # Kafka consumer property -> AsyncConsumer keyword.
+# Kafka's TLS client properties (librdkafka's PEM names) -> the clients' keywords; the source's
+# admin client gets them too (`security_kwargs`).
+_SECURITY_KEYS: dict[str, tuple[str, type]] = {
+    "security.protocol": ("security_protocol", str),
+    "ssl.ca.location": ("ssl_ca_location", str),
+    "ssl.certificate.location": ("ssl_certificate_location", str),
+    "ssl.key.location": ("ssl_key_location", str),
+}
 _CONSUMER_KEYS: dict[str, tuple[str, type]] = {
+    **_SECURITY_KEYS,
     "client.rack": ("client_rack", str),
     "fetch.max.wait.ms": ("fetch_max_wait_ms", int),
     "fetch.min.bytes": ("fetch_min_bytes", int),
@@ -57,6 +67,7 @@ _CONSUMER_KEYS: dict[str, tuple[str, type]] = {
 }
 # Kafka producer property -> AsyncProducer keyword.
 _PRODUCER_KEYS: dict[str, tuple[str, type]] = {
+    **_SECURITY_KEYS,
     "acks": ("acks", str),
     "enable.idempotence": ("enable_idempotence", bool),
     "linger.ms": ("linger_ms", int),
@@ -176,6 +187,12 @@ def consumer_config(options: Mapping[str, str]) -> dict[str, Any]:
         if key in settings:
             out[kwarg] = _typed(key, kind, settings[key])
     return out
+
+
+def security_kwargs(client_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The TLS keywords among a consumer's or producer's (for an admin client beside it)."""
+    names = {kwarg for kwarg, _ in _SECURITY_KEYS.values()}
+    return {k: v for k, v in client_kwargs.items() if k in names}
 
 
 def producer_config(options: Mapping[str, str]) -> dict[str, Any]:
@@ -565,6 +582,7 @@ __all__ = [
     "producer_config",
     "rate_limit",
     "resolve_offsets",
+    "security_kwargs",
     "split_ranges",
     "timestamp_targets",
 ]

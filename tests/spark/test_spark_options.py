@@ -216,3 +216,26 @@ def test_client_and_options_import_without_pyspark() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_tls_options_pass_through_to_every_client() -> None:
+    from minibroker.client.spark.options import security_kwargs
+
+    options = {
+        "kafka.security.protocol": "SSL",
+        "kafka.ssl.ca.location": "/d/ca.pem",
+        "ssl.certificate.location": "/d/u.pem",
+        "kafka.ssl.key.location": "/d/u.key",
+        "kafka.client.rack": "r1",
+    }
+    tls = {
+        "security_protocol": "SSL",
+        "ssl_ca_location": "/d/ca.pem",
+        "ssl_certificate_location": "/d/u.pem",
+        "ssl_key_location": "/d/u.key",
+    }
+    consumer = consumer_config(options)
+    assert consumer == {**tls, "client_rack": "r1"}
+    assert producer_config(options) == {**tls, "acks": "all"}
+    assert security_kwargs(consumer) == tls
+    assert security_kwargs({"client_rack": "r1"}) == {}
