@@ -455,6 +455,10 @@ def _unused_port(pick_port: Callable[[str], int], host: str, used: set[int]) -> 
     raise LauncherError("found no free port for the new broker")
 
 
+# Settings that name one process's address: one value for every process would be wrong.
+PER_PROCESS_KEYS = frozenset({"listeners", "advertised.listeners"})
+
+
 def split_settings(settings: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """Route each --set key to the processes that know it; a key nobody knows is an error."""
     from minibroker.broker.config import is_known_key as broker_knows
@@ -468,6 +472,11 @@ def split_settings(settings: dict[str, str]) -> tuple[dict[str, str], dict[str, 
     controller: dict[str, str] = {}
     broker: dict[str, str] = {}
     for key, value in settings.items():
+        if key in PER_PROCESS_KEYS:
+            raise LauncherError(
+                f"{key} cannot be set for the whole cluster: every process has its own address "
+                "(the launcher gives each its listener on its own port)"
+            )
         known = False
         if controller_knows(key):
             controller[key] = value

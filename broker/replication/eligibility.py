@@ -25,7 +25,8 @@ class BrokerView(Protocol):
 
     def is_isr_eligible(self, broker_id: int, broker_epoch: int) -> bool:
         """KIP-841/903: registered, unfenced, not in controlled shutdown, and `broker_epoch`
-        equal to the registered one (or -1, unknown)."""
+        equal to the registered one (or -1: no fetch accepted from it in this leadership yet;
+        a fetch itself must carry the registered epoch, reads.broker_epoch_problem)."""
         ...
 
 

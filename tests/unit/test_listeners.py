@@ -211,3 +211,12 @@ def test_broker_advertised_listeners() -> None:
 def test_broker_advertised_listeners_refused(layer: dict[str, str], error: str) -> None:
     with pytest.raises(ConfigError, match=error):
         broker_config(BROKER, layer)
+
+
+@pytest.mark.parametrize("key", ["listeners", "advertised.listeners"])
+def test_the_launcher_refuses_one_address_for_every_process(key: str) -> None:
+    from minibroker.deploy.cluster import LauncherError, split_settings
+
+    with pytest.raises(LauncherError, match=f"{key} cannot be set for the whole cluster"):
+        split_settings({key: "PLAINTEXT://127.0.0.1:9092"})
+    assert split_settings({"broker.rack": "r"}) == ({}, {"broker.rack": "r"})
