@@ -8,21 +8,31 @@ Kafka's broker name (`log.segment.bytes`, `message.max.bytes`, ...); a topic's o
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from minibroker.client.common.config import ConfigError, ConfigKey, at_least, resolve
+from minibroker.client.common.config import (
+    ConfigError,
+    ConfigKey,
+    at_least,
+    parse_problem,
+    resolve,
+)
 from minibroker.client.common.limits import LIMIT_KEYS, ServerLimits
 from minibroker.client.common.listeners import (
-    DEFAULT_PROTOCOL_MAP,
     Listener,
     parse_protocol_map,
     parse_single_listener,
     security_protocol,
 )
 from minibroker.client.common.netfaults import NETWORK_FAULT_KEYS
-from minibroker.client.common.tls import SERVER_SSL_KEYS, TlsSettings, node_tls
+from minibroker.client.common.tls import (
+    PROTOCOL_MAP_KEY,
+    SERVER_SSL_KEYS,
+    TlsSettings,
+    node_tls,
+)
 from minibroker.client.controller_finder import parse_controllers
 from minibroker.client.topic_config import TOPIC_CONFIG_KEYS
 
@@ -51,7 +61,7 @@ BROKER_KEYS: tuple[ConfigKey, ...] = (
         "127.0.0.1:9092",
         "NAME://HOST:PORT the broker serves on (HOST:PORT means PLAINTEXT; port 0: any; "
         "one listener)",
-        lambda v: _problem(parse_single_listener, v),
+        lambda v: parse_problem(parse_single_listener, v),
     ),
     ConfigKey(
         "advertised.listeners",
@@ -60,15 +70,9 @@ BROKER_KEYS: tuple[ConfigKey, ...] = (
         "NAME://HOST:PORT the broker registers with the controller and Metadata answers give "
         "clients and other brokers (unset: the listener; port 0: the port bound); required "
         "when the listener's host is 0.0.0.0 or ::",
-        lambda v: _problem(parse_single_listener, v) if v.strip() else None,
+        lambda v: parse_problem(parse_single_listener, v) if v.strip() else None,
     ),
-    ConfigKey(
-        "listener.security.protocol.map",
-        str,
-        DEFAULT_PROTOCOL_MAP,
-        "NAME:PROTOCOL,... the security protocol of each listener name (PLAINTEXT or SSL)",
-        lambda v: _problem(parse_protocol_map, v),
-    ),
+    PROTOCOL_MAP_KEY,
     ConfigKey(
         "controller.quorum.bootstrap.servers",
         str,
@@ -160,14 +164,6 @@ BROKER_KEYS: tuple[ConfigKey, ...] = (
     *NETWORK_FAULT_KEYS,
     *SERVER_SSL_KEYS,
 )
-
-
-def _problem(parse: Callable[[str], object], value: str) -> str | None:
-    try:
-        parse(value)
-    except ValueError as err:
-        return str(err)
-    return None
 
 
 _BROKER_KEY_NAMES = frozenset(k.name for k in BROKER_KEYS)

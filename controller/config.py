@@ -8,21 +8,31 @@ Broker-level defaults for topic configs (`min.insync.replicas`, `unclean.leader.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from minibroker.client.common.config import ConfigError, ConfigKey, at_least, resolve
+from minibroker.client.common.config import (
+    ConfigError,
+    ConfigKey,
+    at_least,
+    parse_problem,
+    resolve,
+)
 from minibroker.client.common.limits import LIMIT_KEYS, ServerLimits
 from minibroker.client.common.listeners import (
-    DEFAULT_PROTOCOL_MAP,
     Listener,
     parse_protocol_map,
     parse_single_listener,
     security_protocol,
 )
 from minibroker.client.common.netfaults import NETWORK_FAULT_KEYS
-from minibroker.client.common.tls import SERVER_SSL_KEYS, TlsSettings, node_tls
+from minibroker.client.common.tls import (
+    PROTOCOL_MAP_KEY,
+    SERVER_SSL_KEYS,
+    TlsSettings,
+    node_tls,
+)
 from minibroker.client.topic_config import TOPIC_CONFIG_KEYS, TOPIC_CONFIG_NAMES
 from minibroker.controller.core.controller import ControllerSettings
 from minibroker.controller.core.partition_limits import (
@@ -30,15 +40,6 @@ from minibroker.controller.core.partition_limits import (
     DEFAULT_MAX_PARTITIONS,
 )
 from minibroker.controller.quorum.messages import QuorumSettings, VoterAddress
-
-
-def _problem(parse: Callable[[str], object], value: str) -> str | None:
-    try:
-        parse(value)
-    except ValueError as err:
-        return str(err)
-    return None
-
 
 CONTROLLER_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
@@ -87,15 +88,9 @@ CONTROLLER_KEYS: tuple[ConfigKey, ...] = (
         "127.0.0.1:9093",
         "NAME://HOST:PORT to serve ControllerService on (HOST:PORT means PLAINTEXT; port 0: "
         "any; one listener; --listen)",
-        lambda v: _problem(parse_single_listener, v),
+        lambda v: parse_problem(parse_single_listener, v),
     ),
-    ConfigKey(
-        "listener.security.protocol.map",
-        str,
-        DEFAULT_PROTOCOL_MAP,
-        "NAME:PROTOCOL,... the security protocol of each listener name (PLAINTEXT or SSL)",
-        lambda v: _problem(parse_protocol_map, v),
-    ),
+    PROTOCOL_MAP_KEY,
     ConfigKey(
         "metrics.port",
         int,

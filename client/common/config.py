@@ -158,3 +158,12 @@ def command_line_layers(
     file_values = load_file(args.config) if args.config else {}
     flags = {key: getattr(args, attr) for attr, key in flag_keys if getattr(args, attr) is not None}
     return file_values, flags, parse_overrides(args.set)
+
+
+def parse_problem(parse: Callable[[str], object], value: str) -> str | None:
+    """A ConfigKey check from a parser: the parser's ValueError as the problem, else None."""
+    try:
+        parse(value)
+    except ValueError as err:
+        return str(err)
+    return None

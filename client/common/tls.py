@@ -24,7 +24,8 @@ from typing import Any
 
 import grpc
 
-from minibroker.client.common.config import ConfigError, ConfigKey, one_of
+from minibroker.client.common.config import ConfigError, ConfigKey, one_of, parse_problem
+from minibroker.client.common.listeners import DEFAULT_PROTOCOL_MAP, parse_protocol_map
 
 PLAINTEXT = "PLAINTEXT"
 SSL = "SSL"
@@ -43,6 +44,15 @@ SSL_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("ssl.key.location", str, "", "PEM file of this side's private key (unencrypted)"),
 )
 # Brokers and controllers (Kafka's broker names).
+# Brokers and controllers both: which listener names are SSL.
+PROTOCOL_MAP_KEY = ConfigKey(
+    "listener.security.protocol.map",
+    str,
+    DEFAULT_PROTOCOL_MAP,
+    "NAME:PROTOCOL,... the security protocol of each listener name (PLAINTEXT or SSL)",
+    lambda v: parse_problem(parse_protocol_map, v),
+)
+
 SERVER_SSL_KEYS: tuple[ConfigKey, ...] = (
     *SSL_KEYS,
     ConfigKey(
