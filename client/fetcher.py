@@ -166,18 +166,25 @@ class Fetcher:
         md = self.cluster.metadata
         settings = self.settings
         states = self.subscriptions.states
-        sent = {tp: (states[tp].generation, states[tp].fetch_offset) for tp in tps}
-        request = fetch_request(
-            [FetchTarget(tp, md.leader_epoch(tp), sent[tp][1]) for tp in tps],
-            max_wait_ms=settings.fetch_max_wait_ms,
-            min_bytes=settings.fetch_min_bytes,
-            max_bytes=settings.fetch_max_bytes,
-            partition_max_bytes=settings.max_partition_fetch_bytes,
-            rack_id=settings.client_rack,
-        )
-        address = md.address(node) or f"node {node}"
-        leader_of = {tp: md.leader_for(tp) for tp in tps}
         try:
+            # Everything from here on is inside the try whose `finally` clears the node's busy
+            # mark: a partition unassigned between scheduling this fetch and its start used to
+            # raise KeyError here, leaving the node busy and never fetched from again.
+            sent = {
+                tp: (states[tp].generation, states[tp].fetch_offset) for tp in tps if tp in states
+            }
+            if not sent:
+                return
+            request = fetch_request(
+                [FetchTarget(tp, md.leader_epoch(tp), offset) for tp, (_, offset) in sent.items()],
+                max_wait_ms=settings.fetch_max_wait_ms,
+                min_bytes=settings.fetch_min_bytes,
+                max_bytes=settings.fetch_max_bytes,
+                partition_max_bytes=settings.max_partition_fetch_bytes,
+                rack_id=settings.client_rack,
+            )
+            address = md.address(node) or f"node {node}"
+            leader_of = {tp: md.leader_for(tp) for tp in sent}
             try:
                 timeout_s = (settings.fetch_max_wait_ms + settings.request_timeout_ms) / 1000
                 resp = await call(self.cluster.fetch(address, request, timeout_s), address)

@@ -368,3 +368,19 @@ def test_records_before_a_corrupt_batch_are_delivered_once() -> None:
     with pytest.raises(CorruptRecordError, match="batch of t-0 at offset 2: CRC mismatch"):
         c._drain_buffers(100)
     assert state.fetch_offset == 2, "the next fetch starts at the corrupt batch"
+
+
+def test_a_fetch_whose_partitions_were_unassigned_before_it_started_frees_its_broker() -> None:
+    """A fetch is scheduled for a broker, then its partition is unassigned before the task
+    runs (the Spark source reassigns between batches): it sends nothing and clears the busy
+    mark, else that broker is never fetched from again (found by `make demo`: a stalled read)."""
+    c = consumer()
+    fetcher = c._fetcher
+    fetcher._node_busy.add(1)
+    c.assign([])
+
+    async def run() -> None:
+        await fetcher._fetch(1, [TP])
+
+    asyncio.run(run())
+    assert 1 not in fetcher._node_busy
