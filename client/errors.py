@@ -35,7 +35,11 @@ class ErrorCode(enum.IntEnum):
     NOT_ENOUGH_REPLICAS = 19
     NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
     INVALID_REQUIRED_ACKS = 21
+    TOPIC_AUTHORIZATION_FAILED = 29
+    GROUP_AUTHORIZATION_FAILED = 30
+    CLUSTER_AUTHORIZATION_FAILED = 31
     INVALID_TIMESTAMP = 32
+    UNSUPPORTED_SASL_MECHANISM = 33
     UNSUPPORTED_VERSION = 35
     TOPIC_ALREADY_EXISTS = 36
     INVALID_PARTITIONS = 37
@@ -49,8 +53,10 @@ class ErrorCode(enum.IntEnum):
     DUPLICATE_SEQUENCE_NUMBER = 46
     INVALID_PRODUCER_EPOCH = 47
     INVALID_PRODUCER_ID_MAPPING = 49
+    SECURITY_DISABLED = 54
     OPERATION_NOT_ATTEMPTED = 55
     KAFKA_STORAGE_ERROR = 56
+    SASL_AUTHENTICATION_FAILED = 58
     UNKNOWN_PRODUCER_ID = 59
     REASSIGNMENT_IN_PROGRESS = 60
     INCONSISTENT_VOTER_SET = 68
@@ -63,6 +69,9 @@ class ErrorCode(enum.IntEnum):
     ELECTION_NOT_NEEDED = 84
     NO_REASSIGNMENT_IN_PROGRESS = 85
     INVALID_RECORD = 87
+    RESOURCE_NOT_FOUND = 91
+    DUPLICATE_RESOURCE = 92
+    UNACCEPTABLE_CREDENTIAL = 93
     INVALID_UPDATE_VERSION = 95
     UNKNOWN_TOPIC_ID = 100
     DUPLICATE_BROKER_REGISTRATION = 101
@@ -394,6 +403,60 @@ class InvalidRecordError(MiniBrokerError):
     """A record is invalid."""
 
     code = ErrorCode.INVALID_RECORD
+
+
+class TopicAuthorizationFailedError(MiniBrokerError):
+    """The principal may not do this to the topic (no ACL allows it, or one denies it)."""
+
+    code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+
+
+class GroupAuthorizationFailedError(MiniBrokerError):
+    """The principal may not do this to the group."""
+
+    code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+
+
+class ClusterAuthorizationFailedError(MiniBrokerError):
+    """The principal may not do this to the cluster (or act as the node it names)."""
+
+    code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+
+
+class UnsupportedSaslMechanismError(MiniBrokerError):
+    """The listener does not take this SASL mechanism."""
+
+    code = ErrorCode.UNSUPPORTED_SASL_MECHANISM
+
+
+class SecurityDisabledError(MiniBrokerError):
+    """The request needs a security feature the cluster does not have on (e.g. no authorizer)."""
+
+    code = ErrorCode.SECURITY_DISABLED
+
+
+class SaslAuthenticationFailedError(MiniBrokerError):
+    """The user name or password is wrong, or the user does not exist."""
+
+    code = ErrorCode.SASL_AUTHENTICATION_FAILED
+
+
+class ResourceNotFoundError(MiniBrokerError):
+    """The resource (e.g. a user's credential) does not exist."""
+
+    code = ErrorCode.RESOURCE_NOT_FOUND
+
+
+class DuplicateResourceError(MiniBrokerError):
+    """The request names the same resource twice."""
+
+    code = ErrorCode.DUPLICATE_RESOURCE
+
+
+class UnacceptableCredentialError(MiniBrokerError):
+    """The credential is not acceptable (empty name, too few iterations, ...)."""
+
+    code = ErrorCode.UNACCEPTABLE_CREDENTIAL
 
 
 class InvalidUpdateVersionError(MiniBrokerError):
