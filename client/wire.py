@@ -21,12 +21,15 @@ import grpc
 from minibroker.client.common.tls import MISMATCH_HINT, looks_like_tls_mismatch
 from minibroker.client.controller_finder import LeaderHint, hint_from_error
 from minibroker.client.errors import (
+    ClusterAuthorizationFailedError,
     ErrorCode,
     MiniBrokerError,
     NetworkExceptionError,
     NotControllerError,
     RecordListTooLargeError,
     RequestTimedOutError,
+    SaslAuthenticationFailedError,
+    TopicAuthorizationFailedError,
     UnknownServerError,
     UnknownTopicOrPartitionError,
     error_for,
@@ -79,6 +82,15 @@ def error_from_rpc(err: grpc.aio.AioRpcError | grpc.RpcError, address: str) -> M
                 f"broker {address} unavailable: {details} ({MISMATCH_HINT})"
             )
         return NetworkExceptionError(f"broker {address} unavailable: {details}")
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        # The call could not be attributed to anyone (wrong password, SASL on a listener that
+        # takes none, no credentials on a SASL_SSL one): not retriable.
+        return SaslAuthenticationFailedError(f"{address} refused the call: {details}")
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        # A call refused whole by the authorizer (a stream whose answers carry no error code).
+        if " topic " in (details or ""):
+            return TopicAuthorizationFailedError(details or "")
+        return ClusterAuthorizationFailedError(details or "")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return RequestTimedOutError(f"request to {address} timed out")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:

@@ -37,6 +37,7 @@ from minibroker.client.common import runtime
 from minibroker.client.common.grpc_limits import LimitsInterceptor, RequestBudget
 from minibroker.client.common.log import get_logger
 from minibroker.client.common.netfaults import NetFaults, server_interceptors
+from minibroker.client.common.security import server_security
 from minibroker.client.common.tls import add_port
 from minibroker.controller.config import ControllerConfig, normalised_voters
 from minibroker.controller.core.controller import ControllerCore
@@ -240,8 +241,10 @@ class ControllerApp:
                 self.faults, *([interceptor] if interceptor.enabled else [])
             ),
         )
-        pb_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(self), server)
-        pb_grpc.add_QuorumServiceServicer_to_server(QuorumServicer(self), server)
+        # Who each call is from and what it may do (authorizer.class.name, super.users).
+        security = server_security(self.config.values, self.config.security_protocol)
+        pb_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(self, security), server)
+        pb_grpc.add_QuorumServiceServicer_to_server(QuorumServicer(self, security), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         tls = self.config.tls
         self.port = add_port(server, listener.address, tls)

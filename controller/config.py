@@ -27,6 +27,7 @@ from minibroker.client.common.listeners import (
     security_protocol,
 )
 from minibroker.client.common.netfaults import NETWORK_FAULT_KEYS
+from minibroker.client.common.security import AUTHORIZER_KEYS
 from minibroker.client.common.tls import (
     PROTOCOL_MAP_KEY,
     SERVER_SSL_KEYS,
@@ -185,6 +186,7 @@ CONTROLLER_KEYS: tuple[ConfigKey, ...] = (
     *LIMIT_KEYS,
     *NETWORK_FAULT_KEYS,
     *SERVER_SSL_KEYS,
+    *AUTHORIZER_KEYS,
 )
 
 ALL_KEYS: tuple[ConfigKey, ...] = CONTROLLER_KEYS + TOPIC_CONFIG_KEYS

@@ -594,8 +594,14 @@ def client_pems(directory: str) -> Any:
     return tls.make_client_cert(_ca(directory), folder, CLIENT_USER)
 
 
+# A --tls cluster has its authorizer on: CLIENT_USER (the launcher's, the CLI's and watch's
+# certificate) may do everything; nodes get CLUSTER_ACTION from their certificates.
+AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+
+
 def tls_settings_for(spec: ProcessSpec, state: ClusterState) -> dict[str, str]:
-    """A node's ssl.* settings in a --tls cluster (nothing otherwise)."""
+    """A node's security settings in a --tls cluster (nothing otherwise): its ssl.* ones, and
+    the authorizer with CLIENT_USER as the super user."""
     if not state.tls:
         return {}
     pair = node_pems(spec, state)
@@ -604,6 +610,8 @@ def tls_settings_for(spec: ProcessSpec, state: ClusterState) -> dict[str, str]:
         "ssl.certificate.location": str(pair.cert),
         "ssl.key.location": str(pair.key),
         "ssl.client.auth": "required",
+        "authorizer.class.name": AUTHORIZER,
+        "super.users": f"User:{CLIENT_USER}",
     }
 
 
