@@ -422,3 +422,49 @@ def test_the_decorator_authenticates_every_call_over_grpc() -> None:
             await server.stop(None)
 
     asyncio.run(main())
+
+
+class _RpcError(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def test_the_client_maps_refusals_to_non_retriable_errors() -> None:
+    from minibroker.client.errors import (
+        REFUSALS,
+        ClusterAuthorizationFailedError,
+        SaslAuthenticationFailedError,
+        TopicAuthorizationFailedError,
+        error_for,
+    )
+    from minibroker.client.wire import error_from_rpc
+
+    cases = [
+        (
+            grpc.StatusCode.UNAUTHENTICATED,
+            "SASL authentication failed",
+            SaslAuthenticationFailedError,
+        ),
+        (
+            grpc.StatusCode.PERMISSION_DENIED,
+            "not authorized to CLUSTER_ACTION on the cluster as User:mallory",
+            ClusterAuthorizationFailedError,
+        ),
+        (
+            grpc.StatusCode.PERMISSION_DENIED,
+            "not authorized to READ topic t as User:mallory",
+            TopicAuthorizationFailedError,
+        ),
+    ]
+    for code, details, cls in cases:
+        err = error_from_rpc(_RpcError(code, details), "h:1")
+        assert isinstance(err, cls) and details in str(err) and not err.retriable
+        assert isinstance(err, REFUSALS)
+    produced = error_for(pb.TOPIC_AUTHORIZATION_FAILED, "not authorized to WRITE topic t as User:m")
+    assert isinstance(produced, TopicAuthorizationFailedError) and not produced.retriable
