@@ -397,3 +397,26 @@ def test_quorum_rpcs_only_from_the_controller_they_name(cluster: LocalCluster) -
     assert described.leader_id == voter.node_id and not described.voters
     assert epoch() == before  # the forged Vote's epoch was not taken up
     assert launcher.active_controller(cluster.state) is not None
+
+
+def test_a_sasl_header_on_an_ssl_listener_is_unauthenticated(cluster: LocalCluster) -> None:
+    """(i) A call that claims a SASL login where the listener takes none ends UNAUTHENTICATED
+    with the reason, before its handler runs; the Python client raises it as
+    SaslAuthenticationFailedError."""
+    from minibroker.client.common.security import SASL_HEADER
+    from minibroker.client.errors import SaslAuthenticationFailedError
+    from minibroker.client.wire import error_from_rpc
+
+    address = cluster.spec(1).address
+    with (
+        sync_channel(address, _tls(cluster, "mallory")) as channel,
+        pytest.raises(grpc.RpcError) as refused,
+    ):
+        pb_grpc.BrokerServiceStub(channel).Metadata(
+            pb.MetadataRequest(all_topics=True),
+            timeout=10,
+            metadata=((SASL_HEADER, "PLAIN AGFkbWluAGd1ZXNz"),),
+        )
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "listener is SSL; SASL needs a SASL_SSL listener" in (refused.value.details() or "")
+    assert isinstance(error_from_rpc(refused.value, address), SaslAuthenticationFailedError)
