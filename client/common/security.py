@@ -170,11 +170,13 @@ AUTHORIZER_KEYS: tuple[ConfigKey, ...] = (
 
 class _SuperUsersOnly:
     """STAND-IN for H2's StandardAuthorizer until sec-acls is merged: super users may do
-    everything, nobody else anything (there are no ACLs yet). Node principals get their
-    CLUSTER_ACTION from `Access`, not from here."""
+    everything; there are no ACLs yet, so anyone else may do something only with
+    allow.everyone.if.no.acl.found. Node principals get their CLUSTER_ACTION from `Access`,
+    not from here."""
 
-    def __init__(self, super_users: frozenset[Principal]) -> None:
+    def __init__(self, super_users: frozenset[Principal], allow_if_no_acl: bool = False) -> None:
         self.super_users = super_users
+        self.allow_if_no_acl = allow_if_no_acl
 
     def authorize(
         self,
@@ -184,7 +186,7 @@ class _SuperUsersOnly:
         resource_type: ResourceType,
         name: str,
     ) -> bool:
-        return principal in self.super_users
+        return self.allow_if_no_acl or principal in self.super_users
 
 
 def make_authorizer(values: Any, acl_view: Any = None) -> Authorizer | None:
@@ -196,7 +198,10 @@ def make_authorizer(values: Any, acl_view: Any = None) -> Authorizer | None:
         return None
     if name not in _AUTHORIZER_NAMES:
         raise ConfigError(f"authorizer.class.name: {_check_authorizer(name)}")
-    return _SuperUsersOnly(parse_super_users(str(values.get("super.users", "") or "")))
+    return _SuperUsersOnly(
+        parse_super_users(str(values.get("super.users", "") or "")),
+        str(values.get("allow.everyone.if.no.acl.found", False)).strip().lower() == "true",
+    )
 
 
 # ---- decisions --------------------------------------------------------------------------

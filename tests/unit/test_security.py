@@ -134,6 +134,11 @@ def test_authorizer_configs() -> None:
     assert std is not None
     assert std.authorize(ADMIN, "h", AclOperation.ALTER, ResourceType.CLUSTER, "kafka-cluster")
     assert not std.authorize(MALLORY, "h", AclOperation.READ, ResourceType.TOPIC, "t")
+    everyone = make_authorizer(
+        {"authorizer.class.name": "StandardAuthorizer", "allow.everyone.if.no.acl.found": True}
+    )
+    assert everyone is not None
+    assert everyone.authorize(MALLORY, "h", AclOperation.READ, ResourceType.TOPIC, "t")
     with pytest.raises(ConfigError, match=r"authorizer\.class\.name"):
         make_authorizer({"authorizer.class.name": "AclAuthorizer"})
     assert parse_super_users("User:a; User:b;") == {Principal("User", "a"), Principal("User", "b")}
