@@ -24,7 +24,7 @@ import grpc
 import pytest
 from cluster_harness import LocalCluster, local_cluster, wait_until
 
-from minibroker.client import Admin, Producer
+from minibroker.client import Admin, Consumer, Producer, TopicPartition
 from minibroker.client.batch import read_header
 from minibroker.client.common.tls import TlsSettings, sync_channel
 from minibroker.client.errors import TopicAuthorizationFailedError
@@ -51,6 +51,17 @@ DENIED = (pb.CLUSTER_AUTHORIZATION_FAILED, pb.TOPIC_AUTHORIZATION_FAILED)
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     directory = tmp_path_factory.mktemp("forgeries") / "cluster"
     with local_cluster(str(directory), brokers=3, settings=SETTINGS, tls=True) as c:
+        with _admin(c) as admin:
+            admin.create_topic(FORGED, 1, 2, {"min.insync.replicas": "1"})
+            admin.create_topic(VICTIM, 1, 3)
+            for topic, size in ((FORGED, 2), (VICTIM, 3)):
+                wait_until(
+                    lambda t=topic, n=size: (
+                        len(admin.describe_topics([t])[0].partitions[0].isr) == n
+                    ),
+                    30,
+                    f"a full ISR of {topic}",
+                )
         yield c
 
 
@@ -112,12 +123,6 @@ def test_forged_follower_fetches_are_refused_and_move_nothing(cluster: LocalClus
     broker's certificate claiming the follower's replica id. Neither advances the HW nor
     acknowledges an acks=all write only the leader has."""
     with _admin(cluster) as admin:
-        admin.create_topic(FORGED, 1, 2, {"min.insync.replicas": "1"})
-        wait_until(
-            lambda: len(admin.describe_topics([FORGED])[0].partitions[0].isr) == 2,
-            30,
-            "a full ISR",
-        )
         (partition,) = admin.describe_topics([FORGED])[0].partitions
         epochs = {b.broker_id: b.broker_epoch for b in admin.describe_cluster().brokers}
     leader = partition.leader
@@ -170,10 +175,6 @@ def test_forged_node_rpcs_to_the_controller_are_refused(cluster: LocalCluster) -
     certificate; (d) a fake broker's RegisterBroker; AlterPartition and AllocateProducerIds
     for another broker. Broker 2 stays in every ISR, nothing registers."""
     with _admin(cluster) as admin:
-        admin.create_topic(VICTIM, 1, 3)
-        wait_until(
-            lambda: len(admin.describe_topics([VICTIM])[0].partitions[0].isr) == 3, 30, "ISR 3"
-        )
         epochs = {b.broker_id: b.broker_epoch for b in admin.describe_cluster().brokers}
     shut_down = pb.BrokerHeartbeatRequest(
         broker_id=2, broker_epoch=epochs[2], current_metadata_offset=1 << 40, want_shut_down=True
@@ -327,6 +328,11 @@ def test_mallory_cannot_write_delete_elect_or_read_the_metadata_log(
         pytest.raises(TopicAuthorizationFailedError, match=f"topic {VICTIM}"),
     ):
         producer.send(VICTIM, b"x", partition=0).result(timeout=20)
+    with Consumer(cluster.bootstrap, **mallory) as consumer:
+        consumer.assign([TopicPartition(VICTIM, 0)])
+        with pytest.raises(TopicAuthorizationFailedError, match=f"topic {VICTIM}"):
+            for _ in range(50):  # raised by the first poll: metadata says no at once
+                consumer.poll(timeout_ms=200)
     config = tmp_path / "mallory.properties"
     config.write_text(
         "security.protocol=SSL\n"
