@@ -29,6 +29,8 @@ def produce(
     access: Access, who: CallIdentity, request: pb.ProduceRequest
 ) -> tuple[pb.ProduceRequest, list[pb.TopicProduceResponse]]:
     """WRITE on each topic."""
+    if not access.enabled:
+        return request, []
     ok, refused = split_topics(
         request.topics, lambda t: t.topic, lambda n: access.on_topic(who, AclOperation.WRITE, n)
     )
@@ -96,6 +98,8 @@ def fetch(
                 error_code=CLUSTER_DENIED,
                 topics=_fetch_errors(request.topics, CLUSTER_DENIED, why),
             )
+        return request, pb.FetchResponse()
+    if not access.enabled:
         return request, pb.FetchResponse()
     ok, refused = split_topics(
         request.topics, lambda t: t.topic, lambda n: access.on_topic(who, AclOperation.READ, n)
