@@ -272,16 +272,84 @@ def test_mallory_cannot_write_delete_elect_or_read_the_metadata_log(
         VICTIM: pb.TOPIC_AUTHORIZATION_FAILED,
         FORGED: pb.TOPIC_AUTHORIZATION_FAILED,
     }
+    # Every other controller RPC that changes or reveals something: refused with its codes.
+    victim_partition = pb.TopicPartitions(topic=VICTIM, partitions=[0])
     for rpc, request in (
         ("UnregisterBroker", pb.UnregisterBrokerRequest(broker_id=2)),
         ("DecommissionBroker", pb.DecommissionBrokerRequest(broker_id=2)),
         ("CreateTopics", pb.CreateTopicsRequest(topics=[pb.CreatableTopic(name="mine")])),
+        (
+            "CreatePartitions",
+            pb.CreatePartitionsRequest(topics=[pb.CreatePartitionsTopic(name=VICTIM, count=4)]),
+        ),
+        (
+            "AlterPartitionReassignments",
+            pb.AlterPartitionReassignmentsRequest(
+                partitions=[pb.ReassignablePartition(topic=VICTIM, partition=0, replicas=[1])]
+            ),
+        ),
+        ("ListPartitionReassignments", pb.ListPartitionReassignmentsRequest()),
+        (
+            "IncrementalAlterConfigs",
+            pb.IncrementalAlterConfigsRequest(
+                resources=[
+                    pb.AlterConfigsResource(
+                        resource_type=2,
+                        resource_name=VICTIM,
+                        configs=[pb.AlterableConfig(name="retention.ms", value="1")],
+                    ),
+                    pb.AlterConfigsResource(
+                        resource_type=4,
+                        resource_name="",
+                        configs=[pb.AlterableConfig(name="log.retention.ms", value="1")],
+                    ),
+                ]
+            ),
+        ),
+        (
+            "DescribeConfigs",
+            pb.DescribeConfigsRequest(
+                resources=[pb.DescribeConfigsResource(resource_type=2, resource_name=VICTIM)]
+            ),
+        ),
+        (
+            "ElectLeaders",
+            pb.ElectLeadersRequest(election_type=pb.PREFERRED, topic_partitions=[victim_partition]),
+        ),
     ):
         answer = _call(cluster, "mallory", controller, "controller", rpc, request)
-        codes = {getattr(answer, "error_code", 0)} | {
-            t.error_code for t in getattr(answer, "topics", [])
-        }
-        assert codes & set(DENIED), (rpc, answer)
+        codes = {getattr(answer, "error_code", 0)}
+        for field in ("topics", "results"):
+            codes |= {t.error_code for t in getattr(answer, field, [])}
+        assert codes <= {0, *DENIED} and codes & set(DENIED), (rpc, answer)
+    # ... and the broker's: offsets, epochs, replicas, a producer id.
+    offsets = pb.ListOffsetsRequest(replica_id=-1)
+    offsets.topics.add(topic=VICTIM).partitions.add(partition=0, timestamp=-1)
+    answer = _call(cluster, "mallory", leader_address, "broker", "ListOffsets", offsets)
+    assert answer.topics[0].partitions[0].error_code == pb.TOPIC_AUTHORIZATION_FAILED
+    for replica_id, code in (
+        (-1, pb.TOPIC_AUTHORIZATION_FAILED),
+        (2, pb.CLUSTER_AUTHORIZATION_FAILED),
+    ):
+        epochs_asked = pb.OffsetForLeaderEpochRequest(replica_id=replica_id)
+        epochs_asked.topics.add(topic=VICTIM).partitions.add(partition=0, leader_epoch=0)
+        answer = _call(
+            cluster, "mallory", leader_address, "broker", "OffsetForLeaderEpoch", epochs_asked
+        )
+        assert answer.topics[0].partitions[0].error_code == code, answer
+    replicas = _call(
+        cluster,
+        "mallory",
+        leader_address,
+        "broker",
+        "DescribeReplicas",
+        pb.DescribeReplicasRequest(),
+    )
+    assert list(replicas.replicas) == []
+    pid = _call(
+        cluster, "mallory", leader_address, "broker", "InitProducerId", pb.InitProducerIdRequest()
+    )
+    assert pid.error_code == pb.CLUSTER_AUTHORIZATION_FAILED and pid.producer_id == -1
 
     # (g) what a forgery would need is not given out
     described = _call(
@@ -313,8 +381,11 @@ def test_mallory_cannot_write_delete_elect_or_read_the_metadata_log(
 
     with _admin(cluster) as admin:
         assert {VICTIM, FORGED} <= set(admin.list_topics())
-        (now,) = admin.describe_topics([VICTIM])[0].partitions
+        (now,) = admin.describe_topics([VICTIM])[0].partitions  # still one partition
         assert (now.leader, now.leader_epoch) == (partition.leader, partition.leader_epoch)
+        assert sorted(now.replicas) == [1, 2, 3] and not admin.list_partition_reassignments()
+        brokers = {b.broker_id: b for b in admin.describe_cluster().brokers}
+        assert set(brokers) == {1, 2, 3} and not any(b.decommissioning for b in brokers.values())
 
     # The Python client and the CLI as mallory: one clear error, at once (not retried).
     folder = launcher.tls_dir(cluster.state.dir)
