@@ -235,7 +235,9 @@ def test_mallory_cannot_write_delete_elect_or_read_the_metadata_log(
     assert header.producer_id >= 0
     before = _replica(cluster, partition.leader, VICTIM)
 
-    # (e) the victim's next record, as mallory (who has no WRITE; reading is not writing)
+    # (e) the victim's next record, as mallory (who has no WRITE; reading is not writing).
+    # MERGE(sec-acls): give mallory READ on VICTIM here (an ACL); her Fetch below then reads
+    # the victim's record, and the Produce is still refused.
     batch = BatchBuilder(
         producer_id=header.producer_id,
         producer_epoch=header.producer_epoch,
@@ -248,7 +250,7 @@ def test_mallory_cannot_write_delete_elect_or_read_the_metadata_log(
     (refused,) = answer.topics[0].partitions
     assert refused.error_code == pb.TOPIC_AUTHORIZATION_FAILED
     assert refused.error_message == f"not authorized to WRITE topic {VICTIM} as User:mallory"
-    assert (
+    assert (  # MERGE(sec-acls): with READ this answers NONE and the victim's batch
         _call(cluster, "mallory", leader_address, "broker", "Fetch", fetch)
         .topics[0]
         .partitions[0]
