@@ -1,6 +1,6 @@
 """Authorization of BrokerService calls (SPEC-16b's table), on the protobuf messages.
 
-Pure. Each function takes the server's `Access`, the caller and the request, and returns the part
+No I/O. Each function takes the server's `Access`, the caller and the request, and returns the part
 of the request that may proceed plus the answers for the part that may not (Kafka's per-topic
 rule: an unauthorized topic's partitions get TOPIC_AUTHORIZATION_FAILED, the others proceed).
 A refused part is never handed to the replica manager, so it changes nothing.

@@ -1,6 +1,6 @@
 """Authorization of ControllerService and QuorumService calls (SPEC-16b's table).
 
-Pure, on the protobuf messages: each function returns what may proceed and the answers for what
+No I/O, on the protobuf messages: each function returns what may proceed and the answers for what
 may not (with the response's own error codes, so a refusal changes nothing), or the reason a
 whole call is refused.
 """
