@@ -27,7 +27,6 @@ from minibroker.client.common.listeners import (
     security_protocol,
 )
 from minibroker.client.common.netfaults import NETWORK_FAULT_KEYS
-from minibroker.client.common.security import AUTHORIZER_KEYS
 from minibroker.client.common.tls import (
     PROTOCOL_MAP_KEY,
     SERVER_SSL_KEYS,
@@ -36,6 +35,7 @@ from minibroker.client.common.tls import (
 )
 from minibroker.client.controller_finder import parse_controllers
 from minibroker.client.topic_config import TOPIC_CONFIG_KEYS
+from minibroker.metadata.authorizer import AUTHORIZER_KEYS
 
 # Kafka's broker-level names for topic-level defaults.
 BROKER_ALIASES: dict[str, str] = {

@@ -27,7 +27,6 @@ from minibroker.client.common.listeners import (
     security_protocol,
 )
 from minibroker.client.common.netfaults import NETWORK_FAULT_KEYS
-from minibroker.client.common.security import AUTHORIZER_KEYS
 from minibroker.client.common.tls import (
     PROTOCOL_MAP_KEY,
     SERVER_SSL_KEYS,
@@ -41,6 +40,7 @@ from minibroker.controller.core.partition_limits import (
     DEFAULT_MAX_PARTITIONS,
 )
 from minibroker.controller.quorum.messages import QuorumSettings, VoterAddress
+from minibroker.metadata.authorizer import AUTHORIZER_KEYS
 
 CONTROLLER_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(

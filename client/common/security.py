@@ -30,16 +30,17 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from minibroker.client.common.config import ConfigError, ConfigKey
 from minibroker.metadata.acl import (
     ANONYMOUS,
     CLUSTER_RESOURCE_NAME,
     AclOperation,
+    AllowAll,
     Authorizer,
     Principal,
     ResourceType,
     node_of,
 )
+from minibroker.metadata.authorizer import make_authorizer
 
 SASL_HEADER = "x-minibroker-sasl"  # the gRPC metadata entry a SASL client sends (SPEC-16b)
 SASL_SSL = "SASL_SSL"
@@ -116,92 +117,6 @@ def authenticate(context: Any, protocol: str, sasl: SaslHook | None = None) -> C
             "SASL_SSL listener: authenticate with sasl.username/sasl.password"
         )
     return CallIdentity(ANONYMOUS, host, "none")
-
-
-# ---- the authorizer configs (Kafka's names; brokers and controllers) ----------------------
-
-STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
-_AUTHORIZER_NAMES = ("", STANDARD_AUTHORIZER, "StandardAuthorizer")
-
-
-def _check_authorizer(value: str) -> str | None:
-    if value.strip() in _AUTHORIZER_NAMES:
-        return None
-    return f"must be empty (no authorizer) or {STANDARD_AUTHORIZER} (or StandardAuthorizer)"
-
-
-def parse_super_users(text: str) -> frozenset[Principal]:
-    """`User:a;User:b` -> the principals (Kafka separates super.users with ';')."""
-    return frozenset(Principal.parse(part) for part in text.split(";") if part.strip())
-
-
-def _check_super_users(value: str) -> str | None:
-    try:
-        parse_super_users(value)
-    except ValueError as err:
-        return str(err)
-    return None
-
-
-AUTHORIZER_KEYS: tuple[ConfigKey, ...] = (
-    ConfigKey(
-        "authorizer.class.name",
-        str,
-        "",
-        f"'' = no authorizer (every call allowed, the local default); {STANDARD_AUTHORIZER} "
-        "(or StandardAuthorizer) = ACLs from the metadata log",
-        _check_authorizer,
-    ),
-    ConfigKey(
-        "super.users",
-        str,
-        "",
-        "User:a;User:b: principals allowed everything when an authorizer is on",
-        _check_super_users,
-    ),
-    ConfigKey(
-        "allow.everyone.if.no.acl.found",
-        bool,
-        False,
-        "with an authorizer: allow an action on a resource no ACL names",
-    ),
-)
-
-
-class _SuperUsersOnly:
-    """STAND-IN for H2's StandardAuthorizer until sec-acls is merged: super users may do
-    everything; there are no ACLs yet, so anyone else may do something only with
-    allow.everyone.if.no.acl.found. Node principals get their CLUSTER_ACTION from `Access`,
-    not from here."""
-
-    def __init__(self, super_users: frozenset[Principal], allow_if_no_acl: bool = False) -> None:
-        self.super_users = super_users
-        self.allow_if_no_acl = allow_if_no_acl
-
-    def authorize(
-        self,
-        principal: Principal,
-        host: str,
-        operation: AclOperation,
-        resource_type: ResourceType,
-        name: str,
-    ) -> bool:
-        return self.allow_if_no_acl or principal in self.super_users
-
-
-def make_authorizer(values: Any, acl_view: Any = None) -> Authorizer | None:
-    """The authorizer the configs name; None when none is configured (`authorizer.class.name`
-    empty: everything allowed, as before security). THE ONE PLACE the stand-in is built:
-    replace the body with H2's `make_authorizer(settings, acl_view)` at the merge."""
-    name = str(values.get("authorizer.class.name", "") or "").strip()
-    if name == "":
-        return None
-    if name not in _AUTHORIZER_NAMES:
-        raise ConfigError(f"authorizer.class.name: {_check_authorizer(name)}")
-    return _SuperUsersOnly(
-        parse_super_users(str(values.get("super.users", "") or "")),
-        str(values.get("allow.everyone.if.no.acl.found", False)).strip().lower() == "true",
-    )
 
 
 # ---- decisions --------------------------------------------------------------------------
@@ -363,7 +278,6 @@ def authenticated(cls: C) -> C:
 
 __all__ = [
     "ALLOW_ALL",
-    "AUTHORIZER_KEYS",
     "SASL_HEADER",
     "Access",
     "AuthenticationFailed",
@@ -373,7 +287,6 @@ __all__ = [
     "authenticated",
     "caller",
     "cluster_refusal",
-    "make_authorizer",
     "node_refusal",
     "peer_host",
     "server_security",
@@ -385,7 +298,12 @@ __all__ = [
 def server_security(
     values: Any, protocol: str, *, sasl: SaslHook | None = None, acl_view: Any = None
 ) -> ServerSecurity:
-    """A broker's or controller's listener security from its configs. `sasl`: H1's
-    `SaslVerifier(lookup).principal` on a SASL_SSL listener (None until it is merged: a SASL
-    header is then refused); `acl_view`: where the authorizer reads ACLs (H2)."""
-    return ServerSecurity(protocol, sasl, Access(make_authorizer(values, acl_view)))
+    """A broker's or controller's listener security from its configs (authorizer.class.name,
+    super.users, allow.everyone.if.no.acl.found: metadata/authorizer.py). `sasl`:
+    `SaslVerifier(lookup).principal` on a SASL_SSL listener (None: a SASL header is refused);
+    `acl_view`: the image's ACLs the authorizer reads."""
+    authorizer = make_authorizer(values, acl_view)
+    # AllowAll: none configured. Access then skips the per-topic checks altogether.
+    return ServerSecurity(
+        protocol, sasl, Access(None if isinstance(authorizer, AllowAll) else authorizer)
+    )

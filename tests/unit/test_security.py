@@ -20,18 +20,19 @@ from minibroker.client.common.security import (
     authenticate,
     authenticated,
     caller,
-    make_authorizer,
     node_refusal,
-    parse_super_users,
     peer_host,
+    server_security,
 )
 from minibroker.controller import authz as controller_authz
 from minibroker.metadata.acl import (
     ANONYMOUS,
     AclOperation,
+    AllowAll,
     Principal,
     ResourceType,
 )
+from minibroker.metadata.authorizer import make_authorizer, parse_super_users
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
@@ -127,21 +128,25 @@ def test_only_a_certificate_makes_a_node() -> None:
 
 
 def test_authorizer_configs() -> None:
-    assert make_authorizer({"authorizer.class.name": ""}) is None
+    assert isinstance(make_authorizer({"authorizer.class.name": ""}), AllowAll)
+    assert server_security({}, "PLAINTEXT").access.authorizer is None  # none: no checks
     std = make_authorizer(
         {"authorizer.class.name": "StandardAuthorizer", "super.users": "User:admin;User:ops"}
     )
-    assert std is not None
     assert std.authorize(ADMIN, "h", AclOperation.ALTER, ResourceType.CLUSTER, "kafka-cluster")
     assert not std.authorize(MALLORY, "h", AclOperation.READ, ResourceType.TOPIC, "t")
+    secured = server_security({"authorizer.class.name": "StandardAuthorizer"}, "SSL")
+    assert secured.access.enabled and secured.protocol == "SSL"
     everyone = make_authorizer(
         {"authorizer.class.name": "StandardAuthorizer", "allow.everyone.if.no.acl.found": True}
     )
-    assert everyone is not None
     assert everyone.authorize(MALLORY, "h", AclOperation.READ, ResourceType.TOPIC, "t")
     with pytest.raises(ConfigError, match=r"authorizer\.class\.name"):
         make_authorizer({"authorizer.class.name": "AclAuthorizer"})
-    assert parse_super_users("User:a; User:b;") == {Principal("User", "a"), Principal("User", "b")}
+    assert set(parse_super_users("User:a; User:b;")) == {
+        Principal("User", "a"),
+        Principal("User", "b"),
+    }
 
 
 def ident(name: str, via: str = "tls") -> CallIdentity:
