@@ -161,6 +161,8 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         stream_idle_ms=limits.connections_max_idle_ms,
         produce_budget=budget,
         # Who each call is from and what it may do (authorizer.class.name, super.users).
+        # MERGE: sasl=SaslVerifier(rm.scram_credential).principal (sec-sasl), and
+        # acl_view=the image's ACLs (sec-acls).
         security=server_security(config.values, config.security_protocol),
     )
     pb_grpc.add_BrokerServiceServicer_to_server(servicer, server)

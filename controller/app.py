@@ -242,6 +242,8 @@ class ControllerApp:
             ),
         )
         # Who each call is from and what it may do (authorizer.class.name, super.users).
+        # MERGE: sasl=SaslVerifier(self.scram_credential).principal (sec-sasl), and
+        # acl_view=the committed image's ACLs, read live (sec-acls).
         security = server_security(self.config.values, self.config.security_protocol)
         pb_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(self, security), server)
         pb_grpc.add_QuorumServiceServicer_to_server(QuorumServicer(self, security), server)
