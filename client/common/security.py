@@ -244,8 +244,14 @@ def _wrap(method: Callable[..., Any]) -> Callable[..., Any]:
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(err))
                 return
             _CALLER.set(who)
-            async for item in method(self, request, context):
-                yield item
+            inner = method(self, request, context)
+            try:
+                async for item in inner:
+                    yield item
+            finally:
+                # Closed with this one, not when collected: the handler's own finally (the
+                # Heartbeat stream's fencing on close) runs at once.
+                await inner.aclose()
 
         return stream
 

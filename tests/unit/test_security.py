@@ -478,3 +478,42 @@ def test_the_client_maps_refusals_to_non_retriable_errors() -> None:
         assert isinstance(err, REFUSALS)
     produced = error_for(pb.TOPIC_AUTHORIZATION_FAILED, "not authorized to WRITE topic t as User:m")
     assert isinstance(produced, TopicAuthorizationFailedError) and not produced.retriable
+
+
+def test_a_streaming_handler_closes_with_its_call() -> None:
+    """Through the decorator, a streaming handler still ends with its call: its finally (the
+    Heartbeat stream's fencing when a broker goes away) runs at once when the call is
+    cancelled."""
+
+    async def main() -> None:
+        closed = asyncio.Event()
+
+        @authenticated
+        class Watch(pb_grpc.ControllerServiceServicer):
+            def __init__(self) -> None:
+                self.security = ServerSecurity()
+
+            async def WatchMetadata(self, request: Any, context: Any) -> Any:
+                try:
+                    yield pb.MetadataBatch(high_offset=len(str(caller())))
+                    await asyncio.Event().wait()
+                finally:
+                    closed.set()
+
+        server = grpc.aio.server()
+        pb_grpc.add_ControllerServiceServicer_to_server(Watch(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                call = pb_grpc.ControllerServiceStub(channel).WatchMetadata(
+                    pb.WatchMetadataRequest(), timeout=10
+                )
+                first = await call.read()
+                assert first.high_offset == len("User:ANONYMOUS")
+                call.cancel()
+                await asyncio.wait_for(closed.wait(), 5)
+        finally:
+            await server.stop(None)
+
+    asyncio.run(main())
