@@ -22,6 +22,7 @@ from minibroker.controller import wire
 from minibroker.controller.core.messages import HeartbeatReply, HeartbeatRequest, Outcome
 from minibroker.controller.quorum.shell import NotController, QuorumShell
 from minibroker.controller.quorum.wire import QuorumWireError
+from minibroker.metadata import acl_wire
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
@@ -264,6 +265,44 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
             lambda core, now: core.decommission_broker(broker_id, cancel, now)
         )
         return wire.decommission_reply(reply)
+
+    # ACLs (issue 16). Not authorized here yet: the merge adds ALTER (Create/DeleteAcls) and
+    # DESCRIBE (DescribeAcls) on the CLUSTER.
+    @_fenced
+    async def CreateAcls(
+        self, request: pb.CreateAclsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateAclsResponse:
+        try:
+            bindings = acl_wire.creations(request)
+        except MiniBrokerError as err:
+            return acl_wire.create_error(request, err)
+        results = await self._app.submit(lambda core, now: core.create_acls(bindings, now))
+        return acl_wire.create_reply((r.error, r.message) for r in results)
+
+    @_fenced
+    async def DeleteAcls(
+        self, request: pb.DeleteAclsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteAclsResponse:
+        try:
+            filters = acl_wire.delete_filters(request)
+        except MiniBrokerError as err:
+            return acl_wire.delete_error(request, err)
+        results = await self._app.submit(lambda core, now: core.delete_acls(filters, now))
+        return acl_wire.delete_reply((r.error, r.message, r.matching) for r in results)
+
+    @_fenced
+    async def DescribeAcls(
+        self, request: pb.DescribeAclsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DescribeAclsResponse:
+        try:
+            flt = acl_wire.describe_filter(request)
+        except MiniBrokerError as err:
+            return acl_wire.describe_error(err)
+        # Read-only, through the command queue like DescribeConfigs.
+        result = await self._app.submit(lambda core, now: Outcome(core.describe_acls(flt)))
+        if result.error != ErrorCode.NONE:
+            return acl_wire.describe_error((result.error, result.message))
+        return acl_wire.describe_reply(result.bindings)
 
 
 class QuorumServicer(pb_grpc.QuorumServiceServicer):
