@@ -111,6 +111,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
     # and to the leaders it follows (build_config read the files once already).
     tls = config.tls
     rm = ReplicaManager(config, log_manager, metrics, config.controller, faults, tls)
+    metrics.acls_total.set_function(lambda: len(rm.image.acls))
     try:
         rm.load_existing_logs()
     except Exception as err:
