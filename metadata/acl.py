@@ -366,25 +366,28 @@ class AclIndex(Mapping[str, AclBinding]):
     def clear(self) -> None:
         self.__init__()  # type: ignore[misc]
 
-    def matching(self, resource_type: ResourceType, name: str) -> Iterator[AclBinding]:
+    def matching(self, resource_type: ResourceType, name: str) -> list[AclBinding]:
         """Every ACL whose resource pattern applies to the resource (`resource_type`, `name`):
-        LITERAL `name`, LITERAL `*`, PREFIXED prefixes of `name`."""
+        LITERAL `name`, LITERAL `*`, PREFIXED prefixes of `name`. A list (the buckets copied),
+        so a caller never iterates a bucket the image is changing."""
         literal = self._literal
+        out: list[AclBinding] = []
         found = literal.get((resource_type, name))
         if found:
-            yield from found.values()
+            out.extend(found.values())
         if name != WILDCARD:
             found = literal.get((resource_type, WILDCARD))
             if found:
-                yield from found.values()
+                out.extend(found.values())
         lengths = self._prefix_lengths.get(resource_type)
         if lengths:
             by_prefix = self._prefixed[resource_type]
-            for size in list(lengths):
+            for size in tuple(lengths):
                 if size <= len(name):
                     found = by_prefix.get(name[:size])
                     if found:
-                        yield from found.values()
+                        out.extend(found.values())
+        return out
 
     def select(self, flt: AclBindingFilter) -> Iterator[tuple[str, AclBinding]]:
         """(id, binding) of every ACL `flt` matches (DescribeAcls, DeleteAcls: admin calls, so
@@ -397,10 +400,10 @@ class AclIndex(Mapping[str, AclBinding]):
             rtypes = (
                 [flt.resource_type]
                 if flt.resource_type != ResourceType.ANY
-                else list(self._prefix_lengths) + [t for t, _ in self._literal]
+                else [t for t in ResourceType if t not in (ResourceType.UNKNOWN, ResourceType.ANY)]
             )
             seen: set[str] = set()
-            for rtype in dict.fromkeys(rtypes):
+            for rtype in rtypes:
                 if flt.pattern_type == PatternType.LITERAL:
                     bucket = self._literal.get((rtype, flt.resource_name), {})
                 else:

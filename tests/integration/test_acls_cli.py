@@ -17,7 +17,15 @@ from cluster_harness import LocalCluster, local_cluster, wait_until
 
 from minibroker.client.admin import AsyncAdmin
 from minibroker.client.cli.common import run_async
-from minibroker.metadata.acl import AclBindingFilter, AclOperation, PatternType, ResourceType
+from minibroker.client.errors import InvalidRequestError
+from minibroker.metadata.acl import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    PatternType,
+    ResourceType,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -106,6 +114,31 @@ def test_acls_added_listed_replicated_removed_and_durable(cluster: LocalCluster)
     assert bad.returncode == 1 and "TYPE:NAME" in bad.stderr
     bad = acls(cluster, "--remove", "--topic", "orders", check=False)
     assert bad.returncode == 1 and "--force" in bad.stderr
+
+    # The controller's own checks (the CLI's are bypassed): INVALID_REQUEST, nothing written.
+    async def refused() -> tuple[str, str]:
+        async with AsyncAdmin(cluster.bootstrap, default_api_timeout_ms=20_000) as admin:
+            with pytest.raises(InvalidRequestError) as created:
+                await admin.create_acls(
+                    [
+                        AclBinding(
+                            ResourceType.CLUSTER,
+                            "not-the-cluster",
+                            PatternType.LITERAL,
+                            "User:x",
+                            "*",
+                            AclOperation.ALTER,
+                            AclPermissionType.ALLOW,
+                        )
+                    ]
+                )
+            with pytest.raises(InvalidRequestError) as deleted:
+                await admin.delete_acls([AclBindingFilter(operation=AclOperation.UNKNOWN)])
+            return str(created.value), str(deleted.value)
+
+    created, deleted = run_async(refused())
+    assert "kafka-cluster" in created and "Unknown operation" in deleted
+    assert len(describe(cluster, AclBindingFilter())) == total
 
     # Remove one entry, then every ACL of the group.
     acls(cluster, "--remove", "--force", "--allow-principal", "User:bob", "--operation",
