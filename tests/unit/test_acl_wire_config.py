@@ -186,3 +186,23 @@ def test_broker_and_controller_configs_take_the_authorizer_keys(tmp_path) -> Non
         build_config({"node.id": 1, "log.dirs": str(tmp_path), "super.users": "nobody"})
     controller = build_controller_config({"super.users": "User:admin"})
     assert controller["super.users"] == "User:admin"
+
+
+def test_admin_refuses_bad_arguments_before_sending() -> None:
+    from minibroker.client.admin import AsyncAdmin
+    from minibroker.client.cli.common import run_async
+
+    async def main() -> None:
+        async with AsyncAdmin("127.0.0.1:1") as admin:
+            with pytest.raises(TypeError, match="AclBinding"):
+                await admin.create_acls(B1)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="AclBinding"):
+                await admin.create_acls(["User:a"])  # type: ignore[list-item]
+            with pytest.raises(TypeError, match="AclBindingFilter"):
+                await admin.delete_acls([B1])  # type: ignore[list-item]
+            with pytest.raises(TypeError, match="AclBindingFilter"):
+                await admin.describe_acls(B1)  # type: ignore[arg-type]
+            assert await admin.create_acls([]) is None
+            assert await admin.delete_acls([]) == []
+
+    run_async(main())
