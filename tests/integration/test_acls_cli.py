@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 from cluster_harness import LocalCluster, local_cluster, wait_until
 
+from minibroker.client import Admin
 from minibroker.client.admin import AsyncAdmin
 from minibroker.client.cli.common import run_async
 from minibroker.client.errors import InvalidRequestError
@@ -67,11 +68,8 @@ def broker_acl_counts(cluster: LocalCluster) -> list[int]:
 
 
 def describe(cluster: LocalCluster, flt: AclBindingFilter) -> list:
-    async def main() -> list:
-        async with AsyncAdmin(cluster.bootstrap, default_api_timeout_ms=20_000) as admin:
-            return await admin.describe_acls(flt)
-
-    return run_async(main())
+    with Admin(cluster.bootstrap, default_api_timeout_ms=20_000) as admin:
+        return admin.describe_acls(flt)
 
 
 def test_acls_added_listed_replicated_removed_and_durable(cluster: LocalCluster) -> None:
