@@ -112,6 +112,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
     # and to the leaders it follows (build_config read the files once already).
     tls = config.tls
     rm = ReplicaManager(config, log_manager, metrics, config.controller, faults, tls)
+    metrics.acls_total.set_function(lambda: len(rm.image.acls))
     try:
         rm.load_existing_logs()
     except Exception as err:
@@ -161,9 +162,10 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         stream_idle_ms=limits.connections_max_idle_ms,
         produce_budget=budget,
         # Who each call is from and what it may do (authorizer.class.name, super.users).
-        # MERGE: sasl=SaslVerifier(rm.scram_credential).principal (sec-sasl), and
-        # acl_view=the image's ACLs (sec-acls).
-        security=server_security(config.values, config.security_protocol),
+        # The ACLs are the image's (refilled in place by a snapshot, so read live).
+        security=server_security(
+            config.values, config.security_protocol, acl_view=rm.image.acls
+        ),
     )
     pb_grpc.add_BrokerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()

@@ -35,6 +35,11 @@ class BrokerMetrics:
             rm + "AtMinIsrPartitionCount", "partitions led here with |ISR| == min.insync.replicas"
         )
         self.partition_count = gauge(rm + "PartitionCount", "replicas hosted here")
+        # The ACLs in this broker's metadata image (what its StandardAuthorizer reads); a
+        # function gauge, read at each scrape (broker/app.py binds it).
+        self.acls_total = gauge(
+            "kafka_server_authorizer_AclsTotalCount", "ACLs in this broker's metadata image"
+        )
         self.leader_count = gauge(rm + "LeaderCount", "partitions led here")
         self.isr_shrinks = counter(rm + "IsrShrinksPerSec", "committed ISR shrinks")
         self.isr_expands = counter(rm + "IsrExpandsPerSec", "committed ISR expansions")

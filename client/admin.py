@@ -1,6 +1,6 @@
 """AsyncAdmin: topics, cluster description, leader elections, broker unregistration and
-decommissioning, partition reassignments (KIP-455), CreatePartitions and dynamic configs
-(IncrementalAlterConfigs, DescribeConfigs).
+decommissioning, partition reassignments (KIP-455), CreatePartitions, dynamic configs
+(IncrementalAlterConfigs, DescribeConfigs) and ACLs (CreateAcls, DeleteAcls, DescribeAcls).
 
 Does network I/O through `ClusterClient`. Metadata comes from any broker (BrokerService.Metadata);
 the Metadata response names the controller's address, and topic creation and deletion, cluster
@@ -44,6 +44,8 @@ from minibroker.client.transport import (
     unknown_topic_error,
 )
 from minibroker.client.types import TopicPartition
+from minibroker.metadata import acl_wire
+from minibroker.metadata.acl import ANY_ACL, AclBinding, AclBindingFilter
 
 
 @dataclass(frozen=True, slots=True)
@@ -670,6 +672,52 @@ class AsyncAdmin:
         _raise_first(failures, "describe configs of")
         return out
 
+    # -- ACLs ----------------------------------------------------------------------------------
+
+    async def create_acls(self, acls: Iterable[AclBinding]) -> None:
+        """Create ACLs (Kafka's Admin.createAcls); one identical to a stored ACL is a success
+        that changes nothing. Raises the typed error of the first ACL refused
+        (InvalidRequestError: an invalid binding, which is not created; the valid ones are)."""
+        bindings = _acl_items("acls", acls, AclBinding)
+        if not bindings:
+            return
+        resp = await self._controller_call("CreateAcls", acl_wire.create_request(bindings))
+        answered = acl_wire.create_results(resp)
+        failures: list[tuple[str, MiniBrokerError]] = []
+        for i, binding in enumerate(bindings):
+            error = answered[i] if i < len(answered) else UnknownServerError("no answer")
+            if error is not None:
+                failures.append((f"{binding.pattern_str()} {binding.entry_str()}", error))
+        _raise_first(failures, "create ACL")
+
+    async def delete_acls(self, filters: Iterable[AclBindingFilter]) -> list[list[AclBinding]]:
+        """Delete every ACL any filter matches (Kafka's Admin.deleteAcls); returns, per
+        filter in order, the ACLs it matched. Raises the first filter's error (an UNKNOWN
+        value: InvalidRequestError)."""
+        wanted = _acl_items("filters", filters, AclBindingFilter)
+        if not wanted:
+            return []
+        resp = await self._controller_call("DeleteAcls", acl_wire.delete_request(wanted))
+        answered = acl_wire.delete_results(resp)
+        failures: list[tuple[str, MiniBrokerError]] = []
+        out: list[list[AclBinding]] = []
+        for i, flt in enumerate(wanted):
+            error, matching = (
+                answered[i] if i < len(answered) else (UnknownServerError("no answer"), [])
+            )
+            if error is not None:
+                failures.append((repr(flt), error))
+            out.append(matching)
+        _raise_first(failures, "delete ACLs matching")
+        return out
+
+    async def describe_acls(self, flt: AclBindingFilter = ANY_ACL) -> list[AclBinding]:
+        """The ACLs `flt` matches (Kafka's Admin.describeAcls); every ACL by default."""
+        if not isinstance(flt, AclBindingFilter):
+            raise TypeError(f"filter must be an AclBindingFilter, got {flt!r}")
+        resp = await self._controller_call("DescribeAcls", acl_wire.describe_request(flt))
+        return acl_wire.described(resp)
+
     async def decommission_broker(self, broker_id: int, cancel: bool = False) -> int:
         """Mark a broker for decommissioning: its leaderships move off it first, then every
         replica it holds is reassigned (racks honoured, leaders balanced), and it gets no new
@@ -813,6 +861,18 @@ def _label(resource: ConfigResource) -> str:
     if resource.type == "broker":
         return f"broker {resource.name}" if resource.name else "the default of every broker"
     return f"topic {resource.name}"
+
+
+def _acl_items(what: str, items: Any, kind: type) -> list[Any]:
+    if isinstance(items, (str, bytes, kind)) or not isinstance(items, Iterable):
+        raise TypeError(f"{what} must be an iterable of {kind.__name__}, got {items!r}")
+    out = list(items)
+    for item in out:
+        if not isinstance(item, kind):
+            raise TypeError(f"{what} must be {kind.__name__}s, got {item!r}")
+    if len(out) > acl_wire.MAX_ACL_ITEMS:
+        raise ValueError(f"at most {acl_wire.MAX_ACL_ITEMS} {what} per call, got {len(out)}")
+    return out
 
 
 def _raise_first(failures: list[tuple[str, MiniBrokerError]], what: str) -> None:

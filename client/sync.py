@@ -43,6 +43,7 @@ from minibroker.client.producer import AsyncProducer
 from minibroker.client.producer_record import HeadersIn
 from minibroker.client.transport import DEFAULT_BOOTSTRAP, ClientClosedError
 from minibroker.client.types import Record, TopicPartition
+from minibroker.metadata.acl import ANY_ACL, AclBinding, AclBindingFilter
 
 T = TypeVar("T")
 
@@ -371,6 +372,15 @@ class Admin:
 
     def decommission_broker(self, broker_id: int, cancel: bool = False) -> int:
         return self._lt.run(self._async.decommission_broker(broker_id, cancel))
+
+    def create_acls(self, acls: Iterable[AclBinding]) -> None:
+        self._lt.run(self._async.create_acls(acls))
+
+    def delete_acls(self, filters: Iterable[AclBindingFilter]) -> list[list[AclBinding]]:
+        return self._lt.run(self._async.delete_acls(filters))
+
+    def describe_acls(self, flt: AclBindingFilter = ANY_ACL) -> list[AclBinding]:
+        return self._lt.run(self._async.describe_acls(flt))
 
     def close(self) -> None:
         if self._closed:

@@ -25,7 +25,7 @@ import os
 import pathlib
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -61,6 +61,7 @@ from minibroker.controller.quorum.shell import (
     now_ms,
 )
 from minibroker.controller.service import ControllerServicer, QuorumServicer
+from minibroker.metadata.acl import AclBinding, ResourceType
 from minibroker.metadata.image import MetadataImage
 from minibroker.metadata.records import LogEntry, MetadataRecord
 from minibroker.metadata.wire import batch_to_pb, snapshot_to_pb
@@ -242,9 +243,11 @@ class ControllerApp:
             ),
         )
         # Who each call is from and what it may do (authorizer.class.name, super.users).
-        # MERGE: sasl=SaslVerifier(self.scram_credential).principal (sec-sasl), and
-        # acl_view=the committed image's ACLs, read live (sec-acls).
-        security = server_security(self.config.values, self.config.security_protocol)
+        # The ACLs of the committed image, looked up through `self` at each call: never the
+        # core's image (uncommitted records, rebuilt at each change of leader).
+        security = server_security(
+            self.config.values, self.config.security_protocol, acl_view=_CommittedAcls(self)
+        )
         pb_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(self, security), server)
         pb_grpc.add_QuorumServiceServicer_to_server(QuorumServicer(self, security), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -647,3 +650,13 @@ def run_controller(config: ControllerConfig, port_file: str | None = None) -> in
 
 
 __all__ = ["ControllerApp", "ControllerStopped", "NotController", "run_controller"]
+
+
+class _CommittedAcls:
+    """The authorizer's view of the ACLs: the committed image's, whichever image object that is."""
+
+    def __init__(self, app: ControllerApp) -> None:
+        self._app = app
+
+    def matching(self, resource_type: ResourceType, name: str) -> Iterable[AclBinding]:
+        return self._app.committed_image.acls.matching(resource_type, name)

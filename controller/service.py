@@ -18,11 +18,12 @@ import grpc
 
 from minibroker.client.common.security import ServerSecurity, authenticated, caller
 from minibroker.client.controller_finder import EPOCH_KEY, ERROR_KEY, LEADER_KEY, NOT_CONTROLLER
-from minibroker.client.errors import ErrorCode, MiniBrokerError
+from minibroker.client.errors import ClusterAuthorizationFailedError, ErrorCode, MiniBrokerError
 from minibroker.controller import authz, wire
 from minibroker.controller.core.messages import HeartbeatReply, HeartbeatRequest, Outcome
 from minibroker.controller.quorum.shell import NotController, QuorumShell
 from minibroker.controller.quorum.wire import QuorumWireError
+from minibroker.metadata import acl_wire
 from minibroker.metadata.acl import AclOperation
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
@@ -380,6 +381,52 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
             lambda core, now: core.decommission_broker(broker_id, cancel, now)
         )
         return wire.decommission_reply(reply)
+
+    # ACLs (issue 16): Create/DeleteAcls need ALTER on the CLUSTER, DescribeAcls DESCRIBE.
+    @_fenced
+    async def CreateAcls(
+        self, request: pb.CreateAclsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateAclsResponse:
+        why = self._cluster(AclOperation.ALTER)
+        if why is not None:
+            return acl_wire.create_error(request, ClusterAuthorizationFailedError(why))
+        try:
+            bindings = acl_wire.creations(request)
+        except MiniBrokerError as err:
+            return acl_wire.create_error(request, err)
+        results = await self._app.submit(lambda core, now: core.create_acls(bindings, now))
+        return acl_wire.create_reply((r.error, r.message) for r in results)
+
+    @_fenced
+    async def DeleteAcls(
+        self, request: pb.DeleteAclsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteAclsResponse:
+        why = self._cluster(AclOperation.ALTER)
+        if why is not None:
+            return acl_wire.delete_error(request, ClusterAuthorizationFailedError(why))
+        try:
+            filters = acl_wire.delete_filters(request)
+        except MiniBrokerError as err:
+            return acl_wire.delete_error(request, err)
+        results = await self._app.submit(lambda core, now: core.delete_acls(filters, now))
+        return acl_wire.delete_reply((r.error, r.message, r.matching) for r in results)
+
+    @_fenced
+    async def DescribeAcls(
+        self, request: pb.DescribeAclsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DescribeAclsResponse:
+        why = self._cluster(AclOperation.DESCRIBE)
+        if why is not None:
+            return acl_wire.describe_error(ClusterAuthorizationFailedError(why))
+        try:
+            flt = acl_wire.describe_filter(request)
+        except MiniBrokerError as err:
+            return acl_wire.describe_error(err)
+        # Read-only, through the command queue like DescribeConfigs.
+        result = await self._app.submit(lambda core, now: Outcome(core.describe_acls(flt)))
+        if result.error != ErrorCode.NONE:
+            return acl_wire.describe_error((result.error, result.message))
+        return acl_wire.describe_reply(result.bindings)
 
 
 @authenticated

@@ -1,18 +1,15 @@
 """Which authorizer a broker or controller runs, from Kafka's configs (defined once here, used by
-broker/config.py and controller/config.py).
-
-STAND-IN (sec-enforce) for sec-acls' module of the same path and names, which replaces this
-file whole at the merge: same `AUTHORIZER_KEYS`, same `make_authorizer(settings, acl_view)`.
-Until then there are no ACLs: the StandardAuthorizer here lets super users do everything and
-anyone else only with `allow.everyone.if.no.acl.found` (no resource has an ACL).
+broker/config.py and controller/config.py):
 
 - `authorizer.class.name`: "" (the default) none, every call allowed as before security
   existed (`AllowAll`); `org.apache.kafka.metadata.authorizer.StandardAuthorizer` (or
-  `StandardAuthorizer`); anything else is refused at start;
+  `StandardAuthorizer`): ACLs from the metadata log (`StandardAuthorizer`); anything else is
+  refused at start;
 - `super.users`: principals allowed everything, `User:admin;User:ops` (each TYPE:NAME);
 - `allow.everyone.if.no.acl.found`: whether a resource without any ACL is open to all (false).
 
-Node principals get CLUSTER_ACTION from client/common/security.py's `Access`, not from here.
+Pure: `make_authorizer` builds the authorizer over the image's ACL view (`MetadataImage.acls`),
+which it reads live as ACL records apply.
 """
 
 from __future__ import annotations
@@ -21,13 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from minibroker.client.common.config import ConfigError, ConfigKey
-from minibroker.metadata.acl import (
-    AclOperation,
-    AllowAll,
-    Authorizer,
-    Principal,
-    ResourceType,
-)
+from minibroker.metadata.acl import AclSource, AllowAll, Authorizer, Principal, StandardAuthorizer
 
 STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 AUTHORIZER_NAMES = ("", STANDARD_AUTHORIZER, "StandardAuthorizer")
@@ -86,35 +77,19 @@ AUTHORIZER_KEYS: tuple[ConfigKey, ...] = (
 )
 
 
-class _NoAclsAuthorizer:
-    """The stand-in StandardAuthorizer: no resource has an ACL yet."""
-
-    def __init__(self, super_users: tuple[Principal, ...], allow_if_no_acl: bool) -> None:
-        self.super_users = frozenset(super_users)
-        self.allow_if_no_acl = allow_if_no_acl
-
-    def authorize(
-        self,
-        principal: Principal,
-        host: str,
-        operation: AclOperation,
-        resource_type: ResourceType,
-        name: str,
-    ) -> bool:
-        return principal in self.super_users or self.allow_if_no_acl
-
-
-def make_authorizer(settings: Mapping[str, Any], acl_view: Any = None) -> Authorizer:
+def make_authorizer(settings: Mapping[str, Any], acl_view: AclSource) -> Authorizer:
     """The authorizer the configs name (raw or typed values; missing keys take their
-    defaults). ConfigError for an unknown class or a bad principal."""
+    defaults), over `acl_view`. ConfigError for an unknown class or a bad principal."""
     values = {key.name: key.convert(settings.get(key.name, key.default)) for key in AUTHORIZER_KEYS}
     name = values["authorizer.class.name"].strip()
     if name == "":
         return AllowAll()
     if name not in AUTHORIZER_NAMES:  # pragma: no cover - the key's check refuses it first
         raise ConfigError(_check_class(name) or name)
-    return _NoAclsAuthorizer(
-        parse_super_users(values["super.users"]), values["allow.everyone.if.no.acl.found"]
+    return StandardAuthorizer(
+        acl_view,
+        parse_super_users(values["super.users"]),
+        values["allow.everyone.if.no.acl.found"],
     )
 
 

@@ -12,9 +12,19 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from minibroker.client.types import NO_LEADER
+from minibroker.metadata.acl import (
+    AclBinding,
+    AclIndex,
+    AclOperation,
+    AclPermissionType,
+    PatternType,
+    ResourceType,
+    enum_or_unknown,
+)
 from minibroker.metadata.records import (
     CONFIG_RESOURCE_BROKER,
     CONFIG_RESOURCE_TOPIC,
+    AccessControlEntryRecord,
     BrokerDecommissionRecord,
     BrokerRegistrationChangeRecord,
     ConfigRecord,
@@ -25,6 +35,7 @@ from minibroker.metadata.records import (
     PartitionRecord,
     ProducerIdsRecord,
     RegisterBrokerRecord,
+    RemoveAccessControlEntryRecord,
     RemoveTopicRecord,
     TopicRecord,
     UnregisterBrokerRecord,
@@ -77,6 +88,9 @@ class MetadataImage:
         self.broker_configs: dict[str, dict[str, str]] = {}
         # Brokers marked for decommissioning (BrokerDecommissionRecord).
         self.decommissioning: set[int] = set()
+        # ACLs by id (AccessControlEntryRecord), indexed for the authorizer, which reads this
+        # same object (a snapshot load refills it in place).
+        self.acls: AclIndex = AclIndex()
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -193,6 +207,10 @@ class MetadataImage:
                 self.decommissioning.add(record.broker_id)
             else:
                 self.decommissioning.discard(record.broker_id)
+        elif isinstance(record, AccessControlEntryRecord):
+            self.acls.add(record.id, binding_of(record))
+        elif isinstance(record, RemoveAccessControlEntryRecord):
+            self.acls.remove(record.id)
         elif isinstance(record, NoOpRecord):
             return
         elif isinstance(record, LeaderChangeRecord):
@@ -205,7 +223,10 @@ class MetadataImage:
     ) -> None:
         """Replace the whole state with a snapshot taken as of `snapshot_offset` (the next
         offset at the time of the snapshot)."""
+        acls = self.acls
         self.__init__()  # type: ignore[misc]
+        acls.clear()  # the same object: whoever holds the image's ACL view keeps seeing it
+        self.acls = acls
         for record in records:
             self.apply_record(record)
         self.next_offset = snapshot_offset
@@ -242,6 +263,7 @@ class MetadataImage:
             for name, value in sorted(self.broker_configs[resource].items()):
                 out.append(ConfigRecord(resource, name, value, CONFIG_RESOURCE_BROKER))
         out.extend(BrokerDecommissionRecord(b, True) for b in sorted(self.decommissioning))
+        out.extend(acl_record(acl_id, self.acls[acl_id]) for acl_id in sorted(self.acls))
         if self.next_producer_id:
             out.append(ProducerIdsRecord(-1, -1, self.next_producer_id))
         if self.quorum_leader is not None:
@@ -256,4 +278,31 @@ class MetadataImage:
     __hash__ = None  # type: ignore[assignment]
 
 
-__all__ = ["BrokerRegistration", "MetadataImage", "TopicImage"]
+def binding_of(record: AccessControlEntryRecord) -> AclBinding:
+    """The ACL a record carries (numbers no member names become UNKNOWN)."""
+    return AclBinding(
+        ResourceType(enum_or_unknown(ResourceType, record.resource_type)),
+        record.resource_name,
+        PatternType(enum_or_unknown(PatternType, record.pattern_type)),
+        record.principal,
+        record.host,
+        AclOperation(enum_or_unknown(AclOperation, record.operation)),
+        AclPermissionType(enum_or_unknown(AclPermissionType, record.permission_type)),
+    )
+
+
+def acl_record(acl_id: str, b: AclBinding) -> AccessControlEntryRecord:
+    """The record that stores ACL `b` under `acl_id`."""
+    return AccessControlEntryRecord(
+        acl_id,
+        int(b.resource_type),
+        b.resource_name,
+        int(b.pattern_type),
+        b.principal,
+        b.host,
+        int(b.operation),
+        int(b.permission_type),
+    )
+
+
+__all__ = ["BrokerRegistration", "MetadataImage", "TopicImage", "acl_record", "binding_of"]

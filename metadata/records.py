@@ -167,6 +167,29 @@ class LeaderChangeRecord:
     granting_voters: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class AccessControlEntryRecord:
+    """An ACL was created (Kafka's AccessControlEntryRecord). The numbers are Kafka's
+    (`minibroker.metadata.acl`: ResourceType, PatternType, AclOperation, AclPermissionType);
+    `id` is the ACL's id, which a RemoveAccessControlEntryRecord names."""
+
+    id: str
+    resource_type: int
+    resource_name: str
+    pattern_type: int
+    principal: str
+    host: str
+    operation: int
+    permission_type: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveAccessControlEntryRecord:
+    """The ACL `id` was deleted (Kafka's RemoveAccessControlEntryRecord)."""
+
+    id: str
+
+
 MetadataRecord = (
     RegisterBrokerRecord
     | BrokerRegistrationChangeRecord
@@ -179,6 +202,8 @@ MetadataRecord = (
     | NoOpRecord
     | LeaderChangeRecord
     | BrokerDecommissionRecord
+    | AccessControlEntryRecord
+    | RemoveAccessControlEntryRecord
 )
 
 
@@ -197,6 +222,7 @@ __all__ = [
     "LEADER_RECOVERED",
     "LEADER_RECOVERING",
     "NO_LEADER",
+    "AccessControlEntryRecord",
     "BrokerDecommissionRecord",
     "BrokerRegistrationChangeRecord",
     "ConfigRecord",
@@ -207,6 +233,7 @@ __all__ = [
     "PartitionRecord",
     "ProducerIdsRecord",
     "RegisterBrokerRecord",
+    "RemoveAccessControlEntryRecord",
     "RemoveTopicRecord",
     "TopicRecord",
     "UnregisterBrokerRecord",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from minibroker.metadata.image import MetadataImage
 from minibroker.metadata.records import (
     CONFIG_RESOURCE_TOPIC,
+    AccessControlEntryRecord,
     BrokerDecommissionRecord,
     BrokerRegistrationChangeRecord,
     ConfigRecord,
@@ -23,6 +24,7 @@ from minibroker.metadata.records import (
     PartitionRecord,
     ProducerIdsRecord,
     RegisterBrokerRecord,
+    RemoveAccessControlEntryRecord,
     RemoveTopicRecord,
     TopicRecord,
     UnregisterBrokerRecord,
@@ -116,6 +118,21 @@ def record_to_pb(
                 granting_voters=record.granting_voters,
             )
         )
+    elif isinstance(record, AccessControlEntryRecord):
+        msg.access_control_entry.CopyFrom(
+            pb.AccessControlEntryRecord(
+                id=record.id,
+                resource_type=record.resource_type,
+                resource_name=record.resource_name,
+                pattern_type=record.pattern_type,
+                principal=record.principal,
+                host=record.host,
+                operation=record.operation,
+                permission_type=record.permission_type,
+            )
+        )
+    elif isinstance(record, RemoveAccessControlEntryRecord):
+        msg.remove_access_control_entry.CopyFrom(pb.RemoveAccessControlEntryRecord(id=record.id))
     else:
         raise TypeError(f"not a metadata record: {record!r}")
     return msg
@@ -188,6 +205,20 @@ def record_from_pb(msg: pb.MetadataRecord) -> MetadataRecord:
         return LeaderChangeRecord(
             c.leader_id, c.leader_epoch, tuple(c.voters), tuple(c.granting_voters)
         )
+    if kind == "access_control_entry":
+        a = msg.access_control_entry
+        return AccessControlEntryRecord(
+            a.id,
+            a.resource_type,
+            a.resource_name,
+            a.pattern_type,
+            a.principal,
+            a.host,
+            a.operation,
+            a.permission_type,
+        )
+    if kind == "remove_access_control_entry":
+        return RemoveAccessControlEntryRecord(msg.remove_access_control_entry.id)
     raise ValueError(f"metadata record without a known body: {kind!r}")
 
 

@@ -556,6 +556,21 @@ class ControllerServiceStub:
                 request_serializer=minibroker_dot_proto_dot_minibroker__pb2.DecommissionBrokerRequest.SerializeToString,
                 response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DecommissionBrokerResponse.FromString,
                 _registered_method=True)
+        self.CreateAcls = channel.unary_unary(
+                '/minibroker.ControllerService/CreateAcls',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.CreateAclsRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.CreateAclsResponse.FromString,
+                _registered_method=True)
+        self.DeleteAcls = channel.unary_unary(
+                '/minibroker.ControllerService/DeleteAcls',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.DeleteAclsRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DeleteAclsResponse.FromString,
+                _registered_method=True)
+        self.DescribeAcls = channel.unary_unary(
+                '/minibroker.ControllerService/DescribeAcls',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeAclsRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeAclsResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServiceServicer:
@@ -666,6 +681,25 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateAcls(self, request, context):
+        """ACLs (issue 16), Kafka's CreateAcls / DeleteAcls / DescribeAcls.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -748,6 +782,21 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.DecommissionBroker,
                     request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DecommissionBrokerRequest.FromString,
                     response_serializer=minibroker_dot_proto_dot_minibroker__pb2.DecommissionBrokerResponse.SerializeToString,
+            ),
+            'CreateAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAcls,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.CreateAclsRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.CreateAclsResponse.SerializeToString,
+            ),
+            'DeleteAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAcls,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DeleteAclsRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.DeleteAclsResponse.SerializeToString,
+            ),
+            'DescribeAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeAcls,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeAclsRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeAclsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1186,6 +1235,87 @@ class ControllerService:
             '/minibroker.ControllerService/DecommissionBroker',
             minibroker_dot_proto_dot_minibroker__pb2.DecommissionBrokerRequest.SerializeToString,
             minibroker_dot_proto_dot_minibroker__pb2.DecommissionBrokerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.ControllerService/CreateAcls',
+            minibroker_dot_proto_dot_minibroker__pb2.CreateAclsRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.CreateAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.ControllerService/DeleteAcls',
+            minibroker_dot_proto_dot_minibroker__pb2.DeleteAclsRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.DeleteAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.ControllerService/DescribeAcls',
+            minibroker_dot_proto_dot_minibroker__pb2.DescribeAclsRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.DescribeAclsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -26,11 +26,13 @@ The rules and where they come from (sections of docs/protocol.md):
 - automatic preferred-leader rebalance: §19 (`rebalance.py`);
 - reassignment (KIP-455), CreatePartitions, decommissioning, rebuilding lost replicas:
   "Reassignment (KIP-455)" (`reassignment.py`, `move_control.py`,
-  `minibroker.metadata.assignment_plan`); dynamic configs (`config_control.py`).
+  `minibroker.metadata.assignment_plan`); dynamic configs (`config_control.py`); ACLs
+  (`acl_control.py`, Kafka's AclControlManager).
 """
 
 from __future__ import annotations
 
+from minibroker.controller.core.acl_control import AclControl
 from minibroker.controller.core.cluster_control import ClusterControl, invalid_offline_log_dirs
 from minibroker.controller.core.config_control import ConfigControl
 from minibroker.controller.core.control_base import ControllerSettings, RandomSource
@@ -39,10 +41,10 @@ from minibroker.controller.core.move_control import MoveControl
 from minibroker.controller.core.replication_control import ReplicationControl
 
 
-class ControllerCore(ClusterControl, ReplicationControl, MoveControl, ConfigControl):
+class ControllerCore(ClusterControl, ReplicationControl, MoveControl, ConfigControl, AclControl):
     """The whole control plane: the broker commands (`ClusterControl`), the topic and partition
     commands (`ReplicationControl`), replica moves (`MoveControl`), dynamic configs
-    (`ConfigControl`), and the timers that drive them."""
+    (`ConfigControl`), ACLs (`AclControl`), and the timers that drive them."""
 
     def tick(self, now_ms: int) -> Outcome[None]:
         """Timers: the session timeout (one stale broker per tick, as Kafka), the automatic

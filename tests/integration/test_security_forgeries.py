@@ -31,6 +31,13 @@ from minibroker.client.errors import TopicAuthorizationFailedError
 from minibroker.client.records.builder import BatchBuilder
 from minibroker.deploy import cluster as launcher
 from minibroker.deploy import tls as certs
+from minibroker.metadata.acl import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    PatternType,
+    ResourceType,
+)
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
@@ -235,9 +242,33 @@ def test_mallory_cannot_write_delete_elect_or_read_the_metadata_log(
     assert header.producer_id >= 0
     before = _replica(cluster, partition.leader, VICTIM)
 
-    # (e) the victim's next record, as mallory (who has no WRITE; reading is not writing).
-    # MERGE(sec-acls): give mallory READ on VICTIM here (an ACL); her Fetch below then reads
-    # the victim's record, and the Produce is still refused.
+    # (e) the victim's next record, as mallory, who may READ the topic (an ACL) and so sees the
+    # victim's producer id and sequence, but has no WRITE: reading is not writing.
+    with _admin(cluster) as admin:
+        admin.create_acls(
+            [
+                AclBinding(
+                    ResourceType.TOPIC,
+                    VICTIM,
+                    PatternType.LITERAL,
+                    "User:mallory",
+                    "*",
+                    AclOperation.READ,
+                    AclPermissionType.ALLOW,
+                )
+            ]
+        )
+    wait_until(
+        lambda: (
+            _call(cluster, "mallory", leader_address, "broker", "Fetch", fetch)
+            .topics[0]
+            .partitions[0]
+            .error_code
+            == pb.NONE
+        ),
+        30,
+        "mallory's READ ACL on the leader",
+    )
     batch = BatchBuilder(
         producer_id=header.producer_id,
         producer_epoch=header.producer_epoch,
@@ -250,13 +281,6 @@ def test_mallory_cannot_write_delete_elect_or_read_the_metadata_log(
     (refused,) = answer.topics[0].partitions
     assert refused.error_code == pb.TOPIC_AUTHORIZATION_FAILED
     assert refused.error_message == f"not authorized to WRITE topic {VICTIM} as User:mallory"
-    assert (  # MERGE(sec-acls): with READ this answers NONE and the victim's batch
-        _call(cluster, "mallory", leader_address, "broker", "Fetch", fetch)
-        .topics[0]
-        .partitions[0]
-        .error_code
-        == pb.TOPIC_AUTHORIZATION_FAILED
-    )
     after = _replica(cluster, partition.leader, VICTIM)
     assert (after.log_end_offset, after.high_watermark) == (
         before.log_end_offset,

@@ -6,8 +6,16 @@ from __future__ import annotations
 
 import pytest
 
+from minibroker.metadata.acl import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    PatternType,
+    ResourceType,
+)
 from minibroker.metadata.image import MetadataImage
 from minibroker.metadata.records import (
+    AccessControlEntryRecord,
     BrokerRegistrationChangeRecord,
     ConfigRecord,
     LogEntry,
@@ -15,6 +23,7 @@ from minibroker.metadata.records import (
     PartitionRecord,
     ProducerIdsRecord,
     RegisterBrokerRecord,
+    RemoveAccessControlEntryRecord,
     RemoveTopicRecord,
     TopicRecord,
 )
@@ -38,6 +47,8 @@ RECORDS = [
     ProducerIdsRecord(1, 0, 5000),
     RemoveTopicRecord("tid-1"),
     NoOpRecord(),
+    AccessControlEntryRecord("acl-1", 2, "orders", 4, "User:alice", "*", 3, 3),
+    RemoveAccessControlEntryRecord("acl-1"),
 ]
 
 
@@ -92,18 +103,54 @@ def test_partition_record_of_unknown_topic_is_ignored() -> None:
 
 def test_snapshot_and_live_batches() -> None:
     source = MetadataImage()
-    log = entries(*RECORDS[:6], ProducerIdsRecord(1, 0, 3000))
+    log = entries(
+        *RECORDS[:6],
+        AccessControlEntryRecord("acl-1", 2, "or", 4, "User:alice", "*", 3, 3),
+        AccessControlEntryRecord("acl-2", 4, "kafka-cluster", 3, "User:*", "10.0.0.1", 7, 2),
+        ProducerIdsRecord(1, 0, 3000),
+    )
     for e in log:
         source.apply(e)
     follower = MetadataImage()
     apply_batch(follower, snapshot_to_pb(source.to_records(), source.next_offset))
     assert follower == source
     # A live batch that resends entries the follower already has (after a reconnect).
-    more = LogEntry(7, 0, PartitionRecord("tid-1", 1, (2,), (2,), 2, 0, 0))
+    more = LogEntry(9, 0, PartitionRecord("tid-1", 1, (2,), (2,), 2, 0, 0))
     source.apply(more)
-    decoded = apply_batch(follower, batch_to_pb([log[-1], more], 8))
-    assert not decoded.is_snapshot and decoded.high_offset == 8
+    decoded = apply_batch(follower, batch_to_pb([log[-1], more], 10))
+    assert not decoded.is_snapshot and decoded.high_offset == 10
     assert follower == source
     # An empty keep-alive batch changes nothing.
-    apply_batch(follower, batch_to_pb([], 8))
+    apply_batch(follower, batch_to_pb([], 10))
     assert follower == source
+    assert set(follower.acls) == {"acl-1", "acl-2"}
+
+
+ALICE_READ = AclBinding(
+    ResourceType.TOPIC,
+    "orders",
+    PatternType.PREFIXED,
+    "User:alice",
+    "*",
+    AclOperation.READ,
+    AclPermissionType.ALLOW,
+)
+
+
+def test_image_applies_acl_records_and_keeps_its_view_through_a_snapshot() -> None:
+    image = MetadataImage()
+    view = image.acls
+    image.apply(
+        LogEntry(0, 0, AccessControlEntryRecord("a", 2, "orders", 4, "User:alice", "*", 3, 3))
+    )
+    assert dict(image.acls) == {"a": ALICE_READ}
+    assert list(view.matching(ResourceType.TOPIC, "orders-eu")) == [ALICE_READ]
+    # A snapshot refills the same object, so an authorizer holding it sees the new state.
+    other = MetadataImage()
+    other.apply(LogEntry(0, 0, AccessControlEntryRecord("b", 2, "x", 3, "User:bob", "*", 4, 2)))
+    image.replace_with_snapshot(other.to_records(), 1)
+    assert image.acls is view and set(view) == {"b"}
+    assert list(view.matching(ResourceType.TOPIC, "orders-eu")) == []
+    image.apply(LogEntry(1, 0, RemoveAccessControlEntryRecord("b")))
+    image.apply(LogEntry(2, 0, RemoveAccessControlEntryRecord("b")))  # replayed: harmless
+    assert len(view) == 0 and image.next_offset == 3

@@ -36,6 +36,7 @@ PURE = [
     "client/completed_fetch.py",
     "client/producer_record.py",
     "client/metadata_cache.py",
+    "metadata/acl.py",
     "metadata/records.py",
     "metadata/image.py",
     "metadata/placement.py",
