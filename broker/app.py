@@ -163,9 +163,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         produce_budget=budget,
         # Who each call is from and what it may do (authorizer.class.name, super.users).
         # The ACLs are the image's (refilled in place by a snapshot, so read live).
-        security=server_security(
-            config.values, config.security_protocol, acl_view=rm.image.acls
-        ),
+        security=server_security(config.values, config.security_protocol, acl_view=rm.image.acls),
     )
     pb_grpc.add_BrokerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
