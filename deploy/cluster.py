@@ -289,6 +289,27 @@ def _port_in_use(host: str, port: int) -> bool:
     return False
 
 
+# A SIGKILLed multi-threaded process shows as a zombie once its main thread is gone, while its
+# other threads may still hold its files, the listening socket among them, for a moment.
+PORT_RELEASE_S = 5.0
+
+
+def _port_still_held(spec: ProcessSpec) -> bool:
+    """Is the process's port in use? A port held by our own process, which has just stopped,
+    is given PORT_RELEASE_S to be released before the answer is yes."""
+    deadline = time.monotonic() + (PORT_RELEASE_S if _ours_exiting(spec) else 0.0)
+    while _port_in_use(spec.host, spec.port):
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _ours_exiting(spec: ProcessSpec) -> bool:
+    """Is spec.pid still in the process table (a zombie, or threads still exiting)?"""
+    return spec.pid > 0 and pathlib.Path(f"/proc/{spec.pid}").exists()
+
+
 # -- layout -------------------------------------------------------------------------------------
 
 
@@ -676,7 +697,7 @@ def client_tls(state: ClusterState) -> Any:
 def start_process(spec: ProcessSpec, state: ClusterState) -> None:
     if process_state(spec) != "stopped":
         return
-    if _port_in_use(spec.host, spec.port):
+    if _port_still_held(spec):
         raise LauncherError(
             f"cannot start {spec.label}: port {spec.port} on {spec.host} is in use "
             f"(another cluster? try --base-port)"

@@ -33,6 +33,7 @@ import grpc
 from minibroker.metadata.acl import (
     ANONYMOUS,
     CLUSTER_RESOURCE_NAME,
+    AclIndex,
     AclOperation,
     AllowAll,
     Authorizer,
@@ -308,7 +309,7 @@ def server_security(
     super.users, allow.everyone.if.no.acl.found: metadata/authorizer.py). `sasl`:
     `SaslVerifier(lookup).principal` on a SASL_SSL listener (None: a SASL header is refused);
     `acl_view`: the image's ACLs the authorizer reads."""
-    authorizer = make_authorizer(values, acl_view)
+    authorizer = make_authorizer(values, AclIndex() if acl_view is None else acl_view)
     # AllowAll: none configured. Access then skips the per-topic checks altogether.
     return ServerSecurity(
         protocol, sasl, Access(None if isinstance(authorizer, AllowAll) else authorizer)

@@ -27,12 +27,15 @@ from minibroker.client.common.security import (
 from minibroker.controller import authz as controller_authz
 from minibroker.metadata.acl import (
     ANONYMOUS,
+    AclIndex,
     AclOperation,
     AllowAll,
+    Authorizer,
     Principal,
     ResourceType,
 )
-from minibroker.metadata.authorizer import make_authorizer, parse_super_users
+from minibroker.metadata.authorizer import make_authorizer as _make_authorizer
+from minibroker.metadata.authorizer import parse_super_users
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
@@ -64,6 +67,11 @@ class Ctx:
 
 
 SASL = ((SASL_HEADER, "PLAIN AGFsaWNlAHNlY3JldA=="),)
+
+
+def make_authorizer(settings: dict[str, Any]) -> Authorizer:
+    """The configured authorizer over no ACLs (the rules here are super users and nodes)."""
+    return _make_authorizer(settings, AclIndex())
 
 
 def sasl_hook(metadata: Any) -> Principal | None:
