@@ -27,7 +27,7 @@ from cluster_harness import LocalCluster, local_cluster, wait_until
 from minibroker.client import Admin, Consumer, Producer, TopicPartition
 from minibroker.client.batch import read_header
 from minibroker.client.common.tls import TlsSettings, sync_channel
-from minibroker.client.errors import TopicAuthorizationFailedError
+from minibroker.client.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
 from minibroker.client.records.builder import BatchBuilder
 from minibroker.deploy import cluster as launcher
 from minibroker.deploy import tls as certs
@@ -349,16 +349,18 @@ def test_mallory_cannot_write_delete_elect_or_read_the_metadata_log(
             codes |= {t.error_code for t in getattr(answer, field, [])}
         assert codes <= {0, *DENIED} and codes & set(DENIED), (rpc, answer)
     # ... and the broker's: offsets, epochs, replicas, a producer id.
-    offsets = pb.ListOffsetsRequest(replica_id=-1)
-    offsets.topics.add(topic=VICTIM).partitions.add(partition=0, timestamp=-1)
-    answer = _call(cluster, "mallory", leader_address, "broker", "ListOffsets", offsets)
-    assert answer.topics[0].partitions[0].error_code == pb.TOPIC_AUTHORIZATION_FAILED
-    for replica_id, code in (
-        (-1, pb.TOPIC_AUTHORIZATION_FAILED),
-        (2, pb.CLUSTER_AUTHORIZATION_FAILED),
+    # READ on the victim's topic implies DESCRIBE there (Kafka), and nowhere else.
+    for topic, code in ((VICTIM, pb.NONE), (FORGED, pb.TOPIC_AUTHORIZATION_FAILED)):
+        offsets = pb.ListOffsetsRequest(replica_id=-1)
+        offsets.topics.add(topic=topic).partitions.add(partition=0, timestamp=-1)
+        answer = _call(cluster, "mallory", leader_address, "broker", "ListOffsets", offsets)
+        assert answer.topics[0].partitions[0].error_code == code, (topic, answer)
+    for replica_id, topic, code in (
+        (-1, FORGED, pb.TOPIC_AUTHORIZATION_FAILED),
+        (2, VICTIM, pb.CLUSTER_AUTHORIZATION_FAILED),
     ):
         epochs_asked = pb.OffsetForLeaderEpochRequest(replica_id=replica_id)
-        epochs_asked.topics.add(topic=VICTIM).partitions.add(partition=0, leader_epoch=0)
+        epochs_asked.topics.add(topic=topic).partitions.add(partition=0, leader_epoch=0)
         answer = _call(
             cluster, "mallory", leader_address, "broker", "OffsetForLeaderEpoch", epochs_asked
         )
@@ -371,7 +373,7 @@ def test_mallory_cannot_write_delete_elect_or_read_the_metadata_log(
         "DescribeReplicas",
         pb.DescribeReplicasRequest(),
     )
-    assert list(replicas.replicas) == []
+    assert {r.topic for r in replicas.replicas} == {VICTIM}
     pid = _call(
         cluster, "mallory", leader_address, "broker", "InitProducerId", pb.InitProducerIdRequest()
     )
@@ -403,7 +405,7 @@ def test_mallory_cannot_write_delete_elect_or_read_the_metadata_log(
         "Metadata",
         pb.MetadataRequest(all_topics=True),
     )
-    assert list(metadata.topics) == []
+    assert [t.name for t in metadata.topics] == [VICTIM]  # her READ ACL; FORGED stays hidden
 
     with _admin(cluster) as admin:
         assert {VICTIM, FORGED} <= set(admin.list_topics())
@@ -420,14 +422,23 @@ def test_mallory_cannot_write_delete_elect_or_read_the_metadata_log(
         "ssl_certificate_location": str(folder / "mallory.pem"),
         "ssl_key_location": str(folder / "mallory.key"),
     }
+    # Idempotent: no producer id without IDEMPOTENT_WRITE or WRITE somewhere (KIP-679) ...
     with (
         Producer(cluster.bootstrap, max_block_ms=20_000, **mallory) as producer,
-        pytest.raises(TopicAuthorizationFailedError, match=f"topic {VICTIM}"),
+        pytest.raises(ClusterAuthorizationFailedError, match="IDEMPOTENT_WRITE"),
+    ):
+        producer.send(VICTIM, b"x", partition=0).result(timeout=20)
+    # ... and without idempotence the batch itself is refused: READ is not WRITE.
+    with (
+        Producer(
+            cluster.bootstrap, max_block_ms=20_000, enable_idempotence=False, **mallory
+        ) as producer,
+        pytest.raises(TopicAuthorizationFailedError, match=f"WRITE topic {VICTIM}"),
     ):
         producer.send(VICTIM, b"x", partition=0).result(timeout=20)
     with Consumer(cluster.bootstrap, **mallory) as consumer:
-        consumer.assign([TopicPartition(VICTIM, 0)])
-        with pytest.raises(TopicAuthorizationFailedError, match=f"topic {VICTIM}"):
+        consumer.assign([TopicPartition(FORGED, 0)])
+        with pytest.raises(TopicAuthorizationFailedError, match=f"topic {FORGED}"):
             for _ in range(50):  # raised by the first poll: metadata says no at once
                 consumer.poll(timeout_ms=200)
     config = tmp_path / "mallory.properties"
