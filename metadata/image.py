@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
+from minibroker.client.common.scram import ScramCredential, ScramMechanism
 from minibroker.client.types import NO_LEADER
 from minibroker.metadata.records import (
     CONFIG_RESOURCE_BROKER,
@@ -26,8 +27,10 @@ from minibroker.metadata.records import (
     ProducerIdsRecord,
     RegisterBrokerRecord,
     RemoveTopicRecord,
+    RemoveUserScramCredentialRecord,
     TopicRecord,
     UnregisterBrokerRecord,
+    UserScramCredentialRecord,
 )
 
 
@@ -77,6 +80,8 @@ class MetadataImage:
         self.broker_configs: dict[str, dict[str, str]] = {}
         # Brokers marked for decommissioning (BrokerDecommissionRecord).
         self.decommissioning: set[int] = set()
+        # SCRAM credentials: user name -> mechanism -> credential (UserScramCredentialRecord).
+        self.scram_credentials: dict[str, dict[ScramMechanism, ScramCredential]] = {}
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -107,6 +112,10 @@ class MetadataImage:
         merged = dict(self.broker_configs.get("", {}))
         merged.update(self.broker_configs.get(str(broker_id), {}))
         return merged
+
+    def scram_credential(self, user: str, mechanism: int) -> ScramCredential | None:
+        """`user`'s credential for `mechanism` (Kafka's number), None when it has none."""
+        return self.scram_credentials.get(user, {}).get(ScramMechanism.of(mechanism))
 
     def reassignments(self) -> Iterator[tuple[TopicImage, PartitionRecord]]:
         """Every partition with a reassignment in progress, in `partitions()` order."""
@@ -193,6 +202,16 @@ class MetadataImage:
                 self.decommissioning.add(record.broker_id)
             else:
                 self.decommissioning.discard(record.broker_id)
+        elif isinstance(record, UserScramCredentialRecord):
+            mechanism = ScramMechanism.of(record.mechanism)
+            self.scram_credentials.setdefault(record.name, {})[mechanism] = ScramCredential(
+                mechanism, record.salt, record.stored_key, record.server_key, record.iterations
+            )
+        elif isinstance(record, RemoveUserScramCredentialRecord):
+            credentials = self.scram_credentials.get(record.name, {})
+            credentials.pop(ScramMechanism.of(record.mechanism), None)
+            if not credentials:
+                self.scram_credentials.pop(record.name, None)
         elif isinstance(record, NoOpRecord):
             return
         elif isinstance(record, LeaderChangeRecord):
@@ -212,7 +231,7 @@ class MetadataImage:
 
     def to_records(self) -> list[MetadataRecord]:
         """Records that rebuild this image (brokers, topics with configs, partitions, the
-        producer-id cursor), in an order `apply_record` accepts."""
+        producer-id cursor, SCRAM credentials), in an order `apply_record` accepts."""
         out: list[MetadataRecord] = []
         for broker_id in sorted(self.brokers):
             b = self.brokers[broker_id]
@@ -242,6 +261,13 @@ class MetadataImage:
             for name, value in sorted(self.broker_configs[resource].items()):
                 out.append(ConfigRecord(resource, name, value, CONFIG_RESOURCE_BROKER))
         out.extend(BrokerDecommissionRecord(b, True) for b in sorted(self.decommissioning))
+        for user in sorted(self.scram_credentials):
+            for mechanism, c in sorted(self.scram_credentials[user].items()):
+                out.append(
+                    UserScramCredentialRecord(
+                        user, int(mechanism), c.salt, c.stored_key, c.server_key, c.iterations
+                    )
+                )
         if self.next_producer_id:
             out.append(ProducerIdsRecord(-1, -1, self.next_producer_id))
         if self.quorum_leader is not None:

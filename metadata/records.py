@@ -167,6 +167,34 @@ class LeaderChangeRecord:
     granting_voters: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class UserScramCredentialRecord:
+    """A user's SCRAM credential for one mechanism was set (Kafka's UserScramCredentialRecord):
+    the salt, stored key and server key of RFC 5802, never the password. `mechanism` is Kafka's
+    ScramMechanism number (1 SCRAM-SHA-256, 2 SCRAM-SHA-512)."""
+
+    name: str
+    mechanism: int
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+    iterations: int
+
+    def __repr__(self) -> str:  # keys stay out of log lines
+        return (
+            f"UserScramCredentialRecord(name={self.name!r}, mechanism={self.mechanism}, "
+            f"iterations={self.iterations})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveUserScramCredentialRecord:
+    """A user's SCRAM credential for one mechanism was deleted."""
+
+    name: str
+    mechanism: int
+
+
 MetadataRecord = (
     RegisterBrokerRecord
     | BrokerRegistrationChangeRecord
@@ -179,6 +207,8 @@ MetadataRecord = (
     | NoOpRecord
     | LeaderChangeRecord
     | BrokerDecommissionRecord
+    | UserScramCredentialRecord
+    | RemoveUserScramCredentialRecord
 )
 
 
@@ -208,6 +238,8 @@ __all__ = [
     "ProducerIdsRecord",
     "RegisterBrokerRecord",
     "RemoveTopicRecord",
+    "RemoveUserScramCredentialRecord",
     "TopicRecord",
     "UnregisterBrokerRecord",
+    "UserScramCredentialRecord",
 ]

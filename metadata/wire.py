@@ -24,8 +24,10 @@ from minibroker.metadata.records import (
     ProducerIdsRecord,
     RegisterBrokerRecord,
     RemoveTopicRecord,
+    RemoveUserScramCredentialRecord,
     TopicRecord,
     UnregisterBrokerRecord,
+    UserScramCredentialRecord,
 )
 from minibroker.proto import minibroker_pb2 as pb
 
@@ -116,6 +118,21 @@ def record_to_pb(
                 granting_voters=record.granting_voters,
             )
         )
+    elif isinstance(record, UserScramCredentialRecord):
+        msg.user_scram_credential.CopyFrom(
+            pb.UserScramCredentialRecord(
+                name=record.name,
+                mechanism=record.mechanism,
+                salt=record.salt,
+                stored_key=record.stored_key,
+                server_key=record.server_key,
+                iterations=record.iterations,
+            )
+        )
+    elif isinstance(record, RemoveUserScramCredentialRecord):
+        msg.remove_user_scram_credential.CopyFrom(
+            pb.RemoveUserScramCredentialRecord(name=record.name, mechanism=record.mechanism)
+        )
     else:
         raise TypeError(f"not a metadata record: {record!r}")
     return msg
@@ -188,6 +205,14 @@ def record_from_pb(msg: pb.MetadataRecord) -> MetadataRecord:
         return LeaderChangeRecord(
             c.leader_id, c.leader_epoch, tuple(c.voters), tuple(c.granting_voters)
         )
+    if kind == "user_scram_credential":
+        u = msg.user_scram_credential
+        return UserScramCredentialRecord(
+            u.name, u.mechanism, u.salt, u.stored_key, u.server_key, u.iterations
+        )
+    if kind == "remove_user_scram_credential":
+        r = msg.remove_user_scram_credential
+        return RemoveUserScramCredentialRecord(r.name, r.mechanism)
     raise ValueError(f"metadata record without a known body: {kind!r}")
 
 

@@ -556,6 +556,16 @@ class ControllerServiceStub:
                 request_serializer=minibroker_dot_proto_dot_minibroker__pb2.DecommissionBrokerRequest.SerializeToString,
                 response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DecommissionBrokerResponse.FromString,
                 _registered_method=True)
+        self.AlterUserScramCredentials = channel.unary_unary(
+                '/minibroker.ControllerService/AlterUserScramCredentials',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.AlterUserScramCredentialsRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.AlterUserScramCredentialsResponse.FromString,
+                _registered_method=True)
+        self.DescribeUserScramCredentials = channel.unary_unary(
+                '/minibroker.ControllerService/DescribeUserScramCredentials',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeUserScramCredentialsRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeUserScramCredentialsResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServiceServicer:
@@ -666,6 +676,19 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterUserScramCredentials(self, request, context):
+        """SCRAM credentials (issue 16): the users that SASL PLAIN authenticates.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeUserScramCredentials(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -748,6 +771,16 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.DecommissionBroker,
                     request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DecommissionBrokerRequest.FromString,
                     response_serializer=minibroker_dot_proto_dot_minibroker__pb2.DecommissionBrokerResponse.SerializeToString,
+            ),
+            'AlterUserScramCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterUserScramCredentials,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.AlterUserScramCredentialsRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.AlterUserScramCredentialsResponse.SerializeToString,
+            ),
+            'DescribeUserScramCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeUserScramCredentials,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeUserScramCredentialsRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeUserScramCredentialsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1186,6 +1219,60 @@ class ControllerService:
             '/minibroker.ControllerService/DecommissionBroker',
             minibroker_dot_proto_dot_minibroker__pb2.DecommissionBrokerRequest.SerializeToString,
             minibroker_dot_proto_dot_minibroker__pb2.DecommissionBrokerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterUserScramCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.ControllerService/AlterUserScramCredentials',
+            minibroker_dot_proto_dot_minibroker__pb2.AlterUserScramCredentialsRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.AlterUserScramCredentialsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeUserScramCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.ControllerService/DescribeUserScramCredentials',
+            minibroker_dot_proto_dot_minibroker__pb2.DescribeUserScramCredentialsRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.DescribeUserScramCredentialsResponse.FromString,
             options,
             channel_credentials,
             insecure,
