@@ -27,6 +27,7 @@ from minibroker.client.errors import (
     NotControllerError,
     RecordListTooLargeError,
     RequestTimedOutError,
+    SaslAuthenticationFailedError,
     UnknownServerError,
     UnknownTopicOrPartitionError,
     error_for,
@@ -79,6 +80,9 @@ def error_from_rpc(err: grpc.aio.AioRpcError | grpc.RpcError, address: str) -> M
                 f"broker {address} unavailable: {details} ({MISMATCH_HINT})"
             )
         return NetworkExceptionError(f"broker {address} unavailable: {details}")
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        # SASL: a wrong user or password, or a listener that takes none (the server says which).
+        return SaslAuthenticationFailedError(f"{address}: {details}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return RequestTimedOutError(f"request to {address} timed out")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:

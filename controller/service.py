@@ -18,7 +18,7 @@ import grpc
 
 from minibroker.client.controller_finder import EPOCH_KEY, ERROR_KEY, LEADER_KEY, NOT_CONTROLLER
 from minibroker.client.errors import ErrorCode, MiniBrokerError
-from minibroker.controller import wire
+from minibroker.controller import scram_wire, wire
 from minibroker.controller.core.messages import HeartbeatReply, HeartbeatRequest, Outcome
 from minibroker.controller.quorum.shell import NotController, QuorumShell
 from minibroker.controller.quorum.wire import QuorumWireError
@@ -264,6 +264,36 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
             lambda core, now: core.decommission_broker(broker_id, cancel, now)
         )
         return wire.decommission_reply(reply)
+
+    # -- SCRAM credentials (issue 16). Not authorized here yet: the merge wires ALTER /
+    # DESCRIBE on CLUSTER (SPEC-16b) with the enforcement branch's helper.
+
+    @_fenced
+    async def AlterUserScramCredentials(
+        self, request: pb.AlterUserScramCredentialsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AlterUserScramCredentialsResponse:
+        try:
+            deletions, upsertions = scram_wire.alter_scram_request(request)
+        except MiniBrokerError as err:
+            return scram_wire.alter_scram_error(request, err)
+        results = await self._app.submit(
+            lambda core, now: core.alter_user_scram_credentials(deletions, upsertions, now)
+        )
+        return scram_wire.alter_scram_reply(results)
+
+    @_fenced
+    async def DescribeUserScramCredentials(
+        self, request: pb.DescribeUserScramCredentialsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DescribeUserScramCredentialsResponse:
+        try:
+            users = scram_wire.describe_scram_request(request)
+        except MiniBrokerError as err:
+            return scram_wire.describe_scram_error(err)
+        # Read-only, through the command queue like DescribeConfigs.
+        results = await self._app.submit(
+            lambda core, now: Outcome(core.describe_user_scram_credentials(users))
+        )
+        return scram_wire.describe_scram_reply(results)
 
 
 class QuorumServicer(pb_grpc.QuorumServiceServicer):

@@ -26,7 +26,8 @@ The rules and where they come from (sections of docs/protocol.md):
 - automatic preferred-leader rebalance: §19 (`rebalance.py`);
 - reassignment (KIP-455), CreatePartitions, decommissioning, rebuilding lost replicas:
   "Reassignment (KIP-455)" (`reassignment.py`, `move_control.py`,
-  `minibroker.metadata.assignment_plan`); dynamic configs (`config_control.py`).
+  `minibroker.metadata.assignment_plan`); dynamic configs (`config_control.py`); SCRAM
+  credentials (`scram_control.py`, Kafka's ScramControlManager).
 """
 
 from __future__ import annotations
@@ -37,12 +38,13 @@ from minibroker.controller.core.control_base import ControllerSettings, RandomSo
 from minibroker.controller.core.messages import Outcome
 from minibroker.controller.core.move_control import MoveControl
 from minibroker.controller.core.replication_control import ReplicationControl
+from minibroker.controller.core.scram_control import ScramControl
 
 
-class ControllerCore(ClusterControl, ReplicationControl, MoveControl, ConfigControl):
+class ControllerCore(ClusterControl, ReplicationControl, MoveControl, ConfigControl, ScramControl):
     """The whole control plane: the broker commands (`ClusterControl`), the topic and partition
     commands (`ReplicationControl`), replica moves (`MoveControl`), dynamic configs
-    (`ConfigControl`), and the timers that drive them."""
+    (`ConfigControl`), SCRAM credentials (`ScramControl`), and the timers that drive them."""
 
     def tick(self, now_ms: int) -> Outcome[None]:
         """Timers: the session timeout (one stale broker per tick, as Kafka), the automatic
