@@ -276,6 +276,9 @@ class AsyncAdmin:
         ssl_ca_location: str | None = None,
         ssl_certificate_location: str | None = None,
         ssl_key_location: str | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_username: str | None = None,
+        sasl_password: str | None = None,
     ) -> None:
         self.request_timeout_ms = request_timeout_ms
         self.default_api_timeout_ms = default_api_timeout_ms
@@ -284,7 +287,13 @@ class AsyncAdmin:
             request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=retry_backoff_ms,
             tls=client_tls(
-                security_protocol, ssl_ca_location, ssl_certificate_location, ssl_key_location
+                security_protocol,
+                ssl_ca_location,
+                ssl_certificate_location,
+                ssl_key_location,
+                sasl_mechanism,
+                sasl_username,
+                sasl_password,
             ),
         )
         # The newest NOT_CONTROLLER hint that named the active controller (preferred over the
