@@ -37,6 +37,7 @@ from minibroker.client.common import runtime
 from minibroker.client.common.grpc_limits import LimitsInterceptor, RequestBudget
 from minibroker.client.common.log import get_logger
 from minibroker.client.common.netfaults import NetFaults, server_interceptors
+from minibroker.client.common.scram import ScramCredential
 from minibroker.client.common.tls import add_port
 from minibroker.controller.config import ControllerConfig, normalised_voters
 from minibroker.controller.core.controller import ControllerCore
@@ -151,6 +152,12 @@ class ControllerApp:
         if self._core is None:
             raise self.not_controller("this controller is not active")
         return self._core
+
+    def scram_credential(self, user: str, mechanism: int) -> ScramCredential | None:
+        """`user`'s SCRAM credential for Kafka's mechanism number, from the committed image
+        (every voter has one; an uncommitted change does not count yet): the lookup of this
+        controller's SaslVerifier (client/common/sasl.py)."""
+        return self.committed_image.scram_credential(user, mechanism)
 
     @property
     def active(self) -> bool:
