@@ -5,9 +5,10 @@ client certificates still required), one controller and two brokers as processes
 controller refuses node names, bad iteration counts and unknown users; no password reaches the
 metadata log; the credentials reach every broker's image; they survive a controller restart
 (from its snapshot and log). A SASL_SSL client (certificate without rights + user/password)
-works. `test_wrong_password_is_refused_after_enforcement` needs the per-call authentication of
-the sec-enforce branch (client/common/security.py, which calls SaslVerifier): it is skipped
-until that is merged.
+is served. `test_wrong_password_is_refused_after_enforcement` needs the per-call
+authentication of the sec-enforce branch (client/common/security.py, which calls SaslVerifier):
+it is skipped until that is merged; with it, the SASL user is authenticated as User:alice and,
+having no ACLs, refused by the authorizer (without it, it produces and consumes).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from minibroker.client import (
 )
 from minibroker.client.errors import (
     SaslAuthenticationFailedError,
+    TopicAuthorizationFailedError,
     UnacceptableCredentialError,
 )
 from minibroker.deploy import cluster as launcher
@@ -147,12 +149,21 @@ def test_users_add_list_delete_and_replicate(cluster: LocalCluster, tmp_path: pa
         assert password.encode() not in stored
 
 
-def test_a_sasl_user_produces_and_consumes(cluster: LocalCluster) -> None:
+def test_a_sasl_user_is_authenticated(cluster: LocalCluster) -> None:
     login = _sasl(cluster, "alice", PASSWORDS["alice"])
     assert login["security_protocol"] == "SASL_SSL"
     with _admin(cluster) as admin:
         admin.create_topic("sasl-topic", 1, 2)
+    # DescribeCluster: any authenticated caller.
+    with Admin(cluster.bootstrap, **login) as admin:
+        assert len(admin.describe_cluster().brokers) == 2
     with Producer(cluster.bootstrap, acks="all", **login) as producer:
+        if ENFORCED:
+            # Authenticated as User:alice, who has no ACLs (super.users is User:admin): the
+            # authorizer refuses, not the authentication.
+            with pytest.raises(TopicAuthorizationFailedError):
+                producer.send("sasl-topic", b"from alice", partition=0).result(timeout=30)
+            return
         producer.send("sasl-topic", b"from alice", partition=0).result(timeout=30)
     tp = TopicPartition("sasl-topic", 0)
     values: list[bytes] = []
@@ -202,6 +213,6 @@ def test_credentials_survive_a_controller_restart(
             20,
             f"alice gone from broker {broker.node_id}'s image",
         )
-    # bob still logs in (checked by the brokers once enforcement is merged).
+    # bob still logs in (checked by the brokers and the controller once enforcement is merged).
     with Admin(cluster.bootstrap, **_sasl(cluster, "bob", PASSWORDS["bob"])) as admin:
-        assert "sasl-topic" in admin.list_topics()
+        assert len(admin.describe_cluster().brokers) == 2
