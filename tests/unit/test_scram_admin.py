@@ -156,3 +156,26 @@ def test_users_command_line() -> None:
         parser.parse_args(["users", "--delete", "b", "--mechanism", "PLAIN"])
     args = parser.parse_args(["users", "--delete", "b", "--password", "x"])
     assert args.func(args) == 1  # --password only goes with --add: nothing sent
+
+
+def test_command_config_with_a_sasl_login(tmp_path) -> None:
+    from minibroker.client.cli.common import security_from_file
+    from minibroker.deploy import tls as certs
+
+    ca = certs.make_ca(tmp_path)
+    path = tmp_path / "sasl.properties"
+    path.write_text(
+        "security.protocol=SASL_SSL\n"
+        f"ssl.ca.location={ca.cert}\n"
+        "sasl.mechanism=PLAIN\nsasl.username=alice\nsasl.password=pw\n"
+    )
+    assert security_from_file(str(path)) == {
+        "security_protocol": "SASL_SSL",
+        "ssl_ca_location": str(ca.cert),
+        "sasl_mechanism": "PLAIN",
+        "sasl_username": "alice",
+        "sasl_password": "pw",
+    }
+    path.write_text("security.protocol=SASL_SSL\nsasl.username=alice\n")
+    with pytest.raises(ValueError, match=r"SASL_SSL needs sasl\.password"):
+        security_from_file(str(path))
