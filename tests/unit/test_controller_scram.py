@@ -8,6 +8,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from minibroker.client.common.scram import (
     ScramMechanism,
@@ -196,3 +198,47 @@ def test_credentials_survive_restart_and_snapshot() -> None:
     assert snap == core.image and snap.scram_credentials == core.image.scram_credentials
     reply, _ = alter(restarted, deletions=[ScramDeletion("alice", 1)])
     assert reply[0].error == ErrorCode.NONE and restarted.image.scram_credentials == {}
+
+
+_NAMES = st.sampled_from(["alice", "bob", "broker-2", ""])
+_OPS = st.lists(
+    st.one_of(
+        st.builds(ScramDeletion, _NAMES, st.sampled_from([1, 2, 3])),
+        st.builds(
+            lambda n, m, i: up(n, m, i, salted=b"p" * (64 if m == 2 else 32)),
+            _NAMES,
+            st.sampled_from([1, 2, 3]),
+            st.sampled_from([4096, 100]),
+        ),
+    ),
+    max_size=6,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests=st.lists(_OPS, max_size=5))
+def test_any_requests_replay_and_snapshot_to_the_same_image(requests) -> None:
+    core = new_core()
+    log = []
+    for ops in requests:
+        deletions = [o for o in ops if isinstance(o, ScramDeletion)]
+        upsertions = [o for o in ops if isinstance(o, ScramUpsertion)]
+        outcome = core.alter_user_scram_credentials(deletions, upsertions, 1)
+        log.extend(outcome.entries)
+        # One result per user named; the users that succeeded are exactly those written.
+        assert [r.user for r in outcome.reply] == list(
+            dict.fromkeys([d.name for d in deletions] + [u.name for u in upsertions])
+        )
+        ok = {r.user for r in outcome.reply if r.error == ErrorCode.NONE}
+        assert {e.record.name for e in outcome.entries} == ok
+    assert not {"", "broker-2"} & set(core.image.scram_credentials)
+    replayed = MetadataImage()
+    for entry in log:
+        replayed.apply(entry)
+    assert replayed == core.image
+    snap = MetadataImage()
+    snap.replace_with_snapshot(
+        [record_from_pb(record_to_pb(r)) for r in core.image.to_records()],
+        core.image.next_offset,
+    )
+    assert snap.scram_credentials == core.image.scram_credentials
