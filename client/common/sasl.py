@@ -39,7 +39,7 @@ from minibroker.client.common.scram import (
     verify_password,
 )
 from minibroker.client.errors import SaslAuthenticationFailedError
-from minibroker.metadata.acl import Principal, node_of
+from minibroker.metadata.acl import ANONYMOUS, Principal, node_of
 
 SASL_METADATA_KEY = "x-minibroker-sasl"
 PLAIN = "PLAIN"
@@ -148,8 +148,9 @@ class SaslVerifier:
 
     def authenticate(self, user: str, password: str) -> Principal:
         principal = Principal("User", user)
-        if node_of(principal) is not None:
-            # Node identities come from certificates only (no credential can have this name).
+        if node_of(principal) is not None or principal == ANONYMOUS:
+            # Node identities come from certificates only, and ANONYMOUS is nobody's (no
+            # credential can have these names: a second guard).
             raise SaslAuthenticationFailedError(INVALID_CREDENTIALS)
         digest = hashlib.sha256(password.encode()).digest()
         found = False

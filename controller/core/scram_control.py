@@ -11,6 +11,7 @@ entry changes nothing, the others proceed):
   character) or longer than MAX_USER_NAME_BYTES -> UNACCEPTABLE_CREDENTIAL;
 - a name that looks like a node's (`broker-1`, `controller-3000`, `metadata.acl.node_of`) ->
   UNACCEPTABLE_CREDENTIAL: node identities come from certificates only, never from a password;
+  likewise `ANONYMOUS`, the principal of unauthenticated callers;
 - a mechanism that is not SCRAM-SHA-256 (1) or SCRAM-SHA-512 (2) -> UNSUPPORTED_SASL_MECHANISM;
 - iterations outside 4096..16384, an empty or overlong salt, a salted password that is not
   one digest long -> UNACCEPTABLE_CREDENTIAL;
@@ -33,7 +34,7 @@ from minibroker.client.common.scram import (
 from minibroker.client.errors import ErrorCode
 from minibroker.controller.core.control_base import ControlBase
 from minibroker.controller.core.messages import Outcome
-from minibroker.metadata.acl import Principal, node_of
+from minibroker.metadata.acl import ANONYMOUS, Principal, node_of
 from minibroker.metadata.records import (
     RemoveUserScramCredentialRecord,
     UserScramCredentialRecord,
@@ -105,6 +106,11 @@ def check_user_name(name: str) -> None:
         raise _Refused(
             ErrorCode.UNACCEPTABLE_CREDENTIAL,
             f"user name {name!r} contains a control character",
+        )
+    if Principal("User", name) == ANONYMOUS:
+        raise _Refused(
+            ErrorCode.UNACCEPTABLE_CREDENTIAL,
+            f"user name {name!r} is the principal of unauthenticated callers",
         )
     if node_of(Principal("User", name)) is not None:
         raise _Refused(

@@ -59,6 +59,7 @@ def alter(core, deletions=(), upsertions=()):
         (up(name="broker-1"), ErrorCode.UNACCEPTABLE_CREDENTIAL, "node's name"),
         (up(name="controller-3000"), ErrorCode.UNACCEPTABLE_CREDENTIAL, "node's name"),
         (up(name="a\x00b"), ErrorCode.UNACCEPTABLE_CREDENTIAL, "control character"),
+        (up(name="ANONYMOUS"), ErrorCode.UNACCEPTABLE_CREDENTIAL, "unauthenticated callers"),
         (up(name="x" * 256), ErrorCode.UNACCEPTABLE_CREDENTIAL, "at most 255"),
         (up(mechanism=0), ErrorCode.UNSUPPORTED_SASL_MECHANISM, "unknown SCRAM mechanism 0"),
         (up(mechanism=3), ErrorCode.UNSUPPORTED_SASL_MECHANISM, "unknown SCRAM mechanism 3"),

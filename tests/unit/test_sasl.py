@@ -73,9 +73,10 @@ def test_verifier_accepts_either_mechanism_and_refuses_wrong_passwords() -> None
 
 def test_node_names_never_authenticate_by_password() -> None:
     store = Store()
-    store.set("broker-1", "pw")  # cannot be written through the controller; a second guard
-    with pytest.raises(SaslAuthenticationFailedError, match="invalid username or password"):
-        SaslVerifier(store.lookup).principal(header("broker-1", "pw"))
+    for name in ("broker-1", "ANONYMOUS"):
+        store.set(name, "pw")  # cannot be written through the controller; a second guard
+        with pytest.raises(SaslAuthenticationFailedError, match="invalid username or password"):
+            SaslVerifier(store.lookup).principal(header(name, "pw"))
 
 
 def test_cache_skips_pbkdf2_and_follows_credential_changes(monkeypatch) -> None:

@@ -179,3 +179,15 @@ def test_command_config_with_a_sasl_login(tmp_path) -> None:
     path.write_text("security.protocol=SASL_SSL\nsasl.username=alice\n")
     with pytest.raises(ValueError, match=r"SASL_SSL needs sasl\.password"):
         security_from_file(str(path))
+
+
+def test_password_from_stdin_when_it_is_not_a_terminal(monkeypatch) -> None:
+    import io
+
+    from minibroker.client.cli.users import UsersInputError, read_password
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("s3cret\n"))
+    assert read_password("alice") == "s3cret"
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    with pytest.raises(UsersInputError, match="no --password and no password on stdin"):
+        read_password("alice")
