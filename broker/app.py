@@ -43,6 +43,7 @@ from minibroker.client.common import runtime
 from minibroker.client.common.grpc_limits import LimitsInterceptor, RequestBudget
 from minibroker.client.common.limits import ServerLimits
 from minibroker.client.common.netfaults import NetFaults, server_interceptors
+from minibroker.client.common.sasl import SaslVerifier
 from minibroker.client.common.security import server_security
 from minibroker.client.common.tls import add_port
 from minibroker.client.errors import MiniBrokerError
@@ -163,7 +164,12 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         produce_budget=budget,
         # Who each call is from and what it may do (authorizer.class.name, super.users).
         # The ACLs are the image's (refilled in place by a snapshot, so read live).
-        security=server_security(config.values, config.security_protocol, acl_view=rm.image.acls),
+        security=server_security(
+            config.values,
+            config.security_protocol,
+            sasl=SaslVerifier(rm.scram_credential).principal,
+            acl_view=rm.image.acls,
+        ),
     )
     pb_grpc.add_BrokerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()

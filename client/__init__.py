@@ -32,6 +32,11 @@ if TYPE_CHECKING:
     from minibroker.client.consumer import AsyncConsumer
     from minibroker.client.produce_result import FutureRecordMetadata, SentRecords
     from minibroker.client.producer import AsyncProducer
+    from minibroker.client.scram_admin import (
+        ScramCredentialInfo,
+        UserScramCredentialDeletion,
+        UserScramCredentialUpsertion,
+    )
     from minibroker.client.sync import Admin, Consumer, Producer
 
 _LAZY = {
@@ -48,6 +53,9 @@ _LAZY = {
     "PartitionReassignment": "minibroker.client.admin",
     "FutureRecordMetadata": "minibroker.client.produce_result",
     "SentRecords": "minibroker.client.produce_result",
+    "ScramCredentialInfo": "minibroker.client.scram_admin",
+    "UserScramCredentialDeletion": "minibroker.client.scram_admin",
+    "UserScramCredentialUpsertion": "minibroker.client.scram_admin",
 }
 
 _ERROR_NAMES = sorted(
@@ -87,7 +95,10 @@ __all__ = [
     "Record",
     "RecordMetadata",
     "RetriableError",
+    "ScramCredentialInfo",
     "SentRecords",
     "TopicPartition",
+    "UserScramCredentialDeletion",
+    "UserScramCredentialUpsertion",
     *_ERROR_NAMES,
 ]

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from minibroker.client import wire
+from minibroker.client import scram_admin, wire
 from minibroker.client.common.tls import client_tls
 from minibroker.client.controller_finder import LeaderHint
 from minibroker.client.errors import (
@@ -33,6 +33,11 @@ from minibroker.client.errors import (
     RequestTimedOutError,
     TopicAlreadyExistsError,
     UnknownServerError,
+)
+from minibroker.client.scram_admin import (
+    ScramCredentialInfo,
+    UserScramCredentialDeletion,
+    UserScramCredentialUpsertion,
 )
 from minibroker.client.transport import (
     DEFAULT_BOOTSTRAP,
@@ -273,6 +278,9 @@ class AsyncAdmin:
         ssl_ca_location: str | None = None,
         ssl_certificate_location: str | None = None,
         ssl_key_location: str | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_username: str | None = None,
+        sasl_password: str | None = None,
     ) -> None:
         self.request_timeout_ms = request_timeout_ms
         self.default_api_timeout_ms = default_api_timeout_ms
@@ -281,7 +289,13 @@ class AsyncAdmin:
             request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=retry_backoff_ms,
             tls=client_tls(
-                security_protocol, ssl_ca_location, ssl_certificate_location, ssl_key_location
+                security_protocol,
+                ssl_ca_location,
+                ssl_certificate_location,
+                ssl_key_location,
+                sasl_mechanism,
+                sasl_username,
+                sasl_password,
             ),
         )
         # The newest NOT_CONTROLLER hint that named the active controller (preferred over the
@@ -735,6 +749,42 @@ class AsyncAdmin:
         if error is not None:
             raise error
         return resp.partitions_moving
+
+    async def alter_user_scram_credentials(
+        self,
+        alterations: Iterable[UserScramCredentialUpsertion | UserScramCredentialDeletion],
+    ) -> dict[str, MiniBrokerError | None]:
+        """Set or delete users' SCRAM credentials (Kafka's Admin.alterUserScramCredentials).
+        The password is salted here (PBKDF2) and never sent. Returns each user's outcome: None
+        for success, else its error (UnacceptableCredentialError, ResourceNotFoundError,
+        DuplicateResourceError, UnsupportedSaslMechanismError); a user with any refused
+        alteration changes nothing."""
+        wanted = list(alterations)
+        if not wanted:
+            return {}
+        request = scram_admin.alter_request(wanted)
+        resp = await self._controller_call("AlterUserScramCredentials", request)
+        return scram_admin.alter_results(resp)
+
+    async def describe_user_scram_credentials(
+        self, users: Iterable[str] | None = None
+    ) -> dict[str, list[ScramCredentialInfo]]:
+        """Each user's SCRAM mechanisms and iteration counts (None: every user with a
+        credential); never a salt or a key. Raises the typed error of the first user that
+        failed (ResourceNotFoundError for a user without credentials)."""
+        if isinstance(users, (str, bytes)):
+            raise TypeError(f"users must be an iterable of names, got {users!r}")
+        request = scram_admin.describe_request(users)
+        resp = await self._controller_call("DescribeUserScramCredentials", request)
+        out: dict[str, list[ScramCredentialInfo]] = {}
+        failures: list[tuple[str, MiniBrokerError]] = []
+        for user, answer in scram_admin.described(resp).items():
+            if isinstance(answer, MiniBrokerError):
+                failures.append((user, answer))
+            else:
+                out[user] = answer
+        _raise_first(failures, "describe SCRAM credentials of")
+        return out
 
     async def elect_leaders(
         self,

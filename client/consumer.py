@@ -75,6 +75,9 @@ class AsyncConsumer:
         ssl_ca_location: str | None = None,
         ssl_certificate_location: str | None = None,
         ssl_key_location: str | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_username: str | None = None,
+        sasl_password: str | None = None,
     ) -> None:
         if auto_offset_reset not in _RESETS:
             raise ConfigError(
@@ -100,7 +103,13 @@ class AsyncConsumer:
             retry_backoff_ms=retry_backoff_ms,
             metadata_max_age_ms=metadata_max_age_ms,
             tls=client_tls(
-                security_protocol, ssl_ca_location, ssl_certificate_location, ssl_key_location
+                security_protocol,
+                ssl_ca_location,
+                ssl_certificate_location,
+                ssl_key_location,
+                sasl_mechanism,
+                sasl_username,
+                sasl_password,
             ),
         )
         default_reset = None if auto_offset_reset == "none" else auto_offset_reset

@@ -108,6 +108,9 @@ class AsyncProducer:
         ssl_ca_location: str | None = None,
         ssl_certificate_location: str | None = None,
         ssl_key_location: str | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_username: str | None = None,
+        sasl_password: str | None = None,
     ) -> None:
         self.acks = parse_acks(acks)
         if enable_idempotence is None:
@@ -153,7 +156,13 @@ class AsyncProducer:
             retry_backoff_ms=retry_backoff_ms,
             metadata_max_age_ms=metadata_max_age_ms,
             tls=client_tls(
-                security_protocol, ssl_ca_location, ssl_certificate_location, ssl_key_location
+                security_protocol,
+                ssl_ca_location,
+                ssl_certificate_location,
+                ssl_key_location,
+                sasl_mechanism,
+                sasl_username,
+                sasl_password,
             ),
         )
         self.accumulator = RecordAccumulator(

@@ -41,6 +41,11 @@ from minibroker.client.metadata_cache import TopicInfo
 from minibroker.client.produce_result import FutureRecordMetadata, SentRecords
 from minibroker.client.producer import AsyncProducer
 from minibroker.client.producer_record import HeadersIn
+from minibroker.client.scram_admin import (
+    ScramCredentialInfo,
+    UserScramCredentialDeletion,
+    UserScramCredentialUpsertion,
+)
 from minibroker.client.transport import DEFAULT_BOOTSTRAP, ClientClosedError
 from minibroker.client.types import Record, TopicPartition
 from minibroker.metadata.acl import ANY_ACL, AclBinding, AclBindingFilter
@@ -381,6 +386,20 @@ class Admin:
 
     def describe_acls(self, flt: AclBindingFilter = ANY_ACL) -> list[AclBinding]:
         return self._lt.run(self._async.describe_acls(flt))
+
+    def alter_user_scram_credentials(
+        self,
+        alterations: Iterable[UserScramCredentialUpsertion | UserScramCredentialDeletion],
+    ) -> dict[str, MiniBrokerError | None]:
+        return self._lt.run(self._async.alter_user_scram_credentials(list(alterations)))
+
+    def describe_user_scram_credentials(
+        self, users: Iterable[str] | None = None
+    ) -> dict[str, list[ScramCredentialInfo]]:
+        wanted = None if users is None or isinstance(users, str) else list(users)
+        if isinstance(users, str):
+            raise TypeError(f"users must be an iterable of names, got {users!r}")
+        return self._lt.run(self._async.describe_user_scram_credentials(wanted))
 
     def close(self) -> None:
         if self._closed:

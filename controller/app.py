@@ -37,6 +37,8 @@ from minibroker.client.common import runtime
 from minibroker.client.common.grpc_limits import LimitsInterceptor, RequestBudget
 from minibroker.client.common.log import get_logger
 from minibroker.client.common.netfaults import NetFaults, server_interceptors
+from minibroker.client.common.sasl import SaslVerifier
+from minibroker.client.common.scram import ScramCredential
 from minibroker.client.common.security import server_security
 from minibroker.client.common.tls import add_port
 from minibroker.controller.config import ControllerConfig, normalised_voters
@@ -154,6 +156,12 @@ class ControllerApp:
             raise self.not_controller("this controller is not active")
         return self._core
 
+    def scram_credential(self, user: str, mechanism: int) -> ScramCredential | None:
+        """`user`'s SCRAM credential for Kafka's mechanism number, from the committed image
+        (every voter has one; an uncommitted change does not count yet): the lookup of this
+        controller's SaslVerifier (client/common/sasl.py)."""
+        return self.committed_image.scram_credential(user, mechanism)
+
     @property
     def active(self) -> bool:
         return self._core is not None
@@ -246,7 +254,10 @@ class ControllerApp:
         # The ACLs of the committed image, looked up through `self` at each call: never the
         # core's image (uncommitted records, rebuilt at each change of leader).
         security = server_security(
-            self.config.values, self.config.security_protocol, acl_view=_CommittedAcls(self)
+            self.config.values,
+            self.config.security_protocol,
+            sasl=SaslVerifier(self.scram_credential).principal,
+            acl_view=_CommittedAcls(self),
         )
         pb_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(self, security), server)
         pb_grpc.add_QuorumServiceServicer_to_server(QuorumServicer(self, security), server)

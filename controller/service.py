@@ -19,7 +19,7 @@ import grpc
 from minibroker.client.common.security import ServerSecurity, authenticated, caller
 from minibroker.client.controller_finder import EPOCH_KEY, ERROR_KEY, LEADER_KEY, NOT_CONTROLLER
 from minibroker.client.errors import ClusterAuthorizationFailedError, ErrorCode, MiniBrokerError
-from minibroker.controller import authz, wire
+from minibroker.controller import authz, scram_wire, wire
 from minibroker.controller.core.messages import HeartbeatReply, HeartbeatRequest, Outcome
 from minibroker.controller.quorum.shell import NotController, QuorumShell
 from minibroker.controller.quorum.wire import QuorumWireError
@@ -396,6 +396,41 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
             return acl_wire.create_error(request, err)
         results = await self._app.submit(lambda core, now: core.create_acls(bindings, now))
         return acl_wire.create_reply((r.error, r.message) for r in results)
+
+    # -- SCRAM credentials (issue 16): altering needs ALTER on the CLUSTER, describing DESCRIBE.
+
+    @_fenced
+    async def AlterUserScramCredentials(
+        self, request: pb.AlterUserScramCredentialsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AlterUserScramCredentialsResponse:
+        why = self._cluster(AclOperation.ALTER)
+        if why is not None:
+            return scram_wire.alter_scram_error(request, ClusterAuthorizationFailedError(why))
+        try:
+            deletions, upsertions = scram_wire.alter_scram_request(request)
+        except MiniBrokerError as err:
+            return scram_wire.alter_scram_error(request, err)
+        results = await self._app.submit(
+            lambda core, now: core.alter_user_scram_credentials(deletions, upsertions, now)
+        )
+        return scram_wire.alter_scram_reply(results)
+
+    @_fenced
+    async def DescribeUserScramCredentials(
+        self, request: pb.DescribeUserScramCredentialsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DescribeUserScramCredentialsResponse:
+        why = self._cluster(AclOperation.DESCRIBE)
+        if why is not None:
+            return scram_wire.describe_scram_error(ClusterAuthorizationFailedError(why))
+        try:
+            users = scram_wire.describe_scram_request(request)
+        except MiniBrokerError as err:
+            return scram_wire.describe_scram_error(err)
+        # Read-only, through the command queue like DescribeConfigs.
+        results = await self._app.submit(
+            lambda core, now: Outcome(core.describe_user_scram_credentials(users))
+        )
+        return scram_wire.describe_scram_reply(results)
 
     @_fenced
     async def DeleteAcls(

@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "minibroker.client.cli.reassign",
     "minibroker.client.cli.configs",
     "minibroker.client.cli.acls",
+    "minibroker.client.cli.users",
     "minibroker.client.cli.watch",
     "minibroker.client.cli.dump_log",
     "minibroker.deploy.bench",

@@ -95,6 +95,10 @@ class ClusterState:
     # SSL listeners everywhere, mutual TLS between nodes (ssl.client.auth=required); the
     # certificates live under DIR/tls (node ones made as a node first starts: tls_settings_for).
     tls: bool = False
+    # `cluster up --tls --sasl`: SASL_SSL listeners (TLS, client certificates still required,
+    # plus SASL PLAIN logins of `minibroker users`); DIR/tls/client.pem is the certificate
+    # without rights that SASL users present (sasl_client_properties).
+    sasl: bool = False
 
     @property
     def controller(self) -> ProcessSpec:
@@ -130,6 +134,7 @@ class ClusterState:
             "base_port": self.base_port,
             "racks": self.racks,
             "tls": self.tls,
+            "sasl": self.sasl,
             # The CLI's default --command-config for this cluster (client/cli/common.py).
             "client_config": str(client_config_path(self.dir)) if self.tls else "",
             "controller": asdict(self.controller),
@@ -156,6 +161,7 @@ class ClusterState:
             base_port=base_port,
             racks=int(data.get("racks") or 0),
             tls=bool(data.get("tls")),
+            sasl=bool(data.get("sasl")),
         )
 
     def find(self, ident: str, active: int | None = None) -> ProcessSpec:
@@ -567,7 +573,10 @@ def command_for(spec: ProcessSpec, state: ClusterState) -> list[str]:
 
 
 def listener_of(spec: ProcessSpec, state: ClusterState) -> str:
-    """The process's `listeners`: SSL://host:port in a --tls cluster, else host:port."""
+    """The process's `listeners`: SSL://host:port in a --tls cluster (SASL_SSL:// with
+    --sasl), else host:port."""
+    if state.sasl:
+        return f"SASL_SSL://{spec.address}"
     return f"SSL://{spec.address}" if state.tls else spec.address
 
 
@@ -618,6 +627,34 @@ def client_pems(directory: str) -> Any:
 # A --tls cluster has its authorizer on: CLIENT_USER (the launcher's, the CLI's and watch's
 # certificate) may do everything; nodes get CLUSTER_ACTION from their certificates.
 AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+# The certificate SASL users present on a --sasl cluster (its CN names no user with rights).
+SASL_CLIENT = "client"
+
+
+def sasl_client_pems(directory: str) -> Any:
+    """DIR/tls/client.pem: a CA-signed certificate without rights for SASL users (a SASL_SSL
+    listener requires a client certificate; the SASL login decides who the caller is)."""
+    from minibroker.deploy import tls
+
+    folder = tls_dir(directory)
+    pair = tls.PemPair(folder / f"{SASL_CLIENT}.pem", folder / f"{SASL_CLIENT}.key")
+    if pair.cert.exists() and pair.key.exists():
+        return pair
+    return tls.make_client_cert(_ca(directory), folder, SASL_CLIENT)
+
+
+def sasl_client_properties(state: ClusterState, username: str, password: str) -> dict[str, str]:
+    """Kafka client properties for a SASL user of a --sasl cluster."""
+    pair = sasl_client_pems(state.dir)
+    return {
+        "security.protocol": "SASL_SSL",
+        "ssl.ca.location": str(tls_dir(state.dir) / "ca.pem"),
+        "ssl.certificate.location": str(pair.cert),
+        "ssl.key.location": str(pair.key),
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": username,
+        "sasl.password": password,
+    }
 
 
 def tls_settings_for(spec: ProcessSpec, state: ClusterState) -> dict[str, str]:
@@ -926,17 +963,21 @@ def up(
     timeout_s: float = 60.0,
     controllers: int | None = None,
     tls: bool = False,
+    sasl: bool = False,
 ) -> ClusterState:
     """Start the cluster in `directory`, or restart whatever of it is stopped (data kept).
 
     `tls`: a new cluster gets a local CA and certificates under DIR/tls and SSL listeners with
     mutual TLS between nodes; an existing cluster keeps what it was made with (asking for TLS
-    on a plaintext one is an error).
+    on a plaintext one is an error). `sasl` (with `tls`): SASL_SSL listeners instead, for
+    SASL PLAIN logins of `minibroker users` (client certificates stay required).
 
     `controllers`: the quorum size of a new cluster (None: DEFAULT_CONTROLLERS); an existing
     cluster keeps its own, and asking for another is an error (a voter set is not changed by
     restarting: new empty voters could never vote for the old one, see the spec's wiped-voter
     rule)."""
+    if sasl and not tls:
+        raise LauncherError("--sasl goes with --tls: SASL PLAIN logins go over TLS only")
     state = load_state(directory)
     if state is None:
         pathlib.Path(directory).mkdir(parents=True, exist_ok=True)
@@ -949,11 +990,17 @@ def up(
             controllers=controllers or DEFAULT_CONTROLLERS,
         )
         state.tls = tls
+        state.sasl = sasl
     else:
         if tls and not state.tls:
             raise LauncherError(
                 f"the cluster in {directory!r} was made without --tls; its listeners stay "
                 "PLAINTEXT. Start a new cluster in another --dir for TLS"
+            )
+        if sasl and not state.sasl:
+            raise LauncherError(
+                f"the cluster in {directory!r} was made without --sasl; its listeners stay "
+                "SSL. Start a new cluster in another --dir for SASL_SSL"
             )
         if controllers is not None and controllers != len(state.controllers):
             raise LauncherError(
@@ -974,6 +1021,8 @@ def up(
     reset_faults(state)  # a cluster starts with every link open
     if state.tls:
         write_client_config(state)
+    if state.sasl:
+        sasl_client_pems(state.dir)
     # Every voter at once: a quorum elects only once a majority runs.
     for spec in state.controllers:
         start_process(spec, state)

@@ -85,6 +85,14 @@ def register(sub: Any) -> None:
         "as that node, other users need ACLs. `minibroker demo` and `verify` on such a "
         "cluster are refused (plaintext only for now)",
     )
+    p.add_argument(
+        "--sasl",
+        action="store_true",
+        help="with --tls, a new cluster whose listeners are SASL_SSL: clients may also log in "
+        "with a user name and password (`minibroker users --add`; security.protocol=SASL_SSL, "
+        "sasl.mechanism=PLAIN, sasl.username, sasl.password). Client certificates stay "
+        "required: SASL users present DIR/tls/client.pem, a certificate without rights",
+    )
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for readiness")
     p.set_defaults(func=_up)
 
@@ -280,6 +288,7 @@ def _up(args: argparse.Namespace) -> int:
         args.timeout,
         controllers=controllers,
         tls=args.tls,
+        sasl=args.sasl,
     )
     for c in state.controllers:
         print(
@@ -307,6 +316,14 @@ def _up(args: argparse.Namespace) -> int:
             f"from .minibroker; elsewhere pass --command-config {config}. Python: "
             "Producer(bootstrap, **props) with props security_protocol='SSL', ssl_ca_location, "
             "ssl_certificate_location, ssl_key_location as in that file"
+        )
+    if state.sasl:
+        pems = launcher.sasl_client_pems(state.dir)
+        print(
+            "SASL: SASL_SSL listeners. Add users with `minibroker users --add NAME`; they "
+            f"connect with security.protocol=SASL_SSL, ssl.ca.location, the certificate "
+            f"{pems.cert} and key {pems.key} (no rights of their own), sasl.mechanism=PLAIN, "
+            "sasl.username, sasl.password"
         )
     print(
         "Try: minibroker topics create demo --partitions 3 --replication-factor 3; minibroker watch"

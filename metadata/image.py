@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
+from minibroker.client.common.scram import ScramCredential, ScramMechanism
 from minibroker.client.types import NO_LEADER
 from minibroker.metadata.acl import (
     AclBinding,
@@ -37,8 +38,10 @@ from minibroker.metadata.records import (
     RegisterBrokerRecord,
     RemoveAccessControlEntryRecord,
     RemoveTopicRecord,
+    RemoveUserScramCredentialRecord,
     TopicRecord,
     UnregisterBrokerRecord,
+    UserScramCredentialRecord,
 )
 
 
@@ -91,6 +94,8 @@ class MetadataImage:
         # ACLs by id (AccessControlEntryRecord), indexed for the authorizer, which reads this
         # same object (a snapshot load refills it in place).
         self.acls: AclIndex = AclIndex()
+        # SCRAM credentials: user name -> mechanism -> credential (UserScramCredentialRecord).
+        self.scram_credentials: dict[str, dict[ScramMechanism, ScramCredential]] = {}
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -121,6 +126,10 @@ class MetadataImage:
         merged = dict(self.broker_configs.get("", {}))
         merged.update(self.broker_configs.get(str(broker_id), {}))
         return merged
+
+    def scram_credential(self, user: str, mechanism: int) -> ScramCredential | None:
+        """`user`'s credential for `mechanism` (Kafka's number), None when it has none."""
+        return self.scram_credentials.get(user, {}).get(ScramMechanism.of(mechanism))
 
     def reassignments(self) -> Iterator[tuple[TopicImage, PartitionRecord]]:
         """Every partition with a reassignment in progress, in `partitions()` order."""
@@ -211,6 +220,16 @@ class MetadataImage:
             self.acls.add(record.id, binding_of(record))
         elif isinstance(record, RemoveAccessControlEntryRecord):
             self.acls.remove(record.id)
+        elif isinstance(record, UserScramCredentialRecord):
+            mechanism = ScramMechanism.of(record.mechanism)
+            self.scram_credentials.setdefault(record.name, {})[mechanism] = ScramCredential(
+                mechanism, record.salt, record.stored_key, record.server_key, record.iterations
+            )
+        elif isinstance(record, RemoveUserScramCredentialRecord):
+            credentials = self.scram_credentials.get(record.name, {})
+            credentials.pop(ScramMechanism.of(record.mechanism), None)
+            if not credentials:
+                self.scram_credentials.pop(record.name, None)
         elif isinstance(record, NoOpRecord):
             return
         elif isinstance(record, LeaderChangeRecord):
@@ -233,7 +252,7 @@ class MetadataImage:
 
     def to_records(self) -> list[MetadataRecord]:
         """Records that rebuild this image (brokers, topics with configs, partitions, the
-        producer-id cursor), in an order `apply_record` accepts."""
+        producer-id cursor, SCRAM credentials), in an order `apply_record` accepts."""
         out: list[MetadataRecord] = []
         for broker_id in sorted(self.brokers):
             b = self.brokers[broker_id]
@@ -264,6 +283,13 @@ class MetadataImage:
                 out.append(ConfigRecord(resource, name, value, CONFIG_RESOURCE_BROKER))
         out.extend(BrokerDecommissionRecord(b, True) for b in sorted(self.decommissioning))
         out.extend(acl_record(acl_id, self.acls[acl_id]) for acl_id in sorted(self.acls))
+        for user in sorted(self.scram_credentials):
+            for mechanism, c in sorted(self.scram_credentials[user].items()):
+                out.append(
+                    UserScramCredentialRecord(
+                        user, int(mechanism), c.salt, c.stored_key, c.server_key, c.iterations
+                    )
+                )
         if self.next_producer_id:
             out.append(ProducerIdsRecord(-1, -1, self.next_producer_id))
         if self.quorum_leader is not None:

@@ -190,6 +190,34 @@ class RemoveAccessControlEntryRecord:
     id: str
 
 
+@dataclass(frozen=True, slots=True)
+class UserScramCredentialRecord:
+    """A user's SCRAM credential for one mechanism was set (Kafka's UserScramCredentialRecord):
+    the salt, stored key and server key of RFC 5802, never the password. `mechanism` is Kafka's
+    ScramMechanism number (1 SCRAM-SHA-256, 2 SCRAM-SHA-512)."""
+
+    name: str
+    mechanism: int
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+    iterations: int
+
+    def __repr__(self) -> str:  # keys stay out of log lines
+        return (
+            f"UserScramCredentialRecord(name={self.name!r}, mechanism={self.mechanism}, "
+            f"iterations={self.iterations})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveUserScramCredentialRecord:
+    """A user's SCRAM credential for one mechanism was deleted."""
+
+    name: str
+    mechanism: int
+
+
 MetadataRecord = (
     RegisterBrokerRecord
     | BrokerRegistrationChangeRecord
@@ -204,6 +232,8 @@ MetadataRecord = (
     | BrokerDecommissionRecord
     | AccessControlEntryRecord
     | RemoveAccessControlEntryRecord
+    | UserScramCredentialRecord
+    | RemoveUserScramCredentialRecord
 )
 
 
@@ -235,6 +265,8 @@ __all__ = [
     "RegisterBrokerRecord",
     "RemoveAccessControlEntryRecord",
     "RemoveTopicRecord",
+    "RemoveUserScramCredentialRecord",
     "TopicRecord",
     "UnregisterBrokerRecord",
+    "UserScramCredentialRecord",
 ]

@@ -26,8 +26,10 @@ from minibroker.metadata.records import (
     RegisterBrokerRecord,
     RemoveAccessControlEntryRecord,
     RemoveTopicRecord,
+    RemoveUserScramCredentialRecord,
     TopicRecord,
     UnregisterBrokerRecord,
+    UserScramCredentialRecord,
 )
 from minibroker.proto import minibroker_pb2 as pb
 
@@ -133,6 +135,21 @@ def record_to_pb(
         )
     elif isinstance(record, RemoveAccessControlEntryRecord):
         msg.remove_access_control_entry.CopyFrom(pb.RemoveAccessControlEntryRecord(id=record.id))
+    elif isinstance(record, UserScramCredentialRecord):
+        msg.user_scram_credential.CopyFrom(
+            pb.UserScramCredentialRecord(
+                name=record.name,
+                mechanism=record.mechanism,
+                salt=record.salt,
+                stored_key=record.stored_key,
+                server_key=record.server_key,
+                iterations=record.iterations,
+            )
+        )
+    elif isinstance(record, RemoveUserScramCredentialRecord):
+        msg.remove_user_scram_credential.CopyFrom(
+            pb.RemoveUserScramCredentialRecord(name=record.name, mechanism=record.mechanism)
+        )
     else:
         raise TypeError(f"not a metadata record: {record!r}")
     return msg
@@ -219,6 +236,14 @@ def record_from_pb(msg: pb.MetadataRecord) -> MetadataRecord:
         )
     if kind == "remove_access_control_entry":
         return RemoveAccessControlEntryRecord(msg.remove_access_control_entry.id)
+    if kind == "user_scram_credential":
+        u = msg.user_scram_credential
+        return UserScramCredentialRecord(
+            u.name, u.mechanism, u.salt, u.stored_key, u.server_key, u.iterations
+        )
+    if kind == "remove_user_scram_credential":
+        r = msg.remove_user_scram_credential
+        return RemoveUserScramCredentialRecord(r.name, r.mechanism)
     raise ValueError(f"metadata record without a known body: {kind!r}")
 
 

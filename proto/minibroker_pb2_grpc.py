@@ -571,6 +571,16 @@ class ControllerServiceStub:
                 request_serializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeAclsRequest.SerializeToString,
                 response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeAclsResponse.FromString,
                 _registered_method=True)
+        self.AlterUserScramCredentials = channel.unary_unary(
+                '/minibroker.ControllerService/AlterUserScramCredentials',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.AlterUserScramCredentialsRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.AlterUserScramCredentialsResponse.FromString,
+                _registered_method=True)
+        self.DescribeUserScramCredentials = channel.unary_unary(
+                '/minibroker.ControllerService/DescribeUserScramCredentials',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeUserScramCredentialsRequest.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeUserScramCredentialsResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServiceServicer:
@@ -700,6 +710,19 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterUserScramCredentials(self, request, context):
+        """SCRAM credentials (issue 16): the users that SASL PLAIN authenticates.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeUserScramCredentials(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -797,6 +820,16 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.DescribeAcls,
                     request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeAclsRequest.FromString,
                     response_serializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeAclsResponse.SerializeToString,
+            ),
+            'AlterUserScramCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterUserScramCredentials,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.AlterUserScramCredentialsRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.AlterUserScramCredentialsResponse.SerializeToString,
+            ),
+            'DescribeUserScramCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeUserScramCredentials,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeUserScramCredentialsRequest.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.DescribeUserScramCredentialsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1316,6 +1349,60 @@ class ControllerService:
             '/minibroker.ControllerService/DescribeAcls',
             minibroker_dot_proto_dot_minibroker__pb2.DescribeAclsRequest.SerializeToString,
             minibroker_dot_proto_dot_minibroker__pb2.DescribeAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterUserScramCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.ControllerService/AlterUserScramCredentials',
+            minibroker_dot_proto_dot_minibroker__pb2.AlterUserScramCredentialsRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.AlterUserScramCredentialsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeUserScramCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.ControllerService/DescribeUserScramCredentials',
+            minibroker_dot_proto_dot_minibroker__pb2.DescribeUserScramCredentialsRequest.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.DescribeUserScramCredentialsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -68,6 +68,7 @@ from minibroker.broker.storage.log_manager import LogManager
 from minibroker.client.common.clock import wall_clock_ms
 from minibroker.client.common.log import get_logger
 from minibroker.client.common.netfaults import NetFaults
+from minibroker.client.common.scram import ScramCredential
 from minibroker.client.common.tls import TlsSettings
 from minibroker.client.errors import ErrorCode, MiniBrokerError
 from minibroker.client.types import TopicPartition
@@ -182,6 +183,11 @@ class ReplicaManager:
 
     def load_existing_logs(self) -> None:
         self.metadata.load_existing_logs()
+
+    def scram_credential(self, user: str, mechanism: int) -> ScramCredential | None:
+        """`user`'s SCRAM credential for Kafka's mechanism number, from the image this broker
+        follows: the lookup of its SaslVerifier (client/common/sasl.py)."""
+        return self.image.scram_credential(user, mechanism)
 
     async def apply_metadata_batch(self, batch: pb.MetadataBatch) -> None:
         await self.metadata.apply_batch(batch)

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
+_SCRAM_RECORDS = ("user_scram_credential", "remove_user_scram_credential")
+
 
 class MetadataApplier:
     def __init__(self, rm: ReplicaManager) -> None:
@@ -67,6 +69,13 @@ class MetadataApplier:
         """
         rm = self._rm
         apply_batch(rm.image, batch)
+        if any(r.WhichOneof("record") in _SCRAM_RECORDS for r in batch.records):
+            # Who can log in here changed (SASL PLAIN checks these): names only, never keys.
+            log.info(
+                "scram_credentials_changed",
+                users=sorted(rm.image.scram_credentials),
+                metadata_offset=rm.image.next_offset,
+            )
         new, outputs = self._engine.act_on_metadata(wall_clock_ms())
         rm.run(outputs)
         if new and self._engine.offline is None:

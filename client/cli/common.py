@@ -62,8 +62,9 @@ def add_bootstrap_argument(parser: argparse.ArgumentParser) -> None:
         dest="command_config",
         default=argparse.SUPPRESS,
         metavar="FILE",
-        help="Kafka client properties for the connection: security.protocol=SSL, "
-        "ssl.ca.location, ssl.certificate.location, ssl.key.location (default: the "
+        help="Kafka client properties for the connection: security.protocol=SSL or "
+        "SASL_SSL, ssl.ca.location, ssl.certificate.location, ssl.key.location, and for "
+        "SASL_SSL sasl.mechanism=PLAIN, sasl.username, sasl.password (default: the "
         "client.properties of a `cluster up --tls` cluster when the brokers come from "
         ".minibroker/cluster.json)",
     )

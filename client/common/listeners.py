@@ -4,9 +4,10 @@ Pure. `parse_listener("SSL://127.0.0.2:9092")` is `Listener("SSL", "127.0.0.2", 
 form `host:port` (minibroker's older one) is the PLAINTEXT listener. An IPv6 host is written in
 brackets (`PLAINTEXT://[::1]:9092`) and kept without them. Names are normalised to upper case
 (Kafka's `ListenerName.normalised`). `listener.security.protocol.map` maps each listener name to
-PLAINTEXT or SSL (Kafka's SASL_* protocols are not supported); its default is Kafka's
-`PLAINTEXT:PLAINTEXT,SSL:SSL`. Every error is a `ValueError` whose message says what was expected;
-the config layers prefix it with the key's name.
+PLAINTEXT, SSL or SASL_SSL (SASL PLAIN logins over TLS; SASL_PLAINTEXT is refused: PLAIN sends
+the password, so it goes over TLS only); its default is `PLAINTEXT:PLAINTEXT,SSL:SSL,
+SASL_SSL:SASL_SSL` (Kafka's, without SASL_PLAINTEXT). Every error is a `ValueError` whose
+message says what was expected; the config layers prefix it with the key's name.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ from dataclasses import dataclass
 
 PLAINTEXT = "PLAINTEXT"
 SSL = "SSL"
-PROTOCOLS = (PLAINTEXT, SSL)
-DEFAULT_PROTOCOL_MAP = "PLAINTEXT:PLAINTEXT,SSL:SSL"
+SASL_SSL = "SASL_SSL"
+SASL_PLAINTEXT = "SASL_PLAINTEXT"
+PROTOCOLS = (PLAINTEXT, SSL, SASL_SSL)
+DEFAULT_PROTOCOL_MAP = "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL"
+SASL_PLAINTEXT_REFUSED = "SASL_PLAINTEXT is not supported: PLAIN goes over TLS only (use SASL_SSL)"
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
@@ -113,7 +117,8 @@ def parse_single_listener(text: str) -> Listener:
 
 
 def parse_protocol_map(text: str) -> dict[str, str]:
-    """`NAME:PROTOCOL,...` -> {NAME: PROTOCOL}, names upper-cased, protocols PLAINTEXT or SSL."""
+    """`NAME:PROTOCOL,...` -> {NAME: PROTOCOL}, names upper-cased, protocols PLAINTEXT, SSL or
+    SASL_SSL."""
     result: dict[str, str] = {}
     for part in (s.strip() for s in text.split(",")):
         if not part:
@@ -127,6 +132,8 @@ def parse_protocol_map(text: str) -> dict[str, str]:
         if key in result:
             raise ValueError(f"listener name {key} is mapped more than once")
         proto = protocol.upper()
+        if proto == SASL_PLAINTEXT:
+            raise ValueError(f"{key}: {SASL_PLAINTEXT_REFUSED}")
         if proto not in PROTOCOLS:
             raise ValueError(
                 f"unsupported security protocol {protocol!r} for {key}: "
@@ -153,6 +160,9 @@ __all__ = [
     "DEFAULT_PROTOCOL_MAP",
     "PLAINTEXT",
     "PROTOCOLS",
+    "SASL_PLAINTEXT",
+    "SASL_PLAINTEXT_REFUSED",
+    "SASL_SSL",
     "SSL",
     "Listener",
     "parse_listener",

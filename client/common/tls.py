@@ -13,23 +13,39 @@ clients take them as keyword arguments (`security_protocol="SSL"`, `ssl_ca_locat
 
 A node (broker or controller) whose listener is SSL dials the other nodes over TLS too, with
 its own certificate (mutual TLS between nodes when they set `ssl.client.auth=required`).
+
+SASL_SSL is TLS plus a user name and password (SASL PLAIN, client/common/sasl.py): clients set
+`sasl.mechanism=PLAIN` (the only mechanism; the password is checked against the user's SCRAM
+credentials on the server), `sasl.username`, `sasl.password` (Python: `sasl_mechanism`,
+`sasl_username`, `sasl_password`), and the login rides on every call as call credentials
+composed with the channel's SSL credentials. A node's SASL_SSL listener must require client
+certificates (`ssl.client.auth=required`): nodes prove who they are with their certificates, and
+gRPC's Python server cannot ask for a certificate without requiring one. SASL_PLAINTEXT is
+refused: PLAIN sends the password, so it goes over TLS only.
 """
 
 from __future__ import annotations
 
 import pathlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
 
 from minibroker.client.common.config import ConfigError, ConfigKey, one_of, parse_problem
-from minibroker.client.common.listeners import DEFAULT_PROTOCOL_MAP, parse_protocol_map
+from minibroker.client.common.listeners import (
+    DEFAULT_PROTOCOL_MAP,
+    SASL_PLAINTEXT,
+    SASL_PLAINTEXT_REFUSED,
+    parse_protocol_map,
+)
+from minibroker.client.common.sasl import SASL_MECHANISMS, SaslPlain, call_credentials
 
 PLAINTEXT = "PLAINTEXT"
 SSL = "SSL"
-SECURITY_PROTOCOLS = (PLAINTEXT, SSL)
+SASL_SSL = "SASL_SSL"
+SECURITY_PROTOCOLS = (PLAINTEXT, SSL, SASL_SSL)
 CLIENT_AUTH_MODES = ("none", "requested", "required")
 
 # Keys every TLS side takes (servers, and clients in --command-config files).
@@ -43,13 +59,19 @@ SSL_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("ssl.certificate.location", str, "", "PEM file of this side's certificate"),
     ConfigKey("ssl.key.location", str, "", "PEM file of this side's private key (unencrypted)"),
 )
-# Brokers and controllers (Kafka's broker names).
+# Clients (librdkafka's names): a SASL PLAIN login on a SASL_SSL connection.
+SASL_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey("sasl.mechanism", str, "PLAIN", "SASL_SSL: the SASL mechanism (PLAIN only)"),
+    ConfigKey("sasl.username", str, "", "SASL_SSL: the user name (`minibroker users --add`)"),
+    ConfigKey("sasl.password", str, "", "SASL_SSL: the user's password"),
+)
 # Brokers and controllers both: which listener names are SSL.
 PROTOCOL_MAP_KEY = ConfigKey(
     "listener.security.protocol.map",
     str,
     DEFAULT_PROTOCOL_MAP,
-    "NAME:PROTOCOL,... the security protocol of each listener name (PLAINTEXT or SSL)",
+    "NAME:PROTOCOL,... the security protocol of each listener name (PLAINTEXT, SSL, or "
+    "SASL_SSL: TLS plus SASL PLAIN logins, which needs ssl.client.auth=required)",
     lambda v: parse_problem(parse_protocol_map, v),
 )
 
@@ -79,11 +101,14 @@ class TlsSettings:
     cert: bytes | None
     key: bytes | None
     client_auth: str = "none"
+    # A client's SASL PLAIN login (SASL_SSL), sent on every call; None for nodes and SSL.
+    sasl: SaslPlain | None = None
 
-    def __repr__(self) -> str:  # never the key's bytes in a log line
+    def __repr__(self) -> str:  # never the key's bytes nor a password in a log line
         return (
             f"TlsSettings(ca={self.ca is not None}, cert={self.cert is not None}, "
-            f"client_auth={self.client_auth!r})"
+            f"client_auth={self.client_auth!r}"
+            + (f", sasl_username={self.sasl.username!r})" if self.sasl else ")")
         )
 
 
@@ -99,6 +124,8 @@ def _read(name: str, location: str) -> bytes:
 
 def check_protocol(value: str, name: str = "security.protocol") -> str:
     protocol = str(value).strip().upper()
+    if protocol == SASL_PLAINTEXT:
+        raise ConfigError(f"{name}: {SASL_PLAINTEXT_REFUSED}")
     if protocol not in SECURITY_PROTOCOLS:
         raise ConfigError(
             f"{name}: {value!r} is not supported; use one of {', '.join(SECURITY_PROTOCOLS)}"
@@ -150,9 +177,18 @@ def load_tls(
 
 def node_tls(values: Mapping[str, Any], protocol: str) -> TlsSettings | None:
     """A broker's or controller's settings for its listener and the channels it opens to other
-    nodes: None on a PLAINTEXT listener (the ssl.* keys are then unused, as in Kafka)."""
-    if check_protocol(protocol, "listener security protocol") == PLAINTEXT:
+    nodes: None on a PLAINTEXT listener (the ssl.* keys are then unused, as in Kafka). A
+    SASL_SSL listener must require client certificates (see the module docstring)."""
+    checked = check_protocol(protocol, "listener security protocol")
+    if checked == PLAINTEXT:
         return None
+    if checked == SASL_SSL and str(values["ssl.client.auth"]) != "required":
+        raise ConfigError(
+            "a SASL_SSL listener needs ssl.client.auth=required (got "
+            f"{str(values['ssl.client.auth'])!r}): brokers and controllers prove who they are "
+            "with their certificates, and gRPC's Python server cannot ask for a certificate "
+            "without requiring one, so SASL users need a CA-signed client certificate too"
+        )
     return load_tls(
         ca_location=str(values["ssl.ca.location"]),
         certificate_location=str(values["ssl.certificate.location"]),
@@ -162,15 +198,51 @@ def node_tls(values: Mapping[str, Any], protocol: str) -> TlsSettings | None:
     )
 
 
+def sasl_login(
+    protocol: str,
+    mechanism: str | None,
+    username: str | None,
+    password: str | None,
+    names: tuple[str, str, str] = ("sasl_mechanism", "sasl_username", "sasl_password"),
+) -> SaslPlain | None:
+    """The SASL PLAIN login of a client's settings: required with SASL_SSL, refused (rather
+    than silently unused) with any other protocol. Only PLAIN: the password goes over TLS and
+    the server checks it against the user's SCRAM credentials (SCRAM-SHA-* as a mechanism name
+    is refused, since no SCRAM exchange takes place)."""
+    mech_name, user_name, pass_name = names
+    given = [n for n, v in zip(names, (mechanism, username, password)) if v]
+    if protocol != SASL_SSL:
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)} set but the security protocol is {protocol}; use SASL_SSL"
+            )
+        return None
+    mech = str(mechanism or "PLAIN").strip().upper()
+    if mech not in SASL_MECHANISMS:
+        raise ConfigError(
+            f"{mech_name}: {mechanism!r} is not supported; use PLAIN (the password goes over "
+            "TLS and is checked against the user's SCRAM-SHA-256/512 credentials)"
+        )
+    missing = [n for n, v in ((user_name, username), (pass_name, password)) if not v]
+    if missing:
+        raise ConfigError(f"SASL_SSL needs {' and '.join(missing)}")
+    return SaslPlain(str(username), str(password))
+
+
 def client_tls(
     security_protocol: str = PLAINTEXT,
     ssl_ca_location: str | None = None,
     ssl_certificate_location: str | None = None,
     ssl_key_location: str | None = None,
+    sasl_mechanism: str | None = None,
+    sasl_username: str | None = None,
+    sasl_password: str | None = None,
 ) -> TlsSettings | None:
     """The Python client's keyword arguments -> settings (None: plaintext). ssl_* without
-    security_protocol="SSL" is an error rather than a silently plaintext connection."""
+    security_protocol="SSL" (or "SASL_SSL"), or sasl_* without "SASL_SSL", is an error rather
+    than a silently plaintext connection."""
     protocol = check_protocol(security_protocol or PLAINTEXT, "security_protocol")
+    sasl = sasl_login(protocol, sasl_mechanism, sasl_username, sasl_password)
     given = [
         n
         for n, v in (
@@ -187,17 +259,18 @@ def client_tls(
                 'pass security_protocol="SSL"'
             )
         return None
-    return load_tls(
+    tls = load_tls(
         ca_location=ssl_ca_location or "",
         certificate_location=ssl_certificate_location or "",
         key_location=ssl_key_location or "",
         names=("ssl_ca_location", "ssl_certificate_location", "ssl_key_location"),
     )
+    return replace(tls, sasl=sasl)
 
 
 def client_tls_from_properties(values: Mapping[str, str]) -> TlsSettings | None:
     """A `--command-config` file's Kafka client properties -> settings (None: plaintext)."""
-    known = {"security.protocol", *(k.name for k in SSL_KEYS)}
+    known = {"security.protocol", *(k.name for k in SSL_KEYS), *(k.name for k in SASL_KEYS)}
     unknown = sorted(k for k in values if k not in known)
     if unknown:
         raise ConfigError(
@@ -205,13 +278,21 @@ def client_tls_from_properties(values: Mapping[str, str]) -> TlsSettings | None:
             f"known: {', '.join(sorted(known))}"
         )
     protocol = check_protocol(values.get("security.protocol", PLAINTEXT) or PLAINTEXT)
+    sasl = sasl_login(
+        protocol,
+        values.get("sasl.mechanism"),
+        values.get("sasl.username"),
+        values.get("sasl.password"),
+        names=("sasl.mechanism", "sasl.username", "sasl.password"),
+    )
     if protocol == PLAINTEXT:
         return None
-    return load_tls(
+    tls = load_tls(
         ca_location=values.get("ssl.ca.location", ""),
         certificate_location=values.get("ssl.certificate.location", ""),
         key_location=values.get("ssl.key.location", ""),
     )
+    return replace(tls, sasl=sasl)
 
 
 def server_credentials(tls: TlsSettings) -> grpc.ServerCredentials:
@@ -226,9 +307,14 @@ def server_credentials(tls: TlsSettings) -> grpc.ServerCredentials:
 
 
 def channel_credentials(tls: TlsSettings) -> grpc.ChannelCredentials:
-    return grpc.ssl_channel_credentials(
+    """SSL credentials, with the SASL login's call credentials composed in (SASL_SSL): gRPC
+    sends those only over the secure channel."""
+    ssl = grpc.ssl_channel_credentials(
         root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert
     )
+    if tls.sasl is None:
+        return ssl
+    return grpc.composite_channel_credentials(ssl, call_credentials(tls.sasl))
 
 
 def add_port(server: Any, address: str, tls: TlsSettings | None) -> int:

@@ -9,7 +9,8 @@ latest), `startingTimestamp` / `startingOffsetsByTimestamp` (and the `ending` on
 `maxOffsetsPerTrigger`, `minPartitions`, `failOnDataLoss`, `includeHeaders`. Client settings go
 through under their Kafka names, with or without the `kafka.` prefix (`client.rack`, `acks`,
 `compression.type`, `linger.ms`, ..., and TLS: `security.protocol`, `ssl.ca.location`,
-`ssl.certificate.location`, `ssl.key.location`).
+`ssl.certificate.location`, `ssl.key.location`; SASL_SSL: `sasl.mechanism`, `sasl.username`,
+`sasl.password`).
 
 Offsets travel as Kafka's JSON shape `{"topic": {"0": 23}}`: Spark round-trips streaming offsets
 through JSON, so partition keys are strings everywhere a plan leaves this module.
@@ -44,13 +45,17 @@ REFUSED_SINK = {
 }
 
 # Kafka consumer property -> AsyncConsumer keyword.
-# Kafka's TLS client properties (librdkafka's PEM names) -> the clients' keywords; the source's
-# admin client gets them too (`security_kwargs`).
+# Kafka's TLS and SASL client properties (librdkafka's PEM names) -> the clients' keywords; the
+# source's admin client gets them too (`security_kwargs`).
 _SECURITY_KEYS: dict[str, tuple[str, type]] = {
     "security.protocol": ("security_protocol", str),
     "ssl.ca.location": ("ssl_ca_location", str),
     "ssl.certificate.location": ("ssl_certificate_location", str),
     "ssl.key.location": ("ssl_key_location", str),
+    # SASL_SSL: a SASL PLAIN login over TLS (librdkafka's names).
+    "sasl.mechanism": ("sasl_mechanism", str),
+    "sasl.username": ("sasl_username", str),
+    "sasl.password": ("sasl_password", str),
 }
 _CONSUMER_KEYS: dict[str, tuple[str, type]] = {
     **_SECURITY_KEYS,

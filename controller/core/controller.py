@@ -27,7 +27,8 @@ The rules and where they come from (sections of docs/protocol.md):
 - reassignment (KIP-455), CreatePartitions, decommissioning, rebuilding lost replicas:
   "Reassignment (KIP-455)" (`reassignment.py`, `move_control.py`,
   `minibroker.metadata.assignment_plan`); dynamic configs (`config_control.py`); ACLs
-  (`acl_control.py`, Kafka's AclControlManager).
+  (`acl_control.py`, Kafka's AclControlManager); SCRAM credentials (`scram_control.py`, Kafka's
+  ScramControlManager).
 """
 
 from __future__ import annotations
@@ -39,12 +40,16 @@ from minibroker.controller.core.control_base import ControllerSettings, RandomSo
 from minibroker.controller.core.messages import Outcome
 from minibroker.controller.core.move_control import MoveControl
 from minibroker.controller.core.replication_control import ReplicationControl
+from minibroker.controller.core.scram_control import ScramControl
 
 
-class ControllerCore(ClusterControl, ReplicationControl, MoveControl, ConfigControl, AclControl):
+class ControllerCore(
+    ClusterControl, ReplicationControl, MoveControl, ConfigControl, AclControl, ScramControl
+):
     """The whole control plane: the broker commands (`ClusterControl`), the topic and partition
     commands (`ReplicationControl`), replica moves (`MoveControl`), dynamic configs
-    (`ConfigControl`), ACLs (`AclControl`), and the timers that drive them."""
+    (`ConfigControl`), ACLs (`AclControl`), SCRAM credentials (`ScramControl`), and the timers
+    that drive them."""
 
     def tick(self, now_ms: int) -> Outcome[None]:
         """Timers: the session timeout (one stale broker per tick, as Kafka), the automatic

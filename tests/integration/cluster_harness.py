@@ -44,6 +44,7 @@ class LocalCluster:
         racks: int = 0,
         controllers: int = 1,
         tls: bool = False,
+        sasl: bool = False,
     ):
         self.directory = directory
         self.state = launcher.up(
@@ -55,6 +56,7 @@ class LocalCluster:
             timeout_s=60.0,
             controllers=controllers,
             tls=tls,
+            sasl=sasl,
         )
 
     @property
@@ -130,10 +132,11 @@ def local_cluster(
     racks: int = 0,
     controllers: int = 1,
     tls: bool = False,
+    sasl: bool = False,
 ) -> Iterator[LocalCluster]:
     cluster: LocalCluster | None = None
     try:
-        cluster = LocalCluster(directory, brokers, settings or {}, racks, controllers, tls)
+        cluster = LocalCluster(directory, brokers, settings or {}, racks, controllers, tls, sasl)
         yield cluster
     finally:
         if cluster is not None:

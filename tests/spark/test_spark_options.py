@@ -239,3 +239,26 @@ def test_tls_options_pass_through_to_every_client() -> None:
     assert producer_config(options) == {**tls, "acks": "all"}
     assert security_kwargs(consumer) == tls
     assert security_kwargs({"client_rack": "r1"}) == {}
+
+
+def test_sasl_options_pass_through_to_every_client() -> None:
+    from minibroker.client.spark.options import security_kwargs
+
+    options = {
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.ssl.ca.location": "/d/ca.pem",
+        "kafka.sasl.mechanism": "PLAIN",
+        "kafka.sasl.username": "alice",
+        "kafka.sasl.password": "pw",
+    }
+    sasl = {
+        "security_protocol": "SASL_SSL",
+        "ssl_ca_location": "/d/ca.pem",
+        "sasl_mechanism": "PLAIN",
+        "sasl_username": "alice",
+        "sasl_password": "pw",
+    }
+    consumer = consumer_config(options)
+    assert consumer == sasl
+    assert producer_config(options) == {**sasl, "acks": "all"}
+    assert security_kwargs(consumer) == sasl

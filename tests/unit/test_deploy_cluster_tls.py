@@ -77,3 +77,23 @@ def test_demo_and_verify_refuse_a_tls_cluster(tmp_path: pathlib.Path) -> None:
     launcher.refuse_tls(_state(tmp_path, tls=False), "x")
     with pytest.raises(launcher.LauncherError, match="minibroker demo does not speak TLS yet"):
         launcher.refuse_tls(_state(tmp_path, tls=True), "minibroker demo")
+
+
+def test_sasl_cluster_listeners_and_sasl_client_settings(tmp_path: pathlib.Path) -> None:
+    state = _state(tmp_path, tls=True)
+    state.sasl = True
+    for spec in state.all():
+        command = launcher.command_for(spec, state)
+        assert command[command.index("--listen") + 1] == f"SASL_SSL://{spec.address}"
+        assert "ssl.client.auth=required" in command
+    # The CLI keeps its certificate (an SSL connection to a SASL_SSL listener).
+    assert launcher.client_kwargs(state)["security_protocol"] == "SSL"
+    props = launcher.sasl_client_properties(state, "alice", "pw")
+    tls = client_tls_from_properties(props)
+    assert tls is not None and tls.sasl is not None and tls.sasl.username == "alice"
+    pem = pathlib.Path(props["ssl.certificate.location"])
+    assert pem.name == "client.pem" and certs.identity(pem.read_bytes()) == "user:client"
+    again = launcher.ClusterState.from_json(state.dir, state.to_json())
+    assert again.sasl and again.tls
+    with pytest.raises(launcher.LauncherError, match="--sasl goes with --tls"):
+        launcher.up(str(tmp_path / "other"), sasl=True)

@@ -25,6 +25,7 @@ PURE = [
     "client/common/invariant.py",
     "client/common/limits.py",
     "client/common/listeners.py",
+    "client/common/scram.py",
     "client/batch.py",
     "client/records",
     "client/compression.py",

@@ -92,6 +92,7 @@ def test_parse_listeners_lists() -> None:
     [
         ("PLAINTEXT:PLAINTEXT,SSL:SSL", {"PLAINTEXT": "PLAINTEXT", "SSL": "SSL"}),
         ("internal:ssl, external : plaintext", {"INTERNAL": "SSL", "EXTERNAL": "PLAINTEXT"}),
+        ("SASL_SSL:sasl_ssl", {"SASL_SSL": "SASL_SSL"}),
     ],
 )
 def test_parse_protocol_map(text: str, expected: dict[str, str]) -> None:
@@ -105,7 +106,8 @@ def test_parse_protocol_map(text: str, expected: dict[str, str]) -> None:
         ("PLAINTEXT", "NAME:PROTOCOL"),
         ("PLAINTEXT:", "NAME:PROTOCOL"),
         ("A:SSL,a:PLAINTEXT", "mapped more than once"),
-        ("A:SASL_SSL", "unsupported security protocol 'SASL_SSL'"),
+        ("A:SASL_PLAINTEXT", "A: SASL_PLAINTEXT is not supported: PLAIN goes over TLS only"),
+        ("A:SASL_GSSAPI", "unsupported security protocol 'SASL_GSSAPI'"),
         ("1A:SSL", "bad listener name"),
     ],
 )

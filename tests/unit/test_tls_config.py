@@ -106,7 +106,11 @@ def test_client_kwargs(pems: dict[str, str]) -> None:
 @pytest.mark.parametrize(
     ("args", "error"),
     [
-        (("SASL_SSL",), "security_protocol: 'SASL_SSL' is not supported"),
+        (("SASL_PLAINTEXT",), "SASL_PLAINTEXT is not supported: PLAIN goes over TLS only"),
+        (("SASL_SSL",), "SASL_SSL needs sasl_username and sasl_password"),
+        (("SSL", None, None, None, None, "alice"), "sasl_username set but the security protocol "),
+        (("PLAINTEXT", None, None, None, None, None, "pw"), "sasl_password set but the security"),
+        (("SASL_SSL", None, None, None, "SCRAM-SHA-256", "a", "p"), "'SCRAM-SHA-256' is not "),
         (("PLAINTEXT", "ca.pem"), "ssl_ca_location set but security_protocol is PLAINTEXT"),
         (("SSL", None, "c.pem"), "ssl_certificate_location and ssl_key_location go together"),
         (("SSL", "/nope/ca.pem"), "ssl_ca_location: cannot read"),
@@ -150,3 +154,45 @@ def test_client_properties(pems: dict[str, str]) -> None:
 )
 def test_mismatch_signs(details: str, mismatch: bool) -> None:
     assert looks_like_tls_mismatch(details) is mismatch
+
+
+def test_sasl_client_settings(pems: dict[str, str]) -> None:
+    tls = client_tls("sasl_ssl", pems["ca"], None, None, None, "alice", "s3cret")
+    assert tls is not None and tls.sasl is not None and tls.sasl.username == "alice"
+    assert tls.sasl.password == "s3cret" and "s3cret" not in repr(tls)
+    assert "sasl_username='alice'" in repr(tls)
+    props = client_tls_from_properties(
+        {
+            "security.protocol": "SASL_SSL",
+            "ssl.ca.location": pems["ca"],
+            "ssl.certificate.location": pems["user_cert"],
+            "ssl.key.location": pems["user_key"],
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "bob",
+            "sasl.password": "pw",
+        }
+    )
+    assert props is not None and props.sasl is not None and props.cert is not None
+    assert props.sasl.username == "bob"
+    with pytest.raises(ConfigError, match=r"sasl\.username set but the security protocol is SSL"):
+        client_tls_from_properties({"security.protocol": "SSL", "sasl.username": "x"})
+    with pytest.raises(ConfigError, match="PLAIN goes over TLS only"):
+        client_tls_from_properties({"security.protocol": "SASL_PLAINTEXT"})
+
+
+@pytest.mark.parametrize("auth", ["none", "requested"])
+def test_sasl_ssl_listener_needs_client_certificates(pems: dict[str, str], auth: str) -> None:
+    layer = _ssl(pems, **{"listeners": "SASL_SSL://127.0.0.1:0", "ssl.client.auth": auth})
+    for build in (lambda: broker_config(BROKER, layer), lambda: controller_config(layer)):
+        with pytest.raises(ConfigError, match=r"SASL_SSL listener needs ssl\.client\.auth=req"):
+            build()
+    ok = _ssl(pems, **{"listeners": "SASL_SSL://127.0.0.1:0", "ssl.client.auth": "required"})
+    tls = broker_config(BROKER, ok).tls
+    assert tls is not None and tls.client_auth == "required" and tls.sasl is None
+    with pytest.raises(ConfigError, match="PLAIN goes over TLS only"):
+        controller_config(
+            {
+                "listeners": "SASL_PLAINTEXT://127.0.0.1:0",
+                "listener.security.protocol.map": "SASL_PLAINTEXT:SASL_PLAINTEXT",
+            }
+        )
