@@ -82,7 +82,7 @@ def register(sub: Any) -> None:
         "for clients (the CLI and watch use it by default from .minibroker; elsewhere pass "
         "--command-config FILE). No per-RPC identity checks or ACLs yet: any holder of a "
         "certificate signed by the CA is trusted. `minibroker demo` and `verify` on such a "
-        "cluster are refused (plaintext only for now)",
+        "cluster connect with its client.properties too",
     )
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for readiness")
     p.set_defaults(func=_up)
