@@ -11,13 +11,18 @@ with the client library at the compose file's addresses, as `minibroker` command
   shutdown with exit 0;
 - the spark profile's pipeline writes its totals, `stop` ends it with exit 0 and no traceback in
   its log, and a restart adds no sample events (the totals stay exact);
-- `down -v` leaves no container and no volume of the project.
+- `down -v` leaves no container and no volume of the project;
+- deploy/docker-compose.bridge.yml (no host networking): every broker's Metadata answer names
+  the brokers by service name, a `cli` container creates a topic, produces acks=all and consumes
+  across a SIGKILL of a leader's container with nothing acknowledged lost, and `down -v` leaves
+  no container, volume or network.
 
 Needs an engine that answers, Compose v2, a CLI that builds with BuildKit and the compose file's
-ports free on this host (it uses the host's network). Without them the tests are skipped with the
-reason; with MINIBROKER_REQUIRE_DOCKER=1 (set by .ci/run) they fail instead. The project gets a
-name of its own, so nothing else on the machine is touched, and it is taken down (`down -v`)
-whatever happens. Images are kept (their build cache makes the next run's build take seconds).
+ports free on this host (it uses the host's network; the bridge file needs none). Without them the
+tests are skipped with the reason; with MINIBROKER_REQUIRE_DOCKER=1 (set by .ci/run) they fail
+instead. Each file's project gets a name of its own, so nothing else on the machine is touched,
+and it is taken down (`down -v`) whatever happens. Images are kept (their build cache makes the
+next run's build take seconds).
 """
 
 from __future__ import annotations
