@@ -145,7 +145,8 @@ class Fetcher:
             self._node_busy.add(node)
             for tp in tps:
                 states[tp].in_flight = True
-            self.loop.spawn(self._fetch(node, tps))
+            generations = {tp: states[tp].generation for tp in tps}
+            self.loop.spawn(self._fetch(node, tps, generations))
         if md.update_requested:
             retry = settings.retry_backoff_ms
             next_ms = retry if next_ms is None else min(next_ms, retry)
@@ -162,16 +163,33 @@ class Fetcher:
 
     # -- Fetch ---------------------------------------------------------------------------------
 
-    async def _fetch(self, node: int, tps: list[TopicPartition]) -> None:
+    async def _fetch(
+        self,
+        node: int,
+        tps: list[TopicPartition],
+        generations: dict[TopicPartition, int] | None = None,
+    ) -> None:
+        """Fetch `tps` from `node`. `generations`: each partition's generation when the fetch
+        was scheduled; a partition moved since (seek, seek_to_beginning, a reset) before this
+        task started is left out, as one unassigned meanwhile is."""
         md = self.cluster.metadata
         settings = self.settings
         states = self.subscriptions.states
         try:
             # Everything from here on is inside the try whose `finally` clears the node's busy
             # mark: a partition unassigned between scheduling this fetch and its start used to
-            # raise KeyError here, leaving the node busy and never fetched from again.
+            # raise KeyError here, leaving the node busy and never fetched from again. A
+            # partition sought in that gap used to be fetched from its new fetch offset while
+            # it awaited its reset, and the answer was buffered: the reset's answer then kept
+            # those records, and the fetch from the reset position delivered them a second
+            # time (found by `minibroker verify` on a TLS cluster: the final read saw every
+            # record of a partition twice).
             sent = {
-                tp: (states[tp].generation, states[tp].fetch_offset) for tp in tps if tp in states
+                tp: (states[tp].generation, states[tp].fetch_offset)
+                for tp in tps
+                if tp in states
+                and states[tp].fetch_state is FetchState.FETCHING
+                and (generations is None or states[tp].generation == generations.get(tp))
             }
             if not sent:
                 return

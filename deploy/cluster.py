@@ -711,16 +711,6 @@ def client_kwargs(state: ClusterState) -> dict[str, str]:
     return {k.replace(".", "_"): v for k, v in client_properties(state).items()}
 
 
-def refuse_tls(state: ClusterState | None, what: str) -> None:
-    """`what` speaks plaintext only (its clients take no TLS settings yet): a clear error on a
-    --tls cluster instead of connections that fail."""
-    if state is not None and state.tls:
-        raise LauncherError(
-            f"{what} does not speak TLS yet and the cluster in {state.dir!r} is a --tls one; "
-            "run it on a cluster made without --tls"
-        )
-
-
 def client_tls(state: ClusterState) -> Any:
     """The launcher's own channels' TLS settings (None: plaintext)."""
     from minibroker.client.common.tls import client_tls_from_properties

@@ -83,7 +83,7 @@ def register(sub: Any) -> None:
         "--command-config FILE). The authorizer is on (StandardAuthorizer, super.users="
         "User:admin, the launcher's and the CLI's certificate): a node's certificate acts only "
         "as that node, other users need ACLs. `minibroker demo` and `verify` on such a "
-        "cluster are refused (plaintext only for now)",
+        "cluster connect with its client.properties too",
     )
     p.add_argument(
         "--sasl",

@@ -8,6 +8,10 @@ the active controller and times the re-election (until DescribeQuorum names a ne
 until a metadata change is accepted), restarts it, and ends by checking that every acknowledged
 record was read back exactly once at the offset it was acknowledged with. Each step says what it
 is doing.
+
+On a `cluster up --tls` cluster (or a new one with `demo --tls`) every client, the watch frames
+and the pipeline connect with the cluster's client.properties (DIR/client.properties: the
+launcher's `admin` certificate), as the CLI does by default.
 """
 
 from __future__ import annotations
@@ -58,6 +62,12 @@ def register(sub: Any) -> None:
     parser.add_argument("--rate", type=int, default=2000, help="records per second to produce")
     parser.add_argument("--no-spark", action="store_true", help="skip the PySpark pipeline")
     parser.add_argument("--down", action="store_true", help="stop the cluster at the end")
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="a new cluster with TLS, as `cluster up --tls` (a --tls cluster already in --dir "
+        "needs no flag: the demo connects with its client.properties)",
+    )
     parser.set_defaults(func=main)
 
 
@@ -72,7 +82,7 @@ def detail(text: str) -> None:
 class Feeder:
     """An acks=all, idempotent producer writing keyed events in the background."""
 
-    def __init__(self, bootstrap: str, rate: int) -> None:
+    def __init__(self, bootstrap: str, rate: int, **client: str) -> None:
         from minibroker.client import Producer
 
         self.acked: dict[bytes, tuple[int, int]] = {}
@@ -82,7 +92,7 @@ class Feeder:
         # whole topic back and counts a repeated value as a duplicate.
         self._run_id = uuid.uuid4().hex[:8]
         self._stop = threading.Event()
-        self._producer = Producer(bootstrap, acks="all", linger_ms=5)
+        self._producer = Producer(bootstrap, acks="all", linger_ms=5, **client)
         self._thread = threading.Thread(target=self._run, name="demo-feeder", daemon=True)
         self._lock = threading.Lock()
 
@@ -128,8 +138,9 @@ class Feeder:
         self._producer.close()
 
 
-def show_watch(directory: str, bootstrap: str) -> None:
-    """One frame of the live view (the same command a user runs), indented."""
+def show_watch(directory: str, bootstrap: str, config: list[str]) -> None:
+    """One frame of the live view (the same command a user runs), indented. `config`:
+    `--command-config FILE` on a TLS cluster, else nothing."""
     frame = subprocess.run(
         [
             sys.executable,
@@ -145,6 +156,7 @@ def show_watch(directory: str, bootstrap: str) -> None:
             "118",
             "--bootstrap-server",
             bootstrap,
+            *config,
         ],
         capture_output=True,
         text=True,
@@ -154,7 +166,9 @@ def show_watch(directory: str, bootstrap: str) -> None:
         print(f"    {line.rstrip()}", flush=True)
 
 
-def run_pipeline(bootstrap: str, directory: str) -> subprocess.Popen[bytes] | None:
+def run_pipeline(
+    bootstrap: str, directory: str, config: list[str]
+) -> subprocess.Popen[bytes] | None:
     example = pathlib.Path(__file__).resolve().parents[1] / "examples" / "pipeline.py"
     if not example.exists() or importlib.util.find_spec("pyspark") is None:
         return None
@@ -172,6 +186,7 @@ def run_pipeline(bootstrap: str, directory: str) -> subprocess.Popen[bytes] | No
             RESULTS_TOPIC,
             "--checkpoint",
             str(pathlib.Path(directory) / "pipeline-ckpt"),
+            *config,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -179,13 +194,13 @@ def run_pipeline(bootstrap: str, directory: str) -> subprocess.Popen[bytes] | No
     )
 
 
-def latest_totals(bootstrap: str) -> dict[str, dict[str, int]]:
+def latest_totals(bootstrap: str, **client: str) -> dict[str, dict[str, int]]:
     """The pipeline's output as a reader of a compacted topic sees it: per user, the record with
     the most events."""
     from minibroker.client import Consumer, TopicPartition
 
     totals: dict[str, dict[str, int]] = {}
-    with Consumer(bootstrap) as consumer:
+    with Consumer(bootstrap, **client) as consumer:
         partitions = consumer.partitions_for_topic(RESULTS_TOPIC)
         tps = [TopicPartition(RESULTS_TOPIC, p) for p in sorted(partitions)]
         consumer.assign(tps)
@@ -206,7 +221,7 @@ def latest_totals(bootstrap: str) -> dict[str, dict[str, int]]:
     return totals
 
 
-def check_pipeline(bootstrap: str, seen: dict[bytes, tuple[int, int]]) -> bool:
+def check_pipeline(bootstrap: str, seen: dict[bytes, tuple[int, int]], **client: str) -> bool:
     """Wait until the pipeline's totals cover every event in the topic, then compare them with
     a count of the topic itself."""
     expected: dict[str, list[int]] = {}
@@ -218,7 +233,7 @@ def check_pipeline(bootstrap: str, seen: dict[bytes, tuple[int, int]]) -> bool:
     say("Waiting for the PySpark pipeline to process everything, then checking its totals")
 
     def caught_up() -> dict[str, dict[str, int]] | None:
-        totals = latest_totals(bootstrap)
+        totals = latest_totals(bootstrap, **client)
         return totals if sum(t["events"] for t in totals.values()) >= len(seen) else None
 
     try:
@@ -322,12 +337,12 @@ def _demo(args: argparse.Namespace) -> int:
         "own process"
     )
     existing = launcher.load_state(args.dir)
-    launcher.refuse_tls(existing, "minibroker demo")
     state = launcher.up(
         args.dir,
         brokers=3,
         base_port=args.base_port,
         controllers=args.controllers if existing is None else None,
+        tls=args.tls,
     )
     if state.is_quorum:
         leader = launcher.active_controller(state)
@@ -340,8 +355,13 @@ def _demo(args: argparse.Namespace) -> int:
     detail(f"brokers at {state.bootstrap_servers}")
     detail(f"data dirs and logs under {args.dir}/ (minibroker cluster status shows them)")
     bootstrap = state.bootstrap_servers
+    # The cluster's client.properties (TLS: the launcher's admin certificate), or nothing.
+    client = launcher.client_kwargs(state)
+    config = ["--command-config", str(launcher.client_config_path(args.dir))] if state.tls else []
+    if state.tls:
+        detail(f"TLS: every connection uses {config[1]}")
 
-    admin = Admin(bootstrap)
+    admin = Admin(bootstrap, **client)
     try:
         say(
             f"Creating topic {TOPIC}: {PARTITIONS} partitions, 3 replicas each, "
@@ -366,21 +386,21 @@ def _demo(args: argparse.Namespace) -> int:
             f"Producing events with acks=all ({args.rate}/s): a write is acknowledged only once "
             "the in-sync replicas have it"
         )
-        feeder = Feeder(bootstrap, args.rate)
+        feeder = Feeder(bootstrap, args.rate, **client)
         feeder.start()
         launcher.wait_for(lambda: feeder.count() >= args.rate, 60, "the first acknowledgements")
         detail(f"{feeder.count()} records acknowledged so far")
 
         pipeline = None
         if not args.no_spark:
-            pipeline = run_pipeline(bootstrap, args.dir)
+            pipeline = run_pipeline(bootstrap, args.dir, config)
             if pipeline is not None:
                 say(
                     f"Starting the example PySpark pipeline: {TOPIC} -> per-user totals -> "
                     f"{RESULTS_TOPIC}, a streaming query (log: {args.dir}/pipeline.log)"
                 )
                 launcher.wait_for(
-                    lambda: pipeline.poll() is not None or latest_totals(bootstrap),
+                    lambda: pipeline.poll() is not None or latest_totals(bootstrap, **client),
                     300,
                     "the pipeline's first results",
                 )
@@ -388,7 +408,8 @@ def _demo(args: argparse.Namespace) -> int:
                     raise launcher.LauncherError(
                         f"the pipeline exited early; see {args.dir}/pipeline.log"
                     )
-                detail(f"the pipeline is writing totals for {len(latest_totals(bootstrap))} users")
+                users = len(latest_totals(bootstrap, **client))
+                detail(f"the pipeline is writing totals for {users} users")
             else:
                 detail("(PySpark pipeline skipped: install the spark extra to run it)")
 
@@ -422,7 +443,7 @@ def _demo(args: argparse.Namespace) -> int:
         )
         detail(f"producing goes on: {feeder.count()} records acknowledged")
         say(f"What `minibroker watch --once --topic {TOPIC}` shows now:")
-        show_watch(args.dir, bootstrap)
+        show_watch(args.dir, bootstrap, config)
 
         say(
             f"Restarting broker {victim}: it truncates anything it had that the new leader "
@@ -436,7 +457,7 @@ def _demo(args: argparse.Namespace) -> int:
             f"broker {victim} back in every ISR",
         )
         detail(f"broker {victim} is in sync again after {time.time() - restarted_at:.1f} s")
-        show_watch(args.dir, bootstrap)
+        show_watch(args.dir, bootstrap, config)
 
         acked_before = feeder.count()
         controller_report = controller_failover(args.dir, admin)
@@ -445,14 +466,14 @@ def _demo(args: argparse.Namespace) -> int:
                 lambda: feeder.count() >= acked_before + args.rate // 2, 60, "writes to continue"
             )
             detail(f"producing went on throughout: {feeder.count()} records acknowledged")
-            show_watch(args.dir, bootstrap)
+            show_watch(args.dir, bootstrap, config)
             reports.append(controller_report)
 
         say("Stopping the producer and reading every partition back from the beginning")
         feeder.stop()
         seen: dict[bytes, tuple[int, int]] = {}
         duplicates = 0
-        with Consumer(bootstrap) as consumer:
+        with Consumer(bootstrap, **client) as consumer:
             tps = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
             consumer.assign(tps)
             ends = consumer.end_offsets(tps)
@@ -486,7 +507,7 @@ def _demo(args: argparse.Namespace) -> int:
         else:
             say("FAILED: acknowledged records are missing or duplicated")
         if pipeline is not None:
-            ok = check_pipeline(bootstrap, seen) and ok
+            ok = check_pipeline(bootstrap, seen, **client) and ok
     finally:
         admin.close()
         if pipeline is not None and pipeline.poll() is None:

@@ -20,7 +20,8 @@ Exit 1 on any violation (or a cluster that did not settle after a heal), printin
 
 `--fresh` runs on a temporary cluster of its own (3 brokers, 3 controllers, short timeouts)
 that is killed by PID at the end; otherwise the cluster in `--dir` is used (its topics are
-`verify-<seed>-N`, deleted at the end).
+`verify-<seed>-N`, deleted at the end). On a `cluster up --tls` cluster (or `--fresh --tls`) every
+client connects with the cluster's client.properties (the launcher's `admin` certificate).
 """
 
 from __future__ import annotations
@@ -101,6 +102,12 @@ def register(sub: Any) -> None:
         f"{FRESH_CONTROLLERS} controllers, short timeouts) and kill it at the end",
     )
     parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="with --fresh: the temporary cluster runs TLS, as `cluster up --tls` (a --tls "
+        "cluster in --dir needs no flag: verify connects with its client.properties)",
+    )
+    parser.add_argument(
         "--duration",
         default=None,
         help="how long to cause faults, e.g. 60s, 10m (default 60s, or unlimited with --rounds)",
@@ -173,7 +180,14 @@ class ProducerThread:
     turn, at `rate` records per second."""
 
     def __init__(
-        self, bootstrap: str, topic: str, partitions: int, rate: float, tag: str, log: WriteLog
+        self,
+        bootstrap: str,
+        topic: str,
+        partitions: int,
+        rate: float,
+        tag: str,
+        log: WriteLog,
+        **client: str,
     ) -> None:
         from minibroker.client import Producer
 
@@ -185,6 +199,7 @@ class ProducerThread:
             request_timeout_ms=5_000,
             delivery_timeout_ms=120_000,
             retry_backoff_ms=100,
+            **client,
         )
         self._topic, self._partitions, self._rate, self._tag = topic, partitions, rate, tag
         self._log = log
@@ -219,8 +234,11 @@ class ConsumerThread:
     """Reads every partition of a topic from its start, noting each record with the highest
     high watermark it had been told for the partition."""
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int, name: str) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, partitions: int, name: str, **client: str
+    ) -> None:
         self.name = name
+        self._client = client
         self.reads: list[checker.Read] = []
         self.errors: list[str] = []
         self._bootstrap, self._topic, self._partitions = bootstrap, topic, partitions
@@ -235,7 +253,9 @@ class ConsumerThread:
         tps = [TopicPartition(self._topic, p) for p in range(self._partitions)]
         hw = dict.fromkeys(tps, -1)
         restart = dict.fromkeys(tps, True)
-        with Consumer(self._bootstrap, auto_offset_reset="none", request_timeout_ms=10_000) as c:
+        with Consumer(
+            self._bootstrap, auto_offset_reset="none", request_timeout_ms=10_000, **self._client
+        ) as c:
             c.assign(tps)
             c.seek_to_beginning(*tps)
             while not self._stop.is_set():
@@ -590,14 +610,19 @@ def faults_applied_at(
 
 
 def final_logs(
-    bootstrap: str, topics: Sequence[str], partitions: int, timeout_s: float = 60.0
+    bootstrap: str,
+    topics: Sequence[str],
+    partitions: int,
+    timeout_s: float = 60.0,
+    client: dict[str, str] | None = None,
 ) -> tuple[dict[str, list[tuple[int, str]]], dict[str, int]]:
-    """Every record of every partition from its start to its high watermark."""
+    """Every record of every partition from its start to its high watermark. `client`: the
+    cluster's client properties as keyword arguments (TLS)."""
     from minibroker.client import Consumer, TopicPartition
 
     tps = [TopicPartition(t, p) for t in topics for p in range(partitions)]
     final: dict[str, list[tuple[int, str]]] = {str(tp): [] for tp in tps}
-    with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
+    with Consumer(bootstrap, auto_offset_reset="earliest", **(client or {})) as consumer:
         consumer.assign(tps)
         ends = consumer.end_offsets(tps)
         consumer.seek_to_beginning(*tps)
@@ -744,6 +769,11 @@ def run_verify(args: argparse.Namespace) -> dict[str, Any]:
     kinds = parse_kinds(args.faults)
     if args.rounds is not None and args.rounds < 1:
         raise ValueError("--rounds must be at least 1")
+    if getattr(args, "tls", False) and not args.fresh:
+        raise ValueError(
+            "--tls makes the temporary cluster a TLS one: use it with --fresh (a --tls cluster "
+            "in --dir needs no flag)"
+        )
     if args.topics < 1 or args.partitions < 1 or args.rate <= 0:
         raise ValueError("--topics and --partitions must be at least 1, --rate positive")
     if args.duration is not None:
@@ -762,6 +792,7 @@ def run_verify(args: argparse.Namespace) -> dict[str, Any]:
                     base_port=0,
                     settings=dict(FRESH_SETTINGS),
                     controllers=FRESH_CONTROLLERS,
+                    tls=getattr(args, "tls", False),
                 )
                 pids = [s.pid for s in state.all()]
                 result = _run(args, directory, kinds, seed, duration_s)
@@ -772,7 +803,6 @@ def run_verify(args: argparse.Namespace) -> dict[str, Any]:
             result["cluster_dir"] = directory
             result["cluster_pids"] = sorted(set(pids) | set(killed))
             return result
-    launcher.refuse_tls(launcher.require_state(args.dir), "minibroker verify")
     return _run(args, args.dir, kinds, seed, duration_s)
 
 
@@ -793,7 +823,9 @@ def _run(
     replicas = min(3, len(state.brokers))
     min_insync = max(1, replicas - 1)
     topics = [f"verify-{seed}-{i}" for i in range(args.topics)]
-    admin = Admin(state.bootstrap_servers, default_api_timeout_ms=30_000)
+    # The cluster's client.properties (TLS: the launcher's admin certificate), or nothing.
+    client = launcher.client_kwargs(state)
+    admin = Admin(state.bootstrap_servers, default_api_timeout_ms=30_000, **client)
     run = Run(directory, topics, args.partitions, admin, seed)
     log = WriteLog()
     producers: list[ProducerThread] = []
@@ -815,11 +847,17 @@ def _run(
         for i, topic in enumerate(topics):
             producers.append(
                 ProducerThread(
-                    state.bootstrap_servers, topic, args.partitions, rate, f"{seed}-{i}", log
+                    state.bootstrap_servers,
+                    topic,
+                    args.partitions,
+                    rate,
+                    f"{seed}-{i}",
+                    log,
+                    **client,
                 )
             )
             consumers.append(
-                ConsumerThread(state.bootstrap_servers, topic, args.partitions, f"c{i}")
+                ConsumerThread(state.bootstrap_servers, topic, args.partitions, f"c{i}", **client)
             )
         started = _now()
         for producer in producers:
@@ -861,7 +899,9 @@ def _run(
         ended = _now()
         for p in producers:
             p.stop(flush_timeout_s=60)
-        final, final_hw = final_logs(state.bootstrap_servers, topics, args.partitions)
+        final, final_hw = final_logs(
+            state.bootstrap_servers, topics, args.partitions, client=client
+        )
         # The live consumers catch up to the end before they stop (their reads are checked
         # against the final logs).
         deadline = time.monotonic() + 60
@@ -921,6 +961,7 @@ def _run(
             "minibroker",
             "verify",
             "--fresh" if args.fresh else f"--dir={directory}",
+            *(["--tls"] if args.fresh and getattr(args, "tls", False) else []),
             f"--seed={seed}",
             f"--faults={','.join(kinds)}",
             f"--topics={args.topics}",

@@ -16,6 +16,11 @@ latest record per key (the record with the largest `events` wins), as with a com
 The same code runs on Spark's Kafka connector: swap the format for "kafka" and the option
 `bootstrap.servers` for `kafka.bootstrap.servers`.
 
+`--command-config FILE` (Kafka client properties, such as the client.properties of a
+`minibroker cluster up --tls` cluster: `security.protocol=SSL`, `ssl.ca.location`, ...) connects
+over TLS: its properties go to the script's own clients as keyword arguments and to the source
+and the sink as `kafka.`-prefixed options, the form Spark's Kafka connector takes too.
+
 Runs until stopped (a processing-time trigger), or with `--available-now` processes what is in
 the input topic and exits. SIGTERM (`docker compose stop`) or Ctrl-C stops the query between
 micro-batches and exits 0; the checkpoint then holds every finished batch, and a restart resumes
@@ -70,14 +75,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "ones are written, so a restart writes none)",
     )
     parser.add_argument("--master", default=os.environ.get("SPARK_MASTER", "local[*]"))
+    parser.add_argument(
+        "--command-config",
+        metavar="FILE",
+        default=None,
+        help="Kafka client properties (TLS: security.protocol=SSL, ssl.ca.location, ...) for "
+        "every connection",
+    )
     return parser.parse_args(argv)
 
 
-def ensure_topics(bootstrap: str, names: list[str]) -> None:
+def client_properties(path: str | None) -> dict[str, str]:
+    """The --command-config file's properties ({} without one); the PEM files it names are read
+    once here, so a wrong path fails before Spark starts."""
+    if not path:
+        return {}
+    from minibroker.client.common.config import load_file
+    from minibroker.client.common.tls import client_tls_from_properties
+
+    props = {str(k): str(v) for k, v in load_file(path).items()}
+    client_tls_from_properties(props)
+    return props
+
+
+def client_kwargs(props: dict[str, str]) -> dict[str, str]:
+    """Kafka property names -> the Python client's keyword arguments."""
+    return {key.replace(".", "_"): value for key, value in props.items()}
+
+
+def spark_options(props: dict[str, str]) -> dict[str, str]:
+    """Kafka property names -> source and sink options (`kafka.` + the name)."""
+    return {f"kafka.{key}": value for key, value in props.items()}
+
+
+def ensure_topics(bootstrap: str, names: list[str], **client: str) -> None:
     """Create missing topics (3 partitions, replication factor up to 3)."""
     from minibroker.client import Admin
 
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, **client) as admin:
         existing = set(admin.list_topics())
         brokers = len(admin.describe_cluster().brokers)
         for name in names:
@@ -85,7 +120,7 @@ def ensure_topics(bootstrap: str, names: list[str]) -> None:
                 admin.create_topic(name, 3, min(3, brokers))
 
 
-def generate(bootstrap: str, topic: str, count: int) -> int:
+def generate(bootstrap: str, topic: str, count: int, **client: str) -> int:
     """Write sample events until `topic` holds `count` records; returns how many were written.
 
     The records already there are counted from the partitions' end offsets (every record ever
@@ -93,12 +128,12 @@ def generate(bootstrap: str, topic: str, count: int) -> int:
     """
     from minibroker.client import Consumer, Producer, TopicPartition
 
-    with Consumer(bootstrap) as consumer:
+    with Consumer(bootstrap, **client) as consumer:
         partitions = consumer.partitions_for_topic(topic)
         ends = consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
     users = ("alice", "bob", "carol", "dave", "erin")
     first = sum(ends.values())
-    with Producer(bootstrap) as producer:
+    with Producer(bootstrap, **client) as producer:
         for i in range(first, count):
             user = users[i % len(users)]
             value = json.dumps({"seq": i, "user": user, "amount": (i * 7) % 100})
@@ -139,6 +174,7 @@ def totals_query(spark: Any, args: argparse.Namespace) -> Any:
         .option("bootstrap.servers", args.bootstrap_servers)
         .option("subscribe", args.input)
         .option("startingOffsets", "earliest")
+        .options(**spark_options(client_properties(args.command_config)))
     )
     if args.max_offsets_per_trigger > 0:
         source = source.option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
@@ -226,9 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     stop = GracefulStop()
     stop.install()
-    ensure_topics(args.bootstrap_servers, [args.input, args.output])
+    props = client_properties(args.command_config)
+    ensure_topics(args.bootstrap_servers, [args.input, args.output], **client_kwargs(props))
     if args.generate:
-        written = generate(args.bootstrap_servers, args.input, args.generate)
+        written = generate(
+            args.bootstrap_servers, args.input, args.generate, **client_kwargs(props)
+        )
         print(f"generate: wrote {written} sample events to {args.input}", flush=True)
     if stop.requested.is_set():
         return 0
@@ -243,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             # which readers that keep the latest total per user absorb.
             batch.write.format("minibroker").option("bootstrap.servers", bootstrap).option(
                 "topic", output
-            ).mode("append").save()
+            ).options(**spark_options(props)).mode("append").save()
             stop.after_batch()
 
         writer = (

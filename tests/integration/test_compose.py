@@ -425,6 +425,185 @@ def test_readme_shows_the_commands() -> None:
         assert command in section, f"the README's Docker section does not show `{command}`"
 
 
+# -- the bridge-network variant (deploy/docker-compose.bridge.yml) ---------------------------------
+
+BRIDGE_FILE = ROOT / "deploy" / "docker-compose.bridge.yml"
+CLI_SERVICE = "cli"
+
+
+@pytest.fixture(scope="module")
+def bridge() -> dict[str, Any]:
+    data = yaml.safe_load(BRIDGE_FILE.read_text())
+    assert isinstance(data, dict), "the bridge compose file is not a mapping"
+    return data
+
+
+@pytest.fixture(scope="module")
+def bridge_services(bridge: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return dict(bridge["services"])
+
+
+@dataclass(frozen=True)
+class BridgeNode:
+    """What a bridge service's command makes of itself, read by the real config code."""
+
+    name: str
+    node_id: int
+    listener: Any  # client.common.listeners.Listener
+    advertised: Any  # the Listener it registers (brokers) or its voter entry (controllers)
+    config: Any
+
+
+def bridge_nodes(
+    services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> dict[str, BridgeNode]:
+    """Each server's command run through `minibroker` up to the point where the process would
+    start (its config built and checked by the broker's and controller's own code)."""
+    from minibroker.broker import app as broker_app
+    from minibroker.client.common import listeners
+    from minibroker.controller import app as controller_app
+    from minibroker.deploy.cli import build_parser
+
+    configs: list[Any] = []
+    monkeypatch.setattr(broker_app, "main", lambda config, **_: configs.append(config) or 0)
+    monkeypatch.setattr(
+        controller_app, "run_controller", lambda config, **_: configs.append(config) or 0
+    )
+    monkeypatch.setattr("minibroker.client.common.log.configure", lambda *a, **k: None)
+    parser = build_parser()
+    nodes: dict[str, BridgeNode] = {}
+    for name in SERVER_SERVICES:
+        argv = argv_of(services[name]["command"])
+        assert argv[0] == "minibroker", f"{name}: run the installed `minibroker` command"
+        try:
+            args = parser.parse_args(argv[1:])
+        except SystemExit:
+            pytest.fail(f"{name}: `minibroker` rejects {argv[1:]}")
+        assert args.command == ("controller" if name in CONTROLLERS else "broker"), name
+        assert args.func(args) == 0, f"{name}: the {args.command} refuses its configuration"
+        config = configs.pop()
+        if name in BROKERS:
+            advertised = config.advertised(config.listener.port)
+        else:
+            (advertised,) = [v for v in config.quorum_voters() if v.voter_id == config["node.id"]]
+            advertised = listeners.Listener("PLAINTEXT", advertised.host, advertised.port)
+        nodes[name] = BridgeNode(name, config["node.id"], config.listener, advertised, config)
+    return nodes
+
+
+def test_bridge_services_network_and_no_host_networking(
+    bridge: dict[str, Any], bridge_services: dict[str, dict[str, Any]]
+) -> None:
+    assert set(bridge_services) == {*SERVER_SERVICES, CLI_SERVICE, SPARK_SERVICE}
+    for name in SERVER_SERVICES:
+        assert not bridge_services[name].get("profiles"), f"{name} must not hide behind a profile"
+    assert bridge_services[CLI_SERVICE]["profiles"] == ["cli"]
+    assert bridge_services[SPARK_SERVICE]["profiles"] == ["spark"]
+    (network,) = bridge["networks"]
+    assert (bridge["networks"][network] or {}).get("driver", "bridge") == "bridge"
+    for name, service in bridge_services.items():
+        assert "network_mode" not in service, f"{name}: the bridge variant has no host networking"
+        assert service.get("networks") == [network], f"{name} is not on the {network} network"
+        # No published port: the brokers advertise names that only mean something on the
+        # network (a host client would bootstrap, then fail on broker-2:9092), and the metrics
+        # listen on the container's loopback.
+        assert "ports" not in service, f"{name} publishes {service['ports']}"
+        assert service.get("restart") == "no", f"{name}: restart must be the string 'no'"
+        assert service.get("init") is True, f"{name}: tini forwards SIGTERM"
+    # `run --rm cli ...` must never start a broker that was killed on purpose.
+    assert not bridge_services[CLI_SERVICE].get("depends_on")
+
+
+def test_bridge_keeps_apart_from_the_host_file_but_shares_its_images(
+    compose: dict[str, Any],
+    services: dict[str, dict[str, Any]],
+    bridge: dict[str, Any],
+    bridge_services: dict[str, dict[str, Any]],
+) -> None:
+    # Another project: containers, network and volumes of their own, both files can run at once.
+    assert bridge.get("name") == "minibroker-bridge" != compose.get("name")
+    # The same images, built the same way (one build serves both files and their tests).
+    server_image = services["controller-1"]["image"]
+    for name in (*SERVER_SERVICES, CLI_SERVICE):
+        assert bridge_services[name]["image"] == server_image, name
+    assert bridge_services[SPARK_SERVICE]["image"] == services[SPARK_SERVICE]["image"]
+    builds = {n: s["build"] for n, s in bridge_services.items() if "build" in s}
+    assert builds == {
+        "controller-1": services["controller-1"]["build"],
+        SPARK_SERVICE: services[SPARK_SERVICE]["build"],
+    }
+    # Its own cluster id (a quorum's voters share it; the host file's cluster is another one).
+    ids = {settings_of(argv_of(bridge_services[n]["command"]))["cluster.id"] for n in CONTROLLERS}
+    host_ids = {settings_of(argv_of(services[n]["command"]))["cluster.id"] for n in CONTROLLERS}
+    assert len(ids) == 1 and ids != host_ids
+    # Every data dir on a named volume of its own.
+    declared = set(bridge["volumes"])
+    owners: dict[str, str] = {}
+    for name in (*SERVER_SERVICES, SPARK_SERVICE):
+        for volume in volume_mounts(bridge_services[name]).values():
+            assert volume in declared and volume not in owners, (name, volume, owners)
+            owners[volume] = name
+    for name in SERVER_SERVICES:
+        data_dir = flag(argv_of(bridge_services[name]["command"]), "--data-dir")
+        assert data_dir in volume_mounts(bridge_services[name]), name
+
+
+def test_bridge_brokers_listen_on_every_interface_and_advertise_their_service_names(
+    bridge_services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nodes = bridge_nodes(bridge_services, monkeypatch)
+    for name, node in nodes.items():
+        # Bound to 0.0.0.0 inside the container; handed out as the service name, which Docker's
+        # DNS resolves on the network, on the port it listens on.
+        assert node.listener.is_wildcard, f"{name} listens on {node.listener}"
+        assert (node.advertised.host, node.advertised.port) == (name, node.listener.port), name
+        assert node.advertised.name == node.listener.name == "PLAINTEXT", name
+    voters = nodes["controller-1"].config.quorum_voters()
+    for name in CONTROLLERS:
+        assert nodes[name].config.quorum_voters() == voters, f"{name}: another voters list"
+    assert {v.voter_id: v.host for v in voters} == {nodes[n].node_id: n for n in CONTROLLERS}
+    controllers = ",".join(f"{v.host}:{v.port}" for v in voters)
+    for name in BROKERS:
+        assert nodes[name].config.controllers == tuple(controllers.split(",")), name
+        assert nodes[name].node_id == int(name.removeprefix("broker-")), name
+    racks = {nodes[n].config.rack for n in BROKERS}
+    assert len(racks) == len(BROKERS), racks
+    # Health checks ask at the advertised address: healthy also means the name reaches it.
+    for name, node in nodes.items():
+        argv = healthcheck_argv(bridge_services[name])
+        assert argv[:3] == ["python", "-m", "minibroker.deploy.healthcheck"], name
+        assert argv[3] == node.advertised.address, name
+    # Clients in containers are given the advertised addresses and nothing else.
+    bootstrap = [nodes[n].advertised.address for n in BROKERS]
+    cli_env = bridge_services[CLI_SERVICE]["environment"]
+    assert cli_env["MINIBROKER_BOOTSTRAP_SERVER"].split(",") == bootstrap
+    pipeline = argv_of(bridge_services[SPARK_SERVICE]["command"])
+    assert (flag(pipeline, "--bootstrap-servers") or "").split(",") == bootstrap
+
+
+def test_bridge_start_up_order_and_the_pipeline_command(
+    services: dict[str, dict[str, Any]], bridge_services: dict[str, dict[str, Any]]
+) -> None:
+    for name in CONTROLLERS:
+        assert not bridge_services[name].get("depends_on"), name
+    for name in BROKERS:
+        expected = {c: {"condition": "service_healthy"} for c in CONTROLLERS}
+        assert bridge_services[name]["depends_on"] == expected, name
+    assert bridge_services[SPARK_SERVICE]["depends_on"] == services[SPARK_SERVICE]["depends_on"]
+    # The pipeline's command is the host file's but for the brokers' addresses.
+    host_argv = argv_of(services[SPARK_SERVICE]["command"])
+    bridge_argv = argv_of(bridge_services[SPARK_SERVICE]["command"])
+    i = host_argv.index("--bootstrap-servers") + 1
+    assert bridge_argv[:i] + bridge_argv[i + 1 :] == host_argv[:i] + host_argv[i + 1 :]
+
+
+def test_readme_shows_the_bridge_variant() -> None:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Docker\n", 1)[1].split("\n## ", 1)[0]
+    assert "deploy/docker-compose.bridge.yml" in section
+    assert "run --rm cli" in section, "the README must say where the bridge variant's clients run"
+
+
 # -- running the services as local processes -------------------------------------------------------
 
 

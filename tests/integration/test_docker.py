@@ -11,13 +11,18 @@ with the client library at the compose file's addresses, as `minibroker` command
   shutdown with exit 0;
 - the spark profile's pipeline writes its totals, `stop` ends it with exit 0 and no traceback in
   its log, and a restart adds no sample events (the totals stay exact);
-- `down -v` leaves no container and no volume of the project.
+- `down -v` leaves no container and no volume of the project;
+- deploy/docker-compose.bridge.yml (no host networking): every broker's Metadata answer names
+  the brokers by service name, a `cli` container creates a topic, produces acks=all and consumes
+  across a SIGKILL of a leader's container with nothing acknowledged lost, and `down -v` leaves
+  no container, volume or network.
 
 Needs an engine that answers, Compose v2, a CLI that builds with BuildKit and the compose file's
-ports free on this host (it uses the host's network). Without them the tests are skipped with the
-reason; with MINIBROKER_REQUIRE_DOCKER=1 (set by .ci/run) they fail instead. The project gets a
-name of its own, so nothing else on the machine is touched, and it is taken down (`down -v`)
-whatever happens. Images are kept (their build cache makes the next run's build take seconds).
+ports free on this host (it uses the host's network; the bridge file needs none). Without them the
+tests are skipped with the reason; with MINIBROKER_REQUIRE_DOCKER=1 (set by .ci/run) they fail
+instead. Each file's project gets a name of its own, so nothing else on the machine is touched,
+and it is taken down (`down -v`) whatever happens. Images are kept (their build cache makes the
+next run's build take seconds).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.docker]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "deploy" / "docker-compose.yml"
+BRIDGE_FILE = ROOT / "deploy" / "docker-compose.bridge.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 REQUIRE = "MINIBROKER_REQUIRE_DOCKER"
 BROKERS = {1: "broker-1", 2: "broker-2", 3: "broker-3"}
@@ -129,10 +135,11 @@ ENV["DOCKER_BUILDKIT"] = "1"  # plain `docker build` on Docker 20.10-22 (the def
 
 
 def docker(
-    *args: str, timeout: float = 120, check: bool = True
+    *args: str, timeout: float = 120, check: bool = True, input: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         ["docker", *args],
+        input=input,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -148,8 +155,9 @@ def docker(
     return result
 
 
-def unusable() -> str | None:
-    """Why the Docker tests cannot run here, or None."""
+def unusable(ports: tuple[int, ...] = PORTS) -> str | None:
+    """Why the Docker tests cannot run here, or None. `ports`: host ports the project listens
+    on (the host-network file's; none for the bridge file, which publishes none it fixes)."""
     if shutil.which("docker") is None:
         return "no `docker` command on PATH"
     try:
@@ -177,7 +185,7 @@ def unusable() -> str | None:
     )
     if probe.returncode != 0:
         return f"this docker CLI cannot build with BuildKit: {probe.stderr.strip()[:200]}"
-    busy = [port for port in PORTS if port_in_use(port)]
+    busy = [port for port in ports if port_in_use(port)]
     if busy:
         return (
             f"ports {busy} are in use on 127.0.0.1 (a local `minibroker cluster`?); the compose "
@@ -209,15 +217,23 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any
 
 
 class Compose:
-    """`docker compose -f deploy/docker-compose.yml -p PROJECT ...`."""
+    """`docker compose -f FILE -p PROJECT ...` (deploy/docker-compose.yml unless told)."""
 
-    def __init__(self, project: str) -> None:
+    def __init__(
+        self,
+        project: str,
+        file: pathlib.Path = COMPOSE_FILE,
+        profiles: tuple[str, ...] = ("spark",),
+    ) -> None:
         self.project = project
+        self.file = file
+        # Every profile of the file: `ps`, `logs` and `down` see (and remove) their services too.
+        self.all_profiles = [arg for profile in profiles for arg in ("--profile", profile)]
         self.timings: dict[str, float] = {}
 
-    def run(self, *args: str, timeout: float = 600) -> str:
-        base = ("compose", "-f", str(COMPOSE_FILE), "-p", self.project)
-        return docker(*base, *args, timeout=timeout).stdout
+    def run(self, *args: str, timeout: float = 600, input: str | None = None) -> str:
+        base = ("compose", "-f", str(self.file), "-p", self.project)
+        return docker(*base, *args, timeout=timeout, input=input).stdout
 
     def up(self, *services: str, profiles: tuple[str, ...] = ()) -> float:
         """`up --build -d --wait`: rebuilds what changed, returns the seconds it took."""
@@ -227,7 +243,7 @@ class Compose:
         return time.monotonic() - started
 
     def ps(self) -> dict[str, dict[str, Any]]:
-        out = self.run("--profile", "spark", "ps", "-a", "--format", "json").strip()
+        out = self.run(*self.all_profiles, "ps", "-a", "--format", "json").strip()
         # One JSON object per line (Compose >= 2.21) or one JSON array (older v2).
         rows = json.loads(out) if out.startswith("[") else [json.loads(x) for x in out.splitlines()]
         return {row["Service"]: row for row in rows}
@@ -240,16 +256,21 @@ class Compose:
         return self.ps().get(service, {}).get("Health") == "healthy"
 
     def logs(self, service: str) -> str:
-        return self.run("--profile", "spark", "logs", "--no-color", "--no-log-prefix", service)
+        return self.run(*self.all_profiles, "logs", "--no-color", "--no-log-prefix", service)
 
     def leftovers(self) -> list[str]:
         label = f"label=com.docker.compose.project={self.project}"
         containers = docker("ps", "-a", "-q", "--filter", label).stdout.split()
         volumes = docker("volume", "ls", "-q", "--filter", label).stdout.split()
-        return [f"container {c}" for c in containers] + [f"volume {v}" for v in volumes]
+        networks = docker("network", "ls", "-q", "--filter", label).stdout.split()
+        return (
+            [f"container {c}" for c in containers]
+            + [f"volume {v}" for v in volumes]
+            + [f"network {n}" for n in networks]
+        )
 
     def down(self) -> None:
-        self.run("--profile", "spark", "down", "-v", "--remove-orphans", "--timeout", "30")
+        self.run(*self.all_profiles, "down", "-v", "--remove-orphans", "--timeout", "30")
 
 
 def remove_replaced_test_images() -> None:
@@ -269,16 +290,19 @@ def remove_replaced_test_images() -> None:
             docker("rmi", image, check=False)
 
 
-@pytest.fixture(scope="module")
-def compose() -> Iterator[Compose]:
-    reason = unusable()
+def project_of(
+    kind: str, file: pathlib.Path, profiles: tuple[str, ...], ports: tuple[int, ...]
+) -> Iterator[Compose]:
+    """A project of its own for `file` (container, network and volume names start with it),
+    unique per run, taken down whatever happens; skipped (or failed, with REQUIRE) without
+    Docker."""
+    reason = unusable(ports)
     if reason is not None:
         if os.environ.get(REQUIRE) == "1":
             pytest.fail(f"{REQUIRE}=1 but Docker cannot run here: {reason}")
         pytest.skip(reason)
-    # A project of its own (container and volume names start with it), unique per run.
-    project = f"minibroker-test-{os.getpid()}-{secrets.token_hex(3)}"
-    c = Compose(project)
+    project = f"minibroker-test-{kind}{os.getpid()}-{secrets.token_hex(3)}"
+    c = Compose(project, file, profiles)
     try:
         yield c
     finally:
@@ -286,6 +310,17 @@ def compose() -> Iterator[Compose]:
         remove_replaced_test_images()
         print(f"\ndocker test timings (s): {json.dumps(c.timings)}")
         assert not c.leftovers(), f"`down -v` left {c.leftovers()}"
+
+
+@pytest.fixture(scope="module")
+def compose() -> Iterator[Compose]:
+    yield from project_of("", COMPOSE_FILE, ("spark",), PORTS)
+
+
+@pytest.fixture(scope="module")
+def bridge() -> Iterator[Compose]:
+    """deploy/docker-compose.bridge.yml: no host port of its own, so no port check."""
+    yield from project_of("bridge-", BRIDGE_FILE, ("cli", "spark"), ())
 
 
 def describe(admin: Admin, topic: str) -> list[Any]:
@@ -547,3 +582,125 @@ def test_only_sparks_runner_shutdown_traceback_is_dropped_from_the_check() -> No
     ours = "/usr/local/lib/python3.11/site-packages/minibroker/client/spark/source.py"
     our_frame.insert(2, f'  File "{ours}", line 9, in latestOffset')
     assert _without_spark_runner_shutdown_noise(our_frame) == our_frame
+
+
+# -- deploy/docker-compose.bridge.yml: a bridge network, advertised names --------------------------
+
+BRIDGE_ADDRESSES = {1: ("broker-1", 9092), 2: ("broker-2", 9092), 3: ("broker-3", 9092)}
+# Run with `python -` in a cli container: each named broker's Metadata answer, as JSON. The
+# addresses in it are what every client is handed (the client library reads nothing else).
+METADATA_SCRIPT = """
+import json, sys
+import grpc
+from minibroker.proto import minibroker_pb2 as pb, minibroker_pb2_grpc as pb_grpc
+answers = {}
+for address in sys.argv[1:]:
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.BrokerServiceStub(channel)
+        r = stub.Metadata(pb.MetadataRequest(all_topics=True), timeout=10)
+    answers[address] = {
+        "brokers": {b.node_id: [b.host, b.port] for b in r.brokers},
+        "controller": [r.controller_host, r.controller_port],
+    }
+print(json.dumps(answers))
+"""
+
+
+def cli(bridge: Compose, command: str, input: str | None = None) -> str:
+    """`docker compose run --rm -T cli COMMAND`: a command in a new container on the cluster's
+    network, with $MINIBROKER_BOOTSTRAP_SERVER naming the brokers, as the file's header shows."""
+    return bridge.run("run", "--rm", "-T", "cli", *shlex.split(command), input=input, timeout=180)
+
+
+def produce_keyed(bridge: Compose, topic: str, numbers: range) -> list[dict[str, int]]:
+    """`minibroker produce --acks all` of KEY:VALUE lines (the number as both, so the records
+    spread over every partition); one {partition, offset} per acknowledged record."""
+    lines = "".join(f"{i}:{i}\n" for i in numbers)
+    out = cli(bridge, f"minibroker produce {topic} --acks all --key-separator : --json", lines)
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+@pytest.mark.timeout(300)
+def test_bridge_network_advertised_names_and_a_leader_kill_between_containers(
+    bridge: Compose,
+) -> None:
+    """The bridge variant: brokers listen on 0.0.0.0 and advertise their service names, clients
+    run in containers on the network; acks=all records survive a SIGKILL of a leader's
+    container; `down -v` removes every container, volume and the network."""
+    bridge.timings["bridge: up --build -d --wait"] = bridge.up()
+    topic, n = "bridge-failover", 300
+
+    # What clients are handed: service names, never the wildcard or loopback the brokers bind.
+    names = [f"{host}:{port}" for host, port in BRIDGE_ADDRESSES.values()]
+    answers = json.loads(cli(bridge, f"python - {' '.join(names)}", METADATA_SCRIPT))
+    for address, answer in answers.items():
+        brokers = {int(k): tuple(v) for k, v in answer["brokers"].items()}
+        assert brokers == BRIDGE_ADDRESSES, f"{address} hands out {brokers}"
+        host, port = answer["controller"]
+        assert host in ("controller-1", "controller-2", "controller-3") and port == 9093, answer
+    listed = json.loads(cli(bridge, "minibroker brokers list --json"))
+    assert {b["broker_id"]: (b["host"], b["port"]) for b in listed} == BRIDGE_ADDRESSES
+    assert {b["state"] for b in listed} == {"active"}, listed
+
+    # Nothing is published on the host; the metrics answer inside the container (`exec`).
+    for service, row in bridge.ps().items():
+        published = [p for p in row.get("Publishers") or [] if p.get("PublishedPort")]
+        assert not published, f"{service} publishes {published}"
+    metrics = bridge.run(
+        *shlex.split("exec -T broker-1 python -c"),
+        "import urllib.request as u; print(u.urlopen('http://127.0.0.1:10092/metrics').read())",
+    )
+    assert "# TYPE" in metrics
+
+    cli(
+        bridge,
+        f"minibroker topics create {topic} --partitions 3 --replication-factor 3 "
+        "--config min.insync.replicas=2",
+    )
+    acked = produce_keyed(bridge, topic, range(n))
+    assert len(acked) == n and {a["partition"] for a in acked} == {0, 1, 2}
+
+    def partitions() -> dict[int, dict[str, Any]]:
+        out = cli(bridge, f"minibroker topics describe {topic} --json")
+        return {p["partition"]: p for p in json.loads(out)}
+
+    before = partitions()
+    assert all(set(p["isr"]) == {1, 2, 3} for p in before.values()), before
+    victim = before[0]["leader"]
+    led = [p for p in before.values() if p["leader"] == victim]
+
+    killed_at = time.monotonic()
+    bridge.run("kill", BROKERS[victim])
+    assert bridge.ps()[BROKERS[victim]]["State"] == "exited", "restart must stay 'no'"
+    # The producer's records for the victim's partitions wait for their new leaders.
+    acked += produce_keyed(bridge, topic, range(n, 2 * n))
+    bridge.timings["bridge: kill -> 300 more acks=all records acknowledged"] = (
+        time.monotonic() - killed_at
+    )
+    assert len(acked) == 2 * n
+    after = partitions()
+    for p in led:
+        now = after[p["partition"]]
+        assert now["leader"] not in (victim, -1), now
+        assert now["leader_epoch"] > p["leader_epoch"] and victim not in now["isr"], now
+
+    out = cli(
+        bridge,
+        f"minibroker consume {topic} --from-beginning --max-messages {2 * n} "
+        "--timeout-ms 20000 --json",
+    )
+    numbers = [int(json.loads(line)["value"]) for line in out.splitlines() if line.strip()]
+    assert len(numbers) == len(set(numbers)), "a record was stored twice"
+    assert sorted(numbers) == list(range(2 * n)), (
+        f"acknowledged records lost: {sorted(set(range(2 * n)) - set(numbers))[:10]}"
+    )
+    survivors = [f"{h}:{p}" for i, (h, p) in BRIDGE_ADDRESSES.items() if i != victim]
+    answers = json.loads(cli(bridge, f"python - {' '.join(survivors)}", METADATA_SCRIPT))
+    for address, answer in answers.items():
+        brokers = {int(k): tuple(v) for k, v in answer["brokers"].items()}
+        assert set(brokers.items()) <= set(BRIDGE_ADDRESSES.items()), f"{address}: {brokers}"
+
+    started = time.monotonic()
+    bridge.down()
+    bridge.timings["bridge: down -v"] = time.monotonic() - started
+    assert bridge.leftovers() == []

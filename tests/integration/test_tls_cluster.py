@@ -9,6 +9,7 @@ does not trust the cluster's CA all get a clear error; a leader kill fails over.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -214,3 +215,36 @@ def test_add_broker_gets_its_own_certificate(cluster: LocalCluster) -> None:
     with Admin(cluster.bootstrap, **launcher.client_kwargs(cluster.state)) as admin:
         registered = {b.broker_id for b in admin.describe_cluster().brokers}
     assert spec.node_id in registered
+
+
+def test_bench_produce_and_consume_use_the_clusters_client_properties(
+    cluster: LocalCluster, tmp_path: pathlib.Path
+) -> None:
+    """Run where `.minibroker` is the cluster's dir, as after `cluster up --tls`: no flags, the
+    bench tools find the brokers and client.properties through cluster.json."""
+    (tmp_path / ".minibroker").symlink_to(cluster.state.dir, target_is_directory=True)
+    with Admin(cluster.bootstrap, **launcher.client_kwargs(cluster.state)) as admin:
+        admin.create_topic("bench-tls", 1, 3)
+    args = "bench produce --topic bench-tls --num-records 20 --record-size 16 --json"
+    produced = _cli(*args.split(), cwd=tmp_path)
+    assert produced.returncode == 0, produced.stderr
+    assert '"records": 20' in produced.stdout, produced.stdout
+    consumed = _cli(
+        "bench", "consume", "--topic", "bench-tls", "--messages", "20", "--json", cwd=tmp_path
+    )
+    assert consumed.returncode == 0, consumed.stderr
+    assert '"records": 20' in consumed.stdout, consumed.stdout
+
+
+def test_verify_runs_on_a_tls_cluster(cluster: LocalCluster, tmp_path: pathlib.Path) -> None:
+    """`minibroker verify --dir` on a --tls cluster (one kill round): every client of the run
+    connects with the cluster's client.properties, and the history checks out."""
+    try:
+        args = "--rounds 1 --faults kill --rate 100 --seed 16 --json"
+        result = _cli("verify", "--dir", cluster.state.dir, *args.split(), cwd=tmp_path)
+    finally:
+        cluster.reload()  # the killed process was started again under a new PID
+    assert result.returncode == 0, result.stderr[-4000:] + result.stdout[-2000:]
+    out = json.loads(result.stdout)
+    assert out["ok"] and out["rounds"] == 1, out
+    assert out["totals"]["acked"] > 0 and out["totals"]["lost"] == 0, out["totals"]

@@ -384,3 +384,32 @@ def test_a_fetch_whose_partitions_were_unassigned_before_it_started_frees_its_br
 
     asyncio.run(run())
     assert 1 not in fetcher._node_busy
+
+
+def test_a_fetch_whose_partition_was_sought_before_it_started_sends_nothing() -> None:
+    """A fetch is scheduled, then seek_to_beginning() runs before the task starts (final_logs in
+    `minibroker verify`: assign, end_offsets, seek_to_beginning). The partition awaits its reset:
+    it must not be fetched from its new fetch offset, else the answer is buffered, survives the
+    reset, and the fetch from the reset position delivers the same records a second time."""
+    c = consumer()
+    fetcher = c._fetcher
+    state = at(c, 5)
+    generations = {TP: state.generation}  # as the fetch loop records them when it schedules
+    fetcher._node_busy.add(1)
+    state.in_flight = True
+    sent: list[object] = []
+
+    async def fake_fetch(address: str, request: object, timeout_s: float) -> object:
+        sent.append(request)
+        return pb.FetchResponse()
+
+    c.cluster.fetch = fake_fetch  # type: ignore[method-assign]
+    c.seek_to_beginning(TP)
+
+    async def run() -> None:
+        await fetcher._fetch(1, [TP], generations)
+
+    asyncio.run(run())
+    assert sent == [], "a partition awaiting its reset was fetched"
+    assert not state.buffer and not state.in_flight and 1 not in fetcher._node_busy
+    assert state.fetch_state.value == "await_reset"

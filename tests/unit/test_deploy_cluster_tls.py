@@ -72,13 +72,6 @@ def test_tls_cannot_be_added_to_a_plaintext_cluster(tmp_path: pathlib.Path) -> N
         launcher.up(state.dir, tls=True)
 
 
-def test_demo_and_verify_refuse_a_tls_cluster(tmp_path: pathlib.Path) -> None:
-    launcher.refuse_tls(None, "x")
-    launcher.refuse_tls(_state(tmp_path, tls=False), "x")
-    with pytest.raises(launcher.LauncherError, match="minibroker demo does not speak TLS yet"):
-        launcher.refuse_tls(_state(tmp_path, tls=True), "minibroker demo")
-
-
 def test_sasl_cluster_listeners_and_sasl_client_settings(tmp_path: pathlib.Path) -> None:
     state = _state(tmp_path, tls=True)
     state.sasl = True
