@@ -43,6 +43,8 @@ from minibroker.client.common import runtime
 from minibroker.client.common.grpc_limits import LimitsInterceptor, RequestBudget
 from minibroker.client.common.limits import ServerLimits
 from minibroker.client.common.netfaults import NetFaults, server_interceptors
+from minibroker.client.common.sasl import SaslVerifier
+from minibroker.client.common.security import server_security
 from minibroker.client.common.tls import add_port
 from minibroker.client.errors import MiniBrokerError
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
@@ -156,7 +158,17 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
     )
     rm.attach(link)
     servicer = BrokerServicer(
-        rm, stream_idle_ms=limits.connections_max_idle_ms, produce_budget=budget
+        rm,
+        stream_idle_ms=limits.connections_max_idle_ms,
+        produce_budget=budget,
+        # Who each call is from and what it may do (authorizer.class.name, super.users).
+        # MERGE: acl_view=the image's ACLs (sec-acls).
+        security=server_security(
+            config.values,
+            config.security_protocol,
+            # SASL PLAIN logins, checked against the SCRAM credentials in this broker's image.
+            sasl=SaslVerifier(rm.scram_credential).principal,
+        ),
     )
     pb_grpc.add_BrokerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()

@@ -35,6 +35,7 @@ from minibroker.client.common.tls import (
 )
 from minibroker.client.controller_finder import parse_controllers
 from minibroker.client.topic_config import TOPIC_CONFIG_KEYS
+from minibroker.metadata.authorizer import AUTHORIZER_KEYS
 
 # Kafka's broker-level names for topic-level defaults.
 BROKER_ALIASES: dict[str, str] = {
@@ -163,6 +164,7 @@ BROKER_KEYS: tuple[ConfigKey, ...] = (
     *LIMIT_KEYS,
     *NETWORK_FAULT_KEYS,
     *SERVER_SSL_KEYS,
+    *AUTHORIZER_KEYS,
 )
 
 

@@ -317,9 +317,14 @@ class ControllerLink:
                     incarnation_id=self.incarnation_id,
                 )
                 return Registration(response.broker_epoch, response.cluster_id)
-            if code in (ErrorCode.INCONSISTENT_CLUSTER_ID, ErrorCode.INVALID_REQUEST):
-                # Another cluster's data dir, or a registration the controller cannot accept
-                # (a bad host, port or rack): the same request would be refused forever.
+            if code in (
+                ErrorCode.INCONSISTENT_CLUSTER_ID,
+                ErrorCode.INVALID_REQUEST,
+                ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+            ):
+                # Another cluster's data dir, a registration the controller cannot accept
+                # (a bad host, port or rack), or a certificate that is not this broker's (or
+                # not allowed CLUSTER_ACTION): the same request would be refused forever.
                 raise FatalRegistrationError(response.error_message, code=code)
             # DUPLICATE_BROKER_REGISTRATION: our previous incarnation's session has not expired
             # yet; it will, so keep trying.

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from minibroker.broker import wire
+from minibroker.broker import authz, wire
 from minibroker.client.common.grpc_limits import RequestBudget
 from minibroker.client.common.log import get_logger
+from minibroker.client.common.security import ServerSecurity, authenticated, caller
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
@@ -28,15 +29,23 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 
+@authenticated
 class BrokerServicer(pb_grpc.BrokerServiceServicer):
+    """Every call is authenticated first (client/common/security.py) and authorized per
+    SPEC-16b's table (broker/authz.py): refused topics get their error code and never reach
+    the replica manager."""
+
     def __init__(
         self,
         replica_manager: ReplicaManager,
         *,
         stream_idle_ms: int | None = None,
         produce_budget: RequestBudget | None = None,
+        security: ServerSecurity | None = None,
     ) -> None:
         self._rm = replica_manager
+        self.security = security or ServerSecurity()
+        self._access = self.security.access
         self._idle_s = None if stream_idle_ms is None else stream_idle_ms / 1000
         self._budget = produce_budget
 
@@ -61,41 +70,64 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
         await _serve_stream(context, self._fetch_one, "fetch", idle_s=self._idle_s)
 
     async def _produce_one(self, request: pb.ProduceRequest) -> pb.ProduceResponse:
+        request, refused = authz.produce(self._access, caller(), request)
+        if refused and not request.topics:
+            return pb.ProduceResponse(topics=refused)
         results = await self._rm.produce(
             request.acks, request.timeout_ms, wire.decode_produce(request)
         )
-        return wire.encode_produce(results)
+        response = wire.encode_produce(results)
+        response.topics.extend(refused)
+        return response
 
     async def _fetch_one(self, request: pb.FetchRequest) -> pb.FetchResponse:
-        return wire.encode_fetch(await self._rm.fetch(wire.decode_fetch(request)))
+        allowed, refusals = authz.fetch(self._access, caller(), request)
+        if allowed is None:
+            return refusals
+        response = wire.encode_fetch(await self._rm.fetch(wire.decode_fetch(allowed)))
+        response.topics.extend(refusals.topics)
+        return response
 
     async def ListOffsets(
         self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListOffsetsResponse:
+        request, refused = authz.list_offsets(self._access, caller(), request)
         results = self._rm.list_offsets(wire.decode_list_offsets(request))
-        return wire.encode_list_offsets(results)
+        response = wire.encode_list_offsets(results)
+        response.topics.extend(refused)
+        return response
 
     async def OffsetForLeaderEpoch(
         self, request: pb.OffsetForLeaderEpochRequest, context: grpc.aio.ServicerContext
     ) -> pb.OffsetForLeaderEpochResponse:
+        request, refused = authz.offset_for_leader_epoch(self._access, caller(), request)
         results = self._rm.offset_for_leader_epoch(wire.decode_offset_for_leader_epoch(request))
-        return wire.encode_offset_for_leader_epoch(results)
+        response = wire.encode_offset_for_leader_epoch(results)
+        response.topics.extend(refused)
+        return response
 
     async def Metadata(
         self, request: pb.MetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.MetadataResponse:
-        return self._rm.metadata_response(list(request.topics), request.all_topics)
+        response = self._rm.metadata_response(list(request.topics), request.all_topics)
+        authz.filter_metadata(self._access, caller(), request, response)
+        return response
 
     async def InitProducerId(
         self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext
     ) -> pb.InitProducerIdResponse:
-        return await self._rm.init_producer_id()
+        refused = authz.init_producer_id_refusal(
+            self._access, caller(), self._rm.image.topic_ids_by_name
+        )
+        return refused or await self._rm.init_producer_id()
 
     async def DescribeReplicas(
         self, request: pb.DescribeReplicasRequest, context: grpc.aio.ServicerContext
     ) -> pb.DescribeReplicasResponse:
         states = self._rm.describe_replicas(set(request.topics))
-        return wire.encode_replicas(self._rm.broker_id, states)
+        response = wire.encode_replicas(self._rm.broker_id, states)
+        authz.filter_replicas(self._access, caller(), response)
+        return response
 
 
 def _give_back(budget: RequestBudget, size: int, _task: object) -> None:

@@ -544,3 +544,13 @@ def raise_for(code: int, message: str = "") -> None:
     """Raise the exception for `code` unless it is NONE."""
     if code != ErrorCode.NONE:
         raise error_for(code, message)
+
+
+# Refusals of who the caller is or what it may do: never retried (Kafka's are not retriable),
+# whether they come as an error code or as a gRPC status (UNAUTHENTICATED, PERMISSION_DENIED).
+REFUSALS: tuple[type[MiniBrokerError], ...] = (
+    TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    ClusterAuthorizationFailedError,
+    SaslAuthenticationFailedError,
+)

@@ -23,6 +23,7 @@ from typing import Protocol
 from minibroker.client.accumulator import ProducerBatch, RecordAccumulator
 from minibroker.client.batch import NO_SEQUENCE, Compression
 from minibroker.client.errors import (
+    REFUSALS,
     ErrorCode,
     MessageTooLargeError,
     MiniBrokerError,
@@ -169,6 +170,13 @@ class Sender:
             wait_ms = retry if wait_ms is None else min(wait_ms, retry)
         return wait_ms
 
+    def _give_up(self, err: MiniBrokerError) -> None:
+        """No producer id can come (a non-retriable refusal): fail everything pending."""
+        self.fatal = err
+        for batch in self.accumulator.abort_all():
+            self.finish_failed(batch, err)
+        self.need_producer_id = False
+
     async def _init_producer_id(self) -> bool:
         """InitProducerId on any broker; True once the accumulator has an id."""
         request = init_producer_id_request()
@@ -185,15 +193,16 @@ class Sender:
                         addr,
                     )
                 )
-            except CallFailed:
+            except CallFailed as failed:
+                if isinstance(failed.error, REFUSALS):
+                    # Not authenticated / not authorized: asking again changes nothing.
+                    self._give_up(failed.error)
+                    return False
                 continue
             if answer.error_code != ErrorCode.NONE:
                 err = error_for(answer.error_code, answer.error_message)
                 if not err.retriable:
-                    self.fatal = err
-                    for batch in self.accumulator.abort_all():
-                        self.finish_failed(batch, err)
-                    self.need_producer_id = False
+                    self._give_up(err)
                     return False
                 continue
             log.debug(

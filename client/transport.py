@@ -24,6 +24,7 @@ from minibroker.client.errors import (
     InvalidTopicError,
     MiniBrokerError,
     NetworkExceptionError,
+    TopicAuthorizationFailedError,
     UnknownTopicOrPartitionError,
     error_for,
 )
@@ -116,6 +117,11 @@ def topic_metadata_error(topic: str, code: int) -> MiniBrokerError:
     if code == ErrorCode.INVALID_TOPIC_EXCEPTION:
         reason = invalid_topic_name(topic) or "the broker calls it invalid"
         return InvalidTopicError(f"topic name {topic!r} is refused by the cluster: {reason}")
+    if code == ErrorCode.TOPIC_AUTHORIZATION_FAILED:
+        return TopicAuthorizationFailedError(
+            f"not authorized to DESCRIBE topic {topic} (the cluster's ACLs give this client's "
+            "principal no access to it)"
+        )
     return error_for(code, f"metadata for topic {topic!r} failed")
 
 

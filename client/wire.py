@@ -21,6 +21,7 @@ import grpc
 from minibroker.client.common.tls import MISMATCH_HINT, looks_like_tls_mismatch
 from minibroker.client.controller_finder import LeaderHint, hint_from_error
 from minibroker.client.errors import (
+    ClusterAuthorizationFailedError,
     ErrorCode,
     MiniBrokerError,
     NetworkExceptionError,
@@ -28,6 +29,7 @@ from minibroker.client.errors import (
     RecordListTooLargeError,
     RequestTimedOutError,
     SaslAuthenticationFailedError,
+    TopicAuthorizationFailedError,
     UnknownServerError,
     UnknownTopicOrPartitionError,
     error_for,
@@ -81,8 +83,14 @@ def error_from_rpc(err: grpc.aio.AioRpcError | grpc.RpcError, address: str) -> M
             )
         return NetworkExceptionError(f"broker {address} unavailable: {details}")
     if code == grpc.StatusCode.UNAUTHENTICATED:
-        # SASL: a wrong user or password, or a listener that takes none (the server says which).
-        return SaslAuthenticationFailedError(f"{address}: {details}")
+        # The call could not be attributed to anyone (wrong password, SASL on a listener that
+        # takes none, no credentials on a SASL_SSL one): not retriable.
+        return SaslAuthenticationFailedError(f"{address} refused the call: {details}")
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        # A call refused whole by the authorizer (a stream whose answers carry no error code).
+        if " topic " in (details or ""):
+            return TopicAuthorizationFailedError(details or "")
+        return ClusterAuthorizationFailedError(details or "")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return RequestTimedOutError(f"request to {address} timed out")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:

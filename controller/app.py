@@ -37,7 +37,9 @@ from minibroker.client.common import runtime
 from minibroker.client.common.grpc_limits import LimitsInterceptor, RequestBudget
 from minibroker.client.common.log import get_logger
 from minibroker.client.common.netfaults import NetFaults, server_interceptors
+from minibroker.client.common.sasl import SaslVerifier
 from minibroker.client.common.scram import ScramCredential
+from minibroker.client.common.security import server_security
 from minibroker.client.common.tls import add_port
 from minibroker.controller.config import ControllerConfig, normalised_voters
 from minibroker.controller.core.controller import ControllerCore
@@ -247,8 +249,16 @@ class ControllerApp:
                 self.faults, *([interceptor] if interceptor.enabled else [])
             ),
         )
-        pb_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(self), server)
-        pb_grpc.add_QuorumServiceServicer_to_server(QuorumServicer(self), server)
+        # Who each call is from and what it may do (authorizer.class.name, super.users).
+        # MERGE: acl_view=the committed image's ACLs, read live (sec-acls).
+        security = server_security(
+            self.config.values,
+            self.config.security_protocol,
+            # SASL PLAIN logins, checked against the committed image's SCRAM credentials.
+            sasl=SaslVerifier(self.scram_credential).principal,
+        )
+        pb_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(self, security), server)
+        pb_grpc.add_QuorumServiceServicer_to_server(QuorumServicer(self, security), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         tls = self.config.tls
         self.port = add_port(server, listener.address, tls)

@@ -40,6 +40,7 @@ from minibroker.controller.core.partition_limits import (
     DEFAULT_MAX_PARTITIONS,
 )
 from minibroker.controller.quorum.messages import QuorumSettings, VoterAddress
+from minibroker.metadata.authorizer import AUTHORIZER_KEYS
 
 CONTROLLER_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
@@ -185,6 +186,7 @@ CONTROLLER_KEYS: tuple[ConfigKey, ...] = (
     *LIMIT_KEYS,
     *NETWORK_FAULT_KEYS,
     *SERVER_SSL_KEYS,
+    *AUTHORIZER_KEYS,
 )
 
 ALL_KEYS: tuple[ConfigKey, ...] = CONTROLLER_KEYS + TOPIC_CONFIG_KEYS

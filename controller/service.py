@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from minibroker.client.common.security import ServerSecurity, authenticated, caller
 from minibroker.client.controller_finder import EPOCH_KEY, ERROR_KEY, LEADER_KEY, NOT_CONTROLLER
-from minibroker.client.errors import ErrorCode, MiniBrokerError
-from minibroker.controller import scram_wire, wire
+from minibroker.client.errors import ClusterAuthorizationFailedError, ErrorCode, MiniBrokerError
+from minibroker.controller import authz, scram_wire, wire
 from minibroker.controller.core.messages import HeartbeatReply, HeartbeatRequest, Outcome
 from minibroker.controller.quorum.shell import NotController, QuorumShell
 from minibroker.controller.quorum.wire import QuorumWireError
+from minibroker.metadata.acl import AclOperation
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
@@ -67,15 +69,35 @@ def _fenced(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[An
     return wrapper
 
 
+async def _permission_denied(context: grpc.aio.ServicerContext, why: str) -> None:
+    """A refused call whose answer has no error code (a stream's): PERMISSION_DENIED."""
+    await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+
+
+@authenticated
 class ControllerServicer(pb_grpc.ControllerServiceServicer):
-    def __init__(self, app: ControllerApp) -> None:
+    """Every call is authenticated first (client/common/security.py) and authorized per
+    SPEC-16b's table (controller/authz.py); a refusal uses the response's error codes and
+    never reaches the core."""
+
+    def __init__(self, app: ControllerApp, security: ServerSecurity | None = None) -> None:
         self._app = app
         self._stream_ids = itertools.count(1)
+        self.security = security or ServerSecurity()
+        self._access = self.security.access
+
+    def _cluster(self, operation: AclOperation) -> str | None:
+        return authz.cluster_call(self._access, caller(), operation)
 
     @_fenced
     async def RegisterBroker(
         self, request: pb.BrokerRegistrationRequest, context: grpc.aio.ServicerContext
     ) -> pb.BrokerRegistrationResponse:
+        why = authz.broker_call(self._access, caller(), request.broker_id)
+        if why is not None:
+            return pb.BrokerRegistrationResponse(
+                error_code=authz.CLUSTER_DENIED, error_message=why, broker_epoch=-1
+            )
         req = wire.register_request(request)
         reply = await self._app.submit(lambda core, now: core.register_broker(req, now))
         return wire.register_reply(reply)
@@ -87,8 +109,15 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     ) -> AsyncIterator[pb.BrokerHeartbeatResponse]:
         stream_id = next(self._stream_ids)
         speaker: tuple[int, int] | None = None  # (broker id, epoch) this stream speaks for
+        who = caller()
         try:
             async for request in request_iterator:
+                why = authz.broker_call(self._access, who, request.broker_id)
+                if why is not None:
+                    yield pb.BrokerHeartbeatResponse(
+                        error_code=authz.CLUSTER_DENIED, error_message=why
+                    )
+                    continue
                 req = wire.heartbeat_request(request)
                 reply = await self._app.submit(partial(_heartbeat, req, stream_id))
                 if reply.error == ErrorCode.NONE:
@@ -110,6 +139,12 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     async def WatchMetadata(
         self, request: pb.WatchMetadataRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.MetadataBatch]:
+        # The metadata log carries broker epochs, SCRAM credentials and ACLs: nodes and
+        # principals with CLUSTER_ACTION only.
+        why = self._cluster(AclOperation.CLUSTER_ACTION)
+        if why is not None:
+            await _permission_denied(context, why)
+            return
         try:
             async for batch in self._app.watch(request.from_offset):
                 yield batch
@@ -120,6 +155,9 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     async def AlterPartition(
         self, request: pb.AlterPartitionRequest, context: grpc.aio.ServicerContext
     ) -> pb.AlterPartitionResponse:
+        why = authz.broker_call(self._access, caller(), request.broker_id)
+        if why is not None:
+            return pb.AlterPartitionResponse(error_code=authz.CLUSTER_DENIED, error_message=why)
         req = wire.alter_partition_request(request)
         reply = await self._app.submit(lambda core, now: core.alter_partition(req, now))
         return wire.alter_partition_reply(reply)
@@ -128,6 +166,11 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     async def AllocateProducerIds(
         self, request: pb.AllocateProducerIdsRequest, context: grpc.aio.ServicerContext
     ) -> pb.AllocateProducerIdsResponse:
+        why = authz.broker_call(self._access, caller(), request.broker_id)
+        if why is not None:
+            return pb.AllocateProducerIdsResponse(
+                error_code=authz.CLUSTER_DENIED, error_message=why, producer_id_start=-1
+            )
         broker_id, broker_epoch = request.broker_id, request.broker_epoch
         block = await self._app.submit(
             lambda core, now: core.allocate_producer_ids(broker_id, broker_epoch, now)
@@ -138,20 +181,29 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     async def CreateTopics(
         self, request: pb.CreateTopicsRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreateTopicsResponse:
+        request, refused = authz.create_topics(self._access, caller(), request)
         topics = wire.creatable_topics(request)
         validate_only = request.validate_only
+        if not topics:
+            return pb.CreateTopicsResponse(topics=refused)
         results = await self._app.submit(
             lambda core, now: core.create_topics(topics, validate_only, now)
         )
-        return wire.create_topics_reply(results)
+        response = wire.create_topics_reply(results)
+        response.topics.extend(refused)
+        return response
 
     @_fenced
     async def DeleteTopics(
         self, request: pb.DeleteTopicsRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteTopicsResponse:
-        names = list(request.topic_names)
+        names, refused = authz.delete_topics(self._access, caller(), request)
+        if not names:
+            return pb.DeleteTopicsResponse(results=refused)
         results = await self._app.submit(lambda core, now: core.delete_topics(names, now))
-        return wire.delete_topics_reply(results)
+        response = wire.delete_topics_reply(results)
+        response.results.extend(refused)
+        return response
 
     @_fenced
     async def DescribeCluster(
@@ -159,12 +211,17 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     ) -> pb.DescribeClusterResponse:
         # Through the command queue, so the answer never shows state that is not yet durable.
         desc = await self._app.submit(lambda core, now: Outcome(core.describe_cluster(now)))
-        return wire.describe_cluster_reply(desc)
+        response = wire.describe_cluster_reply(desc)
+        authz.blank_cluster(self._access, caller(), response)
+        return response
 
     @_fenced
     async def ElectLeaders(
         self, request: pb.ElectLeadersRequest, context: grpc.aio.ServicerContext
     ) -> pb.ElectLeadersResponse:
+        why = self._cluster(AclOperation.ALTER)
+        if why is not None:
+            return pb.ElectLeadersResponse(error_code=authz.CLUSTER_DENIED, error_message=why)
         try:
             kind, partitions = wire.election(request)
         except MiniBrokerError as err:
@@ -178,6 +235,9 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     async def UnregisterBroker(
         self, request: pb.UnregisterBrokerRequest, context: grpc.aio.ServicerContext
     ) -> pb.UnregisterBrokerResponse:
+        why = self._cluster(AclOperation.ALTER)
+        if why is not None:
+            return pb.UnregisterBrokerResponse(error_code=authz.CLUSTER_DENIED, error_message=why)
         broker_id = request.broker_id
         reply = await self._app.submit(lambda core, now: core.unregister_broker(broker_id, now))
         return wire.unregister_broker_reply(reply)
@@ -186,6 +246,11 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     async def AlterPartitionReassignments(
         self, request: pb.AlterPartitionReassignmentsRequest, context: grpc.aio.ServicerContext
     ) -> pb.AlterPartitionReassignmentsResponse:
+        why = self._cluster(AclOperation.ALTER)
+        if why is not None:
+            return pb.AlterPartitionReassignmentsResponse(
+                error_code=authz.CLUSTER_DENIED, error_message=why
+            )
         try:
             targets = wire.reassignment_targets(request)
         except MiniBrokerError as err:
@@ -199,6 +264,11 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     async def ListPartitionReassignments(
         self, request: pb.ListPartitionReassignmentsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListPartitionReassignmentsResponse:
+        why = self._cluster(AclOperation.DESCRIBE)
+        if why is not None:
+            return pb.ListPartitionReassignmentsResponse(
+                error_code=authz.CLUSTER_DENIED, error_message=why
+            )
         try:
             partitions = wire.listed_partitions(request)
         except MiniBrokerError as err:
@@ -214,6 +284,9 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     async def CreatePartitions(
         self, request: pb.CreatePartitionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreatePartitionsResponse:
+        request, refused = authz.create_partitions(self._access, caller(), request)
+        if refused and not request.topics:
+            return pb.CreatePartitionsResponse(results=refused)
         try:
             topics = wire.create_partitions_topics(request)
         except MiniBrokerError as err:
@@ -222,12 +295,32 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         results = await self._app.submit(
             lambda core, now: core.create_partitions(topics, validate_only, now)
         )
-        return wire.create_partitions_reply(results)
+        response = wire.create_partitions_reply(results)
+        response.results.extend(refused)
+        return response
 
     @_fenced
     async def IncrementalAlterConfigs(
         self, request: pb.IncrementalAlterConfigsRequest, context: grpc.aio.ServicerContext
     ) -> pb.IncrementalAlterConfigsResponse:
+        ok, refused = authz.config_resources(
+            self._access, caller(), request.resources, AclOperation.ALTER_CONFIGS
+        )
+        denied = [
+            pb.AlterConfigsResourceResult(
+                resource_type=r.resource_type,
+                resource_name=r.resource_name,
+                error_code=code,  # type: ignore[arg-type]
+                error_message=why,
+            )
+            for r, code, why in refused
+        ]
+        if refused:
+            if not ok:
+                return pb.IncrementalAlterConfigsResponse(results=denied)
+            request = pb.IncrementalAlterConfigsRequest(
+                resources=ok, validate_only=request.validate_only
+            )
         try:
             resources = wire.alter_configs_resources(request)
         except MiniBrokerError as err:
@@ -236,12 +329,30 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         results = await self._app.submit(
             lambda core, now: core.incremental_alter_configs(resources, validate_only, now)
         )
-        return wire.alter_configs_reply(results)
+        response = wire.alter_configs_reply(results)
+        response.results.extend(denied)
+        return response
 
     @_fenced
     async def DescribeConfigs(
         self, request: pb.DescribeConfigsRequest, context: grpc.aio.ServicerContext
     ) -> pb.DescribeConfigsResponse:
+        ok, refused = authz.config_resources(
+            self._access, caller(), request.resources, AclOperation.DESCRIBE_CONFIGS
+        )
+        denied = [
+            pb.DescribeConfigsResult(
+                resource_type=r.resource_type,
+                resource_name=r.resource_name,
+                error_code=code,  # type: ignore[arg-type]
+                error_message=why,
+            )
+            for r, code, why in refused
+        ]
+        if refused:
+            if not ok:
+                return pb.DescribeConfigsResponse(results=denied)
+            request = pb.DescribeConfigsRequest(resources=ok)
         try:
             resources = wire.describe_configs_resources(request)
         except MiniBrokerError as err:
@@ -250,12 +361,17 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         results = await self._app.submit(
             lambda core, now: Outcome(core.describe_configs(resources))
         )
-        return wire.describe_configs_reply(results)
+        response = wire.describe_configs_reply(results)
+        response.results.extend(denied)
+        return response
 
     @_fenced
     async def DecommissionBroker(
         self, request: pb.DecommissionBrokerRequest, context: grpc.aio.ServicerContext
     ) -> pb.DecommissionBrokerResponse:
+        why = self._cluster(AclOperation.ALTER)
+        if why is not None:
+            return pb.DecommissionBrokerResponse(error_code=authz.CLUSTER_DENIED, error_message=why)
         try:
             broker_id, cancel = wire.decommission_request(request)
         except MiniBrokerError as err:
@@ -265,13 +381,15 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         )
         return wire.decommission_reply(reply)
 
-    # -- SCRAM credentials (issue 16). Not authorized here yet: the merge wires ALTER /
-    # DESCRIBE on CLUSTER (SPEC-16b) with the enforcement branch's helper.
+    # -- SCRAM credentials (issue 16): ALTER / DESCRIBE on the CLUSTER (SPEC-16b).
 
     @_fenced
     async def AlterUserScramCredentials(
         self, request: pb.AlterUserScramCredentialsRequest, context: grpc.aio.ServicerContext
     ) -> pb.AlterUserScramCredentialsResponse:
+        why = self._cluster(AclOperation.ALTER)
+        if why is not None:
+            return scram_wire.alter_scram_error(request, ClusterAuthorizationFailedError(why))
         try:
             deletions, upsertions = scram_wire.alter_scram_request(request)
         except MiniBrokerError as err:
@@ -285,6 +403,9 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     async def DescribeUserScramCredentials(
         self, request: pb.DescribeUserScramCredentialsRequest, context: grpc.aio.ServicerContext
     ) -> pb.DescribeUserScramCredentialsResponse:
+        why = self._cluster(AclOperation.DESCRIBE)
+        if why is not None:
+            return scram_wire.describe_scram_error(ClusterAuthorizationFailedError(why))
         try:
             users = scram_wire.describe_scram_request(request)
         except MiniBrokerError as err:
@@ -296,13 +417,17 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         return scram_wire.describe_scram_reply(results)
 
 
+@authenticated
 class QuorumServicer(pb_grpc.QuorumServiceServicer):
     """QuorumService: the voters' Raft RPCs and DescribeQuorum, handed to the quorum shell
-    after the header check (cluster id, voter set). A malformed request is INVALID_REQUEST and
-    changes nothing."""
+    after the authorization check (controller/authz.py: CLUSTER_ACTION, and a controller's
+    certificate speaks only for that controller) and the header check (cluster id, voter set).
+    A malformed request is INVALID_REQUEST and changes nothing."""
 
-    def __init__(self, app: ControllerApp) -> None:
+    def __init__(self, app: ControllerApp, security: ServerSecurity | None = None) -> None:
         self._app = app
+        self.security = security or ServerSecurity()
+        self._access = self.security.access
 
     def _shell(self, context: grpc.aio.ServicerContext) -> QuorumShell:
         shell = self._app.quorum
@@ -317,6 +442,9 @@ class QuorumServicer(pb_grpc.QuorumServiceServicer):
         response_type: Any,
         handler: Callable[[QuorumShell, Any], Awaitable[Any]],
     ) -> Any:
+        why = authz.quorum_call(self._access, caller(), request)
+        if why is not None:
+            return response_type(error_code=authz.CLUSTER_DENIED, error_message=why)
         try:
             shell = self._shell(context)
         except _Unavailable:
@@ -370,7 +498,9 @@ class QuorumServicer(pb_grpc.QuorumServiceServicer):
             shell = self._shell(context)
         except _Unavailable:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
-        return shell.describe()
+        response = shell.describe()
+        authz.blank_quorum(self._access, caller(), response)
+        return response
 
 
 class _Unavailable(Exception):

@@ -633,8 +633,14 @@ def sasl_client_properties(state: ClusterState, username: str, password: str) ->
     }
 
 
+# A --tls cluster has its authorizer on: CLIENT_USER (the launcher's, the CLI's and watch's
+# certificate) may do everything; nodes get CLUSTER_ACTION from their certificates.
+AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+
+
 def tls_settings_for(spec: ProcessSpec, state: ClusterState) -> dict[str, str]:
-    """A node's ssl.* settings in a --tls cluster (nothing otherwise)."""
+    """A node's security settings in a --tls cluster (nothing otherwise): its ssl.* ones, and
+    the authorizer with CLIENT_USER as the super user."""
     if not state.tls:
         return {}
     pair = node_pems(spec, state)
@@ -643,6 +649,8 @@ def tls_settings_for(spec: ProcessSpec, state: ClusterState) -> dict[str, str]:
         "ssl.certificate.location": str(pair.cert),
         "ssl.key.location": str(pair.key),
         "ssl.client.auth": "required",
+        "authorizer.class.name": AUTHORIZER,
+        "super.users": f"User:{CLIENT_USER}",
     }
 
 

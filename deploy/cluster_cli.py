@@ -80,8 +80,9 @@ def register(sub: Any) -> None:
         help="a new cluster with TLS: a local CA and certificates under DIR/tls, SSL listeners "
         "with mutual TLS between nodes (ssl.client.auth=required), and DIR/client.properties "
         "for clients (the CLI and watch use it by default from .minibroker; elsewhere pass "
-        "--command-config FILE). No per-RPC identity checks or ACLs yet: any holder of a "
-        "certificate signed by the CA is trusted. `minibroker demo` and `verify` on such a "
+        "--command-config FILE). The authorizer is on (StandardAuthorizer, super.users="
+        "User:admin, the launcher's and the CLI's certificate): a node's certificate acts only "
+        "as that node, other users need ACLs. `minibroker demo` and `verify` on such a "
         "cluster are refused (plaintext only for now)",
     )
     p.add_argument(

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import pytest
 
-from minibroker.broker.controller_link import ControllerLink
+from minibroker.broker.controller_link import ControllerLink, FatalRegistrationError
 from minibroker.client.admin import AsyncAdmin
 from minibroker.client.errors import ErrorCode
 from minibroker.proto import minibroker_pb2 as pb
@@ -366,5 +366,48 @@ def test_a_controller_whose_log_went_back_is_never_applied() -> None:
                     await task
             await link.close()
             await _stop([a, b])
+
+    _run(scenario)
+
+
+def test_a_registration_refused_by_the_authorizer_is_fatal() -> None:
+    """A broker whose certificate is another node's (or not allowed CLUSTER_ACTION) would be
+    refused forever: it stops with the controller's reason instead of retrying."""
+
+    class Refusing(FakeController):
+        async def RegisterBroker(self, request: Any, context: Any) -> pb.BrokerRegistrationResponse:
+            self.calls.append("RegisterBroker")
+            return pb.BrokerRegistrationResponse(
+                error_code=pb.CLUSTER_AUTHORIZATION_FAILED,
+                error_message="User:broker-2 (the certificate of broker 2) cannot act for broker 1",
+                broker_epoch=-1,
+            )
+
+    async def scenario() -> None:
+        quorum = Quorum()
+        controller = Refusing(quorum, 1000)
+        await controller.start()
+        quorum.controllers = [controller]
+        await quorum.elect(controller)
+        link = ControllerLink(
+            controllers=[controller.address],
+            broker_id=1,
+            host="127.0.0.1",
+            port=1,
+            rack="",
+            metrics_port=-1,
+            cluster_id="",
+            previous_broker_epoch=-1,
+            heartbeat_interval_ms=50,
+            on_metadata=lambda batch: asyncio.sleep(0),
+            metadata_offset=lambda: 0,
+        )
+        try:
+            with pytest.raises(FatalRegistrationError, match="cannot act for broker 1"):
+                await asyncio.wait_for(link.register(asyncio.Event()), 10)
+            assert controller.calls == ["RegisterBroker"]
+        finally:
+            await link.close()
+            await _stop([controller])
 
     _run(scenario)

@@ -469,6 +469,19 @@ class _RecordingCore:
         return method
 
 
+class _PlainContext:
+    """A plaintext call's context: what the servicer's authentication reads."""
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:5000"
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ()
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {"transport_security_type": [b"insecure"]}
+
+
 class _FakeApp:
     def __init__(self) -> None:
         self.core = _RecordingCore()
@@ -480,7 +493,7 @@ class _FakeApp:
 def _serve(method: str, request: Any) -> tuple[Any, list[tuple[str, tuple[Any, ...]]]]:
     app = _FakeApp()
     servicer = ControllerServicer(app)  # type: ignore[arg-type]
-    reply = asyncio.run(getattr(servicer, method)(request, None))
+    reply = asyncio.run(getattr(servicer, method)(request, _PlainContext()))
     return reply, app.core.calls
 
 

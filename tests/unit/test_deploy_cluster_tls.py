@@ -22,6 +22,7 @@ def test_plaintext_cluster_is_unchanged(tmp_path: pathlib.Path) -> None:
     for spec in state.all():
         command = launcher.command_for(spec, state)
         assert spec.address in command and not any("ssl." in part for part in command)
+        assert not any("authorizer" in part or "super.users" in part for part in command)
     assert launcher.client_properties(state) == {}
     assert launcher.client_kwargs(state) == {}
     assert launcher.client_tls(state) is None
@@ -38,6 +39,9 @@ def test_tls_cluster_commands_and_client_settings(tmp_path: pathlib.Path) -> Non
         name = certs.node_name(spec.role, spec.node_id)
         assert f"ssl.certificate.location={tls_dir / name}.pem" in command
         assert f"ssl.key.location={tls_dir / name}.key" in command
+        # The authorizer is on, with the launcher's/CLI's certificate as the super user.
+        assert f"authorizer.class.name={launcher.AUTHORIZER}" in command
+        assert "super.users=User:admin" in command
         assert f"ssl.ca.location={tls_dir / 'ca.pem'}" in command
         assert "ssl.client.auth=required" in command
         assert certs.identity((tls_dir / f"{name}.pem").read_bytes()) == f"node:{name}"
