@@ -624,9 +624,6 @@ def client_pems(directory: str) -> Any:
     return tls.make_client_cert(_ca(directory), folder, CLIENT_USER)
 
 
-# A --tls cluster has its authorizer on: CLIENT_USER (the launcher's, the CLI's and watch's
-# certificate) may do everything; nodes get CLUSTER_ACTION from their certificates.
-AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 # The certificate SASL users present on a --sasl cluster (its CN names no user with rights).
 SASL_CLIENT = "client"
 
@@ -655,6 +652,11 @@ def sasl_client_properties(state: ClusterState, username: str, password: str) ->
         "sasl.username": username,
         "sasl.password": password,
     }
+
+
+# A --tls cluster has its authorizer on: CLIENT_USER (the launcher's, the CLI's and watch's
+# certificate) may do everything; nodes get CLUSTER_ACTION from their certificates.
+AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 
 
 def tls_settings_for(spec: ProcessSpec, state: ClusterState) -> dict[str, str]:

@@ -4,16 +4,15 @@ client certificates still required), one controller and two brokers as processes
 `minibroker users --add/--list/--delete` and the Admin methods write and read credentials; the
 controller refuses node names, bad iteration counts and unknown users; no password reaches the
 metadata log; the credentials reach every broker's image; they survive a controller restart
-(from its snapshot and log). A SASL_SSL client (certificate without rights + user/password)
-is served. `test_wrong_password_is_refused_after_enforcement` needs the per-call
-authentication of the sec-enforce branch (client/common/security.py, which calls SaslVerifier):
-it is skipped until that is merged; with it, the SASL user is authenticated as User:alice and,
-having no ACLs, refused by the authorizer (without it, it produces and consumes).
+(from its snapshot and log). A SASL_SSL client (certificate without rights + user/password) is
+authenticated as its user, by brokers and the controller (SaslVerifier as the per-call
+authentication's SASL hook): with no ACLs it is refused by the authorizer, not the
+authentication; a wrong password or an unknown user is SaslAuthenticationFailedError; managing
+users needs ALTER/DESCRIBE on the cluster.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -26,13 +25,12 @@ from cluster_harness import LocalCluster, local_cluster, wait_until
 
 from minibroker.client import (
     Admin,
-    Consumer,
     Producer,
-    TopicPartition,
     UserScramCredentialDeletion,
     UserScramCredentialUpsertion,
 )
 from minibroker.client.errors import (
+    ClusterAuthorizationFailedError,
     SaslAuthenticationFailedError,
     TopicAuthorizationFailedError,
     UnacceptableCredentialError,
@@ -41,7 +39,6 @@ from minibroker.deploy import cluster as launcher
 
 pytestmark = pytest.mark.integration
 
-ENFORCED = importlib.util.find_spec("minibroker.client.common.security") is not None
 PASSWORDS = {"alice": "wonder-land-7", "bob": "builder-of-things"}
 
 
@@ -157,29 +154,16 @@ def test_a_sasl_user_is_authenticated(cluster: LocalCluster) -> None:
     # DescribeCluster: any authenticated caller.
     with Admin(cluster.bootstrap, **login) as admin:
         assert len(admin.describe_cluster().brokers) == 2
-    with Producer(cluster.bootstrap, acks="all", **login) as producer:
-        if ENFORCED:
-            # Authenticated as User:alice, who has no ACLs (super.users is User:admin): the
-            # authorizer refuses, not the authentication.
-            with pytest.raises(TopicAuthorizationFailedError):
-                producer.send("sasl-topic", b"from alice", partition=0).result(timeout=30)
-            return
+    # Authenticated as User:alice, who has no ACLs (super.users is User:admin): the
+    # authorizer refuses, not the authentication.
+    with (
+        Producer(cluster.bootstrap, acks="all", **login) as producer,
+        pytest.raises(TopicAuthorizationFailedError),
+    ):
         producer.send("sasl-topic", b"from alice", partition=0).result(timeout=30)
-    tp = TopicPartition("sasl-topic", 0)
-    values: list[bytes] = []
-    with Consumer(cluster.bootstrap, **login) as consumer:
-        consumer.assign([tp])
-        consumer.seek_to_beginning(tp)
-        wait_until(
-            lambda: values.extend(r.value for r in consumer.poll(timeout_ms=200)) or values,
-            30,
-            "alice's record",
-        )
-    assert values == [b"from alice"]
 
 
-@pytest.mark.skipif(not ENFORCED, reason="needs the sec-enforce branch's per-call authentication")
-def test_wrong_password_is_refused_after_enforcement(cluster: LocalCluster) -> None:
+def test_wrong_password_and_user_admin_refused_after_enforcement(cluster: LocalCluster) -> None:
     for user, password in [("alice", "not-her-password"), ("mallory", "whatever")]:
         admin = Admin(
             cluster.bootstrap,
@@ -193,6 +177,12 @@ def test_wrong_password_is_refused_after_enforcement(cluster: LocalCluster) -> N
         finally:
             admin.close()
         assert "invalid username or password" in str(err.value)
+    # Authenticated, but without ALTER/DESCRIBE on the cluster: users are not alice's to manage.
+    with Admin(cluster.bootstrap, **_sasl(cluster, "alice", PASSWORDS["alice"])) as admin:
+        refused = admin.alter_user_scram_credentials([UserScramCredentialDeletion("bob")])
+        assert isinstance(refused["bob"], ClusterAuthorizationFailedError)
+        with pytest.raises(ClusterAuthorizationFailedError):
+            admin.describe_user_scram_credentials()
 
 
 def test_credentials_survive_a_controller_restart(
