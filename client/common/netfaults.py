@@ -36,6 +36,7 @@ threading.Condition (sync channels) or on futures woken with `call_soon_threadsa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import json
@@ -639,6 +640,17 @@ def _remaining(details: Any, deadline: float | None) -> Any:
     return details._replace(timeout=max(deadline - time.monotonic(), 0.0))
 
 
+# How long a request stream held past its deadline waits for grpc to end the call: grpc's own
+# deadline is the same instant, give or take the time between computing the two.
+_SETTLE_S = 5.0
+
+
+async def _settled(ended: asyncio.Future[None]) -> None:
+    """Wait (bounded) until the call is done, without cancelling `ended`."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(ended), _SETTLE_S)
+
+
 def _cancelled_future(call: Any, stop: asyncio.Future[None] | None = None) -> asyncio.Future[None]:
     """Done once `call` is cancelled, or `stop` is done (an answer held for it is then never
     handed over)."""
@@ -674,10 +686,13 @@ class _AioLink:
             await faults.hold(self._address, deadline)
         return response
 
-    async def _held_requests(self, requests: Any, deadline: float | None) -> AsyncIterator[Any]:
-        """`requests`, each held on the way out. Past the call's deadline the iterator just ends
-        (grpc ends the call itself with DEADLINE_EXCEEDED): an error raised here would make
-        grpc.aio cancel the call, and its caller would get CancelledError instead."""
+    async def _held_requests(
+        self, requests: Any, deadline: float | None, ended: asyncio.Future[None]
+    ) -> AsyncIterator[Any]:
+        """`requests`, each held on the way out. Past the call's deadline the iterator ends once
+        grpc has ended the call itself (DEADLINE_EXCEEDED; `ended`): an error raised here would
+        make grpc.aio cancel the call, and so would half-closing a call that grpc core has just
+        ended but grpc.aio not yet seen as done; its caller would get CancelledError instead."""
         faults = self._faults
         if hasattr(requests, "__aiter__"):
             async for request in requests:
@@ -685,6 +700,7 @@ class _AioLink:
                     try:
                         await faults.hold(self._address, deadline)
                     except grpc.aio.AioRpcError:
+                        await _settled(ended)
                         return
                 yield request
         else:
@@ -693,6 +709,7 @@ class _AioLink:
                     try:
                         await faults.hold(self._address, deadline)
                     except grpc.aio.AioRpcError:
+                        await _settled(ended)
                         return
                 yield request
 
@@ -747,7 +764,9 @@ class _AioStreamUnary(_AioLink, grpc.aio.StreamUnaryClientInterceptor):
         self, continuation: Any, details: Any, request_iterator: Any
     ) -> Any:
         deadline = _deadline(details.timeout)
-        call = await continuation(details, self._held_requests(request_iterator, deadline))
+        ended = asyncio.get_running_loop().create_future()
+        call = await continuation(details, self._held_requests(request_iterator, deadline, ended))
+        call.add_done_callback(lambda _: _resolve(ended))
         return await self._unary_response(call, deadline)
 
 
@@ -767,7 +786,9 @@ class _AioStreamStream(_AioLink, grpc.aio.StreamStreamClientInterceptor):
         self, continuation: Any, details: Any, request_iterator: Any
     ) -> Any:
         deadline = _deadline(details.timeout)
-        call = await continuation(details, self._held_requests(request_iterator, deadline))
+        ended = asyncio.get_running_loop().create_future()
+        call = await continuation(details, self._held_requests(request_iterator, deadline, ended))
+        call.add_done_callback(lambda _: _resolve(ended))
         return _held_stream_call(_HeldStreamStreamCall, self, call, deadline)
 
 
