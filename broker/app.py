@@ -169,6 +169,9 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
             config.security_protocol,
             sasl=SaslVerifier(rm.scram_credential).principal,
             acl_view=rm.image.acls,
+            # Calls (other than nodes') wait for the image's first catch-up: no decision on a
+            # half-replayed set of ACLs (KIP-801's initial load).
+            loaded=rm.metadata_loaded,
         ),
     )
     pb_grpc.add_BrokerServiceServicer_to_server(servicer, server)

@@ -5,10 +5,12 @@ Writes files (and reads the CA back); no network. `cluster up --tls` calls `make
 certificate is signed by the CA and names who holds it:
 
 - a node certificate: subject CN `broker-N` / `controller-N`, SAN URI `minibroker:node:broker-N`
-  (the identity a later per-RPC check reads), plus SAN DNS/IP entries for the addresses it serves
-  on (a client checks the address it dialled against these), and both serverAuth and clientAuth
-  (nodes present it on their own connections to other nodes: mutual TLS);
-- a client certificate: subject CN = the user name, SAN URI `minibroker:user:NAME`, clientAuth.
+  (a call is a node's only when both say the same node: client/common/security.py), plus SAN
+  DNS/IP entries for the addresses it serves on (a client checks the address it dialled against
+  these), and both serverAuth and clientAuth (nodes present it on their own connections to other
+  nodes: mutual TLS);
+- a client certificate: subject CN = the user name, SAN URI `minibroker:user:NAME`, clientAuth;
+  never for a name that reads like a node's (`broker-2`), which would only confuse.
 
 Keys are EC P-256, unencrypted PEM files readable by their owner only (0600). The layout under a
 directory `d`: `d/ca.pem` + `d/ca.key`, `d/NAME.pem` + `d/NAME.key` per holder.
@@ -27,6 +29,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from minibroker.metadata.acl import Principal, node_of
 
 CA_NAME = "minibroker local CA"
 URI_PREFIX = "minibroker:"
@@ -197,6 +201,8 @@ def make_client_cert(ca: PemPair, directory: str | pathlib.Path, user: str) -> P
     """`USER.pem`/`.key`: a client certificate whose CN is the user name."""
     if not user or any(c in user for c in "/\\\0") or user.startswith("."):
         raise ValueError(f"user name {user!r} cannot name a certificate file")
+    if node_of(Principal("User", user)) is not None:
+        raise ValueError(f"user name {user!r} is a node's name (broker-N / controller-N)")
     return _issue(
         ca,
         pathlib.Path(directory),

@@ -123,6 +123,9 @@ class ReplicaManager:
         self.log_manager = log_manager
         self.metrics = metrics
         self.image = MetadataImage()
+        # Set once this broker's image has caught up with the controller's log as the first
+        # metadata answer found it: the ACLs and credentials it authorizes with are then whole.
+        self.metadata_loaded = asyncio.Event()
         self.engine: BrokerReplicas[PartitionLog] = BrokerReplicas(
             engine_config(config, str(log_manager.data_dir.path)), self.image
         )
@@ -191,6 +194,8 @@ class ReplicaManager:
 
     async def apply_metadata_batch(self, batch: pb.MetadataBatch) -> None:
         await self.metadata.apply_batch(batch)
+        if not self.metadata_loaded.is_set() and self.image.next_offset >= batch.high_offset:
+            self.metadata_loaded.set()
 
     async def produce(
         self, acks: int, timeout_ms: int, partitions: list[wire.ProducePartition]

@@ -21,15 +21,19 @@ from reading the call's context.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import inspect
+import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import grpc
 
+from minibroker.client.common.listeners import SASL_SSL
+from minibroker.client.common.sasl import SASL_METADATA_KEY
 from minibroker.metadata.acl import (
     ANONYMOUS,
     CLUSTER_RESOURCE_NAME,
@@ -43,17 +47,21 @@ from minibroker.metadata.acl import (
 )
 from minibroker.metadata.authorizer import make_authorizer
 
-SASL_HEADER = "x-minibroker-sasl"  # the gRPC metadata entry a SASL client sends (SPEC-16b)
-SASL_SSL = "SASL_SSL"
+SASL_HEADER = SASL_METADATA_KEY  # the gRPC metadata entry a SASL client sends
+# A node certificate names its node in a SAN URI too (deploy/tls.py): minibroker:node:broker-2.
+NODE_URI_PREFIX = "minibroker:node:"
 
-# H1's SaslVerifier.principal: the verified user of a call's SASL header, None when there is no
-# header; raises (SaslAuthenticationFailedError) with a clear message when it is wrong.
+# SaslVerifier.principal (client/common/sasl.py): the verified user of a call's SASL header,
+# None when there is no header; raises (SaslAuthenticationFailedError) with a clear message when
+# it is wrong. It may run PBKDF2, so the servers call it off the event loop.
 SaslHook = Callable[[Sequence[tuple[str, Any]]], Principal | None]
 
 
 @dataclass(frozen=True, slots=True)
 class CallIdentity:
-    """Who a call is from: `via` "tls" (a CA-verified client certificate), "sasl", or "none"."""
+    """Who a call is from: `via` "node" (a CA-verified node certificate: its CN `broker-N` /
+    `controller-N` and the SAN URI `minibroker:node:<CN>` agree), "tls" (any other CA-verified
+    client certificate), "sasl", or "none"."""
 
     principal: Principal
     host: str
@@ -61,8 +69,9 @@ class CallIdentity:
 
     @property
     def node(self) -> tuple[str, int] | None:
-        """("broker", 3) when the caller is a node: only a certificate makes one."""
-        return node_of(self.principal) if self.via == "tls" else None
+        """("broker", 3) when the caller is a node: only a node certificate makes one (a user
+        certificate whose CN reads `broker-3` does not)."""
+        return node_of(self.principal) if self.via == "node" else None
 
     def __str__(self) -> str:
         return str(self.principal)
@@ -73,9 +82,11 @@ class AuthenticationFailed(Exception):
 
 
 def peer_host(peer: str) -> str:
-    """`context.peer()` -> the peer's IP: "ipv4:127.0.0.1:5000" -> "127.0.0.1",
-    "ipv6:[::1]:5000" -> "::1"; "" when it has none (unix sockets)."""
+    """`context.peer()` -> the peer's IP, as ACL hosts name it: "ipv4:127.0.0.1:5000" ->
+    "127.0.0.1", "ipv6:%5B::1%5D:5000" (grpc percent-encodes the brackets) -> "::1"; "" when
+    it has none (unix sockets)."""
     kind, _, rest = peer.partition(":")
+    rest = urllib.parse.unquote(rest)
     if kind == "ipv4":
         return rest.rpartition(":")[0]
     if kind == "ipv6":
@@ -88,36 +99,74 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def authenticate(context: Any, protocol: str, sasl: SaslHook | None = None) -> CallIdentity:
-    """The identity of the call in `context` on a listener of security protocol `protocol`
-    (PLAINTEXT, SSL, SASL_SSL); raises AuthenticationFailed with the reason."""
-    host = peer_host(_text(context.peer() or ""))
-    metadata = tuple(context.invocation_metadata() or ())
-    if any(key == SASL_HEADER for key, _ in metadata):
-        if protocol != SASL_SSL:
-            raise AuthenticationFailed(f"listener is {protocol}; SASL needs a SASL_SSL listener")
-        if sasl is None:
-            raise AuthenticationFailed("this listener does not take SASL")
-        try:
-            principal = sasl(metadata)
-        except Exception as err:  # SaslAuthenticationFailedError, or a malformed header
-            raise AuthenticationFailed(
-                getattr(err, "message", None) or str(err) or "SASL authentication failed"
-            ) from None
-        if principal is not None:
-            return CallIdentity(principal, host, "sasl")
-    auth = context.auth_context() or {}
+def _has_sasl(metadata: Sequence[tuple[str, Any]]) -> bool:
+    return any(key.lower() == SASL_HEADER for key, _ in metadata)
+
+
+def _sasl_principal(
+    metadata: Sequence[tuple[str, Any]], protocol: str, sasl: SaslHook | None
+) -> Principal | None:
+    """The SASL step (rule 1): the verified user of the call's SASL header, None without one."""
+    if not _has_sasl(metadata):
+        return None
+    if protocol != SASL_SSL:
+        raise AuthenticationFailed(f"listener is {protocol}; SASL needs a SASL_SSL listener")
+    if sasl is None:
+        raise AuthenticationFailed("this listener does not take SASL")
+    try:
+        return sasl(metadata)
+    except Exception as err:  # SaslAuthenticationFailedError, or a malformed header
+        raise AuthenticationFailed(
+            getattr(err, "message", None) or str(err) or "SASL authentication failed"
+        ) from None
+
+
+def _identity(host: str, auth: Any, protocol: str, principal: Principal | None) -> CallIdentity:
+    """Rules 2 and 3, after the SASL step gave `principal` (or None)."""
+    if principal is not None:
+        return CallIdentity(principal, host, "sasl")
     # A certificate is only there when the listener required one (ssl.client.auth=required:
     # gRPC's Python server cannot ask for an optional one), so the CA has verified it.
     if [_text(v) for v in auth.get("transport_security_type", ())] == ["ssl"]:
         names = auth.get("x509_common_name") or ()
         if names:
-            return CallIdentity(Principal("User", _text(names[0])), host, "tls")
+            name = _text(names[0])
+            uris = {_text(u) for u in auth.get("peer_uri", ())}
+            via = "node" if f"{NODE_URI_PREFIX}{name}" in uris else "tls"
+            return CallIdentity(Principal("User", name), host, via)
     if protocol == SASL_SSL:
         raise AuthenticationFailed(
             "SASL_SSL listener: authenticate with sasl.username/sasl.password"
         )
     return CallIdentity(ANONYMOUS, host, "none")
+
+
+def _read(context: Any) -> tuple[str, tuple[tuple[str, Any], ...], Any]:
+    return (
+        peer_host(_text(context.peer() or "")),
+        tuple(context.invocation_metadata() or ()),
+        context.auth_context() or {},
+    )
+
+
+def authenticate(context: Any, protocol: str, sasl: SaslHook | None = None) -> CallIdentity:
+    """The identity of the call in `context` on a listener of security protocol `protocol`
+    (PLAINTEXT, SSL, SASL_SSL); raises AuthenticationFailed with the reason."""
+    host, metadata, auth = _read(context)
+    return _identity(host, auth, protocol, _sasl_principal(metadata, protocol, sasl))
+
+
+async def authenticate_async(
+    context: Any, protocol: str, sasl: SaslHook | None = None
+) -> CallIdentity:
+    """`authenticate`, with a SASL login checked in a worker thread: a password check runs
+    PBKDF2 (milliseconds), which must not stall the event loop (Raft timers, heartbeats) when
+    a client sends wrong passwords in a loop."""
+    host, metadata, auth = _read(context)
+    principal = None
+    if _has_sasl(metadata):
+        principal = await asyncio.to_thread(_sasl_principal, metadata, protocol, sasl)
+    return _identity(host, auth, protocol, principal)
 
 
 # ---- decisions --------------------------------------------------------------------------
@@ -216,9 +265,32 @@ class ServerSecurity:
     protocol: str = "PLAINTEXT"
     sasl: SaslHook | None = None
     access: Access = ALLOW_ALL
+    # Set once the ACLs are loaded (a broker: its metadata caught up with the controller's log
+    # as of its first answer). Until then calls other than nodes' wait for it: Kafka's
+    # StandardAuthorizer serves no request before its initial load (KIP-801). None: loaded.
+    loaded: asyncio.Event | None = None
 
-    def identify(self, context: Any) -> CallIdentity:
-        return authenticate(context, self.protocol, self.sasl)
+    async def identify(self, context: Any) -> CallIdentity:
+        who = await authenticate_async(context, self.protocol, self.sasl)
+        loaded = self.loaded
+        if loaded is not None and not loaded.is_set() and who.node is None:
+            remaining = context.time_remaining()
+            wait_s = (
+                AUTHORIZER_LOAD_WAIT_S
+                if remaining is None
+                else min(remaining, AUTHORIZER_LOAD_WAIT_S)
+            )
+            try:
+                await asyncio.wait_for(loaded.wait(), wait_s)
+            except TimeoutError:
+                raise AuthenticationFailed(
+                    "the broker's authorizer is still loading the ACLs; try again"
+                ) from None
+        return who
+
+
+# How long a call waits for the authorizer's initial load before it is refused.
+AUTHORIZER_LOAD_WAIT_S = 30.0
 
 
 class _Secured(Protocol):
@@ -240,7 +312,7 @@ def _wrap(method: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(method)
         async def stream(self: _Secured, request: Any, context: Any) -> Any:
             try:
-                who = self.security.identify(context)
+                who = await self.security.identify(context)
             except AuthenticationFailed as err:
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(err))
                 return
@@ -259,7 +331,7 @@ def _wrap(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     async def unary(self: _Secured, request: Any, context: Any) -> Any:
         try:
-            who = self.security.identify(context)
+            who = await self.security.identify(context)
         except AuthenticationFailed as err:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(err))
         _CALLER.set(who)
@@ -291,6 +363,7 @@ __all__ = [
     "CallIdentity",
     "ServerSecurity",
     "authenticate",
+    "authenticate_async",
     "authenticated",
     "caller",
     "cluster_refusal",
@@ -303,14 +376,24 @@ __all__ = [
 
 
 def server_security(
-    values: Any, protocol: str, *, sasl: SaslHook | None = None, acl_view: Any = None
+    values: Any,
+    protocol: str,
+    *,
+    sasl: SaslHook | None = None,
+    acl_view: Any = None,
+    loaded: asyncio.Event | None = None,
 ) -> ServerSecurity:
     """A broker's or controller's listener security from its configs (authorizer.class.name,
     super.users, allow.everyone.if.no.acl.found: metadata/authorizer.py). `sasl`:
     `SaslVerifier(lookup).principal` on a SASL_SSL listener (None: a SASL header is refused);
     `acl_view`: the image's ACLs the authorizer reads."""
     authorizer = make_authorizer(values, AclIndex() if acl_view is None else acl_view)
-    # AllowAll: none configured. Access then skips the per-topic checks altogether.
+    # AllowAll: none configured. Access then skips the per-topic checks altogether (and no
+    # call waits for ACLs to load).
+    enabled = not isinstance(authorizer, AllowAll)
     return ServerSecurity(
-        protocol, sasl, Access(None if isinstance(authorizer, AllowAll) else authorizer)
+        protocol,
+        sasl,
+        Access(authorizer if enabled else None),
+        loaded if enabled else None,
     )

@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 import pytest
 from cluster_harness import LocalCluster, local_cluster, wait_until
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from minibroker.client import Admin, Consumer, Producer, TopicPartition
 from minibroker.client.batch import read_header
@@ -72,12 +73,32 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield c
 
 
+# A user certificate from the cluster's CA whose CN reads `broker-2` (make_client_cert refuses
+# such a name; a careless CA might not): it is not broker 2, whose certificate also says so in
+# its SAN URI (minibroker:node:broker-2).
+IMPOSTOR = "impostor"
+
+
 def _tls(cluster: LocalCluster, name: str) -> TlsSettings:
-    """The TLS settings of a certificate holder: a node (broker-2) or a user (made on use)."""
+    """The TLS settings of a certificate holder: a node (broker-2), a user (made on use), or
+    IMPOSTOR."""
     folder = launcher.tls_dir(cluster.state.dir)
+    ca = certs.PemPair(folder / "ca.pem", folder / "ca.key")
+    if name == IMPOSTOR:
+        pem, key = folder / IMPOSTOR / "broker-2.pem", folder / IMPOSTOR / "broker-2.key"
+        if not pem.exists():
+            certs._issue(
+                ca,
+                folder / IMPOSTOR,
+                "broker-2",
+                f"{certs.URI_PREFIX}user:broker-2",
+                None,
+                [ExtendedKeyUsageOID.CLIENT_AUTH],
+            )
+        return TlsSettings(ca=ca.cert.read_bytes(), cert=pem.read_bytes(), key=key.read_bytes())
     pem, key = folder / f"{name}.pem", folder / f"{name}.key"
     if not pem.exists():
-        certs.make_client_cert(certs.PemPair(folder / "ca.pem", folder / "ca.key"), folder, name)
+        certs.make_client_cert(ca, folder, name)
     return TlsSettings(
         ca=(folder / "ca.pem").read_bytes(), cert=pem.read_bytes(), key=key.read_bytes()
     )
@@ -178,15 +199,16 @@ def _heartbeat(cluster: LocalCluster, who: str, request: pb.BrokerHeartbeatReque
 
 
 def test_forged_node_rpcs_to_the_controller_are_refused(cluster: LocalCluster) -> None:
-    """(c) a Heartbeat asking broker 2's controlled shutdown, as mallory and as broker 3's
-    certificate; (d) a fake broker's RegisterBroker; AlterPartition and AllocateProducerIds
-    for another broker. Broker 2 stays in every ISR, nothing registers."""
+    """(c) a Heartbeat asking broker 2's controlled shutdown, as mallory, as broker 3's
+    certificate and as a user certificate whose CN reads broker-2; (d) a fake broker's
+    RegisterBroker; AlterPartition and AllocateProducerIds for another broker. Broker 2 stays
+    in every ISR, nothing registers."""
     with _admin(cluster) as admin:
         epochs = {b.broker_id: b.broker_epoch for b in admin.describe_cluster().brokers}
     shut_down = pb.BrokerHeartbeatRequest(
         broker_id=2, broker_epoch=epochs[2], current_metadata_offset=1 << 40, want_shut_down=True
     )
-    for who in ("mallory", "broker-3"):
+    for who in ("mallory", "broker-3", IMPOSTOR):
         (answer,) = _heartbeat(cluster, who, shut_down)
         assert answer.error_code == pb.CLUSTER_AUTHORIZATION_FAILED, (who, answer)
         assert not answer.should_shut_down
@@ -342,10 +364,56 @@ def test_mallory_cannot_write_delete_elect_or_read_the_metadata_log(
             "ElectLeaders",
             pb.ElectLeadersRequest(election_type=pb.PREFERRED, topic_partitions=[victim_partition]),
         ),
+        # granting herself WRITE, dropping the ACLs, giving herself a password, listing users
+        (
+            "CreateAcls",
+            pb.CreateAclsRequest(
+                creations=[
+                    pb.AclCreation(
+                        resource_type=ResourceType.TOPIC,
+                        resource_name=VICTIM,
+                        resource_pattern_type=PatternType.LITERAL,
+                        principal="User:mallory",
+                        host="*",
+                        operation=AclOperation.WRITE,
+                        permission_type=AclPermissionType.ALLOW,
+                    )
+                ]
+            ),
+        ),
+        (
+            "DeleteAcls",
+            pb.DeleteAclsRequest(
+                filters=[
+                    pb.AclFilter(
+                        resource_type_filter=ResourceType.ANY,
+                        pattern_type_filter=PatternType.ANY,
+                        operation=AclOperation.ANY,
+                        permission_type=AclPermissionType.ANY,
+                    )
+                ]
+            ),
+        ),
+        ("DescribeAcls", pb.DescribeAclsRequest()),
+        (
+            "AlterUserScramCredentials",
+            pb.AlterUserScramCredentialsRequest(
+                upsertions=[
+                    pb.ScramCredentialUpsertion(
+                        name="mallory",
+                        mechanism=1,
+                        iterations=4096,
+                        salt=b"s" * 16,
+                        salted_password=b"p" * 32,
+                    )
+                ]
+            ),
+        ),
+        ("DescribeUserScramCredentials", pb.DescribeUserScramCredentialsRequest()),
     ):
         answer = _call(cluster, "mallory", controller, "controller", rpc, request)
         codes = {getattr(answer, "error_code", 0)}
-        for field in ("topics", "results"):
+        for field in ("topics", "results", "filter_results"):
             codes |= {t.error_code for t in getattr(answer, field, [])}
         assert codes <= {0, *DENIED} and codes & set(DENIED), (rpc, answer)
     # ... and the broker's: offsets, epochs, replicas, a producer id.
@@ -408,6 +476,10 @@ def test_mallory_cannot_write_delete_elect_or_read_the_metadata_log(
     assert [t.name for t in metadata.topics] == [VICTIM]  # her READ ACL; FORGED stays hidden
 
     with _admin(cluster) as admin:
+        assert admin.describe_user_scram_credentials() == {}
+        assert [(a.principal, a.operation) for a in admin.describe_acls()] == [
+            ("User:mallory", AclOperation.READ)
+        ]
         assert {VICTIM, FORGED} <= set(admin.list_topics())
         (now,) = admin.describe_topics([VICTIM])[0].partitions  # still one partition
         assert (now.leader, now.leader_epoch) == (partition.leader, partition.leader_epoch)

@@ -95,3 +95,10 @@ def test_bad_node_names_are_refused(ca, tmp_path, role, node_id):
 def test_bad_user_names_are_refused(ca, tmp_path, user):
     with pytest.raises(ValueError):
         tls.make_client_cert(ca, tmp_path, user)
+
+
+@pytest.mark.parametrize("user", ["broker-2", "controller-3000"])
+def test_no_user_certificate_for_a_nodes_name(ca, tmp_path, user):
+    with pytest.raises(ValueError, match="is a node's name"):
+        tls.make_client_cert(ca, tmp_path, user)
+    assert list(tmp_path.glob("*.pem")) == []

@@ -33,6 +33,7 @@ from minibroker.metadata.acl import (
     Authorizer,
     Principal,
     ResourceType,
+    node_of,
 )
 from minibroker.metadata.authorizer import make_authorizer as _make_authorizer
 from minibroker.metadata.authorizer import parse_super_users
@@ -47,12 +48,21 @@ class Ctx:
     """What authenticate reads from a grpc.aio ServicerContext."""
 
     def __init__(
-        self, cn: str | None = None, metadata: tuple[tuple[str, str], ...] = (), tls: bool = True
+        self,
+        cn: str | None = None,
+        metadata: tuple[tuple[str, str], ...] = (),
+        tls: bool = True,
+        uri: str | None = None,
     ) -> None:
-        self.cn, self.metadata, self.tls = cn, metadata, tls
+        self.cn, self.metadata, self.tls, self.uri = cn, metadata, tls, uri
 
     def peer(self) -> str:
         return "ipv4:10.1.2.3:5000"
+
+    def time_remaining(self) -> float | None:
+        return self.remaining
+
+    remaining: float | None = None
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self.metadata
@@ -63,7 +73,12 @@ class Ctx:
         auth = {"transport_security_type": [b"ssl"]}
         if self.cn is not None:
             auth["x509_common_name"] = [self.cn.encode()]
+        if self.uri is not None:
+            auth["peer_uri"] = [self.uri.encode()]
         return auth
+
+
+NODE_2 = "minibroker:node:broker-2"
 
 
 SASL = ((SASL_HEADER, "PLAIN AGFsaWNlAHNlY3JldA=="),)
@@ -93,9 +108,14 @@ def bad_sasl(metadata: Any) -> Principal | None:
         (Ctx(tls=False), "PLAINTEXT", None, ("User:ANONYMOUS", "none")),
         (Ctx(), "SSL", None, ("User:ANONYMOUS", "none")),
         (Ctx("alice"), "SSL", None, ("User:alice", "tls")),
+        (Ctx("broker-2", uri=NODE_2), "SSL", None, ("User:broker-2", "node")),
+        (Ctx("broker-2", uri=NODE_2), "SASL_SSL", sasl_hook, ("User:broker-2", "node")),
+        (Ctx("broker-2", SASL, uri=NODE_2), "SASL_SSL", sasl_hook, ("User:alice", "sasl")),
+        # a user certificate whose CN reads like a node's is not one: no node SAN URI, or
+        # another node's, or a user's
         (Ctx("broker-2"), "SSL", None, ("User:broker-2", "tls")),
-        (Ctx("broker-2"), "SASL_SSL", sasl_hook, ("User:broker-2", "tls")),
-        (Ctx("broker-2", SASL), "SASL_SSL", sasl_hook, ("User:alice", "sasl")),
+        (Ctx("broker-2", uri="minibroker:node:broker-3"), "SSL", None, ("User:broker-2", "tls")),
+        (Ctx("broker-2", uri="minibroker:user:broker-2"), "SSL", None, ("User:broker-2", "tls")),
         (Ctx(None, SASL), "SASL_SSL", sasl_hook, ("User:alice", "sasl")),
         # a certificate's CN on a plaintext connection cannot exist; an auth context saying
         # "insecure" is never read for one
@@ -126,13 +146,16 @@ def test_authenticate_refusals_say_why(ctx: Ctx, protocol: str, sasl: Any, messa
 def test_peer_host() -> None:
     assert peer_host("ipv4:127.0.0.1:5000") == "127.0.0.1"
     assert peer_host("ipv6:[::1]:5000") == "::1"
+    assert peer_host("ipv6:%5B::1%5D:36042") == "::1"  # what grpc 1.85 gives
+    assert peer_host("ipv6:%5Bfe80::1%5D:5000") == "fe80::1"
     assert peer_host("unix:/tmp/x") == ""
 
 
-def test_only_a_certificate_makes_a_node() -> None:
-    assert CallIdentity(Principal("User", "broker-1"), "h", "tls").node == ("broker", 1)
+def test_only_a_node_certificate_makes_a_node() -> None:
+    assert CallIdentity(Principal("User", "broker-1"), "h", "node").node == ("broker", 1)
+    assert CallIdentity(Principal("User", "broker-1"), "h", "tls").node is None
     assert CallIdentity(Principal("User", "broker-1"), "h", "sasl").node is None
-    assert CallIdentity(Principal("User", "alice"), "h", "tls").node is None
+    assert CallIdentity(Principal("User", "alice"), "h", "node").node is None
 
 
 def test_authorizer_configs() -> None:
@@ -157,8 +180,10 @@ def test_authorizer_configs() -> None:
     }
 
 
-def ident(name: str, via: str = "tls") -> CallIdentity:
-    return CallIdentity(Principal.parse(name), "127.0.0.1", via)
+def ident(name: str, via: str | None = None) -> CallIdentity:
+    """A caller: a node certificate for node names, a user certificate otherwise."""
+    principal = Principal.parse(name)
+    return CallIdentity(principal, "127.0.0.1", via or ("node" if node_of(principal) else "tls"))
 
 
 OPEN = Access(None)
@@ -525,3 +550,24 @@ def test_a_streaming_handler_closes_with_its_call() -> None:
             await server.stop(None)
 
     asyncio.run(main())
+
+
+async def test_calls_wait_for_the_authorizers_initial_load_but_nodes_do_not() -> None:
+    """KIP-801: no decision on half-loaded ACLs. A user's call waits until the broker's image
+    has caught up (or is refused when its deadline comes first); a node's call does not wait
+    (replication and heartbeats need no ACLs)."""
+    loaded = asyncio.Event()
+    security = ServerSecurity("SSL", None, SECURED, loaded)
+    user = asyncio.ensure_future(security.identify(Ctx("alice")))
+    node = await asyncio.wait_for(security.identify(Ctx("broker-2", uri=NODE_2)), 5)
+    assert node.node == ("broker", 2)
+    await asyncio.sleep(0)
+    assert not user.done()
+    loaded.set()
+    assert str((await asyncio.wait_for(user, 5)).principal) == "User:alice"
+    hurried = Ctx("alice")
+    hurried.remaining = 0.01
+    with pytest.raises(AuthenticationFailed, match="still loading"):
+        await ServerSecurity("SSL", None, SECURED, asyncio.Event()).identify(hurried)
+    # no authorizer: nothing to load, nothing waits
+    assert server_security({}, "SSL", loaded=asyncio.Event()).loaded is None
