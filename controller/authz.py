@@ -125,6 +125,43 @@ def config_resources(
     return ok, refused
 
 
+def alter_configs(
+    access: Access, who: CallIdentity, request: pb.IncrementalAlterConfigsRequest
+) -> tuple[pb.IncrementalAlterConfigsRequest, list[pb.AlterConfigsResourceResult]]:
+    """ALTER_CONFIGS on each resource (config_resources)."""
+    ok, refused = config_resources(access, who, request.resources, AclOperation.ALTER_CONFIGS)
+    if not refused:
+        return request, []
+    allowed = pb.IncrementalAlterConfigsRequest(resources=ok, validate_only=request.validate_only)
+    return allowed, [
+        pb.AlterConfigsResourceResult(
+            resource_type=r.resource_type,
+            resource_name=r.resource_name,
+            error_code=code,  # type: ignore[arg-type]
+            error_message=why,
+        )
+        for r, code, why in refused
+    ]
+
+
+def describe_configs(
+    access: Access, who: CallIdentity, request: pb.DescribeConfigsRequest
+) -> tuple[pb.DescribeConfigsRequest, list[pb.DescribeConfigsResult]]:
+    """DESCRIBE_CONFIGS on each resource (config_resources)."""
+    ok, refused = config_resources(access, who, request.resources, AclOperation.DESCRIBE_CONFIGS)
+    if not refused:
+        return request, []
+    return pb.DescribeConfigsRequest(resources=ok), [
+        pb.DescribeConfigsResult(
+            resource_type=r.resource_type,
+            resource_name=r.resource_name,
+            error_code=code,  # type: ignore[arg-type]
+            error_message=why,
+        )
+        for r, code, why in refused
+    ]
+
+
 def blank_cluster(access: Access, who: CallIdentity, response: pb.DescribeClusterResponse) -> None:
     """DescribeCluster: any caller, but a caller without CLUSTER_ACTION does not see the
     broker epochs (what a forged node RPC would need)."""
