@@ -8,6 +8,10 @@ from typing import cast
 from minibroker.client.errors import InvalidRequestError
 from minibroker.proto import minibroker_pb2 as pb
 
+# What an authorization refusal answers, per item (a topic) or for the whole call (the cluster).
+TOPIC_DENIED = pb.TOPIC_AUTHORIZATION_FAILED
+CLUSTER_DENIED = pb.CLUSTER_AUTHORIZATION_FAILED
+
 
 def pb_error_code(code: int) -> pb.ErrorCode:
     """A Kafka error code as the value of a protobuf `ErrorCode` field.
@@ -24,4 +28,4 @@ def check_count(what: str, count: int, bound: int) -> None:
         raise InvalidRequestError(f"too many {what} in one request: {count} (at most {bound})")
 
 
-__all__ = ["check_count", "pb_error_code"]
+__all__ = ["CLUSTER_DENIED", "TOPIC_DENIED", "check_count", "pb_error_code"]
