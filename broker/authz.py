@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from minibroker.client.common.pbwire import CLUSTER_DENIED, TOPIC_DENIED
 from minibroker.client.common.security import (
     Access,
     CallIdentity,
@@ -20,9 +21,6 @@ from minibroker.client.common.security import (
 )
 from minibroker.metadata.acl import AclOperation
 from minibroker.proto import minibroker_pb2 as pb
-
-TOPIC_DENIED = pb.TOPIC_AUTHORIZATION_FAILED
-CLUSTER_DENIED = pb.CLUSTER_AUTHORIZATION_FAILED
 
 
 def produce(

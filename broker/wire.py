@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar
 
 from minibroker.broker.replication.events import (
     AlterPartitionResult,
     LeaderRecoveryState,
     ProposeIsr,
 )
+from minibroker.client.common.pbwire import pb_error_code
 from minibroker.client.errors import ErrorCode
 from minibroker.client.topic_name import invalid_topic_name
 from minibroker.client.types import NO_LEADER
@@ -166,15 +167,6 @@ class ReplicaState:
 
 
 # -- decode ----------------------------------------------------------------------------------
-
-
-def pb_error_code(code: int) -> pb.ErrorCode:
-    """A Kafka error code as the value of a protobuf `ErrorCode` field.
-
-    The numbers are the same (tests/unit/test_proto.py) and protobuf takes any int for an enum
-    field; only the generated stubs type the field as `pb.ErrorCode`, which no Python value is.
-    """
-    return cast("pb.ErrorCode", int(code))
 
 
 def decode_produce(request: pb.ProduceRequest) -> list[ProducePartition]:

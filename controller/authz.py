@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from minibroker.client.common.pbwire import CLUSTER_DENIED, TOPIC_DENIED
 from minibroker.client.common.security import (
     Access,
     CallIdentity,
@@ -20,8 +21,6 @@ from minibroker.client.common.security import (
 from minibroker.metadata.acl import AclOperation
 from minibroker.proto import minibroker_pb2 as pb
 
-TOPIC_DENIED = pb.TOPIC_AUTHORIZATION_FAILED
-CLUSTER_DENIED = pb.CLUSTER_AUTHORIZATION_FAILED
 _TOPIC_RESOURCE = 2  # ConfigResource types (Kafka's): 2 TOPIC, 4 BROKER
 _BROKER_RESOURCE = 4
 
@@ -123,6 +122,43 @@ def config_resources(
         else:
             ok.append(r)
     return ok, refused
+
+
+def alter_configs(
+    access: Access, who: CallIdentity, request: pb.IncrementalAlterConfigsRequest
+) -> tuple[pb.IncrementalAlterConfigsRequest, list[pb.AlterConfigsResourceResult]]:
+    """ALTER_CONFIGS on each resource (config_resources)."""
+    ok, refused = config_resources(access, who, request.resources, AclOperation.ALTER_CONFIGS)
+    if not refused:
+        return request, []
+    allowed = pb.IncrementalAlterConfigsRequest(resources=ok, validate_only=request.validate_only)
+    return allowed, [
+        pb.AlterConfigsResourceResult(
+            resource_type=r.resource_type,
+            resource_name=r.resource_name,
+            error_code=code,  # type: ignore[arg-type]
+            error_message=why,
+        )
+        for r, code, why in refused
+    ]
+
+
+def describe_configs(
+    access: Access, who: CallIdentity, request: pb.DescribeConfigsRequest
+) -> tuple[pb.DescribeConfigsRequest, list[pb.DescribeConfigsResult]]:
+    """DESCRIBE_CONFIGS on each resource (config_resources)."""
+    ok, refused = config_resources(access, who, request.resources, AclOperation.DESCRIBE_CONFIGS)
+    if not refused:
+        return request, []
+    return pb.DescribeConfigsRequest(resources=ok), [
+        pb.DescribeConfigsResult(
+            resource_type=r.resource_type,
+            resource_name=r.resource_name,
+            error_code=code,  # type: ignore[arg-type]
+            error_message=why,
+        )
+        for r, code, why in refused
+    ]
 
 
 def blank_cluster(access: Access, who: CallIdentity, response: pb.DescribeClusterResponse) -> None:

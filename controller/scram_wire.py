@@ -9,30 +9,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from minibroker.client.errors import InvalidRequestError, MiniBrokerError
+from minibroker.client.common.pbwire import check_count, pb_error_code
+from minibroker.client.errors import MiniBrokerError
 from minibroker.controller.core.scram_control import (
     AlterScramResult,
     DescribeScramResult,
     ScramDeletion,
     ScramUpsertion,
 )
-from minibroker.controller.wire import pb_error_code
 from minibroker.proto import minibroker_pb2 as pb
 
 MAX_SCRAM_ENTRIES = 1_000  # deletions + upsertions, or users described, in one request
 
 
-def _check_count(what: str, count: int) -> None:
-    if count > MAX_SCRAM_ENTRIES:
-        raise InvalidRequestError(
-            f"too many {what} in one request: {count} (at most {MAX_SCRAM_ENTRIES})"
-        )
-
-
 def alter_scram_request(
     msg: pb.AlterUserScramCredentialsRequest,
 ) -> tuple[list[ScramDeletion], list[ScramUpsertion]]:
-    _check_count("credential changes", len(msg.deletions) + len(msg.upsertions))
+    check_count("credential changes", len(msg.deletions) + len(msg.upsertions), MAX_SCRAM_ENTRIES)
     return (
         [ScramDeletion(d.name, d.mechanism) for d in msg.deletions],
         [
@@ -73,7 +66,7 @@ def alter_scram_error(
 
 def describe_scram_request(msg: pb.DescribeUserScramCredentialsRequest) -> list[str] | None:
     """The users to describe; None (no users named): every user."""
-    _check_count("users", len(msg.users))
+    check_count("users", len(msg.users), MAX_SCRAM_ENTRIES)
     return [u.name for u in msg.users] or None
 
 

@@ -291,12 +291,13 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
         try:
             topics = wire.create_partitions_topics(request)
         except MiniBrokerError as err:
-            return wire.create_partitions_error(request, err)
-        validate_only = request.validate_only
-        results = await self._app.submit(
-            lambda core, now: core.create_partitions(topics, validate_only, now)
-        )
-        response = wire.create_partitions_reply(results)
+            response = wire.create_partitions_error(request, err)
+        else:
+            validate_only = request.validate_only
+            results = await self._app.submit(
+                lambda core, now: core.create_partitions(topics, validate_only, now)
+            )
+            response = wire.create_partitions_reply(results)
         response.results.extend(refused)
         return response
 
@@ -304,66 +305,40 @@ class ControllerServicer(pb_grpc.ControllerServiceServicer):
     async def IncrementalAlterConfigs(
         self, request: pb.IncrementalAlterConfigsRequest, context: grpc.aio.ServicerContext
     ) -> pb.IncrementalAlterConfigsResponse:
-        ok, refused = authz.config_resources(
-            self._access, caller(), request.resources, AclOperation.ALTER_CONFIGS
-        )
-        denied = [
-            pb.AlterConfigsResourceResult(
-                resource_type=r.resource_type,
-                resource_name=r.resource_name,
-                error_code=code,  # type: ignore[arg-type]
-                error_message=why,
-            )
-            for r, code, why in refused
-        ]
-        if refused:
-            if not ok:
-                return pb.IncrementalAlterConfigsResponse(results=denied)
-            request = pb.IncrementalAlterConfigsRequest(
-                resources=ok, validate_only=request.validate_only
-            )
+        request, refused = authz.alter_configs(self._access, caller(), request)
+        if refused and not request.resources:
+            return pb.IncrementalAlterConfigsResponse(results=refused)
         try:
             resources = wire.alter_configs_resources(request)
         except MiniBrokerError as err:
-            return wire.alter_configs_error(request, err)
-        validate_only = request.validate_only
-        results = await self._app.submit(
-            lambda core, now: core.incremental_alter_configs(resources, validate_only, now)
-        )
-        response = wire.alter_configs_reply(results)
-        response.results.extend(denied)
+            response = wire.alter_configs_error(request, err)
+        else:
+            validate_only = request.validate_only
+            results = await self._app.submit(
+                lambda core, now: core.incremental_alter_configs(resources, validate_only, now)
+            )
+            response = wire.alter_configs_reply(results)
+        response.results.extend(refused)
         return response
 
     @_fenced
     async def DescribeConfigs(
         self, request: pb.DescribeConfigsRequest, context: grpc.aio.ServicerContext
     ) -> pb.DescribeConfigsResponse:
-        ok, refused = authz.config_resources(
-            self._access, caller(), request.resources, AclOperation.DESCRIBE_CONFIGS
-        )
-        denied = [
-            pb.DescribeConfigsResult(
-                resource_type=r.resource_type,
-                resource_name=r.resource_name,
-                error_code=code,  # type: ignore[arg-type]
-                error_message=why,
-            )
-            for r, code, why in refused
-        ]
-        if refused:
-            if not ok:
-                return pb.DescribeConfigsResponse(results=denied)
-            request = pb.DescribeConfigsRequest(resources=ok)
+        request, refused = authz.describe_configs(self._access, caller(), request)
+        if refused and not request.resources:
+            return pb.DescribeConfigsResponse(results=refused)
         try:
             resources = wire.describe_configs_resources(request)
         except MiniBrokerError as err:
-            return wire.describe_configs_error(request, err)
-        # Read-only, through the command queue like DescribeCluster.
-        results = await self._app.submit(
-            lambda core, now: Outcome(core.describe_configs(resources))
-        )
-        response = wire.describe_configs_reply(results)
-        response.results.extend(denied)
+            response = wire.describe_configs_error(request, err)
+        else:
+            # Read-only, through the command queue like DescribeCluster.
+            results = await self._app.submit(
+                lambda core, now: Outcome(core.describe_configs(resources))
+            )
+            response = wire.describe_configs_reply(results)
+        response.results.extend(refused)
         return response
 
     @_fenced

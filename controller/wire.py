@@ -7,8 +7,8 @@ calls the core through the app, and encodes the reply; core code never sees `_pb
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
 
+from minibroker.client.common.pbwire import check_count, pb_error_code
 from minibroker.client.errors import ErrorCode, InvalidRequestError, MiniBrokerError
 from minibroker.controller.core.election import Election
 from minibroker.controller.core.isr import AlterPartitionProposal, IsrMember
@@ -44,15 +44,6 @@ from minibroker.controller.core.messages import (
 )
 from minibroker.metadata.records import CONFIG_RESOURCE_BROKER, CONFIG_RESOURCE_TOPIC
 from minibroker.proto import minibroker_pb2 as pb
-
-
-def pb_error_code(code: int) -> pb.ErrorCode:
-    """A Kafka error code as the value of a protobuf `ErrorCode` field.
-
-    The numbers are the same (tests/unit/test_proto.py) and protobuf takes any int for an enum
-    field; only the generated stubs type the field as `pb.ErrorCode`, which no Python value is.
-    """
-    return cast("pb.ErrorCode", int(code))
 
 
 def register_request(msg: pb.BrokerRegistrationRequest) -> RegisterRequest:
@@ -266,11 +257,6 @@ CONFIG_RESOURCE_TYPES = {CONFIG_RESOURCE_TOPIC: "TOPIC", CONFIG_RESOURCE_BROKER:
 CONFIG_OPS = (CONFIG_OP_SET, CONFIG_OP_DELETE, CONFIG_OP_APPEND, CONFIG_OP_SUBTRACT)
 
 
-def _check_count(what: str, count: int, bound: int) -> None:
-    if count > bound:
-        raise InvalidRequestError(f"too many {what} in one request: {count} (at most {bound})")
-
-
 def _check_name(what: str, name: str) -> None:
     if not name:
         raise InvalidRequestError(f"empty {what}")
@@ -288,7 +274,7 @@ def _check_partition(topic: str, partition: int) -> None:
 def _replica_list(what: str, ids: Sequence[int]) -> tuple[int, ...]:
     """A replica list as sent; its length bounded. Ids that are not registered brokers
     (negative ones included) are the core's INVALID_REPLICA_ASSIGNMENT."""
-    _check_count(f"replicas for {what}", len(ids), MAX_REPLICAS)
+    check_count(f"replicas for {what}", len(ids), MAX_REPLICAS)
     return tuple(ids)
 
 
@@ -296,7 +282,7 @@ def reassignment_targets(msg: pb.AlterPartitionReassignmentsRequest) -> list[Rea
     """The partitions to move (replicas None: cancel). Raises InvalidRequestError for a
     malformed request: too many partitions, an empty topic name, a negative partition, one
     partition twice, a cancel that names replicas."""
-    _check_count("partitions", len(msg.partitions), MAX_REQUEST_PARTITIONS)
+    check_count("partitions", len(msg.partitions), MAX_REQUEST_PARTITIONS)
     seen: set[tuple[str, int]] = set()
     total = 0
     out: list[ReassignmentTarget] = []
@@ -316,7 +302,7 @@ def reassignment_targets(msg: pb.AlterPartitionReassignmentsRequest) -> list[Rea
             continue
         replicas = _replica_list(f"{p.topic}-{p.partition}", p.replicas)
         total += len(replicas)
-        _check_count("replica ids", total, MAX_REQUEST_REPLICA_IDS)
+        check_count("replica ids", total, MAX_REQUEST_REPLICA_IDS)
         out.append(ReassignmentTarget(p.topic, p.partition, replicas))
     return out
 
@@ -364,7 +350,7 @@ def listed_partitions(msg: pb.ListPartitionReassignmentsRequest) -> list[tuple[s
     reassignment in progress."""
     if not msg.topics:
         return None
-    _check_count("partitions", sum(len(t.partitions) for t in msg.topics), MAX_REQUEST_PARTITIONS)
+    check_count("partitions", sum(len(t.partitions) for t in msg.topics), MAX_REQUEST_PARTITIONS)
     out: dict[tuple[str, int], None] = {}
     for t in msg.topics:
         _check_name("topic name", t.topic)
@@ -403,7 +389,7 @@ def create_partitions_topics(msg: pb.CreatePartitionsRequest) -> list[CreatePart
     topics or new partitions, an empty topic name, a topic named twice. The count (it must grow)
     and the assignments (one per new partition, of the topic's RF, registered brokers) are the
     core's to judge."""
-    _check_count("topics", len(msg.topics), MAX_REQUEST_PARTITIONS)
+    check_count("topics", len(msg.topics), MAX_REQUEST_PARTITIONS)
     seen: set[str] = set()
     total_ids = 0
     total_assignments = 0
@@ -414,14 +400,14 @@ def create_partitions_topics(msg: pb.CreatePartitionsRequest) -> list[CreatePart
             raise InvalidRequestError(f"topic {t.name!r} named twice")
         seen.add(t.name)
         total_assignments += len(t.assignments)
-        _check_count("new partition assignments", total_assignments, MAX_REQUEST_PARTITIONS)
+        check_count("new partition assignments", total_assignments, MAX_REQUEST_PARTITIONS)
         assignments: tuple[tuple[int, ...], ...] | None = None
         if t.assignments:
             lists = []
             for i, a in enumerate(t.assignments):
                 lists.append(_replica_list(f"new partition {i} of {t.name!r}", a.broker_ids))
                 total_ids += len(a.broker_ids)
-                _check_count("replica ids", total_ids, MAX_REQUEST_REPLICA_IDS)
+                check_count("replica ids", total_ids, MAX_REQUEST_REPLICA_IDS)
             assignments = tuple(lists)
         out.append(CreatePartitionsTopic(t.name, t.count, assignments))
     return out
@@ -493,12 +479,12 @@ def alter_configs_resources(msg: pb.IncrementalAlterConfigsRequest) -> list[Alte
     many resources or configs, an unknown resource type or operation, a broker name that is not
     a broker id, a resource or a config named twice, SET/APPEND/SUBTRACT without a value.
     Whether a key exists and its value is valid is the core's INVALID_CONFIG."""
-    _check_count("config resources", len(msg.resources), MAX_CONFIG_RESOURCES)
+    check_count("config resources", len(msg.resources), MAX_CONFIG_RESOURCES)
     _check_unique_resources([(r.resource_type, r.resource_name) for r in msg.resources])
     out: list[AlterConfigsResource] = []
     for r in msg.resources:
         _check_resource(r.resource_type, r.resource_name)
-        _check_count("configs for one resource", len(r.configs), MAX_CONFIG_OPS)
+        check_count("configs for one resource", len(r.configs), MAX_CONFIG_OPS)
         names: set[str] = set()
         ops: list[AlterConfigOp] = []
         for c in r.configs:
@@ -567,12 +553,12 @@ def describe_configs_resources(msg: pb.DescribeConfigsRequest) -> list[DescribeC
     """The resources to describe (keys empty: every config). Raises InvalidRequestError for a
     malformed request: too many resources or keys, an unknown resource type, a broker name that
     is not a broker id, a resource named twice, an empty or overlong key."""
-    _check_count("config resources", len(msg.resources), MAX_CONFIG_RESOURCES)
+    check_count("config resources", len(msg.resources), MAX_CONFIG_RESOURCES)
     _check_unique_resources([(r.resource_type, r.resource_name) for r in msg.resources])
     out: list[DescribeConfigsResource] = []
     for r in msg.resources:
         _check_resource(r.resource_type, r.resource_name)
-        _check_count("config keys for one resource", len(r.configuration_keys), MAX_CONFIG_OPS)
+        check_count("config keys for one resource", len(r.configuration_keys), MAX_CONFIG_OPS)
         for key in r.configuration_keys:
             _check_name("config name", key)
         keys = tuple(dict.fromkeys(r.configuration_keys))

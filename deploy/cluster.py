@@ -613,41 +613,37 @@ def node_pems(spec: ProcessSpec, state: ClusterState) -> Any:
     return tls.make_node_cert(_ca(state.dir), folder, spec.role, spec.node_id, [spec.host])
 
 
-def client_pems(directory: str) -> Any:
-    """The CLIENT_USER certificate (made on first use)."""
-    from minibroker.deploy import tls
-
-    folder = tls_dir(directory)
-    pair = tls.PemPair(folder / f"{CLIENT_USER}.pem", folder / f"{CLIENT_USER}.key")
-    if pair.cert.exists() and pair.key.exists():
-        return pair
-    return tls.make_client_cert(_ca(directory), folder, CLIENT_USER)
-
-
 # The certificate SASL users present on a --sasl cluster (its CN names no user with rights).
 SASL_CLIENT = "client"
 
 
-def sasl_client_pems(directory: str) -> Any:
-    """DIR/tls/client.pem: a CA-signed certificate without rights for SASL users (a SASL_SSL
+def client_pems(directory: str, user: str = CLIENT_USER) -> Any:
+    """DIR/tls/USER.pem and .key, a CA-signed client certificate (made on first use):
+    CLIENT_USER's, the super user's; SASL_CLIENT's, without rights, for SASL users (a SASL_SSL
     listener requires a client certificate; the SASL login decides who the caller is)."""
     from minibroker.deploy import tls
 
     folder = tls_dir(directory)
-    pair = tls.PemPair(folder / f"{SASL_CLIENT}.pem", folder / f"{SASL_CLIENT}.key")
+    pair = tls.PemPair(folder / f"{user}.pem", folder / f"{user}.key")
     if pair.cert.exists() and pair.key.exists():
         return pair
-    return tls.make_client_cert(_ca(directory), folder, SASL_CLIENT)
+    return tls.make_client_cert(_ca(directory), folder, user)
+
+
+def _tls_client_properties(state: ClusterState, protocol: str, user: str) -> dict[str, str]:
+    pair = client_pems(state.dir, user)
+    return {
+        "security.protocol": protocol,
+        "ssl.ca.location": str(tls_dir(state.dir) / "ca.pem"),
+        "ssl.certificate.location": str(pair.cert),
+        "ssl.key.location": str(pair.key),
+    }
 
 
 def sasl_client_properties(state: ClusterState, username: str, password: str) -> dict[str, str]:
     """Kafka client properties for a SASL user of a --sasl cluster."""
-    pair = sasl_client_pems(state.dir)
     return {
-        "security.protocol": "SASL_SSL",
-        "ssl.ca.location": str(tls_dir(state.dir) / "ca.pem"),
-        "ssl.certificate.location": str(pair.cert),
-        "ssl.key.location": str(pair.key),
+        **_tls_client_properties(state, "SASL_SSL", SASL_CLIENT),
         "sasl.mechanism": "PLAIN",
         "sasl.username": username,
         "sasl.password": password,
@@ -656,12 +652,13 @@ def sasl_client_properties(state: ClusterState, username: str, password: str) ->
 
 # A --tls cluster has its authorizer on: CLIENT_USER (the launcher's, the CLI's and watch's
 # certificate) may do everything; nodes get CLUSTER_ACTION from their certificates.
-AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 
 
 def tls_settings_for(spec: ProcessSpec, state: ClusterState) -> dict[str, str]:
     """A node's security settings in a --tls cluster (nothing otherwise): its ssl.* ones, and
     the authorizer with CLIENT_USER as the super user."""
+    from minibroker.metadata.authorizer import STANDARD_AUTHORIZER
+
     if not state.tls:
         return {}
     pair = node_pems(spec, state)
@@ -670,7 +667,7 @@ def tls_settings_for(spec: ProcessSpec, state: ClusterState) -> dict[str, str]:
         "ssl.certificate.location": str(pair.cert),
         "ssl.key.location": str(pair.key),
         "ssl.client.auth": "required",
-        "authorizer.class.name": AUTHORIZER,
+        "authorizer.class.name": STANDARD_AUTHORIZER,
         "super.users": f"User:{CLIENT_USER}",
     }
 
@@ -679,13 +676,7 @@ def client_properties(state: ClusterState) -> dict[str, str]:
     """Kafka client properties for this cluster (--command-config's): {} when plaintext."""
     if not state.tls:
         return {}
-    pair = client_pems(state.dir)
-    return {
-        "security.protocol": "SSL",
-        "ssl.ca.location": str(tls_dir(state.dir) / "ca.pem"),
-        "ssl.certificate.location": str(pair.cert),
-        "ssl.key.location": str(pair.key),
-    }
+    return _tls_client_properties(state, "SSL", CLIENT_USER)
 
 
 CLIENT_CONFIG = "client.properties"
@@ -1014,7 +1005,7 @@ def up(
     if state.tls:
         write_client_config(state)
     if state.sasl:
-        sasl_client_pems(state.dir)
+        client_pems(state.dir, SASL_CLIENT)
     # Every voter at once: a quorum elects only once a majority runs.
     for spec in state.controllers:
         start_process(spec, state)

@@ -318,7 +318,7 @@ def _up(args: argparse.Namespace) -> int:
             "ssl_certificate_location, ssl_key_location as in that file"
         )
     if state.sasl:
-        pems = launcher.sasl_client_pems(state.dir)
+        pems = launcher.client_pems(state.dir, launcher.SASL_CLIENT)
         print(
             "SASL: SASL_SSL listeners. Add users with `minibroker users --add NAME`; they "
             f"connect with security.protocol=SASL_SSL, ssl.ca.location, the certificate "

@@ -10,8 +10,8 @@ which `AclBinding.validate` / `AclBindingFilter.validate` then refuse item by it
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import cast
 
+from minibroker.client.common.pbwire import check_count, pb_error_code
 from minibroker.client.errors import ErrorCode, InvalidRequestError, MiniBrokerError, error_for
 from minibroker.metadata.acl import (
     AclBinding,
@@ -26,17 +26,6 @@ from minibroker.proto import minibroker_pb2 as pb
 
 MAX_ACL_ITEMS = 1_000  # creations or filters of one request
 MAX_ACL_STRING_CHARS = 1_000  # a resource name, principal or host
-
-
-def _code(code: int) -> pb.ErrorCode:
-    return cast("pb.ErrorCode", int(code))
-
-
-def _check_count(what: str, count: int) -> None:
-    if count > MAX_ACL_ITEMS:
-        raise InvalidRequestError(
-            f"too many {what} in one request: {count} (at most {MAX_ACL_ITEMS})"
-        )
 
 
 def _check_str(what: str, value: str | None) -> None:
@@ -83,7 +72,7 @@ def create_request(bindings: Iterable[AclBinding]) -> pb.CreateAclsRequest:
 def creations(msg: pb.CreateAclsRequest) -> list[AclBinding]:
     """The ACLs to create, unvalidated (the core judges each). InvalidRequestError past the
     bounds."""
-    _check_count("ACL creations", len(msg.creations))
+    check_count("ACL creations", len(msg.creations), MAX_ACL_ITEMS)
     out = []
     for c in msg.creations:
         _check_str("resource name", c.resource_name)
@@ -105,7 +94,9 @@ def creations(msg: pb.CreateAclsRequest) -> list[AclBinding]:
 
 def create_reply(results: Iterable[tuple[int, str]]) -> pb.CreateAclsResponse:
     return pb.CreateAclsResponse(
-        results=[pb.AclCreationResult(error_code=_code(e), error_message=m) for e, m in results]
+        results=[
+            pb.AclCreationResult(error_code=pb_error_code(e), error_message=m) for e, m in results
+        ]
     )
 
 
@@ -168,7 +159,7 @@ def delete_request(filters: Iterable[AclBindingFilter]) -> pb.DeleteAclsRequest:
 
 
 def delete_filters(msg: pb.DeleteAclsRequest) -> list[AclBindingFilter]:
-    _check_count("ACL filters", len(msg.filters))
+    check_count("ACL filters", len(msg.filters), MAX_ACL_ITEMS)
     return [filter_from_pb(f) for f in msg.filters]
 
 
@@ -178,11 +169,11 @@ def delete_reply(
     return pb.DeleteAclsResponse(
         filter_results=[
             pb.DeleteAclsFilterResult(
-                error_code=_code(error),
+                error_code=pb_error_code(error),
                 error_message=message,
                 matching_acls=[
                     pb.DeleteAclsMatchingAcl(
-                        error_code=_code(ErrorCode.NONE),
+                        error_code=pb_error_code(ErrorCode.NONE),
                         resource_type=int(b.resource_type),
                         resource_name=b.resource_name,
                         pattern_type=int(b.pattern_type),
@@ -244,7 +235,7 @@ def describe_reply(bindings: Iterable[AclBinding]) -> pb.DescribeAclsResponse:
         key = (int(b.resource_type), b.resource_name, int(b.pattern_type))
         groups.setdefault(key, []).append(b)
     return pb.DescribeAclsResponse(
-        error_code=_code(ErrorCode.NONE),
+        error_code=pb_error_code(ErrorCode.NONE),
         resources=[
             pb.DescribeAclsResource(
                 resource_type=rtype,
@@ -267,7 +258,7 @@ def describe_reply(bindings: Iterable[AclBinding]) -> pb.DescribeAclsResponse:
 
 def describe_error(err: MiniBrokerError | tuple[int, str]) -> pb.DescribeAclsResponse:
     code, message = (err.code, str(err)) if isinstance(err, MiniBrokerError) else err
-    return pb.DescribeAclsResponse(error_code=_code(code), error_message=message)
+    return pb.DescribeAclsResponse(error_code=pb_error_code(code), error_message=message)
 
 
 def described(resp: pb.DescribeAclsResponse) -> list[AclBinding]:

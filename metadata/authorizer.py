@@ -1,8 +1,9 @@
 """Which authorizer a broker or controller runs, from Kafka's configs (defined once here, used by
 broker/config.py and controller/config.py):
 
-- `authorizer.class.name`: "" (the default) none, every call allowed as before security
-  existed (`AllowAll`); `org.apache.kafka.metadata.authorizer.StandardAuthorizer` (or
+- `authorizer.class.name`: "" (the default) none: no ACLs are checked (`AllowAll`), but a
+  node's certificate still acts only as that node (client/common/security.py's node rule);
+  `org.apache.kafka.metadata.authorizer.StandardAuthorizer` (or
   `StandardAuthorizer`): ACLs from the metadata log (`StandardAuthorizer`); anything else is
   refused at start;
 - `super.users`: principals allowed everything, `User:admin;User:ops` (each TYPE:NAME);
@@ -40,7 +41,7 @@ def _check_class(value: str) -> str | None:
     if value.strip() in AUTHORIZER_NAMES:
         return None
     return (
-        f"unknown authorizer {value!r}: leave it empty (no authorization) or set "
+        f"unknown authorizer {value!r}: leave it empty (no ACLs checked) or set "
         f"{STANDARD_AUTHORIZER} (ACLs from the metadata log)"
     )
 
@@ -58,7 +59,8 @@ AUTHORIZER_KEYS: tuple[ConfigKey, ...] = (
         "authorizer.class.name",
         str,
         "",
-        f"'' (every call allowed) or {STANDARD_AUTHORIZER} (ACLs from the metadata log)",
+        f"'' (no ACLs are checked, but a node's certificate still acts only as that node) or "
+        f"{STANDARD_AUTHORIZER} (ACLs from the metadata log)",
         _check_class,
     ),
     ConfigKey(

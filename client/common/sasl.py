@@ -16,6 +16,10 @@ authorization id other than the user (no impersonation), an unknown user or a wr
 (one message for both: "invalid username or password"). Successful checks are cached, keyed by
 the user, the mechanism, a SHA-256 of the password and the credential itself, so a repeated call
 does not pay the PBKDF2 iterations again, and a changed or deleted credential misses the cache.
+Refusals are cached too (bounded LRU), keyed by the user, the password's SHA-256 and all the
+user's credentials, so a repeated wrong password costs no PBKDF2 either. Any other exception
+while checking a login (a bug) is logged with its traceback and reported to the caller as
+"internal error", never as a wrong password nor with internal text.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
+from minibroker.client.common.log import get_logger
 from minibroker.client.common.scram import (
     MECHANISMS,
     MIN_ITERATIONS,
@@ -47,7 +53,10 @@ SASL_MECHANISMS = (PLAIN,)
 MAX_HEADER_CHARS = 2048  # base64 of a 255-byte authzid, user and password, with room
 MAX_FIELD_BYTES = 255  # RFC 4616: authzid, authcid and passwd are at most 255 octets each
 INVALID_CREDENTIALS = "SASL authentication failed: invalid username or password"
+INTERNAL_ERROR = "SASL authentication failed: internal error (see the server's log)"
 CACHE_SIZE = 4096
+
+_log = get_logger(__name__)
 
 ScramLookup = Callable[[str, int], ScramCredential | None]
 
@@ -125,11 +134,18 @@ def sasl_header(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | byt
 class SaslVerifier:
     """Who a call's SASL PLAIN login is. `lookup(user, mechanism)` reads the user's SCRAM
     credential for Kafka's mechanism number from the node's metadata image (a broker: the image
-    it follows; a controller: its own). Thread-safe."""
+    it follows; a controller: its own). Thread-safe: `principal` may be called from worker
+    threads (asyncio.to_thread) as well as the event loop; the caches are guarded by a lock."""
 
     def __init__(self, lookup: ScramLookup, cache_size: int = CACHE_SIZE) -> None:
         self._lookup = lookup
         self._cache: OrderedDict[tuple[str, int, bytes, ScramCredential], None] = OrderedDict()
+        # Refused logins, keyed by the user, the password's SHA-256 and every credential the
+        # user had (None for a mechanism without one), so a repeated wrong password (or an
+        # unknown user) is refused without PBKDF2 and a changed credential misses the cache.
+        self._refused: OrderedDict[tuple[str, bytes, tuple[ScramCredential | None, ...]], None] = (
+            OrderedDict()
+        )
         self._cache_size = cache_size
         self._lock = threading.Lock()
         # Checked for an unknown user, so that it costs as much as a wrong password.
@@ -139,12 +155,19 @@ class SaslVerifier:
 
     def principal(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> Principal | None:
         """`User:NAME` for a call with a valid SASL login, None for a call without one;
-        SaslAuthenticationFailedError otherwise."""
-        value = sasl_header(metadata)
-        if value is None:
-            return None
-        _, user, password = decode_plain(value)
-        return self.authenticate(user, password)
+        SaslAuthenticationFailedError otherwise (INTERNAL_ERROR, with the cause in the node's
+        log, when checking the login itself failed)."""
+        try:
+            value = sasl_header(metadata)
+            if value is None:
+                return None
+            _, user, password = decode_plain(value)
+            return self.authenticate(user, password)
+        except SaslAuthenticationFailedError:
+            raise
+        except Exception:
+            _log.exception("sasl_verification_failed")
+            raise SaslAuthenticationFailedError(INTERNAL_ERROR) from None
 
     def authenticate(self, user: str, password: str) -> Principal:
         principal = Principal("User", user)
@@ -153,31 +176,44 @@ class SaslVerifier:
             # credential can have these names: a second guard).
             raise SaslAuthenticationFailedError(INVALID_CREDENTIALS)
         digest = hashlib.sha256(password.encode()).digest()
-        found = False
-        for mechanism in MECHANISMS:
-            credential = self._lookup(user, int(mechanism))
-            if credential is None:
-                continue
-            found = True
-            key = (user, int(mechanism), digest, credential)
-            with self._lock:
+        credentials = tuple(self._lookup(user, int(m)) for m in MECHANISMS)
+        refused_key = (user, digest, credentials)
+        with self._lock:
+            for mechanism, credential in zip(MECHANISMS, credentials, strict=True):
+                if credential is None:
+                    continue
+                key = (user, int(mechanism), digest, credential)
                 if key in self._cache:
                     self._cache.move_to_end(key)
                     return principal
-            if verify_password(credential, password):
-                with self._lock:
-                    self._cache[key] = None
-                    while len(self._cache) > self._cache_size:
-                        self._cache.popitem(last=False)
+            if refused_key in self._refused:
+                self._refused.move_to_end(refused_key)
+                raise SaslAuthenticationFailedError(INVALID_CREDENTIALS)
+        for mechanism, credential in zip(MECHANISMS, credentials, strict=True):
+            if credential is not None and verify_password(credential, password):
+                self._remember(self._cache, (user, int(mechanism), digest, credential))
                 return principal
-        if not found:
+        if all(c is None for c in credentials):
             salted_password(self._decoy.mechanism, password, self._decoy.salt, MIN_ITERATIONS)
+        self._remember(self._refused, refused_key)
         raise SaslAuthenticationFailedError(INVALID_CREDENTIALS)
+
+    def _remember(self, cache: OrderedDict[Any, None], key: Any) -> None:
+        with self._lock:
+            cache[key] = None
+            cache.move_to_end(key)
+            while len(cache) > self._cache_size:
+                cache.popitem(last=False)
 
     def cached(self) -> int:
         """How many verified logins are cached (tests)."""
         with self._lock:
             return len(self._cache)
+
+    def refused(self) -> int:
+        """How many refused logins are cached (tests)."""
+        with self._lock:
+            return len(self._refused)
 
 
 class _PlainPlugin(grpc.AuthMetadataPlugin):
@@ -201,6 +237,7 @@ def call_credentials(login: SaslPlain) -> grpc.CallCredentials:
 
 
 __all__ = [
+    "INTERNAL_ERROR",
     "INVALID_CREDENTIALS",
     "PLAIN",
     "SASL_MECHANISMS",

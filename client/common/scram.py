@@ -33,10 +33,6 @@ class ScramMechanism(enum.IntEnum):
         return self.name.replace("_", "-")
 
     @property
-    def hash_name(self) -> str:
-        return _HASH[self]
-
-    @property
     def digest_size(self) -> int:
         return hashlib.new(_HASH[self]).digest_size
 

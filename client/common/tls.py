@@ -36,16 +36,15 @@ import grpc
 from minibroker.client.common.config import ConfigError, ConfigKey, one_of, parse_problem
 from minibroker.client.common.listeners import (
     DEFAULT_PROTOCOL_MAP,
+    PLAINTEXT,
+    PROTOCOLS,
     SASL_PLAINTEXT,
     SASL_PLAINTEXT_REFUSED,
+    SASL_SSL,
     parse_protocol_map,
 )
 from minibroker.client.common.sasl import SASL_MECHANISMS, SaslPlain, call_credentials
 
-PLAINTEXT = "PLAINTEXT"
-SSL = "SSL"
-SASL_SSL = "SASL_SSL"
-SECURITY_PROTOCOLS = (PLAINTEXT, SSL, SASL_SSL)
 CLIENT_AUTH_MODES = ("none", "requested", "required")
 
 # Keys every TLS side takes (servers, and clients in --command-config files).
@@ -126,10 +125,8 @@ def check_protocol(value: str, name: str = "security.protocol") -> str:
     protocol = str(value).strip().upper()
     if protocol == SASL_PLAINTEXT:
         raise ConfigError(f"{name}: {SASL_PLAINTEXT_REFUSED}")
-    if protocol not in SECURITY_PROTOCOLS:
-        raise ConfigError(
-            f"{name}: {value!r} is not supported; use one of {', '.join(SECURITY_PROTOCOLS)}"
-        )
+    if protocol not in PROTOCOLS:
+        raise ConfigError(f"{name}: {value!r} is not supported; use one of {', '.join(PROTOCOLS)}")
     return protocol
 
 

@@ -8,7 +8,9 @@ metadata log; the credentials reach every broker's image; they survive a control
 authenticated as its user, by brokers and the controller (SaslVerifier as the per-call
 authentication's SASL hook): with no ACLs it is refused by the authorizer, not the
 authentication; a wrong password or an unknown user is SaslAuthenticationFailedError; managing
-users needs ALTER/DESCRIBE on the cluster.
+users needs ALTER/DESCRIBE on the cluster. One password per user: `users --add` replaces the
+user's other mechanism's credential, `users --delete` removes them all, and the old password
+stops working.
 """
 
 from __future__ import annotations
@@ -206,3 +208,40 @@ def test_credentials_survive_a_controller_restart(
     # bob still logs in (checked by the brokers and the controller once enforcement is merged).
     with Admin(cluster.bootstrap, **_sasl(cluster, "bob", PASSWORDS["bob"])) as admin:
         assert len(admin.describe_cluster().brokers) == 2
+
+
+def _logs_in(cluster: LocalCluster, user: str, password: str) -> bool:
+    """Whether the login is accepted by the controller (DescribeCluster) and a broker
+    (Metadata)."""
+    admin = Admin(
+        cluster.bootstrap,
+        request_timeout_ms=5000,
+        default_api_timeout_ms=5000,
+        **_sasl(cluster, user, password),
+    )
+    try:
+        admin.describe_cluster()
+        admin.list_topics()
+    except SaslAuthenticationFailedError:
+        return False
+    finally:
+        admin.close()
+    return True
+
+
+def test_one_password_per_user(cluster: LocalCluster, tmp_path: pathlib.Path) -> None:
+    # bob has a SCRAM-SHA-512 credential; a new password (SCRAM-SHA-256) replaces it.
+    added = _cli(cluster, "users", "--add", "bob", "--password", "new-bob-pw", cwd=tmp_path)
+    assert added.returncode == 0, added.stderr
+    assert added.stdout.splitlines() == [
+        "Completed updating SCRAM-SHA-256 credential of user bob.",
+        "Deleted SCRAM-SHA-512 credential of user bob (one password per user).",
+    ]
+    wait_until(lambda: _logs_in(cluster, "bob", "new-bob-pw"), 20, "bob's new password")
+    wait_until(lambda: not _logs_in(cluster, "bob", PASSWORDS["bob"]), 20, "old one refused")
+    deleted = _cli(cluster, "users", "--delete", "bob", cwd=tmp_path)
+    assert deleted.returncode == 0, deleted.stderr
+    assert deleted.stdout.splitlines() == ["Deleted SCRAM-SHA-256 credential of user bob."]
+    listed = _cli(cluster, "users", "--list", cwd=tmp_path)
+    assert listed.stdout.splitlines() == ["No SCRAM users."], listed.stderr
+    wait_until(lambda: not _logs_in(cluster, "bob", "new-bob-pw"), 20, "deleted bob refused")

@@ -206,3 +206,11 @@ def test_admin_refuses_bad_arguments_before_sending() -> None:
             assert await admin.delete_acls([]) == []
 
     run_async(main())
+
+
+def test_the_empty_authorizer_help_says_nodes_are_still_held_to_themselves() -> None:
+    from minibroker.metadata.authorizer import AUTHORIZER_KEYS
+
+    (doc,) = [k.doc for k in AUTHORIZER_KEYS if k.name == "authorizer.class.name"]
+    assert "every call allowed" not in doc
+    assert "no ACLs are checked, but a node's certificate still acts only as that node" in doc

@@ -9,6 +9,7 @@ import pytest
 from minibroker.client.common.tls import client_tls_from_properties
 from minibroker.deploy import cluster as launcher
 from minibroker.deploy import tls as certs
+from minibroker.metadata.authorizer import STANDARD_AUTHORIZER
 
 
 def _state(tmp_path: pathlib.Path, tls: bool) -> launcher.ClusterState:
@@ -40,7 +41,7 @@ def test_tls_cluster_commands_and_client_settings(tmp_path: pathlib.Path) -> Non
         assert f"ssl.certificate.location={tls_dir / name}.pem" in command
         assert f"ssl.key.location={tls_dir / name}.key" in command
         # The authorizer is on, with the launcher's/CLI's certificate as the super user.
-        assert f"authorizer.class.name={launcher.AUTHORIZER}" in command
+        assert f"authorizer.class.name={STANDARD_AUTHORIZER}" in command
         assert "super.users=User:admin" in command
         assert f"ssl.ca.location={tls_dir / 'ca.pem'}" in command
         assert "ssl.client.auth=required" in command

@@ -89,11 +89,11 @@ def test_cache_skips_pbkdf2_and_follows_credential_changes(monkeypatch) -> None:
     for _ in range(3):
         assert verifier.principal(header("alice", "one")) == Principal("User", "alice")
     assert calls == ["one"] and verifier.cached() == 1
-    # A wrong password is checked (and not cached) every time.
+    # A wrong password is checked once, then refused from the negative cache.
     for _ in range(2):
         with pytest.raises(SaslAuthenticationFailedError):
             verifier.principal(header("alice", "two"))
-    assert calls == ["one", "two", "two"]
+    assert calls == ["one", "two"] and verifier.refused() == 1
     # The password changed: the old one no longer works, though it was cached.
     store.set("alice", "two", salt=b"new-salt")
     with pytest.raises(SaslAuthenticationFailedError):
@@ -103,7 +103,75 @@ def test_cache_skips_pbkdf2_and_follows_credential_changes(monkeypatch) -> None:
     del store.creds[("alice", 1)]
     with pytest.raises(SaslAuthenticationFailedError):
         verifier.principal(header("alice", "two"))
-    assert verifier.cached() <= 2  # bounded
+    assert verifier.cached() <= 2 and verifier.refused() <= 2  # bounded
+
+
+def test_refusal_cache_skips_pbkdf2_and_follows_credential_changes(monkeypatch) -> None:
+    store = Store()
+    store.set("alice", "right")
+    verifier = SaslVerifier(store.lookup, cache_size=3)
+    pbkdf2 = []
+    real_verify, real_salted = sasl_module.verify_password, sasl_module.salted_password
+    monkeypatch.setattr(
+        sasl_module, "verify_password", lambda c, p: pbkdf2.append(p) or real_verify(c, p)
+    )
+    monkeypatch.setattr(
+        sasl_module, "salted_password", lambda *a: pbkdf2.append("decoy") or real_salted(*a)
+    )
+    for _ in range(3):
+        with pytest.raises(SaslAuthenticationFailedError, match="invalid username or password"):
+            verifier.principal(header("alice", "wrong"))
+        with pytest.raises(SaslAuthenticationFailedError, match="invalid username or password"):
+            verifier.principal(header("carol", "x"))  # unknown: the decoy once, then cached
+    assert pbkdf2 == ["wrong", "decoy"] and verifier.refused() == 2
+    # The refused password becomes alice's: the changed credential misses the refusal cache.
+    store.set("alice", "wrong", salt=b"other")
+    assert verifier.principal(header("alice", "wrong")) == Principal("User", "alice")
+    # carol is created with the refused password: no longer refused.
+    store.set("carol", "x")
+    assert verifier.principal(header("carol", "x")) == Principal("User", "carol")
+    for n in range(5):
+        with pytest.raises(SaslAuthenticationFailedError):
+            verifier.principal(header("alice", f"guess-{n}"))
+    assert verifier.refused() == 3  # bounded
+
+
+def test_an_internal_error_is_logged_and_not_a_wrong_password(monkeypatch) -> None:
+    store = Store()
+    store.set("alice", "pw")
+    verifier = SaslVerifier(store.lookup)
+    logged = []
+    monkeypatch.setattr(sasl_module._log, "exception", lambda event, **kw: logged.append(event))
+
+    def broken(credential, password):
+        raise KeyError("internal detail")
+
+    monkeypatch.setattr(sasl_module, "verify_password", broken)
+    with pytest.raises(SaslAuthenticationFailedError) as err:
+        verifier.principal(header("alice", "pw"))
+    assert str(err.value) == sasl_module.INTERNAL_ERROR
+    assert "internal detail" not in str(err.value) and err.value.__cause__ is None
+    assert logged == ["sasl_verification_failed"]
+    assert verifier.refused() == 0  # not cached as a refusal
+
+
+def test_concurrent_logins_share_the_caches() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = Store()
+    store.set("alice", "pw")
+    verifier = SaslVerifier(store.lookup, cache_size=8)
+
+    def login(n: int) -> bool:
+        try:
+            return verifier.principal(header("alice", "pw" if n % 2 else f"bad{n % 6}")) is not None
+        except SaslAuthenticationFailedError:
+            return False
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(login, range(40)))
+    assert results == [n % 2 == 1 for n in range(40)]
+    assert verifier.cached() == 1 and verifier.refused() == 3
 
 
 @pytest.mark.parametrize(
