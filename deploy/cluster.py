@@ -591,14 +591,19 @@ def tls_dir(directory: str) -> pathlib.Path:
     return pathlib.Path(directory).resolve() / TLS_DIR
 
 
+def _made_once(folder: pathlib.Path, name: str, make: Callable[[], Any]) -> Any:
+    """folder/NAME.pem + .key when both exist, else what `make` writes there."""
+    from minibroker.deploy import tls
+
+    pair = tls.PemPair(folder / f"{name}.pem", folder / f"{name}.key")
+    return pair if pair.cert.exists() and pair.key.exists() else make()
+
+
 def _ca(directory: str) -> Any:
     from minibroker.deploy import tls
 
     folder = tls_dir(directory)
-    pair = tls.PemPair(folder / "ca.pem", folder / "ca.key")
-    if pair.cert.exists() and pair.key.exists():
-        return pair
-    return tls.make_ca(folder)
+    return _made_once(folder, "ca", lambda: tls.make_ca(folder))
 
 
 def node_pems(spec: ProcessSpec, state: ClusterState) -> Any:
@@ -606,11 +611,11 @@ def node_pems(spec: ProcessSpec, state: ClusterState) -> Any:
     from minibroker.deploy import tls
 
     folder = tls_dir(state.dir)
-    name = tls.node_name(spec.role, spec.node_id)
-    pair = tls.PemPair(folder / f"{name}.pem", folder / f"{name}.key")
-    if pair.cert.exists() and pair.key.exists():
-        return pair
-    return tls.make_node_cert(_ca(state.dir), folder, spec.role, spec.node_id, [spec.host])
+    return _made_once(
+        folder,
+        tls.node_name(spec.role, spec.node_id),
+        lambda: tls.make_node_cert(_ca(state.dir), folder, spec.role, spec.node_id, [spec.host]),
+    )
 
 
 # The certificate SASL users present on a --sasl cluster (its CN names no user with rights).
@@ -624,10 +629,7 @@ def client_pems(directory: str, user: str = CLIENT_USER) -> Any:
     from minibroker.deploy import tls
 
     folder = tls_dir(directory)
-    pair = tls.PemPair(folder / f"{user}.pem", folder / f"{user}.key")
-    if pair.cert.exists() and pair.key.exists():
-        return pair
-    return tls.make_client_cert(_ca(directory), folder, user)
+    return _made_once(folder, user, lambda: tls.make_client_cert(_ca(directory), folder, user))
 
 
 def _tls_client_properties(state: ClusterState, protocol: str, user: str) -> dict[str, str]:
