@@ -18,6 +18,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Pure cores: folders (every module inside) and single modules.
 PURE = [
     "broker/replication",
+    "broker/fetch_session.py",
     "broker/storage/epoch_cache.py",
     "broker/storage/log_append.py",
     "broker/storage/segment_scan.py",
