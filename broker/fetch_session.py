@@ -229,8 +229,11 @@ class FetchSession:
         return True
 
 
+_new_tuple = tuple.__new__  # builds a TopicPartition without its Python-level __new__
+
+
 def _tp(p: FetchPartitionRequest | FetchPartitionResult) -> TopicPartition:
-    return TopicPartition(p.topic, p.partition)
+    return _new_tuple(TopicPartition, (p.topic, p.partition))
 
 
 class FetchContext:
@@ -512,25 +515,27 @@ class FetchSessionCache:
     ) -> int:
         """Kafka's `maybeCreateSession` for a full response: a session caching each result's
         offsets, or INVALID_SESSION_ID if the cache is full and nothing may be evicted."""
-        by_tp = {_tp(req): req for req in requests}
-        last: dict[TopicPartition, FetchPartitionResult] = {}
-        for result in results:
-            last[_tp(result)] = result  # the last result of a partition counts
+        # Plain (topic, partition) tuples equal and hash as TopicPartition, and cost less.
+        by_tp = {(req.topic, req.partition): req for req in requests}
+        last = {(result.topic, result.partition): result for result in results}  # last counts
         partitions: dict[TopicPartition, CachedPartition] = {}
-        for tp, result in last.items():
-            req = by_tp.get(tp)
-            if req is not None:  # else an answer for something not asked: nothing to cache
-                cp = CachedPartition(req)
-                cp.update_response(result)
-                partitions[tp] = cp
+        dirty: set[TopicPartition] = set()
+        for key, result in last.items():
+            req = by_tp.get(key)
+            if req is None:
+                continue  # an answer for something not asked: nothing to cache it with
+            tp = _new_tuple(TopicPartition, key)
+            cp = CachedPartition(req)
+            cp.update_response(result)
+            partitions[tp] = cp
+            if _needs_another_look(cp, result, privileged):
+                dirty.add(tp)
         size = len(partitions)
         if len(self._sessions) >= self.max_slots and not self._try_evict(privileged, size, now_ms):
             return INVALID_SESSION_ID
         session_id = self._new_id()
         session = FetchSession(session_id, privileged, owner, now_ms, partitions)
-        for tp, cp in partitions.items():
-            if _needs_another_look(cp, last[tp], privileged):
-                session.dirty.add(tp)
+        session.dirty = dirty
         self._sessions[session_id] = session
         index = self._index
         for tp in partitions:

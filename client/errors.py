@@ -98,6 +98,8 @@ RETRIABLE: frozenset[ErrorCode] = frozenset(
         ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
         ErrorCode.NOT_CONTROLLER,
         ErrorCode.KAFKA_STORAGE_ERROR,
+        ErrorCode.FETCH_SESSION_ID_NOT_FOUND,
+        ErrorCode.INVALID_FETCH_SESSION_EPOCH,
         ErrorCode.FENCED_LEADER_EPOCH,
         ErrorCode.UNKNOWN_LEADER_EPOCH,
         ErrorCode.OFFSET_NOT_AVAILABLE,
@@ -357,6 +359,18 @@ class UnknownLeaderEpochError(RetriableError):
     """The request's leader epoch is newer than the broker's."""
 
     code = ErrorCode.UNKNOWN_LEADER_EPOCH
+
+
+class FetchSessionIdNotFoundError(RetriableError):
+    """The fetch session is not (or no longer) in the broker's cache; send a full request."""
+
+    code = ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+
+
+class InvalidFetchSessionEpochError(RetriableError):
+    """The fetch session epoch is not the one the broker expects; send a full request."""
+
+    code = ErrorCode.INVALID_FETCH_SESSION_EPOCH
 
 
 class StaleBrokerEpochError(MiniBrokerError):

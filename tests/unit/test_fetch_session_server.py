@@ -265,7 +265,9 @@ def test_a_duplicate_request_is_refused_at_response_time() -> None:
     assert ctx_parts(first.to_evaluate()) == [tp(0)]
     second = context(cache, sid, 2, [req(tp(1), 12)])  # arrives while the first is parked
     cache.mark_dirty(tp(1))
-    assert first.take_dirty() == []  # the dirty set belongs to the newer request now
+    # The dirty set belongs to the newer request now.
+    assert first.to_evaluate() == [] and first.take_dirty() == []
+    assert session_of(cache, sid).dirty == {tp(1)}
     assert first.respond([res(tp(0), hw=11, leo=11)], 5) == (
         sid,
         ErrorCode.INVALID_FETCH_SESSION_EPOCH,
@@ -349,6 +351,7 @@ def test_which_answers_repeat_on_the_next_request(
         ("consumer behind the HW, nothing sent", False, 7, {"hw": 8}, True),
         ("consumer at the HW, below the log end", False, 8, {"hw": 8}, False),
         ("records sent", True, 5, {"records": b"x"}, True),
+        ("records sent, whatever the offsets say", False, 10, {"records": b"x"}, True),
         ("error", True, 10, {"error": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}, True),
     ],
 )
