@@ -238,7 +238,9 @@ def _tp(p: FetchPartitionRequest | FetchPartitionResult) -> TopicPartition:
 
 class FetchContext:
     """What the cache decided for one request; the shell calls `to_evaluate`, then (after a
-    wake) `take_dirty` any number of times, then `respond` once."""
+    wake) `take_dirty` any number of times, then `respond` once, with a result for every
+    partition those two returned (a partition they returned is no longer dirty: one left
+    without a result is not looked at again until it is marked dirty)."""
 
     __slots__ = (
         "_cache",
