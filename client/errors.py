@@ -60,6 +60,8 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_PRODUCER_ID = 59
     REASSIGNMENT_IN_PROGRESS = 60
     INCONSISTENT_VOTER_SET = 68
+    FETCH_SESSION_ID_NOT_FOUND = 70
+    INVALID_FETCH_SESSION_EPOCH = 71
     FENCED_LEADER_EPOCH = 74
     UNKNOWN_LEADER_EPOCH = 75
     STALE_BROKER_EPOCH = 77
@@ -96,6 +98,8 @@ RETRIABLE: frozenset[ErrorCode] = frozenset(
         ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
         ErrorCode.NOT_CONTROLLER,
         ErrorCode.KAFKA_STORAGE_ERROR,
+        ErrorCode.FETCH_SESSION_ID_NOT_FOUND,
+        ErrorCode.INVALID_FETCH_SESSION_EPOCH,
         ErrorCode.FENCED_LEADER_EPOCH,
         ErrorCode.UNKNOWN_LEADER_EPOCH,
         ErrorCode.OFFSET_NOT_AVAILABLE,
@@ -343,6 +347,18 @@ class UnknownProducerIdError(MiniBrokerError):
     """The producer id is unknown."""
 
     code = ErrorCode.UNKNOWN_PRODUCER_ID
+
+
+class FetchSessionIdNotFoundError(RetriableError):
+    """The fetch session is unknown to the broker (evicted, closed, or the broker restarted)."""
+
+    code = ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+
+
+class InvalidFetchSessionEpochError(RetriableError):
+    """The incremental fetch request's session epoch is not the one the broker expects."""
+
+    code = ErrorCode.INVALID_FETCH_SESSION_EPOCH
 
 
 class FencedLeaderEpochError(RetriableError):
