@@ -349,18 +349,6 @@ class UnknownProducerIdError(MiniBrokerError):
     code = ErrorCode.UNKNOWN_PRODUCER_ID
 
 
-class FetchSessionIdNotFoundError(RetriableError):
-    """The fetch session is unknown to the broker (evicted, closed, or the broker restarted)."""
-
-    code = ErrorCode.FETCH_SESSION_ID_NOT_FOUND
-
-
-class InvalidFetchSessionEpochError(RetriableError):
-    """The incremental fetch request's session epoch is not the one the broker expects."""
-
-    code = ErrorCode.INVALID_FETCH_SESSION_EPOCH
-
-
 class FencedLeaderEpochError(RetriableError):
     """The request's leader epoch is older than the broker's."""
 
@@ -371,6 +359,18 @@ class UnknownLeaderEpochError(RetriableError):
     """The request's leader epoch is newer than the broker's."""
 
     code = ErrorCode.UNKNOWN_LEADER_EPOCH
+
+
+class FetchSessionIdNotFoundError(RetriableError):
+    """The fetch session is not (or no longer) in the broker's cache; send a full request."""
+
+    code = ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+
+
+class InvalidFetchSessionEpochError(RetriableError):
+    """The fetch session epoch is not the one the broker expects; send a full request."""
+
+    code = ErrorCode.INVALID_FETCH_SESSION_EPOCH
 
 
 class StaleBrokerEpochError(MiniBrokerError):
