@@ -38,6 +38,7 @@ PURE = [
     "client/completed_fetch.py",
     "client/producer_record.py",
     "client/metadata_cache.py",
+    "client/fetch_session.py",
     "metadata/acl.py",
     "metadata/records.py",
     "metadata/image.py",
