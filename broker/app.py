@@ -114,6 +114,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
     tls = config.tls
     rm = ReplicaManager(config, log_manager, metrics, config.controller, faults, tls)
     metrics.acls_total.set_function(lambda: len(rm.image.acls))
+    metrics.refresh_on_scrape(asyncio.get_running_loop(), rm.background.update_replica_gauges)
     try:
         rm.load_existing_logs()
     except Exception as err:

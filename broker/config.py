@@ -106,6 +106,13 @@ BROKER_KEYS: tuple[ConfigKey, ...] = (
         at_least(10),
     ),
     ConfigKey("replica.fetch.wait.max.ms", int, 500, "follower long-poll wait", at_least(0)),
+    ConfigKey(
+        "max.incremental.fetch.session.cache.slots",
+        int,
+        1000,
+        "fetch sessions (KIP-227) a broker keeps; 0 = every fetch is a full one",
+        at_least(0),
+    ),
     ConfigKey("replica.fetch.min.bytes", int, 1, "follower long-poll minimum", at_least(0)),
     ConfigKey(
         "replica.fetch.max.bytes", int, 1048576, "per-partition follower fetch size", at_least(1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import grpc
 
@@ -19,12 +19,20 @@ from minibroker.broker import wire
 from minibroker.client.common.log import get_logger
 from minibroker.client.common.netfaults import NetFaults
 from minibroker.client.common.tls import TlsSettings, aio_channel
+from minibroker.client.errors import ErrorCode
+from minibroker.client.fetch_session import FetchRequestData, FetchSessionHandler
 from minibroker.client.stream import RequestStream
 from minibroker.client.types import TopicPartition
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
 log = get_logger(__name__)
+
+Asked: TypeAlias = wire.FetchPartitionRequest
+# Top-level errors after which the next request, a full one, goes out at once (KIP-227).
+SESSION_ERRORS = frozenset(
+    {ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH}
+)
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 256 * 1024 * 1024),
@@ -46,6 +54,8 @@ class FollowerHost(Protocol):
     def follower_fetch_state(
         self, tp: TopicPartition, leader_id: int
     ) -> wire.FetchPartitionRequest | None: ...
+
+    def throttling(self) -> bool: ...
 
     def throttle_fetch(
         self, partitions: list[TopicPartition], cursor: int
@@ -94,6 +104,12 @@ class Fetcher:
         self._task: asyncio.Task[None] | None = None
         self._polling = False
         self._throttle_cursor = 0  # round-robin over throttled partitions (KIP-73)
+        # KIP-227: one fetch session with this leader. `_wanted` holds each partition's current
+        # request (the very object follower_fetch_state returned, which its answer is matched
+        # by); `_stale` the partitions whose state must be asked for again before the next poll.
+        self._session: FetchSessionHandler[Asked] = FetchSessionHandler(leader_id)
+        self._wanted: dict[TopicPartition, Asked] = {}
+        self._stale: set[TopicPartition] = set()
 
     @property
     def partitions(self) -> frozenset[TopicPartition]:
@@ -101,10 +117,19 @@ class Fetcher:
 
     def add(self, tp: TopicPartition) -> None:
         self._partitions.add(tp)
+        self._stale.add(tp)
         self._interrupt()
 
     def remove(self, tp: TopicPartition) -> None:
         self._partitions.discard(tp)
+        self._stale.discard(tp)
+        self._wanted.pop(tp, None)
+        self._interrupt()
+
+    def wake(self, tp: TopicPartition) -> None:
+        """Ask for `tp`'s fetch state again now (it changed outside an answer)."""
+        if tp in self._partitions:
+            self._stale.add(tp)
         self._interrupt()
 
     def _interrupt(self) -> None:
@@ -126,29 +151,43 @@ class Fetcher:
         await self._stream.close()
         await self._channel.close(grace=None)
 
-    def _build_request(
-        self,
-    ) -> tuple[pb.FetchRequest, dict[tuple[str, int], wire.FetchPartitionRequest]] | None:
-        """The next long poll and what was asked per partition (answers are matched to it)."""
+    def _build_request(self) -> tuple[pb.FetchRequest, FetchRequestData[Asked]] | None:
+        """The next long poll, and the session data that says what it covers (every partition
+        the session holds: the ones it names and the implied ones an answer may carry)."""
+        host = self._host
+        # Only the partitions whose fetch state may have moved are asked again (answered last
+        # round, added, woken, or not fetchable last time): an idle one keeps its request
+        # object, so the session finds it unchanged and leaves it out (KIP-227).
+        for tp in list(self._stale):
+            state = host.follower_fetch_state(tp, self.leader_id)
+            if state is None:
+                self._wanted.pop(tp, None)  # backing off: asked again next round
+            else:
+                self._wanted[tp] = state
+                self._stale.discard(tp)
+        wanted: dict[TopicPartition, Asked] = self._wanted
+        if host.throttling():
+            # KIP-73: throttled partitions are left out while the follower quota is exceeded.
+            asked, self._throttle_cursor = host.throttle_fetch(
+                sorted(self._wanted), self._throttle_cursor
+            )
+            if len(asked) != len(self._wanted):
+                wanted = {tp: self._wanted[tp] for tp in asked}
+        data = self._session.build(wanted)
+        if not data.to_send and not data.to_forget and not data.session:
+            return None
         request = pb.FetchRequest(
-            replica_id=self._host.broker_id,
-            replica_epoch=self._host.broker_epoch(),
+            replica_id=host.broker_id,
+            replica_epoch=host.broker_epoch(),
             max_wait_ms=self._max_wait_ms,
             min_bytes=self._min_bytes,
             max_bytes=self._response_max_bytes,
+            session_id=data.session_id,
+            session_epoch=data.epoch,
         )
         # Built in place with add(): finished sub-messages handed to a constructor are copied.
         topics: dict[str, Any] = {}
-        sent: dict[tuple[str, int], wire.FetchPartitionRequest] = {}
-        # KIP-73: throttled partitions are left out while the follower quota is exceeded.
-        asked, self._throttle_cursor = self._host.throttle_fetch(
-            sorted(self._partitions), self._throttle_cursor
-        )
-        for tp in sorted(asked):
-            state = self._host.follower_fetch_state(tp, self.leader_id)
-            if state is None:
-                continue
-            sent[tp] = state
+        for tp, state in data.to_send.items():
             partitions = topics.get(tp.topic)
             if partitions is None:
                 partitions = topics[tp.topic] = request.topics.add(topic=tp.topic).partitions
@@ -160,7 +199,15 @@ class Fetcher:
                 log_start_offset=state.log_start_offset,
                 partition_max_bytes=self._max_bytes,
             )
-        return (request, sent) if topics else None
+        forgotten: dict[str, Any] = {}
+        for tp in data.to_forget:
+            numbers = forgotten.get(tp.topic)
+            if numbers is None:
+                numbers = forgotten[tp.topic] = request.forgotten_topics_data.add(
+                    topic=tp.topic
+                ).partitions
+            numbers.append(tp.partition)
+        return request, data
 
     async def _run(self) -> None:
         while True:
@@ -173,12 +220,14 @@ class Fetcher:
                 except TimeoutError:
                     pass
                 continue
-            request, sent = planned
+            request, data = planned
             timeout_s = self._max_wait_ms / 1000.0 + 10.0
             self._polling = True
             try:
                 response = await self._stream.request(request, timeout_s)
             except grpc.aio.AioRpcError as err:
+                # The leader may or may not have taken the request: the session starts over.
+                self._session.handle_error()
                 if err.code() == grpc.StatusCode.CANCELLED and self._wake.is_set():
                     continue
                 log.debug("follower_fetch_failed", leader=self.leader_id, status=err.code().name)
@@ -186,22 +235,46 @@ class Fetcher:
                 continue
             finally:
                 self._polling = False
-            for result in wire.decode_fetch_response(response):
-                asked = sent.get((result.topic, result.partition))
-                if asked is None:
-                    continue  # the leader answered for a partition we did not ask about
-                try:
-                    await self._host.apply_follower_fetch(self.leader_id, asked, result)
-                except Exception:
-                    # A storage error on one partition must not end fetching for the others;
-                    # its core did not advance, so the next round asks for the same offset.
-                    log.exception(
-                        "follower_fetch_apply_failed",
-                        leader=self.leader_id,
-                        topic=result.topic,
-                        partition=result.partition,
-                    )
+            results = wire.decode_fetch_response(response)
+            error = ErrorCode(response.error_code)
+            if not self._session.handle_response(
+                data,
+                error,
+                response.session_id,
+                [TopicPartition(r.topic, r.partition) for r in results],
+            ):
+                # A session error (the next request is a full one, at once) or an answer that
+                # does not match the session: nothing of it is applied.
+                if error not in SESSION_ERRORS:
+                    log.debug("follower_fetch_refused", leader=self.leader_id, error=error.name)
+                    for result in results:
+                        if result.error != ErrorCode.NONE:
+                            await self._apply(data, result)
                     await asyncio.sleep(self._backoff_s)
+                continue
+            for result in results:
+                await self._apply(data, result)
+
+    async def _apply(
+        self, data: FetchRequestData[Asked], result: wire.FetchPartitionResult
+    ) -> None:
+        tp = TopicPartition(result.topic, result.partition)
+        asked = data.session.get(tp)
+        if asked is None:
+            return  # the leader answered for a partition we did not ask about
+        self._stale.add(tp)  # its fetch state moves with the answer: asked again next round
+        try:
+            await self._host.apply_follower_fetch(self.leader_id, asked, result)
+        except Exception:
+            # A storage error on one partition must not end fetching for the others;
+            # its core did not advance, so the next round asks for the same offset.
+            log.exception(
+                "follower_fetch_apply_failed",
+                leader=self.leader_id,
+                topic=result.topic,
+                partition=result.partition,
+            )
+            await asyncio.sleep(self._backoff_s)
 
 
 class FetcherManager:
@@ -279,7 +352,7 @@ class FetcherManager:
         leader_id = self._assignment.get(tp)
         fetcher = self._fetchers.get(leader_id) if leader_id is not None else None
         if fetcher is not None:
-            fetcher._interrupt()
+            fetcher.wake(tp)
 
     def _stop_later(self, fetcher: Fetcher) -> None:
         task = asyncio.create_task(fetcher.stop())

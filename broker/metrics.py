@@ -3,19 +3,44 @@
 I/O shell only in that `serve` opens the /metrics port (through client.common.metrics). Kafka's
 JMX name `kafka.server:type=ReplicaManager,name=UnderReplicatedPartitions` becomes
 `kafka_server_ReplicaManager_UnderReplicatedPartitions`; meters ("PerSec") become counters, whose
-rate Prometheus computes. Gauges are refreshed by the replica manager once a second.
+rate Prometheus computes. Gauges over every hosted replica (under-replicated, leaders, lag) are
+computed on the event loop when /metrics is read; the others are refreshed four times a second.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable
+
 from prometheus_client import Counter, Gauge
+from prometheus_client.metrics_core import Metric
 
 from minibroker.client.common.metrics import new_registry
+
+
+class _BeforeScrape:
+    """A collector registered first in the registry: it collects nothing, but runs the
+    refresh hook before the gauges after it are read."""
+
+    def __init__(self) -> None:
+        self.refresh: Callable[[], None] | None = None
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> list[Metric]:
+        if self.refresh is not None:
+            self.refresh()
+        return []
 
 
 class BrokerMetrics:
     def __init__(self) -> None:
         self.registry = new_registry()
+        self._before_scrape = _BeforeScrape()
+        self.registry.register(self._before_scrape)  # type: ignore[arg-type]
         rm = "kafka_server_ReplicaManager_"
         topics = "kafka_server_BrokerTopicMetrics_"
 
@@ -62,6 +87,48 @@ class BrokerMetrics:
             topics + "FailedProduceRequestsPerSec", "partition produces answered with an error"
         )
         self.fetch_requests = counter(topics + "TotalFetchRequestsPerSec", "fetch requests")
+        # KIP-227 fetch sessions (broker/fetch_session.py). Kafka's FetchSessionCache gauges and
+        # eviction meter, and minibroker's per-kind counts of the partition entries that fetch
+        # requests and answers carry and that fetches read (an idle session adds none of them).
+        fsc = "kafka_server_FetchSessionCache_"
+        self.fetch_sessions = gauge(fsc + "NumIncrementalFetchSessions", "fetch sessions cached")
+        self.fetch_session_partitions = gauge(
+            fsc + "NumIncrementalFetchPartitionsCached", "partitions in all cached fetch sessions"
+        )
+        self.fetch_session_evictions = counter(
+            fsc + "IncrementalFetchSessionEvictionsPerSec", "fetch sessions evicted"
+        )
+        kinds = ["kind"]
+        self.fetch_request_partitions = Counter(
+            "minibroker_fetch_request_partitions",
+            "partition entries in fetch requests received (forgotten ones included)",
+            kinds,
+            registry=self.registry,
+        )
+        self.fetch_response_partitions = Counter(
+            "minibroker_fetch_response_partitions",
+            "partition entries in fetch answers sent",
+            kinds,
+            registry=self.registry,
+        )
+        self.fetch_partitions_evaluated = Counter(
+            "minibroker_fetch_partitions_evaluated",
+            "partition reads done to answer fetches (each look at a partition counts)",
+            kinds,
+            registry=self.registry,
+        )
+        self.fetch_session_full_requests = Counter(
+            "minibroker_fetch_session_full_requests",
+            "full fetch requests that open a fetch session (epoch 0)",
+            kinds,
+            registry=self.registry,
+        )
+        self.fetch_session_errors = Counter(
+            "minibroker_fetch_session_errors",
+            "fetches refused for their session (70 FETCH_SESSION_ID_NOT_FOUND, 71 epoch)",
+            ["code"],
+            registry=self.registry,
+        )
         self.invalid_crc = counter(
             topics + "InvalidMessageCrcRecordsPerSec", "batches rejected for a bad CRC"
         )
@@ -113,3 +180,35 @@ class BrokerMetrics:
             "minibroker_broker_LogTruncationsPerSec",
             "follower truncations (diverging epoch or out of range)",
         )
+
+    def refresh_on_scrape(
+        self, loop: asyncio.AbstractEventLoop, refresh: Callable[[], None]
+    ) -> None:
+        """Run `refresh` on `loop` (the thread that owns what it reads) before every scrape.
+        A loop that does not answer within REFRESH_TIMEOUT_S (a paused process) leaves the
+        gauges as they were last set."""
+        owner = threading.get_ident()
+
+        def before_scrape() -> None:
+            if threading.get_ident() == owner:
+                refresh()
+                return
+            done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+            def run() -> None:
+                try:
+                    refresh()
+                    done.set_result(None)
+                except BaseException as err:  # handed to the scraping thread
+                    done.set_exception(err)
+
+            try:
+                loop.call_soon_threadsafe(run)
+                done.result(REFRESH_TIMEOUT_S)
+            except Exception:
+                pass  # stale gauges are better than a failed scrape
+
+        self._before_scrape.refresh = before_scrape
+
+
+REFRESH_TIMEOUT_S = 2.0

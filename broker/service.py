@@ -20,6 +20,7 @@ from minibroker.broker import authz, wire
 from minibroker.client.common.grpc_limits import RequestBudget
 from minibroker.client.common.log import get_logger
 from minibroker.client.common.security import ServerSecurity, authenticated, caller
+from minibroker.metadata.acl import AclOperation
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
@@ -81,10 +82,22 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
         return response
 
     async def _fetch_one(self, request: pb.FetchRequest) -> pb.FetchResponse:
-        allowed, refusals = authz.fetch(self._access, caller(), request)
+        who = caller()
+        allowed, refusals = authz.fetch(self._access, who, request)
         if allowed is None:
             return refusals
-        response = wire.encode_fetch(await self._rm.fetch(wire.decode_fetch(allowed)))
+        params = wire.decode_fetch(allowed)
+        # A fetch session (KIP-227) answers only the one who opened it; the partitions it
+        # remembers are authorized again each time one is read.
+        topic_allowed = None
+        if self._access.enabled and not params.is_follower:
+            topic_allowed = functools.partial(self._access.on_topic, who, AclOperation.READ)
+        answer = await self._rm.fetch(
+            params, owner=(params.replica_id, str(who.principal)), topic_allowed=topic_allowed
+        )
+        response = wire.encode_fetch(
+            answer.partitions, session_id=answer.session_id, error=answer.error
+        )
         response.topics.extend(refusals.topics)
         return response
 

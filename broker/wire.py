@@ -18,7 +18,7 @@ from minibroker.broker.replication.events import (
 from minibroker.client.common.pbwire import pb_error_code
 from minibroker.client.errors import ErrorCode
 from minibroker.client.topic_name import invalid_topic_name
-from minibroker.client.types import NO_LEADER
+from minibroker.client.types import NO_LEADER, TopicPartition
 from minibroker.metadata.image import MetadataImage
 from minibroker.proto import minibroker_pb2 as pb
 
@@ -70,6 +70,12 @@ class FetchParams:
     max_bytes: int
     rack_id: str
     partitions: tuple[FetchPartitionRequest, ...]
+    # KIP-227: the fetch session (0 = none), its epoch (-1 = sessionless full request, 0 = full
+    # request opening a session, >= 1 = incremental) and the partitions an incremental request
+    # drops from the session.
+    session_id: int = 0
+    session_epoch: int = -1
+    forgotten: tuple[TopicPartition, ...] = ()
 
     @property
     def is_follower(self) -> bool:
@@ -198,6 +204,11 @@ def decode_fetch(request: pb.FetchRequest) -> FetchParams:
             for t in request.topics
             for p in t.partitions
         ),
+        session_id=request.session_id,
+        session_epoch=request.session_epoch if request.HasField("session_epoch") else -1,
+        forgotten=tuple(
+            TopicPartition(t.topic, p) for t in request.forgotten_topics_data for p in t.partitions
+        ),
     )
 
 
@@ -280,8 +291,13 @@ def encode_produce(results: list[ProduceResult]) -> pb.ProduceResponse:
     return response
 
 
-def encode_fetch(results: list[FetchPartitionResult]) -> pb.FetchResponse:
-    response = pb.FetchResponse()
+def encode_fetch(
+    results: list[FetchPartitionResult],
+    *,
+    session_id: int = 0,
+    error: ErrorCode = ErrorCode.NONE,
+) -> pb.FetchResponse:
+    response = pb.FetchResponse(session_id=session_id, error_code=pb_error_code(error))
     for partitions, r in _partitions_by_topic(response.topics, results):
         partitions.add(
             partition=r.partition,

@@ -27,6 +27,7 @@ from minibroker.client.errors import (
     UnknownServerError,
     error_for,
 )
+from minibroker.client.fetch_session import FetchSessionHandler
 from minibroker.client.offsets import ConsumerSettings, OffsetFetcher, refresh_and_back_off
 from minibroker.client.records import uncompressed_limit
 from minibroker.client.subscription import FetchState, PartitionState, SubscriptionState
@@ -43,6 +44,10 @@ from minibroker.client.wire import (
 )
 
 log = logging.getLogger("minibroker.client.consumer")
+
+_SESSION_ERRORS = frozenset(
+    {ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH}
+)
 
 # Partition errors after which the client should look for the leader again and retry: a
 # follower that is not ready to serve (REPLICA_NOT_AVAILABLE) and a new leader whose HW lags
@@ -74,6 +79,7 @@ class Fetcher:
             settings, cluster, subscriptions, self.decode_limit, self._answered
         )
         self._node_busy: set[int] = set()
+        self._sessions: dict[int, FetchSessionHandler[FetchTarget]] = {}  # by node (KIP-227)
 
     def wake(self) -> None:
         self.loop.wake()
@@ -193,13 +199,27 @@ class Fetcher:
             }
             if not sent:
                 return
+            # KIP-227: the node's fetch session names only what changed since the last
+            # request; the partitions left out this round are forgotten until fetchable again.
+            session = self._sessions.get(node)
+            if session is None:
+                session = self._sessions[node] = FetchSessionHandler(node)
+            data = session.build(
+                {
+                    tp: FetchTarget(tp, md.leader_epoch(tp), offset)
+                    for tp, (_, offset) in sent.items()
+                }
+            )
             request = fetch_request(
-                [FetchTarget(tp, md.leader_epoch(tp), offset) for tp, (_, offset) in sent.items()],
+                data.to_send.values(),
                 max_wait_ms=settings.fetch_max_wait_ms,
                 min_bytes=settings.fetch_min_bytes,
                 max_bytes=settings.fetch_max_bytes,
                 partition_max_bytes=settings.max_partition_fetch_bytes,
                 rack_id=settings.client_rack,
+                session_id=data.session_id,
+                session_epoch=data.epoch,
+                forgotten=data.to_forget,
             )
             address = md.address(node) or f"node {node}"
             leader_of = {tp: md.leader_for(tp) for tp in sent}
@@ -208,7 +228,9 @@ class Fetcher:
                 resp = await call(self.cluster.fetch(address, request, timeout_s), address)
             except CallFailed:
                 # The broker is down or slow: find the leader again and back off these
-                # partitions (the next metadata may name another broker).
+                # partitions (the next metadata may name another broker). The broker may or
+                # may not have taken the request: its session starts over.
+                session.handle_error()
                 md.request_update()
                 for tp in tps:
                     state = states.get(tp)
@@ -216,7 +238,19 @@ class Fetcher:
                         state.read_replica = None
                         state.backoff_until_ms = now_ms() + settings.retry_backoff_ms
                 return
-            for p in fetched_partitions(resp):
+            answered = list(fetched_partitions(resp))
+            if not session.handle_response(
+                data, ErrorCode(resp.error_code), resp.session_id, [p.tp for p in answered]
+            ):
+                # A session error or an answer that does not match the session: nothing of it
+                # is used, and the next request to the node is a full one.
+                if resp.error_code not in _SESSION_ERRORS:
+                    for tp in tps:
+                        state = states.get(tp)
+                        if state is not None:
+                            state.backoff_until_ms = now_ms() + settings.retry_backoff_ms
+                return
+            for p in answered:
                 state = states.get(p.tp)
                 if state is None or p.tp not in sent or state.generation != sent[p.tp][0]:
                     continue  # unassigned or sought while the fetch was out

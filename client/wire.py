@@ -250,7 +250,12 @@ def fetch_request(
     max_bytes: int,
     partition_max_bytes: int,
     rack_id: str,
+    session_id: int = 0,
+    session_epoch: int = -1,
+    forgotten: Iterable[TopicPartition] = (),
 ) -> pb.FetchRequest:
+    """A consumer's Fetch; `session_id`/`session_epoch`/`forgotten` are its fetch session's
+    (KIP-227; the defaults, 0 and -1, ask for no session)."""
     request = pb.FetchRequest(
         replica_id=CONSUMER_REPLICA_ID,
         replica_epoch=_UNSET,
@@ -259,7 +264,17 @@ def fetch_request(
         max_bytes=max_bytes,
         isolation_level=_ISOLATION_LEVEL,
         rack_id=rack_id,
+        session_id=session_id,
+        session_epoch=session_epoch,
     )
+    by_forgotten: dict[str, Any] = {}
+    for tp in forgotten:
+        numbers = by_forgotten.get(tp.topic)
+        if numbers is None:
+            numbers = by_forgotten[tp.topic] = request.forgotten_topics_data.add(
+                topic=tp.topic
+            ).partitions
+        numbers.append(tp.partition)
     by_topic: dict[str, Any] = {}
     for (topic, partition), current_leader_epoch, fetch_offset in targets:
         _partitions(request, by_topic, topic).add(

@@ -51,6 +51,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SASL_AUTHENTICATION_FAILED: _ClassVar[ErrorCode]
     UNKNOWN_PRODUCER_ID: _ClassVar[ErrorCode]
     REASSIGNMENT_IN_PROGRESS: _ClassVar[ErrorCode]
+    FETCH_SESSION_ID_NOT_FOUND: _ClassVar[ErrorCode]
+    INVALID_FETCH_SESSION_EPOCH: _ClassVar[ErrorCode]
     FENCED_LEADER_EPOCH: _ClassVar[ErrorCode]
     UNKNOWN_LEADER_EPOCH: _ClassVar[ErrorCode]
     STALE_BROKER_EPOCH: _ClassVar[ErrorCode]
@@ -118,6 +120,8 @@ KAFKA_STORAGE_ERROR: ErrorCode
 SASL_AUTHENTICATION_FAILED: ErrorCode
 UNKNOWN_PRODUCER_ID: ErrorCode
 REASSIGNMENT_IN_PROGRESS: ErrorCode
+FETCH_SESSION_ID_NOT_FOUND: ErrorCode
+INVALID_FETCH_SESSION_EPOCH: ErrorCode
 FENCED_LEADER_EPOCH: ErrorCode
 UNKNOWN_LEADER_EPOCH: ErrorCode
 STALE_BROKER_EPOCH: ErrorCode
@@ -230,7 +234,7 @@ class PartitionProduceResponse(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., base_offset: _Optional[int] = ..., log_append_time_ms: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., current_leader: _Optional[_Union[LeaderIdAndEpoch, _Mapping]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("replica_id", "replica_epoch", "max_wait_ms", "min_bytes", "max_bytes", "isolation_level", "topics", "rack_id", "correlation_id")
+    __slots__ = ("replica_id", "replica_epoch", "max_wait_ms", "min_bytes", "max_bytes", "isolation_level", "topics", "rack_id", "correlation_id", "session_id", "session_epoch", "forgotten_topics_data")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_EPOCH_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -240,6 +244,9 @@ class FetchRequest(_message.Message):
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     RACK_ID_FIELD_NUMBER: _ClassVar[int]
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FORGOTTEN_TOPICS_DATA_FIELD_NUMBER: _ClassVar[int]
     replica_id: int
     replica_epoch: int
     max_wait_ms: int
@@ -249,7 +256,18 @@ class FetchRequest(_message.Message):
     topics: _containers.RepeatedCompositeFieldContainer[FetchTopic]
     rack_id: str
     correlation_id: int
-    def __init__(self, replica_id: _Optional[int] = ..., replica_epoch: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., isolation_level: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[FetchTopic, _Mapping]]] = ..., rack_id: _Optional[str] = ..., correlation_id: _Optional[int] = ...) -> None: ...
+    session_id: int
+    session_epoch: int
+    forgotten_topics_data: _containers.RepeatedCompositeFieldContainer[ForgottenTopic]
+    def __init__(self, replica_id: _Optional[int] = ..., replica_epoch: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., isolation_level: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[FetchTopic, _Mapping]]] = ..., rack_id: _Optional[str] = ..., correlation_id: _Optional[int] = ..., session_id: _Optional[int] = ..., session_epoch: _Optional[int] = ..., forgotten_topics_data: _Optional[_Iterable[_Union[ForgottenTopic, _Mapping]]] = ...) -> None: ...
+
+class ForgottenTopic(_message.Message):
+    __slots__ = ("topic", "partitions")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FetchTopic(_message.Message):
     __slots__ = ("topic", "partitions")
@@ -276,16 +294,18 @@ class FetchPartition(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., last_fetched_epoch: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
-    __slots__ = ("error_code", "topics", "throttle_time_ms", "correlation_id")
+    __slots__ = ("error_code", "topics", "throttle_time_ms", "correlation_id", "session_id")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     error_code: ErrorCode
     topics: _containers.RepeatedCompositeFieldContainer[FetchTopicResponse]
     throttle_time_ms: int
     correlation_id: int
-    def __init__(self, error_code: _Optional[_Union[ErrorCode, str]] = ..., topics: _Optional[_Iterable[_Union[FetchTopicResponse, _Mapping]]] = ..., throttle_time_ms: _Optional[int] = ..., correlation_id: _Optional[int] = ...) -> None: ...
+    session_id: int
+    def __init__(self, error_code: _Optional[_Union[ErrorCode, str]] = ..., topics: _Optional[_Iterable[_Union[FetchTopicResponse, _Mapping]]] = ..., throttle_time_ms: _Optional[int] = ..., correlation_id: _Optional[int] = ..., session_id: _Optional[int] = ...) -> None: ...
 
 class FetchTopicResponse(_message.Message):
     __slots__ = ("topic", "partitions")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from minibroker.client.common.clock import wall_clock_ms
@@ -29,6 +29,7 @@ class Background:
         # (recorded bytes, throttled count) of the leader and follower quotas at the last
         # metrics refresh: the counters grow by the difference.
         self._quota_totals = [(0, 0), (0, 0)]
+        self._session_evictions = 0  # the fetch session cache's count at the last refresh
 
     async def run(self, stop: asyncio.Event) -> None:
         """ISR shrink checks, produce expiry, checkpoints, retention, metrics gauges."""
@@ -68,7 +69,11 @@ class Background:
         manager = rm.log_manager
         mono = time.monotonic()
         now = wall_clock_ms()
-        self._each_partition("expire_produces", lambda tp: rm.run(engine.expire_produces(tp, now)))
+        self._each_partition(
+            "expire_produces",
+            lambda tp: rm.run(engine.expire_produces(tp, now)),
+            engine.produces_waiting(),
+        )
         if mono - last["shrink"] >= shrink_every:
             last["shrink"] = mono
             self._each_partition(
@@ -102,9 +107,15 @@ class Background:
             if not self._rm.maybe_take_log_dir_offline(err, step):
                 log.exception("background_step_failed", step=step)
 
-    def _each_partition(self, step: str, fn: Callable[[TopicPartition], Any]) -> None:
-        """Run one background step per partition; one partition's failure spares the others."""
-        for tp in self._rm.engine:
+    def _each_partition(
+        self,
+        step: str,
+        fn: Callable[[TopicPartition], Any],
+        partitions: Iterable[TopicPartition] | None = None,
+    ) -> None:
+        """Run one background step per partition (every hosted one unless `partitions` are
+        given); one partition's failure spares the others."""
+        for tp in self._rm.engine if partitions is None else partitions:
             if self._rm.log_dir_failure is not None:
                 return
             try:
@@ -122,6 +133,7 @@ class Background:
         deleted = partition_log.delete_retention(now, self._rm.engine.high_watermark(tp))
         if deleted:
             self._rm.run(self._rm.engine.on_log_start_offset_advanced(tp))
+            self._rm.fetching.changed(tp)  # fetch sessions answer the new log start
             log.info(
                 "segments_deleted",
                 topic=tp.topic,
@@ -130,7 +142,9 @@ class Background:
                 log_start_offset=partition_log.log_start_offset,
             )
 
-    def _update_gauges(self) -> None:
+    def update_replica_gauges(self) -> None:
+        """The gauges that look at every hosted replica: computed when metrics are read
+        (BrokerMetrics.refresh_on_scrape), not on a timer, so idle replicas cost nothing."""
         rm = self._rm
         gauges = rm.engine.gauges()
         m = rm.metrics
@@ -140,8 +154,17 @@ class Background:
         m.leader_count.set(gauges.leaders)
         m.partition_count.set(gauges.partitions)
         m.max_lag.set(gauges.max_lag)
-        m.fetch_purgatory.set(len(rm.fetch_signals) + len(rm.hw_signals))
         m.produce_purgatory.set(gauges.pending_produces)
+
+    def _update_gauges(self) -> None:
+        rm = self._rm
+        m = rm.metrics
+        m.fetch_purgatory.set(len(rm.fetch_signals) + len(rm.hw_signals) + rm.fetching.parked)
+        sessions = rm.fetching.sessions
+        m.fetch_sessions.set(len(sessions))
+        m.fetch_session_partitions.set(sessions.partitions_cached)
+        m.fetch_session_evictions.inc(sessions.evictions - self._session_evictions)
+        self._session_evictions = sessions.evictions
         self._update_quota_metrics()
 
     def _update_quota_metrics(self) -> None:

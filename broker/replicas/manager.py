@@ -18,7 +18,7 @@ to the controller and exits (Kafka halts when its last log dir fails).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ from minibroker.broker.fetcher import FetcherManager
 from minibroker.broker.metrics import BrokerMetrics
 from minibroker.broker.purgatory import KeySignals
 from minibroker.broker.replicas.background import Background
-from minibroker.broker.replicas.fetch import FetchHandler
+from minibroker.broker.replicas.fetch import FetchAnswer, FetchHandler
 from minibroker.broker.replicas.metadata_apply import MetadataApplier
 from minibroker.broker.replicas.produce import ProduceHandler
 from minibroker.broker.replicas.producer_ids import ProducerIds
@@ -202,8 +202,14 @@ class ReplicaManager:
     ) -> list[wire.ProduceResult]:
         return await self.producing.produce(acks, timeout_ms, partitions)
 
-    async def fetch(self, params: wire.FetchParams) -> list[wire.FetchPartitionResult]:
-        return await self.fetching.fetch(params)
+    async def fetch(
+        self,
+        params: wire.FetchParams,
+        *,
+        owner: Hashable = None,
+        topic_allowed: Callable[[str], bool] | None = None,
+    ) -> FetchAnswer:
+        return await self.fetching.fetch(params, owner=owner, topic_allowed=topic_allowed)
 
     def list_offsets(
         self, partitions: list[wire.ListOffsetsPartition]
@@ -339,11 +345,14 @@ class ReplicaManager:
                     future.set_result(output)
             elif isinstance(output, WakeFollowerFetches):
                 self.fetch_signals.notify(output.tp)
+                self.fetching.changed(output.tp)
             elif isinstance(output, HighWatermarkMoved):
                 self.hw_signals.notify(output.tp)
+                self.fetching.changed(output.tp)
             elif isinstance(output, WakeFetches):
                 self.fetch_signals.notify(output.tp)
                 self.hw_signals.notify(output.tp)
+                self.fetching.changed(output.tp)
             elif isinstance(output, Appended):
                 self._on_appended(output)
             elif isinstance(output, SendAlterPartition):

@@ -65,6 +65,15 @@ class ReplicaViews(Generic[S]):
         invariant(hosted is not None, f"{tp} is not hosted")
         return hosted.core.high_watermark  # type: ignore[union-attr]
 
+    def follower_out_of_sync(self, tp: TopicPartition, replica_id: int) -> bool:
+        """`replica_id` follows `tp`, led here, from outside its ISR: its next fetch may
+        expand the ISR (once it is caught up, eligible, and no ISR change is in flight)."""
+        hosted = self._hosted.get(tp)
+        if hosted is None:
+            return False
+        core = hosted.core
+        return core.is_leader and replica_id not in core.isr
+
     def high_watermarks(self) -> dict[TopicPartition, int]:
         """Every hosted replica's HW (what the HW checkpoint writes)."""
         return {tp: h.core.high_watermark for tp, h in self._hosted.items()}

@@ -174,7 +174,7 @@ async def consume(
 ) -> wire.FetchPartitionResult:
     request = wire.FetchPartitionRequest(tp.topic, tp.partition, LEADER_EPOCH, 0, -1, 0, 1 << 20)
     params = wire.FetchParams(replica_id, -1, 0, 1, 1 << 20, "", (request,))
-    (result,) = await rm.fetch(params)
+    (result,) = (await rm.fetch(params)).partitions
     return result
 
 
