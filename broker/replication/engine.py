@@ -115,6 +115,9 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
         self._hosted: dict[TopicPartition, HostedReplica[S]] = {}
         self._known_topics: dict[str, str] = {}  # topic id -> name, as last acted on
         self._next_token = 0  # the last acks=all produce token (serving.py's `produce`)
+        # Partitions that may have acks=all produces parked (a superset: emptied lazily), so a
+        # broker with thousands of idle partitions does not look at each one every tick.
+        self._produces_waiting: set[TopicPartition] = set()
         self._next_generation = 0
         # The KAFKA_STORAGE_ERROR message once the dir is offline; never cleared (a failed dir
         # comes back only with a new broker process).
@@ -528,6 +531,16 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
         if hosted is not None:
             self._interpret(hosted, hosted.core.expire_produce(token)[1], out)
         return out
+
+    def produces_waiting(self) -> list[TopicPartition]:
+        """The partitions with acks=all produces parked now (`expire_produces` needs no other)."""
+        hosted = self._hosted
+        waiting = self._produces_waiting
+        for tp in list(waiting):
+            entry = hosted.get(tp)
+            if entry is None or not entry.core.pending_produce_count:
+                waiting.discard(tp)
+        return list(waiting)
 
     def expire_produces(self, tp: TopicPartition, now_ms: int) -> list[Output]:
         """Answer the acks=all produces of `tp` past their deadline (REQUEST_TIMED_OUT)."""

@@ -58,6 +58,7 @@ class ReplicaServing(Generic[S]):
     offline: str | None
     _hosted: dict[TopicPartition, HostedReplica[S]]
     _next_token: int
+    _produces_waiting: set[TopicPartition]
     leader_quota: RateQuota
 
     if TYPE_CHECKING:
@@ -100,6 +101,8 @@ class ReplicaServing(Generic[S]):
             reply, acks, records, now_ms, deadline_ms, self._new_token, out
         )
         self._interpret(hosted, effects, out)
+        if hosted.core.pending_produce_count:
+            self._produces_waiting.add(tp)  # expire_produces looks at these only
         if appended:
             out.append(WakeFollowerFetches(tp))  # wake followers' long polls
         return reply, out

@@ -170,6 +170,7 @@ class LogManager:
         # a new log of the same partition if the broker crashes before the next checkpoint.
         self._deleted_since_checkpoint: set[TopicPartition] = set()
         self._hw_file = OffsetCheckpointFile(data_dir.path / REPLICATION_OFFSET_CHECKPOINT)
+        self._hw_written: dict[TopicPartition, int] | None = None  # what the file holds now
         self._recovery_file = OffsetCheckpointFile(data_dir.path / RECOVERY_POINT_CHECKPOINT)
         self._log_start_file = OffsetCheckpointFile(data_dir.path / LOG_START_OFFSET_CHECKPOINT)
         # What the HW checkpoint held at start for each loaded log, until the log is deleted:
@@ -540,13 +541,17 @@ class LogManager:
         for tp in self._loaded_high_watermarks.keys() - written.keys():
             if tp in logs:
                 written[tp] = self.checkpointed_high_watermark(tp)
+        if written == self._hw_written:
+            return  # nothing moved since the last write (an idle broker writes nothing)
         self._hw_file.write(written)
+        self._hw_written = written
 
     def _drop_deleted_high_watermarks(self) -> None:
         """Rewrite the HW checkpoint without the partitions deleted since it was written, so a
         new log of the same partition never starts from the old one's HW (the others keep the
         HW last written, which is at most theirs now)."""
         deleted = self._deleted_since_checkpoint
+        self._hw_written = None
         kept = self._read_checkpoint(self._hw_file)
         if any(tp in deleted for tp in kept):
             self._hw_file.write({tp: hw for tp, hw in kept.items() if tp not in deleted})
