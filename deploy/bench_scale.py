@@ -2,8 +2,10 @@
 cluster per size, started and stopped with the launcher (free ports on 127.0.0.1, a temp dir;
 every process it starts is stopped by its PID, on errors and Ctrl-C too).
 
-Per size of `--partitions` (e.g. 300,3000,10000), on `--brokers` brokers and one controller, one
-topic `scale` of that many partitions and `--rf` replicas (min.insync.replicas = min(2, RF)), then
+Per size of `--partitions` (e.g. 300,3000,10000), on `--brokers` brokers and one controller (its
+max.partitions and max.broker.partitions raised so that the topics fit, automatic leader
+rebalancing off), one topic `scale` of that many partitions and `--rf` replicas
+(min.insync.replicas = min(2, RF)), then
 in order, each phase with a deadline of `--phase-timeout` seconds (a phase past it is reported as
 ">120 s" and the bench moves on):
   (1) create: from the CreateTopics call until a client's Metadata shows every partition with a
@@ -65,6 +67,8 @@ MIB = 1024 * 1024
 # No automatic leader rebalance: it would undo the kill's moves behind the election phase's back.
 BENCH_SETTINGS = {"leader.imbalance.check.interval.seconds": "3600"}
 FETCH_SESSION = "fetchsession"
+DEFAULT_MAX_PARTITIONS = 10_000  # the controller's max.partitions
+DEFAULT_MAX_BROKER_PARTITIONS = 1000  # and max.broker.partitions
 
 
 def register(sub: Any) -> None:
@@ -147,6 +151,16 @@ def parse_sizes_arg(text: str) -> list[int]:
         return parse_sizes(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def limits_for(partitions: int, rf: int) -> dict[str, str]:
+    """The partition limits raised (never lowered below their defaults) so that the measured
+    topic and the 3-partition one fit: the bench measures cost, not the limits."""
+    total = partitions + SMALL_PARTITIONS
+    return {
+        "max.partitions": str(max(DEFAULT_MAX_PARTITIONS, total)),
+        "max.broker.partitions": str(max(DEFAULT_MAX_BROKER_PARTITIONS, total * rf)),
+    }
 
 
 def parse_setting(text: str) -> tuple[str, str]:
@@ -282,6 +296,8 @@ def phase_cell(phase: Mapping[str, Any] | None, key: str = "s") -> str:
         return "-"
     if phase.get("timed_out"):
         return f">{phase['timeout_s']:g} s"
+    if phase.get("failed"):
+        return "failed"
     value = phase.get(key)
     return "-" if value is None else f"{value:.2f} s"
 
@@ -476,7 +492,12 @@ class SizeRun:
         except TimeoutError:
             error = f"CreateTopics did not return within {self.timeout_s:g} s"
         except MiniBrokerError as err:
-            return {**_timed(None, self.timeout_s), "error": f"{type(err).__name__}: {err}"}
+            return {
+                **_timed(None, self.timeout_s),
+                "timed_out": False,
+                "failed": True,
+                "error": f"{type(err).__name__}: {err}",
+            }
         s, last = await self.poller.until(
             topic, lambda ps: fully_replicated(ps, partitions), t0, self.timeout_s
         )
@@ -688,9 +709,13 @@ class SizeRun:
 
     async def _run(self, out: dict[str, Any]) -> None:
         create = out["create"] = await self.create(TOPIC, self.n)
-        self.say(f"create: {phase_cell(create)} {create['progress']}")
-        if create["timed_out"]:
-            out["error"] = f"topic creation not complete after {self.timeout_s:g} s"
+        self.say(
+            f"create: {phase_cell(create)} {create.get('progress', '')} {create.get('error', '')}"
+        )
+        if create["timed_out"] or create.get("failed"):
+            out["error"] = create.get("error") or (
+                f"topic creation not complete after {self.timeout_s:g} s"
+            )
             return
         idle = out["idle"] = await self.idle()
         self.say(
@@ -728,7 +753,7 @@ def run_size(args: argparse.Namespace, n: int) -> dict[str, Any]:
                 directory,
                 brokers=args.brokers,
                 base_port=0,
-                settings={**BENCH_SETTINGS, **dict(args.settings)},
+                settings={**BENCH_SETTINGS, **limits_for(n, args.rf), **dict(args.settings)},
             )
             size = SizeRun(args, state, n)
             result = asyncio.run(size.run())
