@@ -328,6 +328,15 @@ def table_row(size: Mapping[str, Any]) -> str:
     kill_cell = phase_cell(kill)
     if kill and not kill.get("skipped"):
         kill_cell += f" ({kill['leaderships']} of broker {kill['broker']})"
+    rejoin = size.get("rejoin")
+    rejoin_cell = phase_cell(rejoin)
+    if rejoin and not rejoin.get("skipped") and rejoin.get("not_in_isr") is not None:
+        back = rejoin["replicas"] - rejoin["not_in_isr"]
+        rejoin_cell += f" ({back} of {rejoin['replicas']} ISRs)"
+    election = size.get("election")
+    election_cell = phase_cell(election)
+    if election and not election.get("skipped"):
+        election_cell += f" ({election.get('to_move')} to move)"
     fetch = idle.get("fetch_session_metrics")
     fetch_cell = "-" if not fetch else ", ".join(f"{k}={v:g}" for k, v in sorted(fetch.items()))
 
@@ -350,8 +359,8 @@ def table_row(size: Mapping[str, Any]) -> str:
         _num(idle.get("controller_cpu_pct"), ".1f"),
         _num(idle.get("controller_rss_mib"), ".0f"),
         kill_cell,
-        phase_cell(size.get("rejoin")),
-        phase_cell(size.get("election")),
+        rejoin_cell,
+        election_cell,
         produce_cell("all"),
         produce_cell("three"),
         _num(produce.get("ratio"), ".2f"),
