@@ -10,6 +10,10 @@ in order, each phase with a deadline of `--phase-timeout` seconds (a phase past 
 ">120 s" and the bench moves on):
   (1) create: from the CreateTopics call until a client's Metadata shows every partition with a
       leader and a full ISR;
+  (1b) logs on disk: from the same call until every replica's log dir (with its
+      `partition.metadata`) exists on its broker: Metadata shows a full ISR at once (a new
+      partition starts with every replica in it, as in Kafka) while brokers may still be making
+      the logs, which would otherwise run into the idle window;
   (2) idle: SETTLE_S seconds after that, `--idle-seconds` with no client traffic: CPU % of one
       core (utime + stime from /proc/<pid>/stat over the window) and RSS (the largest VmRSS of
       /proc/<pid>/status, sampled every second) of each broker and of the controller; brokers
@@ -28,7 +32,8 @@ in order, each phase with a deadline of `--phase-timeout` seconds (a phase past 
       over a 3-partition topic of the same RF: records/s from the first send to the flush, and the
       ratio all / 3 (a run past its deadline: the rate of the records acknowledged by then,
       shown next to ">120 s" and used for the ratio). Before each, untimed, one record to a
-      partition of each leader (the producer id and the connections).
+      partition of each leader (the producer id and the connections). The bench's own CPU
+      (the producer) and the brokers' over each run are reported (JSON) to tell who was busy.
 Metadata is polled every POLL_INTERVAL_S seconds (plus the call itself: the median call time is
 reported, the resolution of the timings). A phase's deadline runs from its event. A creation that
 does not complete skips the other phases (reported with how far it got).
@@ -62,6 +67,7 @@ SMALL_TOPIC = "scale-3"
 SMALL_PARTITIONS = 3
 DEFAULT_SIZES = (300, 3000, 10000)
 POLL_INTERVAL_S = 0.02
+LOGS_POLL_S = 0.2
 SETTLE_S = 2.0
 RSS_SAMPLE_S = 1.0
 MIB = 1024 * 1024
@@ -308,9 +314,10 @@ def _num(value: float | None, fmt: str) -> str:
 
 
 TABLE_HEADER = (
-    "| partitions | create | broker CPU % med/max | broker RSS MiB med/max | controller CPU % "
-    "| controller RSS MiB | kill: leaderships moved | rejoin: every ISR | preferred election "
-    "| produce all, rec/s | produce 3, rec/s | all / 3 | FetchSession metrics |"
+    "| partitions | create | logs on disk | broker CPU % med/max | broker RSS MiB med/max "
+    "| controller CPU % | controller RSS MiB | kill: leaderships moved | rejoin: every ISR "
+    "| preferred election | produce all, rec/s | produce 3, rec/s | all / 3 "
+    "| FetchSession metrics |"
 )
 
 
@@ -328,6 +335,10 @@ def table_row(size: Mapping[str, Any]) -> str:
     kill_cell = phase_cell(kill)
     if kill and not kill.get("skipped"):
         kill_cell += f" ({kill['leaderships']} of broker {kill['broker']})"
+    logs = size.get("logs")
+    logs_cell = phase_cell(logs)
+    if logs and logs.get("timed_out"):
+        logs_cell += f" ({logs['missing']} of {logs['replicas']} missing)"
     rejoin = size.get("rejoin")
     rejoin_cell = phase_cell(rejoin)
     if rejoin and not rejoin.get("skipped") and rejoin.get("not_in_isr") is not None:
@@ -352,6 +363,7 @@ def table_row(size: Mapping[str, Any]) -> str:
     cells = [
         f"{size['partitions']}",
         create_cell,
+        logs_cell,
         f"{_num(idle.get('broker_cpu_pct_median'), '.1f')} / "
         f"{_num(idle.get('broker_cpu_pct_max'), '.1f')}",
         f"{_num(idle.get('broker_rss_mib_median'), '.0f')} / "
@@ -483,6 +495,7 @@ class SizeRun:
             state.bootstrap_servers, request_timeout_ms=int(self.timeout_s * 1000)
         )
         self.poller = Poller(self.admin)
+        self.created: tuple[float, list[Any]] = (0.0, [])
 
     def say(self, line: str) -> None:
         _say(self.args, f"[{self.n} partitions] {line}")
@@ -512,10 +525,37 @@ class SizeRun:
         s, last = await self.poller.until(
             topic, lambda ps: fully_replicated(ps, partitions), t0, self.timeout_s
         )
+        self.created = (t0, last or [])
         out = _timed(s, self.timeout_s, progress=creation_progress(last or []))
         if error and s is None:
             out["error"] = error
         return out
+
+    async def logs(self, t0: float, partitions: list[Any]) -> dict[str, Any]:
+        """Until every replica's log exists on its broker's disk (its dir with
+        `partition.metadata`): Metadata shows a new partition's ISR full at once (the controller
+        starts it with every replica, as Kafka does) while the brokers may still be making its
+        logs, so the idle window starts only after this; timed from the CreateTopics call."""
+        dirs = {s.node_id: s.data_dir for s in self.state.brokers}
+        wanted = [
+            os.path.join(dirs[r], f"{TOPIC}-{p.partition}", "partition.metadata")
+            for p in partitions
+            for r in p.replicas
+            if r in dirs
+        ]
+
+        def missing() -> int:
+            return sum(1 for path in wanted if not os.path.exists(path))
+
+        left = len(wanted)
+        while True:
+            left = await asyncio.to_thread(missing)
+            elapsed = time.monotonic() - t0
+            if left == 0:
+                return _timed(elapsed, self.timeout_s, replicas=len(wanted), missing=0)
+            if elapsed >= self.timeout_s:
+                return _timed(None, self.timeout_s, replicas=len(wanted), missing=left)
+            await asyncio.sleep(LOGS_POLL_S)
 
     async def idle(self) -> dict[str, Any]:
         brokers = list(self.state.brokers)
@@ -688,6 +728,8 @@ class SizeRun:
                 return time.monotonic() - started
 
             started = time.monotonic()
+            cpu0 = time.process_time()
+            brokers0 = {b.pid: pid_cpu_s(b.pid) for b in self.state.brokers}
             try:
                 elapsed = await asyncio.wait_for(run(), self.timeout_s)
             except TimeoutError:
@@ -704,9 +746,18 @@ class SizeRun:
         finally:
             await producer.close(timeout_ms=0)
         ok = args.records - failures
+        # Who was busy: this process (the producer) and the brokers, CPU seconds over the run.
+        client_cpu = time.process_time() - cpu0
+        broker_cpu = 0.0
+        for pid, before in brokers0.items():
+            after = pid_cpu_s(pid)
+            if before is not None and after is not None:
+                broker_cpu += after - before
         out = _timed(elapsed, self.timeout_s, partitions=partitions)
         out.update(
             {
+                "client_cpu_s": round(client_cpu, 3),
+                "brokers_cpu_s": round(broker_cpu, 3),
                 "records": args.records,
                 "failed": failures,
                 "records_per_sec": round(rate(ok, elapsed), 1),
@@ -741,6 +792,8 @@ class SizeRun:
                 f"topic creation not complete after {self.timeout_s:g} s"
             )
             return
+        logs = out["logs"] = await self.logs(*self.created)
+        self.say(f"logs on disk: {phase_cell(logs)} {logs}")
         idle = out["idle"] = await self.idle()
         self.say(
             f"idle: brokers CPU {idle['broker_cpu_pct_median']}% median, "
@@ -768,7 +821,9 @@ class SizeRun:
         a = produce["all"].get("records_per_sec") or produce["all"].get(
             "records_per_sec_by_deadline"
         )
-        b = produce["three"].get("records_per_sec")
+        b = produce["three"].get("records_per_sec") or produce["three"].get(
+            "records_per_sec_by_deadline"
+        )
         produce["ratio"] = _r(a / b, 3) if a and b else None
 
 
@@ -783,7 +838,14 @@ def run_size(args: argparse.Namespace, n: int) -> dict[str, Any]:
                 settings={**BENCH_SETTINGS, **limits_for(n, args.rf), **dict(args.settings)},
             )
             size = SizeRun(args, state, n)
-            result = asyncio.run(size.run())
+            # A loop of our own rather than asyncio.run: its SIGINT handler only cancels the main
+            # task, which a client call may absorb; here Ctrl-C raises KeyboardInterrupt at once
+            # and the `finally` below stops the cluster.
+            loop = asyncio.new_event_loop()
+            try:
+                result = loop.run_until_complete(size.run())
+            finally:
+                loop.close()
             calls = size.poller.call_ms
             result["metadata_poll_ms"] = _r(statistics.median(calls), 2) if calls else None
             result["metadata_polls"] = len(calls)
