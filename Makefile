@@ -30,7 +30,7 @@ test-unit: install
 test-integration: install
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
-# Every seeded simulation under tests/sim runs SEEDS seeds: the replication one (500 when SEEDS
+# Every seeded simulation under tests/sim runs SEEDS seeds: the replication one (200 when SEEDS
 # is unset, as in `make test`, spread over one worker process per core; MINIBROKER_SIM_WORKERS=N
 # overrides, MINIBROKER_SIM_SEED=N runs one seed) and the controller quorum's
 # (tests/sim/test_quorum_sim.py; 300 seeds when SEEDS is unset).

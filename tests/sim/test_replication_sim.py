@@ -15,9 +15,10 @@ own options (tests/sim/options.py: brokers, partitions, min.insync.replicas,
 replica.lag.time.max.ms, network loss and delay, each fault's rate, some faults off, network
 partitions), TigerBeetle style.
 
-`MINIBROKER_SIM_SEEDS` sets the seed count (default 500, what `make test` runs; `make sim
-SEEDS=N`); the seeds are spread over one worker process per core (`MINIBROKER_SIM_WORKERS`
-overrides; 1 runs them in this process) and checked in chunks of 100, each failing seed reported
+`MINIBROKER_SIM_SEEDS` sets the seed count (default 200, what `make test` runs: seeds 0-199
+play every scenario the coverage test names; `make sim` runs 500, `make sim SEEDS=N` any number);
+the seeds are spread over one worker process per core (`MINIBROKER_SIM_WORKERS` overrides; 1
+runs them in this process) and checked in chunks of 100, each failing seed reported
 with its one-line reproduction. `MINIBROKER_SIM_SEED` runs one seed, in this process.
 """
 
@@ -31,7 +32,7 @@ import pytest
 from replsim import SimOptions, Simulation
 from seeds import SeedPool, SeedResult
 
-SEEDS = int(os.environ.get("MINIBROKER_SIM_SEEDS", "500"))
+SEEDS = int(os.environ.get("MINIBROKER_SIM_SEEDS", "200"))
 ONE_SEED = os.environ.get("MINIBROKER_SIM_SEED")
 WORKERS = int(os.environ.get("MINIBROKER_SIM_WORKERS", "0")) or None
 SEED_LIST = [int(ONE_SEED)] if ONE_SEED else list(range(SEEDS))
