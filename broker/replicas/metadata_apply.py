@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from minibroker.broker.replication.outputs import PartitionApplyFailed
 from minibroker.broker.storage.errors import InconsistentTopicIdError
 from minibroker.broker.storage.log import PartitionLog
 from minibroker.broker.storage.log_manager import NewLog
 from minibroker.client.common.clock import wall_clock_ms
 from minibroker.client.common.log import get_logger
 from minibroker.client.types import TopicPartition
+from minibroker.metadata.delta import EVERYTHING, delta_of
 from minibroker.metadata.image import TopicImage
 from minibroker.metadata.records import PartitionRecord
 from minibroker.metadata.wire import apply_batch
@@ -36,6 +38,9 @@ class MetadataApplier:
         self._engine = rm.engine
         self.applied_offset = 0  # the image's next offset once a batch is acted on in full
         self._strays_removed = False
+        # Act on every partition on the next batch (the first one, and after a partition's
+        # metadata could not be acted on); otherwise only on what a batch touched.
+        self._act_on_everything = True
 
     def load_existing_logs(self) -> None:
         """Host every partition found on disk; roles come later, from metadata."""
@@ -68,7 +73,13 @@ class MetadataApplier:
         current), the replicas do not.
         """
         rm = self._rm
-        apply_batch(rm.image, batch)
+        applied_from = rm.image.next_offset
+        decoded = apply_batch(rm.image, batch)
+        if decoded.is_snapshot or self._act_on_everything:
+            delta = EVERYTHING
+            self._act_on_everything = False
+        else:
+            delta = delta_of(decoded.entries, applied_from)
         if any(r.WhichOneof("record") in _SCRAM_RECORDS for r in batch.records):
             # Who can log in here changed (SASL PLAIN checks these): names only, never keys.
             log.info(
@@ -76,7 +87,9 @@ class MetadataApplier:
                 users=sorted(rm.image.scram_credentials),
                 metadata_offset=rm.image.next_offset,
             )
-        new, outputs = self._engine.act_on_metadata(wall_clock_ms())
+        new, outputs = self._engine.act_on_metadata(wall_clock_ms(), delta)
+        if any(isinstance(o, PartitionApplyFailed) for o in outputs):
+            self._act_on_everything = True  # one partition failed: the next batch retries all
         rm.run(outputs)
         if new and self._engine.offline is None:
             await self._create_logs(new)
@@ -92,7 +105,8 @@ class MetadataApplier:
         ):
             self._strays_removed = True
             rm.run(self._engine.remove_strays())
-        self._resync_fetchers()
+        if delta.everything or delta.brokers or delta.touches_partitions:
+            self._resync_fetchers()
         self.applied_offset = rm.image.next_offset
 
     def _act_on_new(self, topic: TopicImage, record: PartitionRecord, now: int) -> None:
@@ -106,6 +120,7 @@ class MetadataApplier:
             except Exception as err:
                 # One partition's failure must not stop this broker from following metadata
                 # for every other partition; a disk failure takes the whole dir offline.
+                self._act_on_everything = True
                 if not rm.maybe_take_log_dir_offline(err, f"applying metadata to {tp}"):
                     log.exception(
                         "partition_metadata_apply_failed",

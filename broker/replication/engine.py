@@ -96,6 +96,7 @@ from minibroker.client.replication_throttle import (
 )
 from minibroker.client.topic_config import resolve_topic_config
 from minibroker.client.types import TopicPartition
+from minibroker.metadata.delta import EVERYTHING, MetadataDelta
 from minibroker.metadata.image import MetadataImage, TopicImage
 from minibroker.metadata.records import PartitionRecord
 
@@ -173,10 +174,11 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
         return hosted is None or hosted.topic_id != topic.topic_id
 
     def act_on_metadata(
-        self, now_ms: int
+        self, now_ms: int, delta: MetadataDelta = EVERYTHING
     ) -> tuple[list[tuple[TopicImage, PartitionRecord]], list[Output]]:
         """Act on the image as the shell last applied it: registrations, deleted topics, then
-        every partition record naming this broker (or a hosted one).
+        every partition record naming this broker (or a hosted one) that `delta` says the
+        last batch touched (all of them by default, and after a snapshot).
 
         Returns the records that need a new log (a replica here with no log of that topic id):
         any old log of that name is removed already; the shell creates the logs, `host`s
@@ -194,7 +196,8 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
                     out += self.remove(tp, delete=True, reason=f"topic {name} deleted")
         self._known_topics = {tid: t.name for tid, t in self.image.topics_by_id.items()}
         new: list[tuple[TopicImage, PartitionRecord]] = []
-        for topic, record in self.image.partitions():
+        touched = self.image.partitions() if delta.everything else self._touched(delta)
+        for topic, record in touched:
             if self.offline is not None:
                 break
             if self.needs_log(topic, record):
@@ -208,6 +211,22 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
             else:
                 out += self.act_on_partition(topic, record, now_ms)
         return new, out
+
+    def _touched(self, delta: MetadataDelta) -> list[tuple[TopicImage, PartitionRecord]]:
+        """The image's records of the partitions `delta` names, in `image.partitions()` order."""
+        topics = self.image.topics_by_id
+        out: dict[tuple[str, int], tuple[TopicImage, PartitionRecord]] = {}
+        for topic_id in delta.topics:
+            topic = topics.get(topic_id)
+            if topic is not None:
+                for index, record in topic.partitions.items():
+                    out[(topic.name, index)] = (topic, record)
+        for topic_id, index in delta.partitions:
+            topic = topics.get(topic_id)
+            found = topic.partitions.get(index) if topic is not None else None
+            if topic is not None and found is not None:
+                out[(topic.name, index)] = (topic, found)
+        return [out[key] for key in sorted(out)]
 
     def act_on_partition(
         self, topic: TopicImage, record: PartitionRecord, now_ms: int

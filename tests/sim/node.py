@@ -38,6 +38,7 @@ from minibroker.controller.core.messages import (
     RegisterReply,
     RegisterRequest,
 )
+from minibroker.metadata.delta import EVERYTHING, MetadataDelta, delta_of
 from minibroker.metadata.image import MetadataImage
 from minibroker.metadata.records import LogEntry
 
@@ -60,6 +61,7 @@ class SimBroker(ReplicaShell):
         self.registered = False
         self.broker_epoch = -1  # from the controller's RegisterReply; -1 until then
         self.image = MetadataImage()  # the metadata log as this broker has applied it
+        self.acted_since_start = False  # set once metadata was acted on by this process
         self.metadata_buffer: dict[int, LogEntry] = {}  # arrived out of order, not yet applied
         self.watch: int | None = None  # token of the open WatchMetadata stream
         self.hb_stream: tuple[int, int] | None = None  # (stream id, controller generation)
@@ -89,6 +91,7 @@ class SimBroker(ReplicaShell):
             replica_fetch_backoff_ms=opt.replica_fetch_backoff_ms,
         )
         self.engine = BrokerReplicas(config, self.image)
+        self.acted_since_start = False
         self.fetchers = {}
         self.shutting_down = False
         # MetadataApplier.load_existing_logs: every log on disk is hosted at once, at its
@@ -314,6 +317,7 @@ class SimBroker(ReplicaShell):
             return
         image = self.image
         applied = False
+        applied_entries = []
         if is_snapshot:
             image.replace_with_snapshot(items, offset)
             self.metadata_buffer = {
@@ -327,12 +331,18 @@ class SimBroker(ReplicaShell):
                     self.metadata_buffer[entry.offset] = entry
         # WatchMetadata applies in offset order: what arrived early waits for the gap to fill.
         while image.next_offset in self.metadata_buffer:
-            image.apply(self.metadata_buffer.pop(image.next_offset))
+            entry = self.metadata_buffer.pop(image.next_offset)
+            image.apply(entry)
+            applied_entries.append(entry)
             applied = True
         if applied:
-            self._act_on_metadata()
+            # As the broker's MetadataApplier: everything after a snapshot or a (re)start,
+            # else only what the applied records touched (metadata/delta.py).
+            everything = is_snapshot or not self.acted_since_start
+            self.acted_since_start = True
+            self._act_on_metadata(EVERYTHING if everything else delta_of(applied_entries, 0))
 
-    def _act_on_metadata(self) -> None:
+    def _act_on_metadata(self, delta: MetadataDelta = EVERYTHING) -> None:
         """The shell's part of acting on the metadata (the broker's `apply_metadata_batch`):
         the engine decides; a partition it needs a log for gets this broker's MemLog for it
         (the one that survived the last process, or a new one), hosted at the checkpointed HW.
@@ -340,7 +350,7 @@ class SimBroker(ReplicaShell):
         engine = self.engine
         assert engine is not None
         now = self.sim.now_ms
-        new, outputs = engine.act_on_metadata(now)
+        new, outputs = engine.act_on_metadata(now, delta)
         for topic, record in new:
             # A replica new here (created, or added by a reassignment): a new empty log; the
             # follower's core fetches from the leader's log start (OFFSET_OUT_OF_RANGE path).

@@ -42,6 +42,7 @@ PURE = [
     "metadata/acl.py",
     "metadata/records.py",
     "metadata/image.py",
+    "metadata/delta.py",
     "metadata/placement.py",
     "metadata/assignment_plan.py",
     "client/spark/options.py",
