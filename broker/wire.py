@@ -475,39 +475,47 @@ def encode_metadata(
     return response
 
 
-def encode_alter_partition(
-    topic_id: str, partition: int, proposal: ProposeIsr
+def encode_alter_partitions(
+    proposals: Iterable[tuple[str, int, ProposeIsr]],
 ) -> pb.AlterPartitionRequest:
-    return pb.AlterPartitionRequest(
-        topics=[
-            pb.AlterPartitionTopic(
-                topic_id=topic_id,
-                partitions=[
-                    pb.AlterPartitionPartition(
-                        partition=partition,
-                        leader_epoch=proposal.leader_epoch,
-                        partition_epoch=proposal.partition_epoch,
-                        new_isr_with_epochs=[
-                            pb.BrokerState(broker_id=b, broker_epoch=e)
-                            for b, e in proposal.new_isr_with_epochs
-                        ],
-                        leader_recovery_state=int(proposal.leader_recovery_state),
-                    )
-                ],
-            )
-        ]
-    )
+    """One AlterPartition request for (topic id, partition, proposal)s, grouped by topic."""
+    request = pb.AlterPartitionRequest()
+    by_topic: dict[str, Any] = {}
+    for topic_id, partition, proposal in proposals:
+        partitions = by_topic.get(topic_id)
+        if partitions is None:
+            partitions = by_topic[topic_id] = request.topics.add(topic_id=topic_id).partitions
+        partitions.add(
+            partition=partition,
+            leader_epoch=proposal.leader_epoch,
+            partition_epoch=proposal.partition_epoch,
+            new_isr_with_epochs=[
+                pb.BrokerState(broker_id=b, broker_epoch=e) for b, e in proposal.new_isr_with_epochs
+            ],
+            leader_recovery_state=int(proposal.leader_recovery_state),
+        )
+    return request
 
 
-def decode_alter_partition(
-    proposal_id: int, response: pb.AlterPartitionResponse
-) -> AlterPartitionResult:
-    """The controller's answer to the one partition an AlterPartition request carried."""
+def decode_alter_partitions(
+    asked: list[tuple[str, int, int]], response: pb.AlterPartitionResponse
+) -> list[AlterPartitionResult]:
+    """The controller's answer per (topic id, partition, proposal id) asked, in that order; a
+    partition the answer leaves out gets UNKNOWN_SERVER_ERROR (its core proposes again)."""
     if response.error_code != ErrorCode.NONE:
-        return AlterPartitionResult(proposal_id, ErrorCode(response.error_code))
+        return [AlterPartitionResult(pid, ErrorCode(response.error_code)) for _, _, pid in asked]
+    answered: dict[tuple[str, int], Any] = {}
     for topic in response.topics:
         for p in topic.partitions:
-            return AlterPartitionResult(
+            answered.setdefault((topic.topic_id, p.partition), p)
+    out = []
+    for topic_id, partition, proposal_id in asked:
+        p = answered.get((topic_id, partition))
+        if p is None:
+            out.append(AlterPartitionResult(proposal_id, ErrorCode.UNKNOWN_SERVER_ERROR))
+            continue
+        out.append(
+            AlterPartitionResult(
                 proposal_id,
                 ErrorCode(p.error_code),
                 leader_epoch=p.leader_epoch,
@@ -515,7 +523,8 @@ def decode_alter_partition(
                 isr=frozenset(p.isr),
                 leader_recovery_state=LeaderRecoveryState(p.leader_recovery_state),
             )
-    return AlterPartitionResult(proposal_id, ErrorCode.UNKNOWN_SERVER_ERROR)
+        )
+    return out
 
 
 def encode_init_producer_id(

@@ -106,6 +106,10 @@ def engine_config(config: BrokerConfig, log_dir: str) -> EngineConfig:
     )
 
 
+# The most ISR proposals one AlterPartition request carries (the rest wait for the next one).
+ALTER_PARTITION_BATCH_MAX = 2000
+
+
 class ReplicaManager:
     """The broker's replicas as its servicer, controller link and fetchers see them."""
 
@@ -143,6 +147,9 @@ class ReplicaManager:
         self.controller_address = controller_address
         self.link: Any = None  # ControllerLink, attached after construction
         self.tasks: set[asyncio.Task[Any]] = set()
+        # ISR proposals waiting for the next AlterPartition request, and its sender task.
+        self._alter_queue: list[SendAlterPartition] = []
+        self._alter_sender: asyncio.Task[None] | None = None
         # Set once, never cleared: a failed dir comes back only with a new broker process.
         self.log_dir_failure: LogDirFailure | None = None
         self.log_dir_failed = asyncio.Event()
@@ -356,7 +363,7 @@ class ReplicaManager:
             elif isinstance(output, Appended):
                 self._on_appended(output)
             elif isinstance(output, SendAlterPartition):
-                self.spawn(self._send_proposal(output), f"alter-partition-{output.tp}")
+                self._propose(output)
             elif isinstance(output, StartFollowing):
                 self.fetchers.follow(output.tp, output.leader_id)
             elif isinstance(output, StopFollowing):
@@ -490,28 +497,62 @@ class ReplicaManager:
         )
         self.log_dir_failed.set()
 
-    async def _send_proposal(self, output: SendAlterPartition) -> None:
-        proposal, tp = output.proposal, output.tp
-        if proposal.delay_ms > 0:
-            await asyncio.sleep(proposal.delay_ms / 1000.0)
-        request = wire.encode_alter_partition(output.topic_id, tp.partition, proposal)
-        try:
-            response = await self.link.alter_partition(request)
-            result = wire.decode_alter_partition(proposal.proposal_id, response)
-        except Exception as err:  # transport failure: the core retries the same proposal
-            log.debug(
-                "alter_partition_failed", topic=tp.topic, partition=tp.partition, error=repr(err)
+    def _propose(self, output: SendAlterPartition) -> None:
+        """Queue an ISR proposal for the next AlterPartition request (after its delay, if the
+        core asked for one)."""
+        if output.proposal.delay_ms > 0:
+            self.spawn(self._propose_later(output), f"alter-partition-{output.tp}")
+            return
+        self._alter_queue.append(output)
+        if self._alter_sender is None or self._alter_sender.done():
+            self._alter_sender = self.spawn(self._send_proposals(), "alter-partition")
+
+    async def _propose_later(self, output: SendAlterPartition) -> None:
+        await asyncio.sleep(output.proposal.delay_ms / 1000.0)
+        self._alter_queue.append(output)
+        if self._alter_sender is None or self._alter_sender.done():
+            self._alter_sender = self.spawn(self._send_proposals(), "alter-partition")
+
+    async def _send_proposals(self) -> None:
+        """Kafka's AlterPartitionManager: one AlterPartition request in flight, carrying every
+        proposal queued meanwhile (a partition at most once per request), so a broker that
+        rejoins a thousand ISRs sends a few requests, not a thousand."""
+        while self._alter_queue:
+            batch: list[SendAlterPartition] = []
+            keys: set[tuple[str, int]] = set()
+            rest: list[SendAlterPartition] = []
+            for output in self._alter_queue:
+                key = (output.topic_id, output.tp.partition)
+                if key in keys or len(batch) >= ALTER_PARTITION_BATCH_MAX:
+                    rest.append(output)
+                else:
+                    keys.add(key)
+                    batch.append(output)
+            self._alter_queue = rest
+            request = wire.encode_alter_partitions(
+                [(o.topic_id, o.tp.partition, o.proposal) for o in batch]
             )
-            result = AlterPartitionResult(proposal.proposal_id, ErrorCode.REQUEST_TIMED_OUT)
-        if result.error != ErrorCode.NONE:
-            self.metrics.failed_isr_updates.inc()
-            log.info(
-                "alter_partition_rejected",
-                topic=tp.topic,
-                partition=tp.partition,
-                error=result.error.name,
-                proposed_isr=sorted(proposal.new_isr),
-            )
-        self.run(
-            self.engine.on_alter_partition_result(tp, output.generation, result, wall_clock_ms())
-        )
+            try:
+                response = await self.link.alter_partition(request)
+                results = wire.decode_alter_partitions(
+                    [(o.topic_id, o.tp.partition, o.proposal.proposal_id) for o in batch], response
+                )
+            except Exception as err:  # transport failure: each core retries the same proposal
+                log.debug("alter_partition_failed", partitions=len(batch), error=repr(err))
+                results = [
+                    AlterPartitionResult(o.proposal.proposal_id, ErrorCode.REQUEST_TIMED_OUT)
+                    for o in batch
+                ]
+            now = wall_clock_ms()
+            for output, result in zip(batch, results, strict=True):
+                tp, proposal = output.tp, output.proposal
+                if result.error != ErrorCode.NONE:
+                    self.metrics.failed_isr_updates.inc()
+                    log.info(
+                        "alter_partition_rejected",
+                        topic=tp.topic,
+                        partition=tp.partition,
+                        error=result.error.name,
+                        proposed_isr=sorted(proposal.new_isr),
+                    )
+                self.run(self.engine.on_alter_partition_result(tp, output.generation, result, now))

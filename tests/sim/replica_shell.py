@@ -68,7 +68,7 @@ class Fetcher:
 
 def alter_partition_result(proposal_id: int, reply: AlterPartitionReply) -> AlterPartitionResult:
     """The controller's AlterPartition reply as the engine takes it (what the broker's
-    `wire.decode_alter_partition` makes of the protobuf form)."""
+    `wire.decode_alter_partitions` makes of the protobuf form)."""
     if reply.error != ErrorCode.NONE or not reply.results:
         return AlterPartitionResult(proposal_id, reply.error or ErrorCode.UNKNOWN_SERVER_ERROR)
     result = reply.results[0]
