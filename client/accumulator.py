@@ -175,6 +175,10 @@ class RecordAccumulator:
         self._clock_ms = clock_ms
         self._lock: AbstractContextManager[Any] = lock if lock is not None else _NoLock()
         self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
+        # The partitions whose queue may hold a batch (a superset, emptied lazily by `_live`):
+        # `ready` and `expire` run on every sender pass and look at these only, so a producer
+        # that has written to thousands of partitions does not scan them all per record.
+        self._queued: dict[TopicPartition, None] = {}  # an ordered set
         self._in_flight: dict[TopicPartition, ProducerBatch] = {}
         self._next_sequence: dict[TopicPartition, int] = {}
         # Per topic, the sticky partition's open batch (append_sticky's shortcut).
@@ -394,6 +398,7 @@ class RecordAccumulator:
         if queue is None:
             queue = self._batches[batch.tp] = deque()
         queue.append(batch)
+        self._queued[batch.tp] = None
         self.batches_created += 1
         if self._on_new_batch is not None:
             self._on_new_batch()
@@ -435,8 +440,8 @@ class RecordAccumulator:
         ready: list[TopicPartition] = []
         next_ms: int | None = None
         with self._lock:
-            for tp, queue in self._batches.items():
-                if not queue or tp in self._in_flight:
+            for tp, queue in self._live():
+                if tp in self._in_flight:
                     continue
                 head = queue[0]
                 if self._sendable(head, len(queue), now_ms):
@@ -527,6 +532,7 @@ class RecordAccumulator:
                 del self._in_flight[batch.tp]
             batch.retry_at_ms = now_ms + backoff_ms
             self._batches.setdefault(batch.tp, deque()).appendleft(batch)
+            self._queued[batch.tp] = None
 
     def split_and_reenqueue(
         self,
@@ -579,6 +585,7 @@ class RecordAccumulator:
             queue = self._batches.setdefault(batch.tp, deque())
             for part in reversed(parts):
                 queue.appendleft(part)
+            self._queued[batch.tp] = None
         return parts
 
     def expire(self, now_ms: int, delivery_timeout_ms: int) -> list[ProducerBatch]:
@@ -586,7 +593,7 @@ class RecordAccumulator:
         The caller reports each one with `fail`."""
         expired: list[ProducerBatch] = []
         with self._lock:
-            for queue in self._batches.values():
+            for _, queue in self._live():
                 while queue and now_ms - queue[0].created_ms >= delivery_timeout_ms:
                     expired.append(queue.popleft())
             self._seal(expired)
@@ -639,8 +646,20 @@ class RecordAccumulator:
 
     def has_unsent(self) -> bool:
         with self._lock:
-            return any(self._batches.values())
+            return bool(self._live())
 
     def has_incomplete(self) -> bool:
         with self._lock:
-            return bool(self._in_flight) or any(self._batches.values())
+            return bool(self._in_flight) or bool(self._live())
+
+    def _live(self) -> list[tuple[TopicPartition, deque[ProducerBatch]]]:
+        """The non-empty queues (under the lock); forgets the partitions whose queue emptied."""
+        batches, queued = self._batches, self._queued
+        live = []
+        for tp in list(queued):
+            queue = batches.get(tp)
+            if queue:
+                live.append((tp, queue))
+            else:
+                del queued[tp]
+        return live
