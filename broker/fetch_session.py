@@ -38,24 +38,20 @@ from typing import Literal, Protocol
 
 from minibroker.broker.wire import FetchPartitionRequest, FetchPartitionResult
 from minibroker.client.errors import ErrorCode
+
+# Kafka's FetchMetadata values and epoch rule, shared with the client's handler.
+from minibroker.client.fetch_session import (
+    FINAL_EPOCH,
+    INITIAL_EPOCH,
+    INVALID_SESSION_ID,
+    MAX_EPOCH,
+    next_epoch,
+)
 from minibroker.client.types import TopicPartition
 
-INVALID_SESSION_ID = 0
-INITIAL_EPOCH = 0  # full request: close the named session if any, create a new one
-FINAL_EPOCH = -1  # full request: close the named session if any, stay sessionless
-MAX_EPOCH = 2**31 - 1
 MIN_EVICTION_MS = 120_000  # Kafka's MIN_INCREMENTAL_FETCH_SESSION_EVICTION_MS (a constant)
 
 ContextKind = Literal["sessionless", "full", "incremental", "error"]
-
-
-def next_epoch(epoch: int) -> int:
-    """The epoch after `epoch` (Kafka's FetchMetadata.nextEpoch): -1 stays -1, MAX wraps to 1."""
-    if epoch < 0:
-        return FINAL_EPOCH
-    if epoch == MAX_EPOCH:
-        return 1
-    return epoch + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -628,3 +624,20 @@ class FetchSessionCache:
         self.remove(victim.id)
         self.evictions += 1
         return True
+
+
+__all__ = [
+    "FINAL_EPOCH",
+    "INITIAL_EPOCH",
+    "INVALID_SESSION_ID",
+    "MAX_EPOCH",
+    "MIN_EVICTION_MS",
+    "CachedPartition",
+    "ContextKind",
+    "FetchContext",
+    "FetchMetadata",
+    "FetchSession",
+    "FetchSessionCache",
+    "RandomSource",
+    "next_epoch",
+]

@@ -23,6 +23,7 @@ from minibroker.client.errors import ErrorCode
 from minibroker.client.fetch_session import FetchRequestData, FetchSessionHandler
 from minibroker.client.stream import RequestStream
 from minibroker.client.types import TopicPartition
+from minibroker.client.wire import add_forgotten
 from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
@@ -199,14 +200,7 @@ class Fetcher:
                 log_start_offset=state.log_start_offset,
                 partition_max_bytes=self._max_bytes,
             )
-        forgotten: dict[str, Any] = {}
-        for tp in data.to_forget:
-            numbers = forgotten.get(tp.topic)
-            if numbers is None:
-                numbers = forgotten[tp.topic] = request.forgotten_topics_data.add(
-                    topic=tp.topic
-                ).partitions
-            numbers.append(tp.partition)
+        add_forgotten(request, data.to_forget)
         return request, data
 
     async def _run(self) -> None:

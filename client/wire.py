@@ -267,14 +267,7 @@ def fetch_request(
         session_id=session_id,
         session_epoch=session_epoch,
     )
-    by_forgotten: dict[str, Any] = {}
-    for tp in forgotten:
-        numbers = by_forgotten.get(tp.topic)
-        if numbers is None:
-            numbers = by_forgotten[tp.topic] = request.forgotten_topics_data.add(
-                topic=tp.topic
-            ).partitions
-        numbers.append(tp.partition)
+    add_forgotten(request, forgotten)
     by_topic: dict[str, Any] = {}
     for (topic, partition), current_leader_epoch, fetch_offset in targets:
         _partitions(request, by_topic, topic).add(
@@ -286,6 +279,18 @@ def fetch_request(
             partition_max_bytes=partition_max_bytes,
         )
     return request
+
+
+def add_forgotten(request: pb.FetchRequest, forgotten: Iterable[TopicPartition]) -> None:
+    """An incremental fetch's partitions to drop from its session (KIP-227), by topic."""
+    by_topic: dict[str, Any] = {}
+    for tp in forgotten:
+        numbers = by_topic.get(tp.topic)
+        if numbers is None:
+            numbers = by_topic[tp.topic] = request.forgotten_topics_data.add(
+                topic=tp.topic
+            ).partitions
+        numbers.append(tp.partition)
 
 
 def fetched_partitions(resp: pb.FetchResponse) -> Iterator[FetchedPartition]:
