@@ -14,11 +14,14 @@ in order, each phase with a deadline of `--phase-timeout` seconds (a phase past 
       `partition.metadata`) exists on its broker: Metadata shows a full ISR at once (a new
       partition starts with every replica in it, as in Kafka) while brokers may still be making
       the logs, which would otherwise run into the idle window;
-  (2) idle: SETTLE_S seconds after that, `--idle-seconds` with no client traffic: CPU % of one
-      core (utime + stime from /proc/<pid>/stat over the window) and RSS (the largest VmRSS of
-      /proc/<pid>/status, sampled every second) of each broker and of the controller; brokers
-      reported as median and max. Then every broker's /metrics is grepped for `FetchSession`
-      (fetch-session metrics, KIP-227; "-" when no broker exposes any);
+  (2) idle: SETTLE_S seconds after that and once replication has settled (no broker read a
+      partition for a fetch between two scrapes SETTLED_POLL_S apart:
+      `minibroker_fetch_partitions_evaluated_total` flat; the first full fetches of thousands of
+      partitions take a while after the logs exist), `--idle-seconds` with no client
+      traffic: CPU % of one core (utime + stime from /proc/<pid>/stat over the window) and RSS
+      (the largest VmRSS of /proc/<pid>/status, sampled every second) of each broker and of the
+      controller; brokers reported as median and max. Then every broker's /metrics is grepped
+      for `FetchSession` (fetch-session metrics, KIP-227; "-" when no broker exposes any);
   (3) kill: SIGKILL of the broker leading the most partitions (fewest id on a tie), timed from
       the signal until a client's Metadata shows none of its leaderships left (every partition
       with a live leader); the time of the first one seen moved too;
@@ -69,6 +72,7 @@ DEFAULT_SIZES = (300, 3000, 10000)
 POLL_INTERVAL_S = 0.02
 LOGS_POLL_S = 0.2
 SETTLE_S = 2.0
+SETTLED_POLL_S = 1.0
 RSS_SAMPLE_S = 1.0
 MIB = 1024 * 1024
 # No automatic leader rebalance: it would undo the kill's moves behind the election phase's back.
@@ -417,6 +421,15 @@ def format_table(result: Mapping[str, Any]) -> list[str]:
 # -- cluster side --------------------------------------------------------------------------------
 
 
+def _partitions_evaluated(text: str) -> float:
+    """The sum of a broker's `minibroker_fetch_partitions_evaluated_total` (0 when absent)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("minibroker_fetch_partitions_evaluated_total"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def _scrape(spec: launcher.ProcessSpec) -> str:
     try:
         url = f"http://{spec.host}:{spec.metrics_port}/metrics"
@@ -557,11 +570,26 @@ class SizeRun:
                 return _timed(None, self.timeout_s, replicas=len(wanted), missing=left)
             await asyncio.sleep(LOGS_POLL_S)
 
+    async def _settled(self, brokers: list[launcher.ProcessSpec]) -> float:
+        """Seconds until no broker reads partitions for fetches any more (the partition reads
+        counter is the same in two scrapes in a row), or the phase deadline."""
+        t0 = time.monotonic()
+        last: tuple[float, ...] | None = None
+        while time.monotonic() - t0 < self.timeout_s:
+            texts = await asyncio.gather(*(asyncio.to_thread(_scrape, s) for s in brokers))
+            now = tuple(_partitions_evaluated(text) for text in texts)
+            if now == last:
+                break
+            last = now
+            await asyncio.sleep(SETTLED_POLL_S)
+        return time.monotonic() - t0
+
     async def idle(self) -> dict[str, Any]:
         brokers = list(self.state.brokers)
         controllers = list(self.state.controllers)
         procs = brokers + controllers
         await asyncio.sleep(SETTLE_S)
+        settled_s = await self._settled(brokers)
         cpu0 = {s.pid: pid_cpu_s(s.pid) for s in procs}
         rss: dict[int, list[float]] = {s.pid: [] for s in procs}
         t0 = time.monotonic()
@@ -593,6 +621,7 @@ class SizeRun:
         texts = await asyncio.gather(*(asyncio.to_thread(_scrape, s) for s in brokers))
         return {
             "window_s": round(wall, 3),
+            "settled_s": round(settled_s, 3),
             "brokers": per_broker,
             "broker_cpu_pct_median": _r(cpu_med, 2),
             "broker_cpu_pct_max": _r(cpu_max, 2),
@@ -798,7 +827,8 @@ class SizeRun:
         self.say(
             f"idle: brokers CPU {idle['broker_cpu_pct_median']}% median, "
             f"{idle['broker_cpu_pct_max']}% max; RSS {idle['broker_rss_mib_median']} MiB median; "
-            f"controller CPU {idle['controller_cpu_pct']}%, RSS {idle['controller_rss_mib']} MiB"
+            f"controller CPU {idle['controller_cpu_pct']}%, RSS {idle['controller_rss_mib']} MiB "
+            f"(replication settled {idle['settled_s']} s after the logs)"
         )
         kill, spec = await self.kill()
         out["kill"] = kill
