@@ -39,7 +39,7 @@ from typing import Literal, Protocol
 from minibroker.broker.wire import FetchPartitionRequest, FetchPartitionResult
 from minibroker.client.errors import ErrorCode
 
-# Kafka's FetchMetadata values and epoch rule, shared with the client's handler.
+# Kafka's FetchMetadata values and epoch rule: the client handler's, one definition for both.
 from minibroker.client.fetch_session import (
     FINAL_EPOCH,
     INITIAL_EPOCH,

@@ -20,7 +20,11 @@ from minibroker.client.common.log import get_logger
 from minibroker.client.common.netfaults import NetFaults
 from minibroker.client.common.tls import TlsSettings, aio_channel
 from minibroker.client.errors import ErrorCode
-from minibroker.client.fetch_session import FetchRequestData, FetchSessionHandler
+from minibroker.client.fetch_session import (
+    SESSION_ERRORS,
+    FetchRequestData,
+    FetchSessionHandler,
+)
 from minibroker.client.stream import RequestStream
 from minibroker.client.types import TopicPartition
 from minibroker.client.wire import add_forgotten
@@ -30,10 +34,6 @@ from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 log = get_logger(__name__)
 
 Asked: TypeAlias = wire.FetchPartitionRequest
-# Top-level errors after which the next request, a full one, goes out at once (KIP-227).
-SESSION_ERRORS = frozenset(
-    {ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH}
-)
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 256 * 1024 * 1024),

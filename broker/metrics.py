@@ -17,7 +17,10 @@ from collections.abc import Callable
 from prometheus_client import Counter, Gauge
 from prometheus_client.metrics_core import Metric
 
+from minibroker.client.common.log import get_logger
 from minibroker.client.common.metrics import new_registry
+
+log = get_logger(__name__)
 
 
 class _BeforeScrape:
@@ -205,8 +208,9 @@ class BrokerMetrics:
             try:
                 loop.call_soon_threadsafe(run)
                 done.result(REFRESH_TIMEOUT_S)
-            except Exception:
-                pass  # stale gauges are better than a failed scrape
+            except Exception as err:
+                # Stale gauges are better than a failed scrape (a paused or busy loop).
+                log.debug("gauge_refresh_skipped", error=repr(err))
 
         self._before_scrape.refresh = before_scrape
 

@@ -61,6 +61,12 @@ INITIAL_EPOCH = 0
 FINAL_EPOCH = -1
 MAX_EPOCH = 2**31 - 1
 
+# Top-level answers after which the next request, a full one, goes out at once (the session is
+# unknown or out of step); any other top-level error is the caller's to back off from.
+SESSION_ERRORS = frozenset(
+    {ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH}
+)
+
 D = TypeVar("D")
 
 _ABSENT: object = object()

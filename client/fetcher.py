@@ -27,7 +27,7 @@ from minibroker.client.errors import (
     UnknownServerError,
     error_for,
 )
-from minibroker.client.fetch_session import FetchSessionHandler
+from minibroker.client.fetch_session import SESSION_ERRORS, FetchSessionHandler
 from minibroker.client.offsets import ConsumerSettings, OffsetFetcher, refresh_and_back_off
 from minibroker.client.records import uncompressed_limit
 from minibroker.client.subscription import FetchState, PartitionState, SubscriptionState
@@ -45,9 +45,6 @@ from minibroker.client.wire import (
 
 log = logging.getLogger("minibroker.client.consumer")
 
-_SESSION_ERRORS = frozenset(
-    {ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH}
-)
 
 # Partition errors after which the client should look for the leader again and retry: a
 # follower that is not ready to serve (REPLICA_NOT_AVAILABLE) and a new leader whose HW lags
@@ -244,7 +241,7 @@ class Fetcher:
             ):
                 # A session error or an answer that does not match the session: nothing of it
                 # is used, and the next request to the node is a full one.
-                if resp.error_code not in _SESSION_ERRORS:
+                if resp.error_code not in SESSION_ERRORS:
                     for tp in tps:
                         state = states.get(tp)
                         if state is not None:
