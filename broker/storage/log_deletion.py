@@ -16,6 +16,7 @@ import bisect
 import pathlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.epoch_cache import EpochCache
@@ -60,6 +61,10 @@ class LogDeletion:
 
     def _leo(self) -> int:
         return self._segments[-1].next_offset
+
+    if TYPE_CHECKING:
+
+        def roll(self, now_ms: int) -> LogSegment: ...  # PartitionLog's
 
     # -- truncation ---------------------------------------------------------------------------
 
@@ -177,14 +182,20 @@ class LogDeletion:
         """Delete whole old segments by retention.ms, retention.bytes and the log start offset.
 
         From the oldest segment on, stopping at the first one that may not go. A segment may go
-        only if the next segment's base offset is <= `high_watermark` (the replication core's:
-        nothing at or above it is ever deleted) and it is not the active segment. The log start
-        offset then moves up to the first remaining segment.
+        only if its end (the next segment's base offset, the LEO for the active segment) is <=
+        `high_watermark` (the replication core's: nothing at or above it is ever deleted). The
+        active segment goes too when it is not empty and its rule takes it (Kafka's
+        deletableSegments): retention.ms once its newest record expired, retention.bytes only at
+        0, the log start rule never (it needs a next segment). Then an empty active segment is
+        rolled at the LEO first (`roll`), so the log keeps one, its offsets carry on and it is
+        never rolled again while empty. The log start offset then moves up to the first
+        remaining segment.
         """
         deleted: list[DeletedSegment] = []
         retention_ms = self.config.retention_ms
         if retention_ms >= 0:
             deleted += self._delete_oldest(
+                now_ms,
                 high_watermark,
                 lambda s: now_ms - s.largest_timestamp() > retention_ms,
                 "retention.ms",
@@ -200,24 +211,39 @@ class LogDeletion:
                     return True
                 return False
 
-            deleted += self._delete_oldest(high_watermark, over_size, "retention.bytes")
+            deleted += self._delete_oldest(now_ms, high_watermark, over_size, "retention.bytes")
         deleted += self._delete_oldest(
-            high_watermark, lambda s: s.next_offset <= self._log_start_offset, "log_start_offset"
+            now_ms,
+            high_watermark,
+            lambda s: s is not self._segments[-1] and s.next_offset <= self._log_start_offset,
+            "log_start_offset",
         )
         return deleted
 
     def _delete_oldest(
-        self, high_watermark: int, predicate: Callable[[LogSegment], bool], reason: str
+        self,
+        now_ms: int,
+        high_watermark: int,
+        predicate: Callable[[LogSegment], bool],
+        reason: str,
     ) -> list[DeletedSegment]:
         count = 0
-        while count < len(self._segments) - 1:
+        last = len(self._segments) - 1
+        while count <= last:
             segment = self._segments[count]
-            upper = self._segments[count + 1].base_offset
+            if count == last and segment.size == 0:
+                break  # an empty active segment never goes (nor is rolled again)
+            upper = self._segments[count + 1].base_offset if count < last else self._leo()
             if high_watermark < upper or not predicate(segment):
                 break
             count += 1
         if count == 0:
             return []
+        if count > last:
+            # Every segment goes, the active one too: roll an empty one at the LEO first, so
+            # the log is never without a segment (Kafka's deleteSegments). A crash from here on
+            # leaves what an ordinary roll and then part of a retention pass leave.
+            self.roll(now_ms)
         result: list[DeletedSegment] = []
         try:
             # Oldest first, each whole: whatever fails, the log is contiguous.

@@ -392,7 +392,7 @@ def test_truncate_at_leo_still_drops_a_stray_epoch_entry(tmp_path: pathlib.Path)
 
 def test_truncate_below_the_first_segment_restarts_the_log(tmp_path: pathlib.Path) -> None:
     log = _filled(tmp_path, 8, segment_bytes=300)
-    log.delete_retention(now_ms=10**12, high_watermark=log.leo)  # all but the active segment
+    log.delete_retention(now_ms=10**12, high_watermark=log.leo - 1)  # all but the active segment
     first = log.segments[0].base_offset
     assert first > 0
     assert log.truncate_to(first - 1)
@@ -462,12 +462,13 @@ def test_retention_by_time_deletes_only_below_the_high_watermark(tmp_path: pathl
         log.read(0, 100)
 
 
-def test_retention_never_deletes_the_active_segment(tmp_path: pathlib.Path) -> None:
+def test_retention_takes_an_expired_active_segment_after_a_roll(tmp_path: pathlib.Path) -> None:
+    # Kafka: every segment expired and below the HW, the active one too, goes; the log rolls an
+    # empty active segment at the LEO first (more in test_storage_idle_retention.py).
     log = _filled(tmp_path, 10, segment_bytes=300, retention_ms=0)
     log.delete_retention(now_ms=10**12, high_watermark=log.leo)
-    assert len(log.segments) == 1
-    assert log.segments[0].base_offset == log.log_start_offset
-    assert log.leo == 20
+    assert [(s.base_offset, s.size) for s in log.segments] == [(20, 0)]
+    assert log.log_start_offset == log.leo == 20
 
 
 def test_retention_by_bytes(tmp_path: pathlib.Path) -> None:

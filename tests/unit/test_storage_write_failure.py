@@ -527,7 +527,7 @@ def test_retention_failing_anywhere_deletes_oldest_first(
     for fail_at in range(_MAX_FAILURE_POINTS):
         faults.arm(fail_at)
         try:
-            # retention.ms: all but the active segment
+            # retention.ms: every segment, the active one after a roll at the LEO (12)
             log.delete_retention(now_ms=10**12, high_watermark=log.leo)
         except KafkaStorageError:
             faults.heal()
@@ -539,10 +539,10 @@ def test_retention_failing_anywhere_deletes_oldest_first(
             faults.heal()
         break
     assert failures >= 1
-    assert [s.base_offset for s in log.segments] == [8]
-    assert log.log_start_offset == 8
-    assert sorted(p.name for p in log.directory.glob("*.log")) == [f"{8:020d}.log"]
-    assert log.epoch_cache.entries == (EpochEntry(3, 8),)
+    assert [(s.base_offset, s.size) for s in log.segments] == [(12, 0)]
+    assert log.log_start_offset == log.leo == 12
+    assert sorted(p.name for p in log.directory.glob("*.log")) == [f"{12:020d}.log"]
+    assert log.epoch_cache.entries == (EpochEntry(3, 12),)
 
 
 def test_log_manager_close_closes_every_log_when_the_flush_fails(
