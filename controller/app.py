@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import os
 import pathlib
 import random
@@ -78,6 +79,7 @@ Command = Callable[[ControllerCore, int], Outcome[Any]]
 COMMAND_QUEUE_BOUND = 10_000
 TICK_INTERVAL_S = 0.1
 MAX_ENTRIES_PER_BATCH = 1000
+_SENT_BATCHES_KEPT = 64
 GROUP_COMMIT_MAX = 256  # commands per fsync
 ACTIVATION_WAIT_S = 2.0
 # The request size, idle and connection limits come from the config (client/common/limits.py).
@@ -141,6 +143,9 @@ class ControllerApp:
         # Committed entries kept in memory for watchers: [retained_start, committed_offset).
         self._retained: list[LogEntry] = []
         self._retained_start = 0
+        # The batches last sent to watchers, by (first offset, high offset): every broker
+        # watches, and all of them want the same batch after a commit, encoded once.
+        self._sent_batches: dict[tuple[int, int], pb.MetadataBatch] = {}
         self._since_snapshot = 0
         self._snapshotting = False
         self._background: set[asyncio.Task[None]] = set()
@@ -615,7 +620,21 @@ class ControllerApp:
 
     def _committed_image_batch(self) -> pb.MetadataBatch:
         """A snapshot batch of the committed image."""
-        return snapshot_to_pb(self.committed_image.to_records(), self.committed_offset)
+        return self._encoded(
+            -1,
+            lambda: snapshot_to_pb(self.committed_image.to_records(), self.committed_offset),
+        )
+
+    def _encoded(self, first: int, encode: Callable[[], pb.MetadataBatch]) -> pb.MetadataBatch:
+        """The batch from `first` (-1: the image) at the current commit, encoded once for every
+        watcher that asks for it (the messages are never changed after)."""
+        key = (first, self.committed_offset)
+        batch = self._sent_batches.get(key)
+        if batch is None:
+            if len(self._sent_batches) >= _SENT_BATCHES_KEPT:
+                self._sent_batches.clear()
+            batch = self._sent_batches[key] = encode()
+        return batch
 
     async def watch(self, from_offset: int) -> AsyncIterator[pb.MetadataBatch]:
         """Committed metadata from `from_offset` on, while this controller is active: a
@@ -637,8 +656,11 @@ class ControllerApp:
             if position < self.committed_offset:
                 start = position - self._retained_start
                 entries = self._retained[start : start + MAX_ENTRIES_PER_BATCH]
+                live = self._encoded(
+                    position, functools.partial(batch_to_pb, entries, self.committed_offset)
+                )
                 position = entries[-1].offset + 1
-                yield batch_to_pb(entries, self.committed_offset)
+                yield live
                 continue
             event = self._commit_event
             try:
