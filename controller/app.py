@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import os
 import pathlib
 import random
@@ -43,7 +44,7 @@ from minibroker.client.common.security import server_security
 from minibroker.client.common.tls import add_port
 from minibroker.controller.config import ControllerConfig, normalised_voters
 from minibroker.controller.core.controller import ControllerCore
-from minibroker.controller.core.messages import Outcome
+from minibroker.controller.core.messages import Event, Outcome
 from minibroker.controller.journal import _CLUSTER_ID, DataDir, JournalError, write_atomically
 from minibroker.controller.metrics import ControllerMetrics
 from minibroker.controller.quorum.messages import Event as QuorumEvent
@@ -78,6 +79,8 @@ Command = Callable[[ControllerCore, int], Outcome[Any]]
 COMMAND_QUEUE_BOUND = 10_000
 TICK_INTERVAL_S = 0.1
 MAX_ENTRIES_PER_BATCH = 1000
+_SENT_BATCHES_KEPT = 64
+EVENTS_LOGGED_PER_PASS = 100
 GROUP_COMMIT_MAX = 256  # commands per fsync
 ACTIVATION_WAIT_S = 2.0
 # The request size, idle and connection limits come from the config (client/common/limits.py).
@@ -141,9 +144,15 @@ class ControllerApp:
         # Committed entries kept in memory for watchers: [retained_start, committed_offset).
         self._retained: list[LogEntry] = []
         self._retained_start = 0
+        # The batches last sent to watchers, by (first offset, high offset): every broker
+        # watches, and all of them want the same batch after a commit, encoded once.
+        self._sent_batches: dict[tuple[int, int], pb.MetadataBatch] = {}
         self._since_snapshot = 0
         self._snapshotting = False
         self._background: set[asyncio.Task[None]] = set()
+        # Committed commands' events, logged a chunk per loop pass (`_log_events`).
+        self._events_to_log: collections.deque[Event] = collections.deque()
+        self._logging_events = False
         self._tasks: list[asyncio.Task[None]] = []
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
@@ -325,6 +334,9 @@ class ControllerApp:
                 future.set_exception(ControllerStopped("controller stopped"))
         self.raft_log.close()
         self.data_dir.unlock()
+        while self._events_to_log:
+            event = self._events_to_log.popleft()
+            log.info(event.name, **event.fields)
         log.info("controller_stopped", committed_offset=self.committed_offset)
 
     async def run(self, stop: asyncio.Event) -> int:
@@ -542,6 +554,26 @@ class ControllerApp:
             self._pending.append(_Pending(core.image.next_offset, time.monotonic(), ran))
             self._answer_committed()
 
+    def _log_events(self, events: Sequence[Event]) -> None:
+        """Log committed events in order, at most EVENTS_LOGGED_PER_PASS per pass of the event
+        loop: a broker's death elects a new leader for each of its partitions, one line each,
+        and thousands of lines written at once would hold the new metadata back from the
+        brokers watching it."""
+        self._events_to_log.extend(events)
+        if not self._logging_events:
+            self._logging_events = True
+            asyncio.get_running_loop().call_soon(self._log_some_events)
+
+    def _log_some_events(self) -> None:
+        queue = self._events_to_log
+        for _ in range(min(len(queue), EVENTS_LOGGED_PER_PASS)):
+            event = queue.popleft()
+            log.info(event.name, **event.fields)
+        if queue:
+            asyncio.get_running_loop().call_soon(self._log_some_events)
+        else:
+            self._logging_events = False
+
     @staticmethod
     def _fail(
         ran: list[tuple[asyncio.Future[Any] | None, Outcome[Any], BaseException | None]],
@@ -558,10 +590,9 @@ class ControllerApp:
             if any(outcome.entries for _, outcome, _ in pending.ran):
                 self.metrics.commit_latency((time.monotonic() - pending.appended_s) * 1000)
             events = [event for _, outcome, _ in pending.ran for event in outcome.events]
-            for event in events:
-                log.info(event.name, **event.fields)
             if events:
                 self.metrics.count(events)
+                self._log_events(events)
             for future, outcome, error in pending.ran:
                 if future is None or future.done():
                     continue
@@ -615,7 +646,21 @@ class ControllerApp:
 
     def _committed_image_batch(self) -> pb.MetadataBatch:
         """A snapshot batch of the committed image."""
-        return snapshot_to_pb(self.committed_image.to_records(), self.committed_offset)
+        return self._encoded(
+            -1,
+            lambda: snapshot_to_pb(self.committed_image.to_records(), self.committed_offset),
+        )
+
+    def _encoded(self, first: int, encode: Callable[[], pb.MetadataBatch]) -> pb.MetadataBatch:
+        """The batch from `first` (-1: the image) at the current commit, encoded once for every
+        watcher that asks for it (the messages are never changed after)."""
+        key = (first, self.committed_offset)
+        batch = self._sent_batches.get(key)
+        if batch is None:
+            if len(self._sent_batches) >= _SENT_BATCHES_KEPT:
+                self._sent_batches.clear()
+            batch = self._sent_batches[key] = encode()
+        return batch
 
     async def watch(self, from_offset: int) -> AsyncIterator[pb.MetadataBatch]:
         """Committed metadata from `from_offset` on, while this controller is active: a
@@ -637,8 +682,11 @@ class ControllerApp:
             if position < self.committed_offset:
                 start = position - self._retained_start
                 entries = self._retained[start : start + MAX_ENTRIES_PER_BATCH]
+                live = self._encoded(
+                    position, functools.partial(batch_to_pb, entries, self.committed_offset)
+                )
                 position = entries[-1].offset + 1
-                yield batch_to_pb(entries, self.committed_offset)
+                yield live
                 continue
             event = self._commit_event
             try:

@@ -91,12 +91,14 @@ def write_new_file(path: str | os.PathLike[str], data: bytes) -> None:
         raise
 
 
-def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+def write_atomic(path: str | os.PathLike[str], data: bytes, *, sync: bool = True) -> None:
     """Replace `path` with `data`: temp file, fsync, rename, fsync the directory.
 
     A failure before the rename leaves `path` as it was and removes the temp file (best effort:
     loading removes leftover `.tmp` files too). A failure of the directory fsync raises with the
-    new content in place.
+    new content in place. With `sync=False` neither fsync is done: the rename still leaves the
+    old or the new content after a process crash, but a power loss may leave either, or an
+    empty file; the caller makes it durable later (`fsync_file` and `fsync_dir`).
     """
     target = pathlib.Path(path)
     tmp = target.with_name(target.name + ".tmp")
@@ -104,7 +106,8 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     try:
         try:
             _write_all(fd, data)
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, target)
@@ -114,7 +117,8 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         except OSError:
             pass
         raise
-    fsync_dir(target.parent)
+    if sync:
+        fsync_dir(target.parent)
 
 
 def format_checkpoint(entries: Iterable[Iterable[object]]) -> bytes:
@@ -258,8 +262,8 @@ class LeaderEpochCheckpointFile:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = pathlib.Path(path)
 
-    def write(self, entries: Iterable[EpochEntry]) -> None:
-        write_atomic(self.path, format_checkpoint(entries))
+    def write(self, entries: Iterable[EpochEntry], *, sync: bool = True) -> None:
+        write_atomic(self.path, format_checkpoint(entries), sync=sync)
 
     def read(self) -> list[EpochEntry] | None:
         """The entries, or None when the file does not exist. Raises CorruptCheckpointError."""

@@ -7,6 +7,8 @@ Does file I/O in the data dir (docs/design.md §4.1; Kafka's LogManager and Meta
     .lock                  held with fcntl.flock for the life of the process, holds its pid
     .kafka_cleanshutdown   JSON {"version":0,"brokerEpoch":N}: written at clean shutdown, read
                            and deleted at start-up (no marker: recover the logs)
+    .boot_id               the OS boot id at the last start: another one now means the machine
+                           restarted, and files written without fsync may have lost content
     <topic>-<partition>/   one dir per partition replica (the LogManager's)
 
 A dir without meta.properties is formatted (meta.properties written) only when it holds no
@@ -52,6 +54,11 @@ from minibroker.client.types import TopicPartition
 META_PROPERTIES = "meta.properties"
 LOCK_FILE = ".lock"
 CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
+# The boot id of the machine when the broker last started here: a different one at the next
+# start means the OS restarted in between (a power loss, say), so files written without fsync
+# may have lost their latest content (the leader-epoch checkpoints; log_loader.py).
+BOOT_ID_FILE = ".boot_id"
+_BOOT_ID_SOURCE = "/proc/sys/kernel/random/boot_id"
 META_VERSION = 1
 NO_BROKER_EPOCH = -1
 DELETE_DIR_SUFFIX = "-delete"
@@ -124,6 +131,7 @@ class DataDir:
         cluster_id: str | None,
         had_clean_shutdown: bool,
         previous_broker_epoch: int,
+        system_restarted: bool = True,
     ) -> None:
         self.path = path
         self.node_id = node_id
@@ -131,6 +139,8 @@ class DataDir:
         self._lock_fd = lock_fd
         self.had_clean_shutdown = had_clean_shutdown
         self.previous_broker_epoch = previous_broker_epoch
+        # The OS may have restarted since the broker's last start here (or it is not known).
+        self.system_restarted = system_restarted
 
     @classmethod
     def open(
@@ -153,8 +163,12 @@ class DataDir:
                 stored_cluster_id = _check_meta(root, node_id, cluster_id)
             with _unusable_if_failing(root, root / CLEAN_SHUTDOWN_FILE):
                 had_clean, epoch = _consume_clean_shutdown_marker(root)
+            with _unusable_if_failing(root, root / BOOT_ID_FILE):
+                restarted = _system_restarted(root)
             with _unusable_if_failing(root, root):
-                data_dir = cls(root, lock_fd, node_id, stored_cluster_id, had_clean, epoch)
+                data_dir = cls(
+                    root, lock_fd, node_id, stored_cluster_id, had_clean, epoch, restarted
+                )
                 data_dir._remove_deleted_partition_dirs()
         except BaseException:
             os.close(lock_fd)
@@ -331,6 +345,33 @@ def _broker_data(root: pathlib.Path) -> list[str]:
         ):
             found.append(name)
     return found
+
+
+def current_boot_id() -> str | None:
+    """This boot's id (Linux), or None where the OS does not say."""
+    try:
+        with open(_BOOT_ID_SOURCE) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _system_restarted(root: pathlib.Path) -> bool:
+    """Whether the OS may have restarted since the last start here (True when unknown); records
+    this boot's id for the next start."""
+    boot_id = current_boot_id()
+    path = root / BOOT_ID_FILE
+    try:
+        previous: str | None = path.read_text().strip()
+    except FileNotFoundError:
+        previous = None
+    except (OSError, UnicodeDecodeError):
+        previous = None
+    if boot_id is None:
+        return True
+    if previous != boot_id:
+        write_atomic(path, (boot_id + "\n").encode())
+    return previous != boot_id
 
 
 def _consume_clean_shutdown_marker(root: pathlib.Path) -> tuple[bool, int]:

@@ -7,6 +7,13 @@ which loading trims), so a failed write there is only logged and the file is mar
 it is rewritten before the next batch is written. An append that fails is undone with
 `snapshot` / `restore`, which put the cache back and leave the file as the cache says.
 
+Durability: the writes are renames without fsync (`unsynced`), which a process crash cannot
+tear. What a power loss could lose is made durable by `sync`, which the log calls before its
+recovery point moves past the batches the new entries describe: loading trusts the file only
+below the recovery point and learns every epoch above it from the batches themselves
+(log_loader.py). A new leader takes over hundreds of partitions at once, and two fsyncs for
+each was most of the time a leadership move took (docs/design.md §4.3).
+
 Concurrency contract: not thread-safe; owned by one PartitionLog.
 """
 
@@ -16,7 +23,7 @@ import os
 import pathlib
 from typing import NamedTuple
 
-from minibroker.broker.storage.checkpoint import LeaderEpochCheckpointFile
+from minibroker.broker.storage.checkpoint import LeaderEpochCheckpointFile, fsync_dir, fsync_file
 from minibroker.broker.storage.epoch_cache import EpochCache, EpochEntry
 from minibroker.broker.storage.errors import CorruptCheckpointError
 from minibroker.client.common.log import get_logger
@@ -44,12 +51,30 @@ class EpochCheckpoint:
         # The file may differ from the cache (a write failed): it is rewritten before the next
         # batch goes to disk, so that it always names every batch's epoch.
         self.dirty = False
+        # The file was replaced since its last fsync: `sync` makes it durable.
+        self.unsynced = False
 
     def persist(self) -> None:
-        """Write the cache to the file; OSError when that fails (the file is then `dirty`)."""
+        """Write the cache to the file, without fsync; OSError when that fails (the file is
+        then `dirty`)."""
         self.dirty = True
-        self.file.write(self.cache.entries)
+        self.unsynced = True
+        self.file.write(self.cache.entries, sync=False)
         self.dirty = False
+
+    def sync(self) -> None:
+        """Make the file durable as the cache says (the log's flush calls it before moving
+        its recovery point); OSError when that fails, and `sync` is then still needed."""
+        if self.dirty:
+            self.file.write(self.cache.entries)
+            self.dirty = self.unsynced = False
+            return
+        if not self.unsynced:
+            return
+        if self.file.path.exists():
+            fsync_file(self.file.path)
+        fsync_dir(self.file.path.parent)
+        self.unsynced = False
 
     def persist_after_shrink(self) -> None:
         """Persist when the file may lag the cache harmlessly until the next batch is written
@@ -80,6 +105,7 @@ class EpochCheckpoint:
         # No file and an empty cache load the same (no batch carries an epoch).
         if not snapshot.file_existed and not snapshot.entries and _remove(self.file.path):
             self.dirty = False
+            self.unsynced = True  # the unlink
         elif self._file_matches_cache():
             # The failed write never reached the file: leave it alone.
             self.dirty = False

@@ -16,7 +16,9 @@ Invariants:
   * log_start_offset <= leo, and recovery_point <= leo;
   * the epoch cache covers every epoch of the batches in the log at the batch's start offset;
     it is rewritten (atomically) before the first batch of a new epoch is written and after the
-    log is truncated, so a crash leaves it a superset of the log's epochs, which loading trims.
+    log is truncated, so a crash leaves it a superset of the log's epochs, which loading trims;
+    it is fsynced before the recovery point moves, so a power loss can only lose entries at or
+    above the recovery point, which loading then learns again from the batches.
 
 Appends validate everything before changing anything: a bad batch raises a typed error
 (CorruptRecordError, InvalidRecordError, MessageTooLargeError, RecordListTooLargeError,
@@ -134,11 +136,14 @@ class PartitionLog(LogDeletion):
         recovery_point: int = 0,
         log_start_offset: int = 0,
         had_clean_shutdown: bool = False,
+        system_restarted: bool = False,
     ) -> PartitionLog:
         """Open (or create) the log in `directory`, recovering what an unclean stop left.
 
         `recovery_point` and `log_start_offset` come from the data dir's checkpoints; the load
         (checks, recovery, the epoch cache rebuilt or trimmed) is log_loader.py's.
+        `system_restarted`: the OS may have restarted since the log was last written (its
+        unsynced epoch checkpoint may be older than its batches).
         """
         path = pathlib.Path(directory)
         path.mkdir(parents=True, exist_ok=True)
@@ -150,6 +155,7 @@ class PartitionLog(LogDeletion):
             recovery_point=recovery_point,
             log_start_offset=log_start_offset,
             had_clean_shutdown=had_clean_shutdown,
+            system_restarted=system_restarted,
         )
         log = cls(
             path,
@@ -256,7 +262,8 @@ class PartitionLog(LogDeletion):
     # -- epoch cache --------------------------------------------------------------------------
 
     def maybe_assign_epoch_start_offset(self, leader_epoch: int, start_offset: int) -> bool:
-        """Record (epoch, start offset) durably; a new leader calls it with its LEO (KIP-279).
+        """Record (epoch, start offset) in the cache and its file; a new leader calls it with
+        its LEO (KIP-279). The file is fsynced by the next `flush` (epoch_checkpoint.py).
 
         If the checkpoint cannot be written, the cache is left as it was and
         KafkaStorageError is raised.
@@ -582,6 +589,9 @@ class PartitionLog(LogDeletion):
             for segment in self._segments:
                 if segment.next_offset > self._recovery_point or segment is self._segments[-1]:
                     segment.flush()
+            # Loading trusts the epoch checkpoint below the recovery point only: it must be
+            # durable before the recovery point moves (epoch_checkpoint.py).
+            self._epochs.sync()
         except OSError as err:
             raise self._storage_error("flushing", err) from err
         self._recovery_point = leo

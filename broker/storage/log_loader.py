@@ -14,9 +14,11 @@ handled as after a crash: the log is recovered from that segment, so it is cut a
 replicas re-fetch what was cut; nothing that loads a log meets a corrupt batch.
 
 That check or recovery is the load's only pass over the batches: it also rebuilds a missing
-epoch checkpoint and gathers the batches the idempotent-producer state is rebuilt from, so a log
-that needs no recovery is read once (besides each segment's index tail and first header, read
-when the segment is opened).
+epoch checkpoint, learns the epochs at and above the recovery point when the OS restarted since
+the log was written (the checkpoint is fsynced only when the recovery point moves, so a power
+loss may have lost those entries), and gathers the batches the idempotent-producer state is
+rebuilt from, so a log that needs no recovery is read once (besides each segment's index tail and
+first header, read when the segment is opened).
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ def load_log(
     recovery_point: int,
     log_start_offset: int,
     had_clean_shutdown: bool,
+    system_restarted: bool = False,
 ) -> LoadedLog:
     """Open, check or recover every segment in `path` (module docstring). On failure no file
     descriptor of the log stays open."""
@@ -114,6 +117,7 @@ def load_log(
             recovery_point=recovery_point,
             log_start_offset=log_start_offset,
             had_clean_shutdown=had_clean_shutdown,
+            system_restarted=system_restarted,
         )
     except BaseException:
         # Do not leak the file descriptors of a log that failed to load.
@@ -135,11 +139,22 @@ def _recover(
     recovery_point: int,
     log_start_offset: int,
     had_clean_shutdown: bool,
+    system_restarted: bool,
 ) -> LoadedLog:
     """`load_log`'s second half: recover what needs it, then trim the cache to the log."""
     cache = EpochCache(stored or ())
     trusted_cache = stored is not None
-    check = RecoveryCheck(cache if trusted_cache else None)
+    # The file is written without fsync and fsynced before the recovery point moves
+    # (epoch_checkpoint.py). A process crash loses nothing of it, so it names every batch's
+    # epoch and a batch that disagrees is corrupt. After the OS restarted (a power loss) it is
+    # trusted below the recovery point only: the epochs at and above it are learned from the
+    # batches instead, which cannot tell a lost entry from a damaged epoch field there.
+    learn_from = (
+        recovery_point if system_restarted and trusted_cache and not had_clean_shutdown else None
+    )
+    if learn_from is not None:
+        cache.truncate_from_end(learn_from)
+    check = RecoveryCheck(cache if trusted_cache else None, learn_from)
     kept: list[LogSegment] = []
     truncated_bytes = 0
     recovered = 0
@@ -192,12 +207,15 @@ def _recover(
         kept = [LogSegment.create(path, log_start_offset, config.index_interval_bytes, now_ms)]
     leo = kept[-1].next_offset
     start = max(log_start_offset, kept[0].base_offset)
-    changed = False
     if not trusted_cache:
-        changed = _rebuild_epoch_cache(cache, check.epoch_starts)
-    changed = bool(cache.truncate_from_end(leo)) or changed
-    changed = bool(cache.truncate_from_start(start)) or changed
-    if changed or (stored is None and len(cache)):
+        _rebuild_epoch_cache(cache, check.epoch_starts)
+    elif learn_from is not None:
+        for epoch, start_offset in check.epoch_starts:
+            if start_offset >= learn_from:
+                cache.assign(epoch, start_offset)
+    cache.truncate_from_end(leo)
+    cache.truncate_from_start(start)
+    if tuple(stored or ()) != cache.entries:
         epoch_file.write(cache.entries)
     if recovered or truncated_bytes:
         _log.info(
@@ -282,11 +300,14 @@ class RecoveryCheck:
     is kept (checked whole, or recovered), `discard` when it is to be read again.
     """
 
-    def __init__(self, cache: EpochCache | None) -> None:
+    def __init__(self, cache: EpochCache | None, learn_from: int | None = None) -> None:
         # The cache does not change while the log loads: its columns are copied once.
         entries = cache.entries if cache is not None else ()
         self._starts = [entry.start_offset for entry in entries]
         self._epochs = [entry.epoch for entry in entries]
+        # From this offset on the cache may lack epochs (they were not fsynced yet): the
+        # batches' epochs are learned there, and only checked never to go back.
+        self._learn_from = learn_from
         self._previous_epoch = NO_PARTITION_LEADER_EPOCH
         self._committed_epoch = NO_PARTITION_LEADER_EPOCH
         self._staged_epoch_starts: list[tuple[int, int]] = []
@@ -302,7 +323,8 @@ class RecoveryCheck:
         if epoch < previous:
             return f"partitionLeaderEpoch {epoch} after {previous}"
         starts = self._starts
-        if starts:
+        learn_from = self._learn_from
+        if starts and (learn_from is None or header.base_offset < learn_from):
             at = bisect.bisect_right(starts, header.base_offset)
             # The last offset too: a log start raised into this batch restarts its epoch's
             # entry inside it (truncate_from_start).

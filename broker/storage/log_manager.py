@@ -201,6 +201,7 @@ class LogManager:
                 recovery_point=recovery_points.get(tp, 0),
                 log_start_offset=log_starts.get(tp, 0),
                 had_clean_shutdown=data_dir.had_clean_shutdown,
+                system_restarted=data_dir.system_restarted,
             )
             manager._logs[tp] = log
             if tp in high_watermarks:

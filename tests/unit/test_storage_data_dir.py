@@ -19,7 +19,7 @@ from minibroker.broker.storage import checkpoint as checkpoint_module
 from minibroker.broker.storage import data_dir as data_dir_module
 from minibroker.broker.storage.checkpoint import OffsetCheckpointFile
 from minibroker.broker.storage.config import LogConfig
-from minibroker.broker.storage.data_dir import DataDir, parse_partition_dir
+from minibroker.broker.storage.data_dir import BOOT_ID_FILE, DataDir, parse_partition_dir
 from minibroker.broker.storage.errors import (
     DataDirError,
     DataDirInUseError,
@@ -434,3 +434,21 @@ def test_a_checkpoint_keeps_the_loaded_high_watermark_of_a_log_not_hosted_yet(
         A0: 4,
         B0: 6,
     }
+
+
+def test_the_boot_id_tells_whether_the_os_restarted_since_the_last_start(
+    tmp_path: pathlib.Path,
+) -> None:
+    # The epoch checkpoints are not fsynced on every write: after an OS restart loading trusts
+    # them less (docs/design.md §4.3). Unknown counts as restarted.
+    with DataDir.open(tmp_path, node_id=1) as data_dir:
+        assert data_dir.system_restarted  # no record of an earlier start
+    boot_id = data_dir_module.current_boot_id()
+    assert boot_id is not None  # Linux: /proc/sys/kernel/random/boot_id
+    assert (tmp_path / BOOT_ID_FILE).read_text().strip() == boot_id
+    with DataDir.open(tmp_path, node_id=1) as data_dir:
+        assert not data_dir.system_restarted  # same boot: only the process restarted
+    (tmp_path / BOOT_ID_FILE).write_text("another-boot\n")
+    with DataDir.open(tmp_path, node_id=1) as data_dir:
+        assert data_dir.system_restarted
+    assert (tmp_path / BOOT_ID_FILE).read_text().strip() == boot_id

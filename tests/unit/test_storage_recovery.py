@@ -237,6 +237,112 @@ def test_epoch_entries_past_the_leo_are_dropped_on_open(tmp_path: pathlib.Path) 
     assert again.epoch_cache.entries == log.epoch_cache.entries
 
 
+def _epoch_log(root: pathlib.Path, epochs: list[int]) -> PartitionLog:
+    """A log with one 2-record batch per item of `epochs` (follower appends)."""
+    log = PartitionLog.open(root / "events-3", TP, CONFIG, now_ms=0)
+    for epoch in epochs:
+        data = encode_batch(
+            [(1_000 + log.leo + i, None, b"v", ()) for i in range(2)],
+            base_offset=log.leo,
+            partition_leader_epoch=epoch,
+        )
+        log.append_as_follower(data, now_ms=0)
+    return log
+
+
+def test_epochs_above_the_recovery_point_are_learned_after_a_power_loss(
+    tmp_path: pathlib.Path,
+) -> None:
+    # New epochs' entries are written without fsync; the flush fsyncs them. A power loss takes
+    # the file back to what the last flush made durable, while the batches after it survived.
+    log = _epoch_log(tmp_path, [1, 1, 1])
+    log.flush(0)
+    durable = (tmp_path / "events-3" / "leader-epoch-checkpoint").read_bytes()
+    recovery_point = log.recovery_point
+    assert log.maybe_assign_epoch_start_offset(2, log.leo)
+    for epoch in (2, 2, 4):
+        log.append_as_follower(
+            encode_batch(
+                [(1_000 + log.leo, None, b"w", ())],
+                base_offset=log.leo,
+                partition_leader_epoch=epoch,
+            ),
+            now_ms=0,
+        )
+    expected, leo = log.epoch_cache.entries, log.leo
+    assert expected == (EpochEntry(1, 0), EpochEntry(2, 6), EpochEntry(4, 8))
+    log.close()
+    (tmp_path / "events-3" / "leader-epoch-checkpoint").write_bytes(durable)
+    again = PartitionLog.open(
+        tmp_path / "events-3",
+        TP,
+        CONFIG,
+        now_ms=0,
+        recovery_point=recovery_point,
+        system_restarted=True,
+    )
+    assert again.leo == leo  # nothing cut
+    assert again.epoch_cache.entries == expected
+    on_disk = LeaderEpochCheckpointFile(tmp_path / "events-3" / "leader-epoch-checkpoint").read()
+    assert on_disk == list(expected)
+
+
+def test_the_epoch_checkpoint_is_still_checked_below_the_recovery_point(
+    tmp_path: pathlib.Path,
+) -> None:
+    # Below the recovery point the file is durable even after a power loss: a batch whose
+    # epoch disagrees with it is corrupt (the epoch field is outside the CRC) and the log is
+    # cut there.
+    log = _epoch_log(tmp_path, [1, 1, 2, 2])
+    log.flush(0)
+    recovery_point = log.recovery_point
+    log.close()
+    first = min(tmp_path.joinpath("events-3").glob("*.log"))
+    raw = bytearray(first.read_bytes())
+    second = [position for position, _ in iter_batches(bytes(raw))][1]  # offsets 2-3
+    raw[second + 12 : second + 16] = (2).to_bytes(4, "big")  # its partitionLeaderEpoch: 1 -> 2
+    first.write_bytes(bytes(raw))
+    again = PartitionLog.open(
+        tmp_path / "events-3",
+        TP,
+        CONFIG,
+        now_ms=0,
+        recovery_point=recovery_point,
+        system_restarted=True,
+    )
+    assert again.leo == 2
+    assert again.epoch_cache.entries == (EpochEntry(1, 0),)
+
+
+def test_epochs_above_the_recovery_point_still_never_go_back(
+    tmp_path: pathlib.Path,
+) -> None:
+    log = _epoch_log(tmp_path, [1, 3])
+    log.flush(0)
+    recovery_point = log.recovery_point
+    log.append_as_follower(
+        encode_batch([(1_000, None, b"w", ())], base_offset=log.leo, partition_leader_epoch=3),
+        now_ms=0,
+    )
+    log.close()
+    # The last batch's epoch field flipped to 2, after a batch of epoch 3.
+    last = max(tmp_path.joinpath("events-3").glob("*.log"))
+    raw = bytearray(last.read_bytes())
+    at = [position for position, _ in iter_batches(bytes(raw))][-1]
+    raw[at + 12 : at + 16] = (2).to_bytes(4, "big")
+    last.write_bytes(bytes(raw))
+    again = PartitionLog.open(
+        tmp_path / "events-3",
+        TP,
+        CONFIG,
+        now_ms=0,
+        recovery_point=recovery_point,
+        system_restarted=True,
+    )
+    assert again.leo == recovery_point
+    assert again.epoch_cache.entries == (EpochEntry(1, 0), EpochEntry(3, 2))
+
+
 def test_log_start_beyond_the_end_restarts_the_log_there(tmp_path: pathlib.Path) -> None:
     log, _ = build_log(tmp_path, seed=3)
     again = PartitionLog.open(

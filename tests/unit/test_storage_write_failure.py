@@ -411,9 +411,8 @@ def test_failed_epoch_assignment_keeps_the_cache(
     log.append_as_leader(batch(2), leader_epoch=1, now_ms=0)
     checkpoint = tmp_path / "orders-0" / "leader-epoch-checkpoint"
     on_disk = checkpoint.read_bytes()
-    # 0-3: open the temp file, write, fsync, rename; 4-5: the directory fsync, after which the
-    # new content is in place and the undo writes the old content back.
-    for fail_at in range(6):
+    # 0-2: open the temp file, write, rename (no fsync: the next flush makes it durable).
+    for fail_at in range(3):
         faults.arm(fail_at)
         with pytest.raises(KafkaStorageError):
             log.maybe_assign_epoch_start_offset(2, log.leo)
@@ -423,6 +422,36 @@ def test_failed_epoch_assignment_keeps_the_cache(
         assert checkpoint.read_bytes() == on_disk
     assert log.maybe_assign_epoch_start_offset(2, log.leo)
     assert log.epoch_cache.entries == (EpochEntry(1, 0), EpochEntry(2, 2))
+
+
+def test_flush_fsyncs_the_epoch_checkpoint_before_the_recovery_point_moves(
+    tmp_path: pathlib.Path, faults: DiskFaults
+) -> None:
+    """A new epoch's entry is written without fsync; the flush that moves the recovery point
+    past it fsyncs it first, and a failure there leaves the recovery point where it was."""
+    log = open_log(tmp_path / "orders-0", LogConfig())
+    log.append_as_leader(batch(2), leader_epoch=1, now_ms=0)
+    log.flush(0)
+    log.append_as_leader(batch(2), leader_epoch=1, now_ms=0)
+    faults.arm(10_000)  # count the calls only
+    log.flush(0)
+    plain = faults.calls  # the segment's fsyncs: the checkpoint did not change
+    assert log.recovery_point == 4
+    faults.arm(10_000)
+    assert log.maybe_assign_epoch_start_offset(2, log.leo)
+    assert faults.calls == 3  # open, write, rename: no fsync
+    log.append_as_leader(batch(2), leader_epoch=2, now_ms=0)
+    # After the segment's calls: open + fsync of the checkpoint, open + fsync of its dir.
+    for k in range(4):
+        faults.arm(plain + k)
+        with pytest.raises(KafkaStorageError):
+            log.flush(0)
+        faults.heal()
+        assert log.recovery_point == 4
+    faults.arm(10_000)
+    log.flush(0)
+    assert faults.calls == plain + 4
+    assert log.recovery_point == 6
 
 
 def test_failed_roll_keeps_the_active_segment(tmp_path: pathlib.Path, faults: DiskFaults) -> None:
