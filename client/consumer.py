@@ -50,6 +50,8 @@ from minibroker.client.types import (
 from minibroker.client.wire import OffsetAnswer
 
 _RESETS = (*RESET_STRATEGIES, "none")
+# How long close() waits for the brokers to drop its fetch sessions (best effort, KIP-227).
+CLOSE_SESSIONS_TIMEOUT_S = 1.0
 
 
 class AsyncConsumer:
@@ -149,7 +151,10 @@ class AsyncConsumer:
             loop.cancel_requests(),
             return_exceptions=True,
         )
-        await self.cluster.close()
+        try:
+            await self._fetcher.close_sessions(CLOSE_SESSIONS_TIMEOUT_S)
+        finally:
+            await self.cluster.close()
 
     def _check_open(self) -> None:
         if self._closed:

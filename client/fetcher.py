@@ -16,6 +16,7 @@ from a follower goes back to the leader, and from the leader applies `auto_offse
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
@@ -27,7 +28,7 @@ from minibroker.client.errors import (
     UnknownServerError,
     error_for,
 )
-from minibroker.client.fetch_session import SESSION_ERRORS, FetchSessionHandler
+from minibroker.client.fetch_session import INVALID_SESSION_ID, SESSION_ERRORS, FetchSessionHandler
 from minibroker.client.offsets import ConsumerSettings, OffsetFetcher, refresh_and_back_off
 from minibroker.client.records import uncompressed_limit
 from minibroker.client.subscription import FetchState, PartitionState, SubscriptionState
@@ -80,6 +81,34 @@ class Fetcher:
 
     def wake(self) -> None:
         self.loop.wake()
+
+    async def close_sessions(self, timeout_s: float) -> None:
+        """Tell every broker holding one of this consumer's fetch sessions to drop it, as
+        Kafka's consumer does on close (KIP-227): a request (id, -1) naming no partition, which
+        the broker answers at once. Best effort: a broker that does not answer within
+        `timeout_s` evicts the session when it goes stale. Call it with the loop stopped."""
+        md = self.cluster.metadata
+        settings = self.settings
+        calls = []
+        for node, session in self._sessions.items():
+            address = md.address(node)
+            if session.session_id == INVALID_SESSION_ID or address is None:
+                continue
+            session_id, epoch = session.notify_close()
+            request = fetch_request(
+                (),
+                max_wait_ms=0,
+                min_bytes=0,
+                max_bytes=settings.fetch_max_bytes,
+                partition_max_bytes=settings.max_partition_fetch_bytes,
+                rack_id=settings.client_rack,
+                session_id=session_id,
+                session_epoch=epoch,
+            )
+            calls.append(call(self.cluster.fetch(address, request, timeout_s), address))
+        self._sessions.clear()
+        if calls:
+            await asyncio.gather(*calls, return_exceptions=True)
 
     def _answered(self) -> None:
         self._on_data()

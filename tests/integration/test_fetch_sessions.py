@@ -161,6 +161,16 @@ def test_an_idle_cluster_of_1000_partitions_fetches_no_partition_at_all(
         )
         (record,) = got
         assert (record.partition, record.offset, record.value) == (417, 0, b"wake")  # type: ignore[attr-defined]
+        with_consumer = {b: scrape(cluster, b)[SESSIONS] for b in brokers}
+
+    # Closing the consumer closes its session on every broker (a request (id, -1)), rather
+    # than leaving it to take a cache slot until it goes stale.
+    wait_until(
+        lambda: all(scrape(cluster, b)[SESSIONS] == with_consumer[b] - 1 for b in brokers),
+        30,
+        f"the consumer's sessions closed (with it: {with_consumer})",
+        interval_s=0.2,
+    )
 
 
 class KeyedProducer:
