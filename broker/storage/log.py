@@ -262,20 +262,14 @@ class PartitionLog(LogDeletion):
     # -- epoch cache --------------------------------------------------------------------------
 
     def maybe_assign_epoch_start_offset(self, leader_epoch: int, start_offset: int) -> bool:
-        """Record (epoch, start offset) in the cache and its file; a new leader calls it with
-        its LEO (KIP-279). The file is fsynced by the next `flush` (epoch_checkpoint.py).
-
-        If the checkpoint cannot be written, the cache is left as it was and
-        KafkaStorageError is raised.
-        """
-        before = self._epochs.snapshot()
+        """Record (epoch, start offset) in the cache; a new leader calls it with its LEO
+        (KIP-279). The file follows before the first batch is written (no batch can carry the
+        epoch before that), at a flush or at close, whichever comes first: a broker taking
+        over thousands of leaderships writes nothing for them until they are written to
+        (epoch_checkpoint.py)."""
         if not self._epoch_cache.assign(leader_epoch, start_offset):
             return False
-        try:
-            self._epochs.persist()
-        except OSError as err:
-            self._epochs.restore(before)
-            raise self._storage_error("writing the leader epoch checkpoint of", err) from err
+        self._epochs.dirty = True
         return True
 
     def _storage_error(self, what: str, err: OSError) -> KafkaStorageError:

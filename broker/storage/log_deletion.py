@@ -164,7 +164,7 @@ class LogDeletion:
                 f"restarting at {offset} (stopped at LEO {self._leo()}) of",
                 err,
             ) from err
-        if self._epoch_cache.clear() or self._epochs.file.path.exists():
+        if self._epoch_cache.clear() or self._epochs.exists():
             self._epochs.persist_after_shrink()
         self._log_start_offset = offset
         self._recovery_point = offset

@@ -38,6 +38,7 @@ from minibroker.broker.storage import log_loader as log_loader_module
 from minibroker.broker.storage import log_manager as log_manager_module
 from minibroker.broker.storage import segment as segment_module
 from minibroker.broker.storage import segment_files as segment_files_module
+from minibroker.broker.storage.checkpoint import LeaderEpochCheckpointFile
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir
 from minibroker.broker.storage.epoch_cache import EpochEntry
@@ -404,24 +405,38 @@ def test_a_failed_undo_is_finished_before_the_next_write(
     assert [b for b, _ in read_all(log)] == [0, 2]
 
 
-def test_failed_epoch_assignment_keeps_the_cache(
+def test_a_new_epoch_is_written_with_its_first_batch_and_a_failed_write_fails_the_append(
     tmp_path: pathlib.Path, faults: DiskFaults
 ) -> None:
     log = open_log(tmp_path / "orders-0", LogConfig())
     log.append_as_leader(batch(2), leader_epoch=1, now_ms=0)
     checkpoint = tmp_path / "orders-0" / "leader-epoch-checkpoint"
     on_disk = checkpoint.read_bytes()
-    # 0-2: open the temp file, write, rename (no fsync: the next flush makes it durable).
+    faults.arm(10_000)  # count the calls only
+    assert log.maybe_assign_epoch_start_offset(2, log.leo)
+    assert faults.calls == 0  # a new leader's epoch touches no file
+    assert log.epoch_cache.entries == (EpochEntry(1, 0), EpochEntry(2, 2))
+    # 0-2: open the temp file, write, rename: the epoch's first batch is not written.
     for fail_at in range(3):
         faults.arm(fail_at)
         with pytest.raises(KafkaStorageError):
-            log.maybe_assign_epoch_start_offset(2, log.leo)
+            log.append_as_leader(batch(2), leader_epoch=2, now_ms=0)
         faults.heal()
-        assert log.epoch_cache.entries == (EpochEntry(1, 0),)
+        assert log.leo == 2
+        assert log.epoch_cache.entries == (EpochEntry(1, 0), EpochEntry(2, 2))
         assert not (tmp_path / "orders-0" / "leader-epoch-checkpoint.tmp").exists()
         assert checkpoint.read_bytes() == on_disk
+    log.append_as_leader(batch(2), leader_epoch=2, now_ms=0)
+    assert LeaderEpochCheckpointFile(checkpoint).read() == [EpochEntry(1, 0), EpochEntry(2, 2)]
+
+
+def test_a_new_epoch_with_no_batch_is_written_at_close(tmp_path: pathlib.Path) -> None:
+    log = open_log(tmp_path / "orders-0", LogConfig())
+    log.append_as_leader(batch(2), leader_epoch=1, now_ms=0)
     assert log.maybe_assign_epoch_start_offset(2, log.leo)
-    assert log.epoch_cache.entries == (EpochEntry(1, 0), EpochEntry(2, 2))
+    log.close()
+    checkpoint = tmp_path / "orders-0" / "leader-epoch-checkpoint"
+    assert LeaderEpochCheckpointFile(checkpoint).read() == [EpochEntry(1, 0), EpochEntry(2, 2)]
 
 
 def test_flush_fsyncs_the_epoch_checkpoint_before_the_recovery_point_moves(
@@ -437,10 +452,10 @@ def test_flush_fsyncs_the_epoch_checkpoint_before_the_recovery_point_moves(
     log.flush(0)
     plain = faults.calls  # the segment's fsyncs: the checkpoint did not change
     assert log.recovery_point == 4
-    faults.arm(10_000)
     assert log.maybe_assign_epoch_start_offset(2, log.leo)
-    assert faults.calls == 3  # open, write, rename: no fsync
+    faults.arm(10_000)
     log.append_as_leader(batch(2), leader_epoch=2, now_ms=0)
+    assert faults.calls == 4  # the checkpoint's open, write, rename (no fsync); the batch's write
     # After the segment's calls: open + fsync of the checkpoint, open + fsync of its dir.
     for k in range(4):
         faults.arm(plain + k)
