@@ -81,6 +81,7 @@ TICK_INTERVAL_S = 0.1
 MAX_ENTRIES_PER_BATCH = 1000
 _SENT_BATCHES_KEPT = 64
 EVENTS_LOGGED_PER_PASS = 100
+EVENTS_LOGGED_EACH = 100
 GROUP_COMMIT_MAX = 256  # commands per fsync
 ACTIVATION_WAIT_S = 2.0
 # The request size, idle and connection limits come from the config (client/common/limits.py).
@@ -555,11 +556,12 @@ class ControllerApp:
             self._answer_committed()
 
     def _log_events(self, events: Sequence[Event]) -> None:
-        """Log committed events in order, at most EVENTS_LOGGED_PER_PASS per pass of the event
-        loop: a broker's death elects a new leader for each of its partitions, one line each,
-        and thousands of lines written at once would hold the new metadata back from the
-        brokers watching it."""
-        self._events_to_log.extend(events)
+        """Log one command's committed events in order, at most EVENTS_LOGGED_PER_PASS per pass
+        of the event loop, and at most EVENTS_LOGGED_EACH of each name, then one
+        `events_summarized` line with the count: a broker's death elects a new leader for
+        each partition it led and shrinks the ISR of each it followed, thousands of lines that
+        cost more than the election (the metadata log and `watch` keep every change)."""
+        self._events_to_log.extend(events_to_log(events, EVENTS_LOGGED_EACH))
         if not self._logging_events:
             self._logging_events = True
             asyncio.get_running_loop().call_soon(self._log_some_events)
@@ -695,6 +697,22 @@ class ControllerApp:
                 pass
             if self.committed_offset == position and self.active_epoch == epoch:
                 yield pb.MetadataBatch(high_offset=self.committed_offset)
+
+
+def events_to_log(events: Sequence[Event], each: int) -> list[Event]:
+    """The first `each` events of every name, in order, then an `events_summarized` event for
+    each name that had more (its total and how many were left out)."""
+    counts: dict[str, int] = {}
+    out: list[Event] = []
+    for event in events:
+        seen = counts[event.name] = counts.get(event.name, 0) + 1
+        if seen <= each:
+            out.append(event)
+    for name, count in counts.items():
+        if count > each:
+            fields = {"name": name, "total": count, "not_logged": count - each}
+            out.append(Event("events_summarized", fields))
+    return out
 
 
 def run_controller(config: ControllerConfig, port_file: str | None = None) -> int:

@@ -105,8 +105,12 @@ class MetadataApplier:
         ):
             self._strays_removed = True
             rm.run(self._engine.remove_strays())
-        if delta.everything or delta.brokers or delta.touches_partitions:
+        if delta.everything or delta.brokers:
             self._resync_fetchers()
+        elif delta.touches_partitions:
+            # Only the partitions the batch named: a failover's batches touch thousands of the
+            # partitions followed here, not all of them.
+            self._resync_fetchers(self._engine.touched_partitions(delta))
         self.applied_offset = rm.image.next_offset
 
     def _act_on_new(self, topic: TopicImage, record: PartitionRecord, now: int) -> None:
@@ -194,10 +198,11 @@ class MetadataApplier:
             manager.delete_log(tp)
             return manager.get_or_create_log(tp, topic.topic_id, config)
 
-    def _resync_fetchers(self) -> None:
+    def _resync_fetchers(self, among: list[TopicPartition] | None = None) -> None:
         """Point fetchers at leaders whose address arrived or changed since the partition's
-        record did (a leader that re-registered on another port, or was not known yet)."""
+        record did (a leader that re-registered on another port, or was not known yet); only
+        `among` when given."""
         fetchers = self._rm.fetchers
-        for tp, leader_id in self._engine.followed_leaders():
+        for tp, leader_id in self._engine.followed_leaders(among):
             if fetchers.needs_follow(tp, leader_id):
                 fetchers.follow(tp, leader_id)

@@ -212,6 +212,11 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
                 out += self.act_on_partition(topic, record, now_ms)
         return new, out
 
+    def touched_partitions(self, delta: MetadataDelta) -> list[TopicPartition]:
+        """The partitions `delta` names (every partition of the image when it says everything)."""
+        touched = self.image.partitions() if delta.everything else self._touched(delta)
+        return [TopicPartition(topic.name, record.partition) for topic, record in touched]
+
     def _touched(self, delta: MetadataDelta) -> list[tuple[TopicImage, PartitionRecord]]:
         """The image's records of the partitions `delta` names, in `image.partitions()` order."""
         topics = self.image.topics_by_id

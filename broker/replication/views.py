@@ -81,13 +81,18 @@ class ReplicaViews(Generic[S]):
     def led_partitions(self) -> int:
         return sum(1 for h in self._hosted.values() if h.core.is_leader)
 
-    def followed_leaders(self) -> Iterator[tuple[TopicPartition, int]]:
-        """(tp, leader id) for every replica that follows a leader and may fetch: none once the
-        log dir is offline (it stopped every fetcher, and nothing may write there again)."""
+    def followed_leaders(
+        self, among: Iterable[TopicPartition] | None = None
+    ) -> Iterator[tuple[TopicPartition, int]]:
+        """(tp, leader id) for every replica (of `among`, when given) that follows a leader and
+        may fetch: none once the log dir is offline (it stopped every fetcher, and nothing may
+        write there again)."""
         if self.offline is not None:
             return
-        for tp, hosted in self._hosted.items():
-            leader_id = _fetching_leader(hosted.core)
+        hosted_by_tp = self._hosted
+        for tp in hosted_by_tp if among is None else among:
+            hosted = hosted_by_tp.get(tp)
+            leader_id = None if hosted is None else _fetching_leader(hosted.core)
             if leader_id is not None:
                 yield tp, leader_id
 

@@ -458,6 +458,10 @@ def test_gauges_followed_leaders_and_describe_read_the_hosted_replicas() -> None
     assert parked.token is not None
     followed = TopicPartition(TOPIC, 2)
     assert list(broker.engine.followed_leaders()) == [(followed, B2)]
+    # Only among the partitions given (a metadata batch's): led, unknown or followed.
+    among = [TP, TopicPartition(TOPIC, 9), followed]
+    assert list(broker.engine.followed_leaders(among)) == [(followed, B2)]
+    assert list(broker.engine.followed_leaders([TP])) == []
     # The leader of partition 2 is at HW 5; this follower holds nothing yet: it lags by 5.
     position = broker.engine.next_fetch(followed, B2, NOW)
     assert position is not None
