@@ -235,6 +235,21 @@ def test_tiny_digest_forces_probing_through_the_whole_table() -> None:
     assert m.get(bytes([201])) == -1
 
 
+def test_get_probes_every_slot_of_a_full_map() -> None:
+    # Kafka's maxAttempts = slots + hash_size - 4: the digest's windows, then a linear pass over
+    # every other slot. The last key's windows all point at slot 0 and its entry sits in the
+    # last slot the linear pass reaches.
+    digests = {key(i): i.to_bytes(4, "big") + b"\1\1\1\1" for i in range(9)}
+    digests[b"last"] = bytes(8)
+    m = OffsetMap(16 * 10, hash_function=digests.__getitem__, hash_size=8)
+    assert m.slots == 10
+    for i in range(9):
+        m.put(key(i), i)
+    m.put(b"last", 99)
+    assert m.get(b"last") == 99
+    assert [m.get(key(i)) for i in range(9)] == list(range(9))
+
+
 def test_probe_sequence_is_kafkas() -> None:
     # Attempt i reads the 4-byte window at min(i, hash_size - 4), plus max(0, i - hash_size + 4).
     m = OffsetMap(24 * 1000)
