@@ -554,17 +554,14 @@ def clean_round(
             out.append((batch, records))
             continue
         d = filter_batch(batch, records, m, now, RETENTION, {}, m.latest_offset + 1)
-        if d.action in (BatchAction.KEEP, BatchAction.REWRITE):
-            out.append(
-                (
-                    BatchFacts(batch.base_offset, batch.last_offset, -1, d.delete_horizon_ms),
-                    list(d.retained),
-                )
-            )
+        written = BatchFacts(batch.base_offset, batch.last_offset, -1, d.delete_horizon_ms)
+        if d.action is BatchAction.KEEP:  # the writer copies the batch's bytes as they are
+            assert d.delete_horizon_ms == batch.delete_horizon_ms
+            out.append((batch, records))
+        elif d.action is BatchAction.REWRITE:
+            out.append((written, list(d.retained)))
         elif d.action is BatchAction.EMPTY:
-            out.append(
-                (BatchFacts(batch.base_offset, batch.last_offset, -1, d.delete_horizon_ms), [])
-            )
+            out.append((written, []))
     return out
 
 
@@ -609,10 +606,11 @@ def test_rounds_keep_each_keys_latest_record_and_expire_tombstones_after_the_hor
         assert kept1 == expected1 + tail_records  # tombstones stay: none had a horizon yet
     else:
         assert kept1 == tail_records
-    # Every batch that kept a tombstone now carries the horizon t1 + delete.retention.ms.
+    # A batch carries a delete horizon, t1 + delete.retention.ms, iff it kept a tombstone.
     for batch, records in after1:
-        if batch.base_offset < 1000 and any(not r.has_value for r in records):
-            assert batch.delete_horizon_ms == t1 + RETENTION
+        if batch.base_offset < 1000:
+            tombstone = any(not r.has_value for r in records)
+            assert batch.delete_horizon_ms == (t1 + RETENTION if tombstone else None)
 
     # Round 2: more writes, dirty from 1000; the round-1 output is the clean part.
     cleaned1 = [b for b in after1 if b[0].base_offset < 1000]
@@ -632,6 +630,10 @@ def test_rounds_keep_each_keys_latest_record_and_expire_tombstones_after_the_hor
         assert kept2 == kept1  # nothing dirty: the round covers nothing and changes nothing
     offsets = [r.offset for r in kept2]
     assert offsets == sorted(set(offsets))
+    # A horizon, once set, stays: round 1's tombstones keep t1's, round 2's get t2's.
+    for batch, records in after2:
+        if any(not r.has_value for r in records) and batch.base_offset < 2000:
+            assert batch.delete_horizon_ms == (t1 if batch.base_offset < 1000 else t2) + RETENTION
 
 
 @settings(max_examples=200, deadline=None)
