@@ -312,7 +312,7 @@ def grab_filthiest_compacted_log(
             resets.append((tp, ltc.first_dirty_offset))
         max_delay = max(max_delay, delay)
         delayed += delay > 0
-        if ltc.total_bytes > 0:
+        if ltc.total_bytes > 0:  # Kafka skips empty logs (here their ratio is 0.0 anyway)
             candidates.append(ltc)
     max_ratio = max((c.cleanable_ratio for c in candidates), default=0.0)
     due = [c for c in candidates if c.due]
@@ -507,7 +507,8 @@ def filter_batch(
     """What a cleaning round writes for one batch (Kafka's MemoryRecords.filterTo for one v2
     batch): its kept records, whether the bytes can be copied as they are, and the delete
     horizon the written batch carries. A rewritten batch keeps its base and last offsets,
-    producer id, epoch and base sequence (the writer's job)."""
+    producer id, epoch and base sequence (the writer's job). `upper_bound_offset_of_round` is
+    what Kafka passes there: the round's first uncleanable offset."""
     retained = tuple(
         r
         for r in records
