@@ -29,7 +29,9 @@ it stops covering the log once `size` reaches `max_entries` (slots times
 Cost, measured on the shared 2-core box (CPython 3.11, MD5, 15-byte keys, 300,000 keys in the
 16 MiB default map, load average about 3.8 while measuring): about 2.1 us a `put` of a new key,
 1.9 us an overwrite, 1.7 us a `get`, of which 0.4 us is MD5 itself; `clear` of 16 MiB takes
-about 30 ms. No C accelerator.
+about 30 ms. Filled to the load factor (1,000,000 keys in 26.7 MB) a lookup makes 1.6 extra
+probes on average and costs 2 to 3 times as much; the same runs at load average 6.5 gave 2.9 us
+a new `put` and 2.2 us a `get` at 43% fill, 4.4 us and 6.3 us at 90%. No C accelerator.
 
 Concurrency contract: single-threaded (owned by one cleaner).
 """
