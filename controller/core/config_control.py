@@ -136,7 +136,7 @@ class ConfigControl(ControlBase):
             current = dict(topic.configs)
             new = apply_ops(current, r.ops, _TOPIC_KEYS)
             try:
-                validate_topic_configs(new)
+                validate_topic_configs(new, self.settings.topic_defaults)
             except ConfigError as err:
                 raise _Refused(ErrorCode.INVALID_CONFIG, f"topic {topic.name!r}: {err}") from None
             record_name, label = topic.topic_id, f"topic {topic.name}"
