@@ -29,7 +29,7 @@ from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.log import PartitionLog
 from minibroker.client.common.config import ConfigError
 from minibroker.client.errors import ErrorCode
-from minibroker.client.records import encode_batch
+from minibroker.client.records import RecordValidation, encode_batch
 from minibroker.client.topic_config import (
     cleanup_policies,
     is_compacted,
@@ -164,6 +164,8 @@ def test_log_config_holds_the_policy_and_the_compaction_settings(
     assert config.min_cleanable_dirty_ratio == 0.25
     assert (config.min_compaction_lag_ms, config.max_compaction_lag_ms) == (10, 20)
     assert config.delete_retention_ms == 30
+    rules = RecordValidation.from_topic_config(resolve_topic_config({"cleanup.policy": policy}))
+    assert rules.require_keys is compact
 
 
 # ---------------------------------------------------------------------------------------------
