@@ -346,6 +346,17 @@ def test_create_topics_lag_rule_uses_the_controllers_defaults() -> None:
     assert result.error == ErrorCode.INVALID_CONFIG and "conflict" in result.message
 
 
+def test_alter_configs_lag_rule_uses_the_controllers_defaults() -> None:
+    c = Controller(topic_defaults={"min.compaction.lag.ms": 1000})
+    assert c.create("t", {}).error == ErrorCode.NONE
+    before = c.entries
+    result = c.alter("t", AlterConfigOp("max.compaction.lag.ms", CONFIG_OP_SET, "999"))
+    assert result.error == ErrorCode.INVALID_CONFIG and "conflict" in result.message
+    assert c.entries == before
+    ok = c.alter("t", AlterConfigOp("max.compaction.lag.ms", CONFIG_OP_SET, "1000"))
+    assert ok.error == ErrorCode.NONE
+
+
 def test_a_compacted_topic_is_created_described_and_altered() -> None:
     c = Controller()
     configs = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.2"}
