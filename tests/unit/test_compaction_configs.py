@@ -40,8 +40,10 @@ from minibroker.client.types import TopicPartition
 from minibroker.controller.config import build_config as build_controller_config
 from minibroker.controller.core.controller import ControllerCore, ControllerSettings
 from minibroker.controller.core.messages import (
+    CONFIG_OP_APPEND,
     CONFIG_OP_DELETE,
     CONFIG_OP_SET,
+    CONFIG_OP_SUBTRACT,
     AlterConfigOp,
     AlterConfigsResource,
     CreatableTopic,
@@ -391,6 +393,41 @@ def test_a_compacted_topic_is_created_described_and_altered() -> None:
         ErrorCode.NONE
     )
     assert dict(c.core.image.topic("t").configs) == {"cleanup.policy": "compact,delete"}  # type: ignore[union-attr]
+
+
+def test_cleanup_policy_is_a_list_for_append_and_subtract() -> None:
+    """Kafka's LIST type: APPEND / SUBTRACT on an unset policy start from the default (delete),
+    as Kafka's ConfigAdminManager does; a policy emptied by SUBTRACT is refused."""
+    c = Controller()
+    assert c.create("t", {}).error == ErrorCode.NONE
+
+    def policy() -> str | None:
+        return c.core.image.topic("t").configs.get("cleanup.policy")  # type: ignore[union-attr]
+
+    assert c.alter("t", AlterConfigOp("cleanup.policy", CONFIG_OP_APPEND, "compact")).error == (
+        ErrorCode.NONE
+    )
+    assert policy() == "delete,compact"
+    assert c.alter("t", AlterConfigOp("cleanup.policy", CONFIG_OP_APPEND, "delete")).error == (
+        ErrorCode.NONE
+    )
+    assert policy() == "delete,compact"
+    assert c.alter("t", AlterConfigOp("cleanup.policy", CONFIG_OP_SUBTRACT, "delete")).error == (
+        ErrorCode.NONE
+    )
+    assert policy() == "compact"
+    before = c.entries
+    emptied = c.alter("t", AlterConfigOp("cleanup.policy", CONFIG_OP_SUBTRACT, "compact"))
+    assert emptied.error == ErrorCode.INVALID_CONFIG, emptied
+    assert "must name delete, compact, or both" in emptied.message
+    assert c.entries == before and policy() == "compact"
+    bad = c.alter("t", AlterConfigOp("cleanup.policy", CONFIG_OP_APPEND, "compactt"))
+    assert bad.error == ErrorCode.INVALID_CONFIG and policy() == "compact"
+    # Other keys are not lists.
+    ratio = c.alter("t", AlterConfigOp("min.cleanable.dirty.ratio", CONFIG_OP_APPEND, "0.1"))
+    assert ratio.error == ErrorCode.INVALID_CONFIG and "only allowed for list configs" in (
+        ratio.message
+    )
 
 
 # ---------------------------------------------------------------------------------------------
