@@ -34,7 +34,7 @@ from minibroker.client.common.tls import (
     node_tls,
 )
 from minibroker.client.controller_finder import parse_controllers
-from minibroker.client.topic_config import TOPIC_CONFIG_KEYS
+from minibroker.client.topic_config import TOPIC_CONFIG_KEYS, check_topic_config_rules
 from minibroker.metadata.authorizer import AUTHORIZER_KEYS
 
 # Kafka's broker-level names for topic-level defaults.
@@ -51,7 +51,63 @@ BROKER_ALIASES: dict[str, str] = {
     "log.message.timestamp.before.max.ms": "message.timestamp.before.max.ms",
     "log.message.timestamp.after.max.ms": "message.timestamp.after.max.ms",
     "log.cleanup.policy": "cleanup.policy",
+    "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
+    "log.cleaner.min.compaction.lag.ms": "min.compaction.lag.ms",
+    "log.cleaner.max.compaction.lag.ms": "max.compaction.lag.ms",
+    "log.cleaner.delete.retention.ms": "delete.retention.ms",
 }
+
+# Kafka's SkimpyOffsetMap entry: an MD5 hash (16 bytes) and an offset (8 bytes).
+CLEANER_MAP_ENTRY_BYTES = 24
+
+# The log cleaner's settings (Kafka's CleanerConfig), with Kafka's names and defaults. Accepted
+# and validated; no cleaner runs yet (issue 21's next step), so they change nothing today.
+CLEANER_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey(
+        "log.cleaner.enable",
+        bool,
+        True,
+        "run the log cleaner (compacts cleanup.policy=compact topics; not built yet, issue 21)",
+    ),
+    ConfigKey("log.cleaner.threads", int, 1, "log cleaner threads", at_least(0)),
+    ConfigKey(
+        "log.cleaner.dedupe.buffer.size",
+        int,
+        128 * 1024 * 1024,
+        "memory of the cleaners' key -> offset maps, shared by all cleaner threads (each map "
+        "must hold more than one 24-byte entry at the load factor)",
+        at_least(0),
+    ),
+    ConfigKey(
+        "log.cleaner.io.buffer.size",
+        int,
+        512 * 1024,
+        "memory of the cleaners' read and write buffers, shared by all cleaner threads",
+        at_least(0),
+    ),
+    ConfigKey(
+        "log.cleaner.io.buffer.load.factor",
+        float,
+        0.9,
+        "how full a cleaner's key -> offset map may get (Kafka's name for the dedupe buffer's "
+        "load factor; Kafka does not check it, here it must be in (0, 1])",
+        lambda v: None if 0 < v <= 1 else "must be in (0, 1]",
+    ),
+    ConfigKey(
+        "log.cleaner.backoff.ms",
+        int,
+        15000,
+        "how long a cleaner sleeps when no log needs cleaning",
+        at_least(0),
+    ),
+    ConfigKey(
+        "log.cleaner.io.max.bytes.per.second",
+        float,
+        1.7976931348623157e308,
+        "throttle of the cleaners' read plus write I/O (default: Double.MAX_VALUE, no limit)",
+        lambda v: None if v > 0 else "must be > 0",
+    ),
+)
 
 BROKER_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("node.id", int, -1, "this broker's id (required, >= 0)"),
@@ -168,6 +224,7 @@ BROKER_KEYS: tuple[ConfigKey, ...] = (
         "when the data dir fails, how long to try telling the controller before exiting anyway",
         at_least(1),
     ),
+    *CLEANER_KEYS,
     *LIMIT_KEYS,
     *NETWORK_FAULT_KEYS,
     *SERVER_SSL_KEYS,
@@ -298,6 +355,25 @@ def _check_listener(config: BrokerConfig) -> None:
         )
 
 
+def _check_cleaner(values: Mapping[str, Any]) -> None:
+    """Kafka's Cleaner requirement: each thread's share of log.cleaner.dedupe.buffer.size holds
+    more than one entry at the load factor, or cleaning could never make progress."""
+    threads = values["log.cleaner.threads"]
+    if threads < 1:
+        return  # no cleaner thread, no map
+    size, load = (
+        values["log.cleaner.dedupe.buffer.size"],
+        values["log.cleaner.io.buffer.load.factor"],
+    )
+    if (size // threads // CLEANER_MAP_ENTRY_BYTES) * load <= 1:
+        raise ConfigError(
+            f"log.cleaner.dedupe.buffer.size {size} over log.cleaner.threads {threads} leaves each "
+            "cleaner's offset map too small to fit in even a single message "
+            f"({CLEANER_MAP_ENTRY_BYTES} bytes a key at load factor {load}): increase "
+            "log.cleaner.dedupe.buffer.size or decrease log.cleaner.threads"
+        )
+
+
 def split_host_port(text: str) -> tuple[str, int]:
     text = text.strip()
     for prefix in ("PLAINTEXT://", "plaintext://"):
@@ -335,5 +411,7 @@ def build_config(*layers: Mapping[str, Any]) -> BrokerConfig:
     ServerLimits.from_config(values)  # cross-key rules
     config = BrokerConfig(values=values, topic_defaults={})
     _check_listener(config)
+    _check_cleaner(values)
     topic_defaults = resolve(TOPIC_CONFIG_KEYS, *topic_layers)
+    check_topic_config_rules(topic_defaults)
     return BrokerConfig(values=values, topic_defaults=topic_defaults)

@@ -12,8 +12,41 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from minibroker.client.common.config import ConfigError, ConfigKey, at_least, one_of, resolve
+from minibroker.client.common.config import (
+    ConfigError,
+    ConfigKey,
+    at_least,
+    between,
+    one_of,
+    resolve,
+)
 from minibroker.client.replication_throttle import THROTTLED_REPLICAS_KEYS
+
+CLEANUP_POLICY_DELETE = "delete"
+CLEANUP_POLICY_COMPACT = "compact"
+CLEANUP_POLICIES = (CLEANUP_POLICY_DELETE, CLEANUP_POLICY_COMPACT)
+
+
+def cleanup_policies(value: str) -> frozenset[str]:
+    """The policies of a `cleanup.policy` value: Kafka's list type, comma-separated items with
+    the blanks around them dropped ("compact, delete" is compact and delete)."""
+    return frozenset(item.strip() for item in value.split(","))
+
+
+def _check_cleanup_policy(value: str) -> str | None:
+    # Kafka's ValidList.in("compact", "delete"): every item one of the two, case-sensitive.
+    # Kafka 3 also takes an empty list (neither: keep everything, never compact); refused here.
+    items = [item.strip() for item in value.split(",")]
+    bad = [item for item in items if item not in CLEANUP_POLICIES]
+    if not bad:
+        return None
+    if bad == [""] and len(items) == 1:
+        return "must name delete, compact, or both (compact,delete)"
+    return (
+        f"{', '.join(repr(b) for b in bad)} is not a cleanup policy: a comma-separated list of "
+        "delete and compact (delete, compact or compact,delete)"
+    )
+
 
 TOPIC_CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
@@ -90,17 +123,78 @@ TOPIC_CONFIG_KEYS: tuple[ConfigKey, ...] = (
         "(INVALID_TIMESTAMP; one hour, Kafka 4's default)",
         at_least(0),
     ),
-    ConfigKey("cleanup.policy", str, "delete", "only delete is supported", one_of("delete")),
+    ConfigKey(
+        "cleanup.policy",
+        str,
+        "delete",
+        "delete, compact, or both (compact,delete): delete applies retention.ms and "
+        "retention.bytes; compact is accepted and validated, but no log cleaner runs yet "
+        "(issue 21): a compact topic keeps every record and, without delete, grows forever",
+        _check_cleanup_policy,
+    ),
+    ConfigKey(
+        "min.cleanable.dirty.ratio",
+        float,
+        0.5,
+        "compact topics: clean a log once this share of it is dirty (not cleaned yet)",
+        between(0, 1),
+    ),
+    ConfigKey(
+        "min.compaction.lag.ms",
+        int,
+        0,
+        "compact topics: a record stays uncompacted for at least this long",
+        at_least(0),
+    ),
+    ConfigKey(
+        "max.compaction.lag.ms",
+        int,
+        2**63 - 1,
+        "compact topics: a record becomes cleanable after at most this long, whatever the "
+        "dirty ratio (must be >= min.compaction.lag.ms)",
+        at_least(1),
+    ),
+    ConfigKey(
+        "delete.retention.ms",
+        int,
+        24 * 3600 * 1000,
+        "compact topics: how long a tombstone (null value) is kept after the cleaner first "
+        "reached it",
+        at_least(0),
+    ),
     *THROTTLED_REPLICAS_KEYS,
 )
 
 TOPIC_CONFIG_NAMES: frozenset[str] = frozenset(k.name for k in TOPIC_CONFIG_KEYS)
 
 
-def validate_topic_configs(configs: Mapping[str, str]) -> dict[str, Any]:
-    """Typed values for the given topic configs; raises ConfigError naming the bad key."""
-    typed = resolve(TOPIC_CONFIG_KEYS, configs)
+def validate_topic_configs(
+    configs: Mapping[str, str], defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Typed values for the given topic configs; raises ConfigError naming the bad key.
+
+    Then the rules across keys, on the effective values (built-in < `defaults`, the
+    broker's or controller's, < `configs`), as Kafka's LogConfig.validate does with the broker's
+    log configs: min.compaction.lag.ms <= max.compaction.lag.ms."""
+    typed = resolve(TOPIC_CONFIG_KEYS, defaults or {}, configs)
+    check_topic_config_rules(typed)
     return {name: typed[name] for name in configs}
+
+
+def check_topic_config_rules(typed: Mapping[str, Any]) -> None:
+    """The rules across keys of a full, typed set of topic configs (Kafka's
+    LogConfig.validateValues); raises ConfigError."""
+    min_lag, max_lag = typed["min.compaction.lag.ms"], typed["max.compaction.lag.ms"]
+    if min_lag > max_lag:
+        raise ConfigError(
+            f"conflict topic config setting min.compaction.lag.ms ({min_lag}) > "
+            f"max.compaction.lag.ms ({max_lag})"
+        )
+
+
+def is_compacted(typed: Mapping[str, Any]) -> bool:
+    """The resolved configs' cleanup.policy includes compact."""
+    return CLEANUP_POLICY_COMPACT in cleanup_policies(typed["cleanup.policy"])
 
 
 def resolve_topic_config(
@@ -111,9 +205,15 @@ def resolve_topic_config(
 
 
 __all__ = [
+    "CLEANUP_POLICIES",
+    "CLEANUP_POLICY_COMPACT",
+    "CLEANUP_POLICY_DELETE",
     "TOPIC_CONFIG_KEYS",
     "TOPIC_CONFIG_NAMES",
     "ConfigError",
+    "check_topic_config_rules",
+    "cleanup_policies",
+    "is_compacted",
     "resolve_topic_config",
     "validate_topic_configs",
 ]

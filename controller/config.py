@@ -33,7 +33,11 @@ from minibroker.client.common.tls import (
     TlsSettings,
     node_tls,
 )
-from minibroker.client.topic_config import TOPIC_CONFIG_KEYS, TOPIC_CONFIG_NAMES
+from minibroker.client.topic_config import (
+    TOPIC_CONFIG_KEYS,
+    TOPIC_CONFIG_NAMES,
+    check_topic_config_rules,
+)
 from minibroker.controller.core.controller import ControllerSettings
 from minibroker.controller.core.partition_limits import (
     DEFAULT_MAX_BROKER_PARTITIONS,
@@ -297,6 +301,7 @@ def build_config(*layers: Mapping[str, Any]) -> ControllerConfig:
             f"({values['broker.session.timeout.ms']} <= {values['broker.heartbeat.interval.ms']})"
         )
     ServerLimits.from_config(values)  # cross-key rules
+    check_topic_config_rules(values)  # the topic defaults' (min <= max compaction lag)
     config = ControllerConfig(values)
     try:
         protocol = config.security_protocol

@@ -153,6 +153,8 @@ class ReplicaManager:
         # Set once, never cleared: a failed dir comes back only with a new broker process.
         self.log_dir_failure: LogDirFailure | None = None
         self.log_dir_failed = asyncio.Event()
+        # Topics whose compact policy this broker warned about (no cleaner runs yet).
+        self._compact_warned: set[str] = set()
         self.metadata = MetadataApplier(self)
         self.producing = ProduceHandler(self)
         self.fetching = FetchHandler(self)
@@ -314,8 +316,25 @@ class ReplicaManager:
         task.add_done_callback(self.tasks.discard)
         return task
 
-    def log_config(self, raw: Mapping[str, str]) -> LogConfig:
-        return LogConfig.from_configs(raw, self.config.topic_defaults)
+    def log_config(self, raw: Mapping[str, str], topic: str | None = None) -> LogConfig:
+        """A topic's LogConfig; warns once per topic whose cleanup.policy includes compact."""
+        config = LogConfig.from_configs(raw, self.config.topic_defaults)
+        if topic is not None and config.compact and topic not in self._compact_warned:
+            self._compact_warned.add(topic)
+            log.warning(
+                "compaction_not_active",
+                topic=topic,
+                cleanup_policy=("compact,delete" if config.delete else "compact"),
+                message="cleanup.policy includes compact, but this broker has no log cleaner "
+                "yet (issue 21): the topic is NOT compacted, every record is kept"
+                + (
+                    " until retention.ms or retention.bytes removes it"
+                    if config.delete
+                    else " and the log grows without bound"
+                )
+                + "; keyless records are refused (INVALID_RECORD)",
+            )
+        return config
 
     def maybe_take_log_dir_offline(self, err: BaseException, operation: str) -> bool:
         """Take the data dir offline when `err` is a failure of it; True when it was one."""
@@ -437,7 +456,7 @@ class ReplicaManager:
         elif isinstance(output, LogConfigChanged):
             partition_log = self.engine.log(output.tp)
             if partition_log is not None:
-                partition_log.update_config(self.log_config(output.configs))
+                partition_log.update_config(self.log_config(output.configs, output.tp.topic))
         elif isinstance(output, ReplicaRemoved):
             self.truncations.pop(output.tp, None)
             if output.delete:

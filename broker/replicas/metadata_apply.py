@@ -151,7 +151,9 @@ class MetadataApplier:
         for topic, record in new:
             tp = TopicPartition(topic.name, record.partition)
             leader_epoch = record.leader_epoch if record.leader == rm.broker_id else -1
-            wanted.append(NewLog(tp, topic.topic_id, rm.log_config(topic.configs), leader_epoch))
+            wanted.append(
+                NewLog(tp, topic.topic_id, rm.log_config(topic.configs, topic.name), leader_epoch)
+            )
         try:
             planned = rm.log_manager.plan_new_logs(wanted)
         except OSError as err:
@@ -190,7 +192,7 @@ class MetadataApplier:
 
     def _open_log(self, tp: TopicPartition, topic: TopicImage) -> PartitionLog:
         manager = self._rm.log_manager
-        config = self._rm.log_config(topic.configs)
+        config = self._rm.log_config(topic.configs, topic.name)
         try:
             return manager.get_or_create_log(tp, topic.topic_id, config)
         except InconsistentTopicIdError:

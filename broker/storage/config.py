@@ -15,7 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from minibroker.client.topic_config import resolve_topic_config
+from minibroker.client.topic_config import (
+    CLEANUP_POLICY_COMPACT,
+    CLEANUP_POLICY_DELETE,
+    cleanup_policies,
+    resolve_topic_config,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +36,14 @@ class LogConfig:
     flush_messages: int = 2**63 - 1
     flush_ms: int = 2**63 - 1
     message_timestamp_type: str = "CreateTime"
+    # cleanup.policy, as its two flags (Kafka's LogConfig.compact / .delete). Retention by time
+    # and size applies only with delete; compact is accepted, but no cleaner runs yet (issue 21).
+    compact: bool = False
+    delete: bool = True
+    min_cleanable_dirty_ratio: float = 0.5
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = 2**63 - 1
+    delete_retention_ms: int = 24 * 3600 * 1000  # how long tombstones stay once cleaned
 
     @property
     def log_append_time(self) -> bool:
@@ -47,6 +60,7 @@ class LogConfig:
         Raises ConfigError (from client/common/config.py) naming a bad or unknown key.
         """
         typed = resolve_topic_config(topic_configs or {}, defaults)
+        policies = cleanup_policies(typed["cleanup.policy"])
         return cls(
             segment_bytes=typed["segment.bytes"],
             segment_ms=typed["segment.ms"],
@@ -57,4 +71,10 @@ class LogConfig:
             flush_messages=typed["flush.messages"],
             flush_ms=typed["flush.ms"],
             message_timestamp_type=typed["message.timestamp.type"],
+            compact=CLEANUP_POLICY_COMPACT in policies,
+            delete=CLEANUP_POLICY_DELETE in policies,
+            min_cleanable_dirty_ratio=typed["min.cleanable.dirty.ratio"],
+            min_compaction_lag_ms=typed["min.compaction.lag.ms"],
+            max_compaction_lag_ms=typed["max.compaction.lag.ms"],
+            delete_retention_ms=typed["delete.retention.ms"],
         )

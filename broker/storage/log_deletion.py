@@ -179,7 +179,8 @@ class LogDeletion:
     # -- retention ----------------------------------------------------------------------------
 
     def delete_retention(self, now_ms: int, high_watermark: int) -> list[DeletedSegment]:
-        """Delete whole old segments by retention.ms, retention.bytes and the log start offset.
+        """Delete whole old segments by retention.ms, retention.bytes and the log start offset
+        (the first two only when cleanup.policy includes delete, as in Kafka).
 
         From the oldest segment on, stopping at the first one that may not go. A segment may go
         only if its end (the next segment's base offset, the LEO for the active segment) is <=
@@ -192,8 +193,11 @@ class LogDeletion:
         remaining segment.
         """
         deleted: list[DeletedSegment] = []
+        # Kafka's deleteOldSegments: retention.ms and retention.bytes only with
+        # cleanup.policy delete; the log start rule always.
+        delete = self.config.delete
         retention_ms = self.config.retention_ms
-        if retention_ms >= 0:
+        if delete and retention_ms >= 0:
             deleted += self._delete_oldest(
                 now_ms,
                 high_watermark,
@@ -201,7 +205,7 @@ class LogDeletion:
                 "retention.ms",
             )
         retention_bytes = self.config.retention_bytes
-        if retention_bytes >= 0:
+        if delete and retention_bytes >= 0:
             excess = sum(s.size for s in self._segments) - retention_bytes
 
             def over_size(segment: LogSegment) -> bool:

@@ -68,6 +68,11 @@ def at_least(minimum: int | float) -> Callable[[Any], str | None]:
     return lambda v: None if v >= minimum else f"must be >= {minimum}"
 
 
+def between(low: int | float, high: int | float) -> Callable[[Any], str | None]:
+    """Kafka's ConfigDef.Range.between: low <= value <= high."""
+    return lambda v: None if low <= v <= high else f"must be in [{low}, {high}]"
+
+
 def one_of(*allowed: str) -> Callable[[Any], str | None]:
     return lambda v: None if v in allowed else f"must be one of {', '.join(allowed)}"
 

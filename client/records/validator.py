@@ -29,6 +29,7 @@ from minibroker.client.records.bounds import (
 from minibroker.client.records.decode import (
     MIN_RECORD_BODY_BYTES,
     MIN_RECORD_BYTES,
+    parse_columns,
     parse_headers,
     parse_records,
 )
@@ -40,6 +41,7 @@ from minibroker.client.records.varint import (
     read_varlong_unchecked,
     zigzag,
 )
+from minibroker.client.topic_config import is_compacted
 
 # Kafka 4's `message.timestamp.after.max.ms` default (KIP-1030): one hour ahead of the broker.
 DEFAULT_TIMESTAMP_AFTER_MAX_MS = 3_600_000
@@ -58,6 +60,8 @@ class RecordValidation(NamedTuple):
     timestamp_before_max_ms: int = INT64_MAX
     timestamp_after_max_ms: int = DEFAULT_TIMESTAMP_AFTER_MAX_MS
     max_uncompressed_bytes: int = UNCOMPRESSED_LIMIT_FACTOR * DEFAULT_MAX_MESSAGE_BYTES
+    # cleanup.policy includes compact: every record needs a key (Kafka's LogValidator).
+    require_keys: bool = False
 
     @classmethod
     def from_topic_config(cls, typed: Mapping[str, Any]) -> RecordValidation:
@@ -67,6 +71,7 @@ class RecordValidation(NamedTuple):
             typed["message.timestamp.before.max.ms"],
             typed["message.timestamp.after.max.ms"],
             uncompressed_limit(typed["max.message.bytes"]),
+            is_compacted(typed),
         )
 
 
@@ -83,9 +88,10 @@ def validate_producer_records(
     baseOffset 0; a base sequence with a producer id; no LogAppendTime from a producer; a known
     codec that decompresses (to at most `rules.max_uncompressed_bytes`); records that parse
     exactly to the end of the batch, as many as `recordsCount`, with offset deltas 0..n-1;
-    maxTimestamp the records' largest; and, for CreateTime topics, every timestamp within the
-    topic's before/after bounds of `now_ms` (-1, no timestamp, is not checked, as in Kafka;
-    other negative timestamps are refused).
+    maxTimestamp the records' largest; for compacted topics (`rules.require_keys`), a key in
+    every record; and, for CreateTime topics, every timestamp within the topic's before/after
+    bounds of `now_ms` (-1, no timestamp, is not checked, as in Kafka; other negative timestamps
+    are refused).
 
     Raises InvalidRecordError (INVALID_RECORD: records that do not parse or do not match their
     header), CorruptMessageError (CORRUPT_MESSAGE: unknown codec, decompression failure) or
@@ -132,6 +138,8 @@ def _validate_batch(
         min_delta, max_delta = _check_records(data, header.records_count)
     except CorruptRecordError as err:
         raise InvalidRecordError(f"{where}: {err.reason}") from None
+    if rules.require_keys:
+        _check_keys(data, header, pos, where)
     if rules.log_append_time:
         return  # the broker's clock replaces every timestamp (storage stamps it)
     base = header.base_timestamp
@@ -151,6 +159,18 @@ def _validate_batch(
     for timestamp in timestamps:
         if timestamp != NO_TIMESTAMP:
             _check_timestamp(timestamp, now_ms, rules, where)
+
+
+def _check_keys(data: bytes, header: BatchHeader, pos: int, where: str) -> None:
+    """Kafka's LogValidator rule for compacted topics: no record without a key (the records
+    parsed once more, with the compiled decoder; only compacted topics pay for it)."""
+    keys = parse_columns(data, header, pos, False).keys
+    if None in keys:
+        raise InvalidRecordError(
+            f"{where}: record {keys.index(None)} has no key: a compacted topic "
+            "(cleanup.policy=compact) cannot accept a record without a key (Kafka: "
+            '"Compacted topic cannot accept message without key"); the batch was not appended'
+        )
 
 
 def _timestamp_of(offset: int, timestamp: int, key: object, value: object, headers: object) -> int:

@@ -6,7 +6,7 @@ are `TOPIC_CONFIG_KEYS`, validated together after the change. A BROKER resource 
 ("1") or "" (the default of every broker); its keys are the dynamic ones,
 `BROKER_DYNAMIC_CONFIG_KEYS` (the KIP-73 throttle rates). One ConfigRecord per key whose value
 changes; a resource with any bad op changes nothing. APPEND and SUBTRACT apply to list-valued
-keys only (the throttled-replicas lists), as in Kafka.
+keys only (the throttled-replicas lists and cleanup.policy), as in Kafka.
 """
 
 from __future__ import annotations
@@ -19,7 +19,11 @@ from minibroker.client.replication_throttle import (
     BROKER_DYNAMIC_CONFIG_KEYS,
     THROTTLED_REPLICAS_KEYS,
 )
-from minibroker.client.topic_config import TOPIC_CONFIG_KEYS, validate_topic_configs
+from minibroker.client.topic_config import (
+    TOPIC_CONFIG_KEYS,
+    resolve_topic_config,
+    validate_topic_configs,
+)
 from minibroker.controller.core.control_base import ControlBase
 from minibroker.controller.core.messages import (
     CONFIG_OP_APPEND,
@@ -45,7 +49,9 @@ from minibroker.metadata.records import (
     ConfigRecord,
 )
 
-LIST_KEYS = frozenset(k.name for k in THROTTLED_REPLICAS_KEYS)
+THROTTLE_LIST_KEYS = frozenset(k.name for k in THROTTLED_REPLICAS_KEYS)
+# Kafka's LIST-typed configs among ours: APPEND and SUBTRACT apply to these only.
+LIST_KEYS = THROTTLE_LIST_KEYS | {"cleanup.policy"}
 _TOPIC_KEYS = {k.name: k for k in TOPIC_CONFIG_KEYS}
 _BROKER_KEYS = {k.name: k for k in BROKER_DYNAMIC_CONFIG_KEYS}
 
@@ -58,9 +64,16 @@ class _Refused(Exception):
 
 
 def apply_ops(
-    current: Mapping[str, str], ops: Sequence[AlterConfigOp], keys: Mapping[str, ConfigKey]
+    current: Mapping[str, str],
+    ops: Sequence[AlterConfigOp],
+    keys: Mapping[str, ConfigKey],
+    effective: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The configs after `ops` (Kafka's IncrementalAlterConfigs semantics); raises _Refused."""
+    """The configs after `ops` (Kafka's IncrementalAlterConfigs semantics); raises _Refused.
+
+    APPEND and SUBTRACT on a list key that is not set start from its `effective` value (the
+    default), as Kafka's ConfigAdminManager does: APPEND compact to a topic without its own
+    cleanup.policy gives delete,compact."""
     new = dict(current)
     seen: set[str] = set()
     for op in ops:
@@ -85,7 +98,7 @@ def apply_ops(
                     f"{'APPEND' if op.op == CONFIG_OP_APPEND else 'SUBTRACT'} is only allowed "
                     f"for list configs ({', '.join(sorted(LIST_KEYS))}), not {op.name!r}",
                 )
-            items = _items(new.get(op.name, ""))
+            items = _items(new.get(op.name, (effective or {}).get(op.name, "")))
             change = _items(op.value or "")
             if op.op == CONFIG_OP_APPEND:
                 items += [i for i in change if i not in items]
@@ -93,7 +106,8 @@ def apply_ops(
                     items = ["*"]
             else:
                 items = [i for i in items if i not in change]
-            if items:
+            if items or op.name not in THROTTLE_LIST_KEYS:
+                # An emptied cleanup.policy is kept empty, for validation to refuse.
                 new[op.name] = ",".join(items)
             else:
                 new.pop(op.name, None)
@@ -134,9 +148,13 @@ class ConfigControl(ControlBase):
                     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {r.resource_name!r}"
                 )
             current = dict(topic.configs)
-            new = apply_ops(current, r.ops, _TOPIC_KEYS)
+            effective = {
+                k: config_str(v)
+                for k, v in resolve_topic_config({}, self.settings.topic_defaults).items()
+            }
+            new = apply_ops(current, r.ops, _TOPIC_KEYS, effective)
             try:
-                validate_topic_configs(new)
+                validate_topic_configs(new, self.settings.topic_defaults)
             except ConfigError as err:
                 raise _Refused(ErrorCode.INVALID_CONFIG, f"topic {topic.name!r}: {err}") from None
             record_name, label = topic.topic_id, f"topic {topic.name}"

@@ -291,7 +291,7 @@ class ReplicationControl(ControlBase):
                 f"brokers that are not decommissioning: {len(usable)}",
             )
         try:
-            validate_topic_configs(t.configs)
+            validate_topic_configs(t.configs, self.settings.topic_defaults)
         except ConfigError as err:
             return fail(ErrorCode.INVALID_CONFIG, f"topic {t.name!r}: {err}")
         # Counted before any placement is built: a million partitions cost nothing to refuse.

@@ -590,7 +590,7 @@ def test_create_topic_defaults_from_settings():
         ("ok", 1, 3, {}, ErrorCode.INVALID_REPLICATION_FACTOR, "2"),
         ("ok", 1, 1, {"no.such.config": "1"}, ErrorCode.INVALID_CONFIG, "no.such.config"),
         ("ok", 1, 1, {"min.insync.replicas": "zero"}, ErrorCode.INVALID_CONFIG, "min.insync"),
-        ("ok", 1, 1, {"cleanup.policy": "compact"}, ErrorCode.INVALID_CONFIG, "cleanup.policy"),
+        ("ok", 1, 1, {"cleanup.policy": "compactt"}, ErrorCode.INVALID_CONFIG, "cleanup.policy"),
     ],
 )
 def test_create_topic_validation(name, partitions, rf, configs, code, needle):

@@ -339,3 +339,56 @@ def test_broker_defaults_under_kafkas_broker_names() -> None:
     assert RecordValidation.from_topic_config(topic).timestamp_after_max_ms == 5
     with pytest.raises(ConfigError, match=re.escape("message.timestamp.after.max.ms")):
         build_config({"node.id": 1, "log.dirs": "/x", "log.message.timestamp.after.max.ms": "-1"})
+
+
+# ---------------------------------------------------------------------------------------------
+# Compacted topics: every record needs a key (Kafka's LogValidator); other topics take keyless ones.
+
+COMPACTED = RecordValidation(require_keys=True)
+
+
+def _keyed(keys: list[bytes | None], compression: Compression = Compression.NONE) -> bytes:
+    return encode_batch(
+        [(NOW + i, key, b"v%d" % i, ()) for i, key in enumerate(keys)], compression=compression
+    )
+
+
+@pytest.mark.parametrize("compression", list(Compression))
+@pytest.mark.parametrize(
+    "keys",
+    [[None], [None, b"k"], [b"k", None, b"j"], [b"k"] * 200 + [None], [None] * 3],
+)
+def test_a_compacted_topic_refuses_keyless_records(
+    compression: Compression, keys: list[bytes | None]
+) -> None:
+    batch = _keyed(keys, compression)
+    with pytest.raises(InvalidRecordError) as caught:
+        validate(batch, COMPACTED)
+    assert caught.value.code == ErrorCode.INVALID_RECORD
+    message = str(caught.value)
+    assert f"batch at position 0: record {keys.index(None)} has no key" in message
+    assert "compacted topic (cleanup.policy=compact)" in message
+    validate(batch)  # a delete topic takes it
+
+
+@pytest.mark.parametrize("compression", list(Compression))
+def test_a_compacted_topic_takes_keyed_records_and_empty_keys(compression: Compression) -> None:
+    validate(_keyed([b"a", b"", b"k" * 300, "ключ".encode()] * 50, compression), COMPACTED)
+
+
+def test_a_keyless_record_in_any_batch_of_the_request_is_found() -> None:
+    good, bad = _keyed([b"a"]), _keyed([b"b", None])
+    validate(good + good, COMPACTED)
+    with pytest.raises(InvalidRecordError, match=f"batch at position {len(good)}: record 1"):
+        validate(good + bad, COMPACTED)
+
+
+def test_require_keys_follows_cleanup_policy() -> None:
+    for policy, required in [
+        ("delete", False),
+        ("compact", True),
+        ("compact,delete", True),
+        ("delete, compact", True),
+    ]:
+        typed = resolve_topic_config({"cleanup.policy": policy})
+        assert RecordValidation.from_topic_config(typed).require_keys is required, policy

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from bad_batches import CASES, DAY_MS, HOUR_MS, good_batch
+from structlog.testing import capture_logs
 
 from minibroker.broker import wire
 from minibroker.broker.config import build_config
@@ -35,10 +36,13 @@ from minibroker.broker.replication.events import Role
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.data_dir import DataDir
 from minibroker.broker.storage.log_manager import LogManager
+from minibroker.client.batch import Compression
 from minibroker.client.errors import ErrorCode
-from minibroker.client.records import iter_records
+from minibroker.client.records import encode_batch, iter_records
 from minibroker.client.types import TopicPartition
 from minibroker.metadata.records import (
+    CONFIG_RESOURCE_TOPIC,
+    ConfigRecord,
     LogEntry,
     PartitionRecord,
     RegisterBrokerRecord,
@@ -198,3 +202,67 @@ async def test_the_follower_path_stores_the_leaders_bytes_unchecked(
     await rm.apply_follower_fetch(ME + 1, sent, answer)
     assert rm.partitions[BAD].log.leo == 2
     assert log_bytes(rm, BAD)[61:] == records[61:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Compacted topics (issue 21): a record without a key is refused with INVALID_RECORD, the whole
+# batch, nothing appended (Kafka's LogValidator: "Compacted topic cannot accept message without
+# key"); the policy reaches the check at creation and when it is altered.
+
+
+def keyed(now: int, keys: list[bytes | None], compression: Compression = Compression.NONE) -> bytes:
+    return encode_batch(
+        [(now + i, key, b"value-%d" % i, ()) for i, key in enumerate(keys)],
+        compression=compression,
+    )
+
+
+@pytest.mark.parametrize("compression", list(Compression))
+async def test_a_compacted_topic_refuses_a_batch_with_a_keyless_record(
+    make_leader: MakeLeader, compression: Compression
+) -> None:
+    with capture_logs() as logs:
+        rm = await make_leader({"cleanup.policy": "compact"})
+    # The broker says, once per topic, that the topic is not compacted yet.
+    warnings = [e for e in logs if e["event"] == "compaction_not_active"]
+    assert [(e["topic"], e["log_level"]) for e in warnings] == [(TOPIC, "warning")]
+    assert "NOT compacted" in warnings[0]["message"]
+
+    first = await produce_one(rm, keyed(now_ms(), [b"a", b"b"], compression))
+    assert (first.error, first.base_offset) == (ErrorCode.NONE, 0), first.message
+    before, leo = log_bytes(rm, BAD), rm.partitions[BAD].log.leo
+    # A keyless record first, in the middle or last: the whole batch is refused.
+    for keys in ([None, b"k"], [b"k", None, b"j"], [b"k"] * 5 + [None]):
+        bad, good = await produce(rm, keyed(now_ms(), keys, compression), good_batch(now_ms()))
+        assert bad.error == ErrorCode.INVALID_RECORD, (keys, bad.message)
+        assert f"record {keys.index(None)} has no key" in bad.message
+        assert "compacted topic" in bad.message
+        assert bad.base_offset == -1
+        assert (rm.partitions[BAD].log.leo, rm.partitions[BAD].core.leo) == (leo, leo)
+        assert log_bytes(rm, BAD) == before
+        assert good.error == ErrorCode.NONE, good.message  # keyed: the other partition's goes in
+    # An empty key is a key (Kafka checks for null only).
+    empty = await produce_one(rm, keyed(now_ms(), [b""], compression))
+    assert (empty.error, empty.base_offset) == (ErrorCode.NONE, 2), empty.message
+
+
+async def test_the_policy_reaches_the_check_when_altered(make_leader: MakeLeader) -> None:
+    rm = await make_leader()  # cleanup.policy=delete: keyless records are fine
+    assert (await produce_one(rm, keyed(now_ms(), [None, None]))).error == ErrorCode.NONE
+
+    async def alter(offset: int, value: str | None) -> None:
+        record = ConfigRecord(TOPIC_ID, "cleanup.policy", value, CONFIG_RESOURCE_TOPIC)
+        await rm.apply_metadata_batch(
+            batch_to_pb([LogEntry(offset, 0, record)], high_offset=offset + 1)
+        )
+
+    with capture_logs() as logs:
+        await alter(4, "compact,delete")
+    assert [e["topic"] for e in logs if e["event"] == "compaction_not_active"] == [TOPIC]
+    refused = await produce_one(rm, keyed(now_ms(), [b"k", None]))
+    assert refused.error == ErrorCode.INVALID_RECORD, refused.message
+    assert rm.partitions[BAD].log.leo == 2
+    assert (await produce_one(rm, keyed(now_ms(), [b"k"]))).error == ErrorCode.NONE
+    await alter(5, None)  # back to the default, delete
+    assert (await produce_one(rm, keyed(now_ms(), [None]))).error == ErrorCode.NONE
+    assert rm.partitions[BAD].log.leo == 4
