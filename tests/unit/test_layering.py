@@ -19,6 +19,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PURE = [
     "broker/replication",
     "broker/fetch_session.py",
+    "broker/cleaner/offset_map.py",
+    "broker/cleaner/selection.py",
     "broker/storage/epoch_cache.py",
     "broker/storage/log_append.py",
     "broker/storage/segment_scan.py",
