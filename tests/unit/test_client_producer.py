@@ -421,3 +421,33 @@ def test_send_batch_after_the_sender_failed_for_good_raises_its_error() -> None:
     with pytest.raises(UnknownServerError):
         asyncio.run(main())
     assert not p.accumulator.has_incomplete()
+
+
+@pytest.mark.parametrize(("linger_ms", "yields"), [(60_000, 0), (0, 3)])
+def test_send_yields_to_the_sender_when_it_is_due_not_per_new_batch(
+    monkeypatch: pytest.MonkeyPatch, linger_ms: int, yields: int
+) -> None:
+    """Records spread over many partitions open a batch per record: a send that yielded to the
+    event loop for each would cost a loop pass per record. It yields when the sender has a
+    batch to send now (linger 0 here) or its timer has come."""
+    import threading
+
+    p = producer(linger_ms=linger_ms)
+    seen: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def counting_sleep(delay: float) -> None:
+        seen.append(delay)
+        await real_sleep(delay)
+
+    async def main() -> None:
+        p._loop = asyncio.get_running_loop()
+        p._loop_thread = threading.get_ident()
+        p._space = asyncio.Event()
+        monkeypatch.setattr(asyncio, "sleep", counting_sleep)
+        for partition in range(3):
+            await p.send("t", b"x", partition=partition)
+
+    asyncio.run(main())
+    assert seen == [0] * yields
+    assert p.accumulator.batches_created == 3
