@@ -14,7 +14,8 @@ Rules (Kafka's RecordAccumulator and Sender, aiokafka's shape):
   close is under way; a retried batch is sendable once its backoff has passed.
 - `ready` costs what changed, not the number of partitions with a batch: it looks at the
   partitions something made sendable (a full batch, an answer that unmutes, a split, an expiry)
-  and those whose timer has come (the head batch's linger end, a retry's backoff end). A new
+  and those whose timer has come (the head batch's linger end, a retry's backoff end); the sender
+  sets aside those whose leader has all its requests out until one of them ends. A new
   batch wakes the sender (`wake_sender`) only if it is due before the sender's planned pass
   (`sender_due_ms`): sendable now, or the sender had no timer. `expire` scans the queues only
   once the oldest queued batch could be past the delivery timeout. Records sent round-robin
@@ -192,8 +193,9 @@ class RecordAccumulator:
         # go round-robin over thousands of partitions. Here `ready` looks only at candidates:
         # partitions something may have made sendable (a second batch, an unmuted partition, a
         # split, an expiry), plus those whose timer has come (a head batch's linger end or a
-        # retry's backoff end). Invariant: every queued, unmuted partition is a candidate or has
-        # its head batch's due time in `_timers` (stale entries are harmless: looked at, dropped).
+        # retry's backoff end). Invariant: every queued, unmuted partition is a candidate, has
+        # its head batch's due time in `_timers` (stale entries are harmless: looked at, dropped)
+        # or is set aside by the sender until a request to its leader ends (`set_aside`).
         self._candidates: dict[TopicPartition, None] = {}  # an ordered set
         self._timers: list[tuple[int, int, TopicPartition]] = []  # heap of (due_ms, n, tp)
         self._timer_seq = itertools.count()
@@ -528,6 +530,23 @@ class RecordAccumulator:
             next_ms = max(0, timers[0][0] - now_ms) if timers else None
             self.sender_due_ms = None if next_ms is None else now_ms + next_ms
         return ready, next_ms
+
+    def set_aside(self, tps: Sequence[TopicPartition]) -> None:
+        """Stop looking at these sendable partitions in `ready` (the sender cannot send them
+        now: their leader has `max_in_flight` requests out) until `look_again`. Without this,
+        every sender pass while requests are out would look at each such partition again:
+        round-robin over thousands of partitions keeps hundreds of them waiting."""
+        with self._lock:
+            candidates = self._candidates
+            for tp in tps:
+                candidates.pop(tp, None)
+
+    def look_again(self, tps: Sequence[TopicPartition]) -> None:
+        """Partitions set aside are candidates again (a request to their leader ended)."""
+        with self._lock:
+            candidates = self._candidates
+            for tp in tps:
+                candidates[tp] = None
 
     def drain(
         self,

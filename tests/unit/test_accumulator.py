@@ -550,3 +550,25 @@ def test_a_batch_queued_behind_a_full_one_lingers_from_its_creation_once_it_is_t
     acc.complete(first)
     assert acc.ready(4)[0] == [] and acc.ready(5)[0] == [] and acc.ready(7)[0] == []
     assert acc.ready(8)[0] == [A0]
+
+
+def test_partitions_set_aside_are_not_looked_at_until_looked_at_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sender sets aside ready partitions whose leader has all its requests out."""
+    acc = make(linger_ms=0)
+    for tp in (A0, A1, B0):
+        add(acc, tp, b"x")
+    assert acc.ready(0)[0] == [A0, A1, B0]
+    acc.set_aside([A0, B0])
+    looked: list[TopicPartition] = []
+    sendable = acc._sendable
+
+    def counting(batch, queue_len, now_ms):  # type: ignore[no-untyped-def]
+        looked.append(batch.tp)
+        return sendable(batch, queue_len, now_ms)
+
+    monkeypatch.setattr(acc, "_sendable", counting)
+    assert acc.ready(0)[0] == [A1] and looked == [A1]
+    acc.look_again([A0, B0])
+    assert sorted(acc.ready(0)[0]) == [A0, A1, B0]
