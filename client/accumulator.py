@@ -12,6 +12,15 @@ deque; one lock is enough here, since a Python process runs one thread at a time
 Rules (Kafka's RecordAccumulator and Sender, aiokafka's shape):
 - A partition's head batch is sendable once it is full, older than `linger_ms`, or a flush or
   close is under way; a retried batch is sendable once its backoff has passed.
+- `ready` costs what changed, not the number of partitions with a batch: it looks at the
+  partitions something made sendable (a full batch, an answer that unmutes, a split, an expiry)
+  and those whose timer has come (the head batch's linger end, a retry's backoff end); the sender
+  sets aside those whose leader has all its requests out until one of them ends. A new
+  batch wakes the sender (`wake_sender`) only if it is due before the sender's planned pass
+  (`sender_due_ms`): sendable now, or the sender had no timer. `expire` scans the queues only
+  once the oldest queued batch could be past the delivery timeout. Records sent round-robin
+  over thousands of partitions open a batch per record, and each of these was a scan of every
+  queue before (issue 17).
 - At most one batch per partition is in flight (the partition is "muted" while it is). With
   idempotence this keeps per-partition order on retry without the broker-side reordering Kafka
   needs for five in-flight batches: a failed batch goes back to the head of its queue and is sent
@@ -32,6 +41,8 @@ Rules (Kafka's RecordAccumulator and Sender, aiokafka's shape):
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -159,7 +170,7 @@ class RecordAccumulator:
         linger_ms: int,
         new_builder: Callable[[TopicPartition], BatchBuilderLike],
         idempotent: bool,
-        on_new_batch: Callable[[], None] | None = None,
+        wake_sender: Callable[[], None] | None = None,
         clock_ms: Callable[[], int] | None = None,
         lock: AbstractContextManager[Any] | None = None,
     ) -> None:
@@ -171,14 +182,29 @@ class RecordAccumulator:
         self.linger_ms = linger_ms
         self.idempotent = idempotent
         self._new_builder = new_builder
-        self._on_new_batch = on_new_batch
+        self._wake_sender = wake_sender
         self._clock_ms = clock_ms
         self._lock: AbstractContextManager[Any] = lock if lock is not None else _NoLock()
         self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
-        # The partitions whose queue may hold a batch (a superset, emptied lazily by `_live`):
-        # `ready` and `expire` run on every sender pass and look at these only, so a producer
-        # that has written to thousands of partitions does not scan them all per record.
+        # The partitions whose queue may hold a batch (a superset, emptied lazily by `_live`).
         self._queued: dict[TopicPartition, None] = {}  # an ordered set
+        # Readiness without a scan. Kafka's ready() looks at every partition with a batch on
+        # each sender pass; in Python that is O(partitions) per pass, so per record when records
+        # go round-robin over thousands of partitions. Here `ready` looks only at candidates:
+        # partitions something may have made sendable (a second batch, an unmuted partition, a
+        # split, an expiry), plus those whose timer has come (a head batch's linger end or a
+        # retry's backoff end). Invariant: every queued, unmuted partition is a candidate, has
+        # its head batch's due time in `_timers` (stale entries are harmless: looked at, dropped)
+        # or is set aside by the sender until a request to its leader ends (`set_aside`).
+        self._candidates: dict[TopicPartition, None] = {}  # an ordered set
+        self._timers: list[tuple[int, int, TopicPartition]] = []  # heap of (due_ms, n, tp)
+        self._timer_seq = itertools.count()
+        # When the sender calls `ready` next at the latest (None: it has no timer): a new batch
+        # wakes it only if that batch is due sooner (`wake_sender`), not per batch.
+        self.sender_due_ms: int | None = None
+        # A lower bound of the creation time of every queued batch: `expire` scans the queues
+        # only once the oldest could have passed the delivery timeout.
+        self._oldest_ms: float = float("inf")
         self._in_flight: dict[TopicPartition, ProducerBatch] = {}
         self._next_sequence: dict[TopicPartition, int] = {}
         # Per topic, the sticky partition's open batch (append_sticky's shortcut).
@@ -236,7 +262,7 @@ class RecordAccumulator:
                     future = encoder.append_future(timestamp_ms, key, value, headers)
                     if future is not None:
                         return cast(FutureRecordMetadata, future)
-                    last.full = True
+                    self._filled(last)
             return self._append_new(tp, timestamp_ms, key, value, headers, now_ms)
 
     def append_sticky(
@@ -263,14 +289,18 @@ class RecordAccumulator:
                     future = encoder.append_future(timestamp_ms, key, value, headers)
                     if future is not None:
                         return future
-                    last.full = True
+                    self._filled(last)
             return self._append_sticky_slow(
                 topic, partitions, sticky, timestamp_ms, key, value, headers
             )
 
-    @staticmethod
-    def append_to(
-        batch: ProducerBatch, timestamp_ms: int, key: Any, value: Any, headers: Headers | None
+    def _append_to(
+        self,
+        batch: ProducerBatch,
+        timestamp_ms: int,
+        key: Any,
+        value: Any,
+        headers: Headers | None,
     ) -> FutureRecordMetadata | None:
         """Append to `batch` if it is open and has room (lock held); None marks it full."""
         encoder = batch.encoder
@@ -278,8 +308,26 @@ class RecordAccumulator:
             return None
         future = encoder.append_future(timestamp_ms, key, value, headers)
         if future is None:
-            batch.full = True
+            self._filled(batch)
         return cast(FutureRecordMetadata | None, future)
+
+    def _filled(self, batch: ProducerBatch) -> None:
+        """`batch` takes no more records (lock held): full, it is sendable now (Kafka's
+        batchIsFull wakes the sender), so its partition is a candidate if it is the head."""
+        batch.full = True
+        tp = batch.tp
+        queue = self._batches.get(tp)
+        if queue and queue[0] is batch and tp not in self._in_flight:
+            self._candidates[tp] = None
+            self._sender_needed_by(batch.created_ms)
+
+    def _sender_needed_by(self, due_ms: int) -> None:
+        """Wake the sender unless it already plans to call `ready` by `due_ms` (lock held)."""
+        planned = self.sender_due_ms
+        if planned is None or due_ms < planned:
+            self.sender_due_ms = due_ms
+            if self._wake_sender is not None:
+                self._wake_sender()
 
     def forget_sticky(self, topic: str) -> None:
         """The topic's partition count changed: the remembered sticky batch may name a partition
@@ -304,7 +352,7 @@ class RecordAccumulator:
         if queue:
             # The same as append's fast path (written out there: it runs per record).
             last = queue[-1]
-            future = self.append_to(last, timestamp_ms, key, value, headers)
+            future = self._append_to(last, timestamp_ms, key, value, headers)
             if future is not None:
                 self._sticky_open[topic] = last
                 return future
@@ -343,7 +391,7 @@ class RecordAccumulator:
                 first = last.encoder.count
                 added = last.encoder.append_values(timestamp_ms, rest, rest_keys)
                 if added == 0:
-                    last.full = True
+                    self._filled(last)
             if added == 0:
                 if self.closed:
                     raise ClientClosedError("send() after close(): the producer is closed")
@@ -367,7 +415,7 @@ class RecordAccumulator:
                 self._queue(last)
             assert last is not None
             if start + added < len(values):
-                last.full = True
+                self._filled(last)
             out._add_run(last.result, first, added)
             return added
 
@@ -394,14 +442,33 @@ class RecordAccumulator:
         return batch
 
     def _queue(self, batch: ProducerBatch) -> None:
-        queue = self._batches.get(batch.tp)
+        """Queue a new batch (lock held) and wake the sender if it must run sooner than it
+        planned: the partition's head is sendable now (a second batch, linger 0, a flush or
+        close), or this batch's linger ends before the sender's timer (or it has none)."""
+        tp = batch.tp
+        queue = self._batches.get(tp)
         if queue is None:
-            queue = self._batches[batch.tp] = deque()
+            queue = self._batches[tp] = deque()
         queue.append(batch)
-        self._queued[batch.tp] = None
+        self._queued[tp] = None
         self.batches_created += 1
-        if self._on_new_batch is not None:
-            self._on_new_batch()
+        created = batch.created_ms
+        if created < self._oldest_ms:
+            self._oldest_ms = created
+        if len(queue) > 1:
+            # The batch before it is full (`_filled` put it in view and woke the sender) or a
+            # retried one (its backoff is a timer). This one is looked at again once it is the
+            # head: its partition was muted or its queue cut by an expiry, both make a candidate.
+            return
+        due = created + self.linger_ms
+        heapq.heappush(self._timers, (due, next(self._timer_seq), tp))
+        self._sender_needed_by(created if self.flushing or self.closing else due)
+
+    def sender_overdue(self, now_ms: int) -> bool:
+        """The sender should have run by now (its timer or a wake is due): a caller appending
+        in a tight loop yields to it then, and only then."""
+        due = self.sender_due_ms
+        return due is None or now_ms >= due
 
     def _append_new(
         self,
@@ -436,21 +503,50 @@ class RecordAccumulator:
 
     def ready(self, now_ms: int) -> tuple[list[TopicPartition], int | None]:
         """Partitions whose head batch can be sent now, and the ms until the next one may be
-        (None when nothing is waiting). Muted (in-flight) partitions are never ready."""
+        (None when nothing is waiting). Muted (in-flight) partitions are never ready.
+
+        Looks at the candidates and the timers that have come only, not at every partition
+        (see `_candidates`); the ms returned is the next timer's, which may be a stale one (a
+        batch sent since): the sender then finds nothing to do, once."""
         ready: list[TopicPartition] = []
-        next_ms: int | None = None
         with self._lock:
-            for tp, queue in self._live():
-                if tp in self._in_flight:
+            timers, candidates = self._timers, self._candidates
+            everything = self.flushing > 0 or self.closing
+            while timers and (everything or timers[0][0] <= now_ms):
+                candidates[heapq.heappop(timers)[2]] = None
+            batches, in_flight = self._batches, self._in_flight
+            for tp in list(candidates):
+                queue = batches.get(tp)
+                if not queue or tp in in_flight:
+                    del candidates[tp]  # unmuting or a new batch makes it one again
                     continue
                 head = queue[0]
                 if self._sendable(head, len(queue), now_ms):
-                    ready.append(tp)
+                    ready.append(tp)  # stays a candidate until drained
                     continue
+                del candidates[tp]
                 due = head.retry_at_ms if head.closed else head.created_ms + self.linger_ms
-                wait = max(0, due - now_ms)
-                next_ms = wait if next_ms is None else min(next_ms, wait)
+                heapq.heappush(timers, (due, next(self._timer_seq), tp))
+            next_ms = max(0, timers[0][0] - now_ms) if timers else None
+            self.sender_due_ms = None if next_ms is None else now_ms + next_ms
         return ready, next_ms
+
+    def set_aside(self, tps: Sequence[TopicPartition]) -> None:
+        """Stop looking at these sendable partitions in `ready` (the sender cannot send them
+        now: their leader has `max_in_flight` requests out) until `look_again`. Without this,
+        every sender pass while requests are out would look at each such partition again:
+        round-robin over thousands of partitions keeps hundreds of them waiting."""
+        with self._lock:
+            candidates = self._candidates
+            for tp in tps:
+                candidates.pop(tp, None)
+
+    def look_again(self, tps: Sequence[TopicPartition]) -> None:
+        """Partitions set aside are candidates again (a request to their leader ended)."""
+        with self._lock:
+            candidates = self._candidates
+            for tp in tps:
+                candidates[tp] = None
 
     def drain(
         self,
@@ -519,8 +615,11 @@ class RecordAccumulator:
         """The batch was acknowledged (or failed for good): unmute its partition. The caller
         completes `batch.result`."""
         with self._lock:
-            if self._in_flight.get(batch.tp) is batch:
-                del self._in_flight[batch.tp]
+            tp = batch.tp
+            if self._in_flight.get(tp) is batch:
+                del self._in_flight[tp]
+                if self._batches.get(tp):
+                    self._candidates[tp] = None
             self.bytes.add(-batch.size_bytes)
 
     fail = complete
@@ -533,6 +632,9 @@ class RecordAccumulator:
             batch.retry_at_ms = now_ms + backoff_ms
             self._batches.setdefault(batch.tp, deque()).appendleft(batch)
             self._queued[batch.tp] = None
+            heapq.heappush(self._timers, (batch.retry_at_ms, next(self._timer_seq), batch.tp))
+            if batch.created_ms < self._oldest_ms:
+                self._oldest_ms = batch.created_ms
 
     def split_and_reenqueue(
         self,
@@ -586,6 +688,9 @@ class RecordAccumulator:
             for part in reversed(parts):
                 queue.appendleft(part)
             self._queued[batch.tp] = None
+            self._candidates[batch.tp] = None
+            if batch.created_ms < self._oldest_ms:
+                self._oldest_ms = batch.created_ms
         return parts
 
     def expire(self, now_ms: int, delivery_timeout_ms: int) -> list[ProducerBatch]:
@@ -593,9 +698,19 @@ class RecordAccumulator:
         The caller reports each one with `fail`."""
         expired: list[ProducerBatch] = []
         with self._lock:
-            for _, queue in self._live():
+            if now_ms - self._oldest_ms < delivery_timeout_ms:
+                return expired  # no queued batch is that old: no scan (it runs every pass)
+            oldest = float("inf")
+            for tp, queue in self._live():
+                if now_ms - queue[0].created_ms < delivery_timeout_ms:
+                    oldest = min(oldest, min(b.created_ms for b in queue))
+                    continue
                 while queue and now_ms - queue[0].created_ms >= delivery_timeout_ms:
                     expired.append(queue.popleft())
+                if queue:
+                    self._candidates[tp] = None  # a new head, maybe with no timer
+                    oldest = min(oldest, min(b.created_ms for b in queue))
+            self._oldest_ms = oldest
             self._seal(expired)
         return expired
 
@@ -603,10 +718,18 @@ class RecordAccumulator:
         """Remove and return every queued batch (fatal errors). The caller reports each one
         with `fail`."""
         with self._lock:
-            aborted = [b for queue in self._batches.values() for b in queue]
-            for queue in self._batches.values():
-                queue.clear()
-            self._seal(aborted)
+            aborted = self._remove_queued()
+        return aborted
+
+    def _remove_queued(self) -> list[ProducerBatch]:
+        """Remove every queued batch (lock held)."""
+        aborted = [b for queue in self._batches.values() for b in queue]
+        for queue in self._batches.values():
+            queue.clear()
+        self._candidates.clear()
+        self._timers.clear()
+        self._oldest_ms = float("inf")
+        self._seal(aborted)
         return aborted
 
     def _seal(self, removed: list[ProducerBatch]) -> None:
@@ -626,10 +749,7 @@ class RecordAccumulator:
         behind unsent."""
         with self._lock:
             self.closed = True
-            aborted = [b for queue in self._batches.values() for b in queue]
-            for queue in self._batches.values():
-                queue.clear()
-            self._seal(aborted)
+            aborted = self._remove_queued()
         return aborted
 
     # -- introspection -------------------------------------------------------------------------

@@ -170,7 +170,7 @@ class AsyncProducer:
             linger_ms=linger_ms,
             new_builder=self._new_builder,
             idempotent=enable_idempotence,
-            on_new_batch=self._batch_opened,
+            wake_sender=self._wake_sender,
             clock_ms=now_ms,
             lock=threading.Lock(),
         )
@@ -400,9 +400,10 @@ class AsyncProducer:
         self.accumulator.forget_sticky(topic)
         return tps
 
-    def _batch_opened(self) -> None:
-        """The accumulator opened a batch (under its lock, on any thread): let the sender see it
-        (its linger timer, or send it at once)."""
+    def _wake_sender(self) -> None:
+        """The accumulator has a batch the sender must see sooner than it planned (under the
+        accumulator's lock, on any thread): a full one, or a linger that ends before the
+        sender's timer."""
         loop = self._loop
         if loop is None:
             return
@@ -481,10 +482,11 @@ class AsyncProducer:
             await self._wait_for_space()
         opened = acc.batches_created
         future = self._append(topic, value, key, partition, headers, timestamp_ms, info)
-        if acc.batches_created != opened:
-            # A batch was opened (the previous one is full): let the sender run now, or a tight
-            # send loop (which never suspends otherwise) would queue everything before the
-            # first request goes out.
+        if acc.batches_created != opened and acc.sender_overdue(now_ms()):
+            # A batch was opened and the sender is due (woken, or its timer has come): let it
+            # run now, or a tight send loop (which never suspends otherwise) would queue
+            # everything before the first request goes out. Not per batch: records spread
+            # over many partitions open one per record.
             await asyncio.sleep(0)
         return future
 
@@ -531,7 +533,7 @@ class AsyncProducer:
                 await self._wait_for_space()
             opened = acc.batches_created
             start += self._append_batch(topic, values, keys, partition, None, info, out, start)
-            if acc.batches_created != opened:
+            if acc.batches_created != opened and acc.sender_overdue(now_ms()):
                 await asyncio.sleep(0)
         return out
 

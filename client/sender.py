@@ -5,6 +5,8 @@ WakeableLoop) expires batches past `delivery_timeout_ms`, takes a producer id wh
 (InitProducerId), and drains ready batches grouped by leader broker into ONE ProduceRequest per
 broker (up to `max_request_size`), with up to `max_in_flight` requests in flight per broker and
 at most one batch in flight per partition (see accumulator.py for why that keeps order on retry).
+Ready partitions whose leader has all its requests out are set aside in the accumulator until
+one of those requests ends, so a pass does not look at each of them again.
 
 Answers: DUPLICATE_SEQUENCE_NUMBER counts as success (the broker already has the batch); a batch
 of several records refused with MESSAGE_TOO_LARGE is split in halves and sent again (Kafka's
@@ -95,6 +97,11 @@ class Sender:
         # this producer an id for good.
         self.fatal: MiniBrokerError | None = None
         self._in_flight: dict[int, int] = {}
+        # Per broker with max_in_flight requests out, the ready partitions it leads that the
+        # accumulator set aside: looked at again when one of those requests ends.
+        self._waiting: dict[int, list[TopicPartition]] = {}
+        # The metadata they were set aside under: a refresh may name other leaders for them.
+        self._waiting_version = -1
         # Brokers a request just failed to reach, until when: their partitions wait for the
         # metadata to name another leader (or for the time to pass) instead of sending again to
         # a broker that is likely dead.
@@ -137,8 +144,16 @@ class Sender:
         self.loop.refresh_metadata_if_due(now)
         if self.need_producer_id and settings.idempotent and not await self._init_producer_id():
             return settings.retry_backoff_ms
+        if self._waiting and md.version != self._waiting_version:
+            # New metadata: a partition set aside under a broker that may be dead (its requests
+            # end only at their deadline) may have another leader now.
+            for tps in self._waiting.values():
+                acc.look_again(tps)
+            self._waiting.clear()
+        self._waiting_version = md.version
         ready, next_ms = acc.ready(now)
         by_node: dict[int, list[TopicPartition]] = {}
+        set_aside: list[TopicPartition] = []
         unknown_leader = False
         awaiting_new_leader = False
         for tp in ready:
@@ -150,8 +165,15 @@ class Sender:
                 awaiting_new_leader = True
                 continue
             if self._in_flight.get(leader, 0) >= settings.max_in_flight:
+                full = self._waiting.get(leader)
+                if full is None:
+                    full = self._waiting[leader] = []
+                full.append(tp)
+                set_aside.append(tp)
                 continue
             by_node.setdefault(leader, []).append(tp)
+        if set_aside:
+            acc.set_aside(set_aside)
         if unknown_leader:
             md.request_update()
         if awaiting_new_leader and now - md.last_refresh_ms >= _NEW_LEADER_POLL_MS:
@@ -256,6 +278,9 @@ class Sender:
                     self.on_batch_error(b, error_for(result.error_code, result.error_message))
         finally:
             self._in_flight[node] -= 1
+            waiting = self._waiting.pop(node, None)
+            if waiting:
+                self.accumulator.look_again(waiting)
             self.loop.wake()
 
     def on_batch_error(self, batch: ProducerBatch, err: MiniBrokerError) -> None:

@@ -31,12 +31,17 @@ in order, each phase with a deadline of `--phase-timeout` seconds (a phase past 
       rebalancing is off in the bench's cluster), timed from the call until Metadata shows every
       partition led by its first replica (of those whose first replica is in the ISR);
   (6) produce: `--records` acks=all records of `--record-size` bytes (one idempotent
-      AsyncProducer, linger 5 ms) sent round-robin over every partition of `scale`, then the same
-      over a 3-partition topic of the same RF: records/s from the first send to the flush, and the
-      ratio all / 3 (a run past its deadline: the rate of the records acknowledged by then,
-      shown next to ">120 s" and used for the ratio). Before each, untimed, one record to a
-      partition of each leader (the producer id and the connections). The bench's own CPU
-      (the producer) and the brokers' over each run are reported (JSON) to tell who was busy.
+      AsyncProducer, linger 5 ms) sent round-robin over every partition of `scale`
+      (`partition=i % N`), then the same keyless with no partition (the producer's sticky
+      partitioner, Kafka's KIP-480 default: one partition until its batch is full, then another,
+      so the records spread over all N), then round-robin over a 3-partition topic of the same
+      RF: records/s from the first send to the flush, and the ratios all / 3 and sticky / 3 (a
+      run past its deadline: the rate of the records acknowledged by then, shown next to
+      ">120 s" and used for the ratio). Before each, untimed, one record to a partition of each
+      leader (the producer id and the connections). The bench's own CPU (the producer) and the
+      brokers' over each run are reported (JSON: `client_cpu_s`, `brokers_cpu_s`, and per batch
+      the producer opened, `batches`, `client_cpu_us_per_batch`, `brokers_cpu_us_per_batch`)
+      to tell who was busy.
 Metadata is polled every POLL_INTERVAL_S seconds (plus the call itself: the median call time is
 reported, the resolution of the timings). A phase's deadline runs from its event. A creation that
 does not complete skips the other phases (reported with how far it got).
@@ -86,14 +91,16 @@ def register(sub: Any) -> None:
     parser = sub.add_parser(
         "scale",
         help="many partitions: creation time, idle CPU/RSS, leader moves after a SIGKILL, "
-        "rejoin, preferred election, produce over all partitions vs 3",
+        "rejoin, preferred election, produce over all partitions (round-robin and keyless "
+        "sticky) vs 3",
         description="Per size of --partitions, on a fresh local cluster: time the creation of "
         "a topic of that many partitions (until every one has a leader and a full ISR), "
         "measure each broker's and the controller's idle CPU and RSS, SIGKILL the broker "
         "leading the most partitions and time until every leadership moved (as a client's "
         "Metadata shows), restart it and time until it is back in every ISR, time a "
         "preferred election of everything, and compare acks=all produce throughput spread "
-        "over every partition with the same over 3 partitions. Each phase has a deadline "
+        "over every partition (round-robin, and keyless records placed by the default sticky "
+        "partitioner) with round-robin over 3 partitions. Each phase has a deadline "
         "(--phase-timeout); one past it is reported as such. Prints a table row per size.",
     )
     parser.add_argument("--brokers", type=int, default=5, help="brokers (default 5)")
@@ -290,6 +297,17 @@ def fetch_session_metrics(texts: Iterable[str]) -> dict[str, float]:
     return out
 
 
+def produce_ratio(run: Mapping[str, Any], base: Mapping[str, Any]) -> float | None:
+    """records/s of `run` over those of `base` (a run past its deadline counts the records
+    acknowledged by then); None when either has no rate."""
+
+    def of(p: Mapping[str, Any]) -> Any:
+        return p.get("records_per_sec") or p.get("records_per_sec_by_deadline")
+
+    a, b = of(run), of(base)
+    return _r(a / b, 3) if a and b else None
+
+
 def rate(count: float, seconds: float) -> float:
     return count / seconds if seconds > 0 else 0.0
 
@@ -320,8 +338,8 @@ def _num(value: float | None, fmt: str) -> str:
 TABLE_HEADER = (
     "| partitions | create | logs on disk | broker CPU % med/max | broker RSS MiB med/max "
     "| controller CPU % | controller RSS MiB | kill: leaderships moved | rejoin: every ISR "
-    "| preferred election | produce all, rec/s | produce 3, rec/s | all / 3 "
-    "| FetchSession metrics |"
+    "| preferred election | produce all round-robin, rec/s | produce all keyless sticky, rec/s "
+    "| produce 3, rec/s | all / 3 | sticky / 3 | FetchSession metrics |"
 )
 
 
@@ -378,8 +396,10 @@ def table_row(size: Mapping[str, Any]) -> str:
         rejoin_cell,
         election_cell,
         produce_cell("all"),
+        produce_cell("sticky"),
         produce_cell("three"),
         _num(produce.get("ratio"), ".2f"),
+        _num(produce.get("sticky_ratio"), ".2f"),
         fetch_cell,
     ]
     return "| " + " | ".join(cells) + " |"
@@ -721,7 +741,9 @@ class SizeRun:
             out["error"] = error
         return out
 
-    async def produce(self, topic: str, partitions: int) -> dict[str, Any]:
+    async def produce(self, topic: str, partitions: int, *, sticky: bool = False) -> dict[str, Any]:
+        """`--records` records over `topic`: round-robin (`partition=i % partitions`), or with
+        `sticky` keyless with no partition (the producer's default sticky partitioner)."""
         from minibroker.client.producer import AsyncProducer
 
         args = self.args
@@ -750,13 +772,18 @@ class SizeRun:
 
             async def run() -> float:
                 started = time.monotonic()
-                for i in range(args.records):
-                    future = await producer.send(topic, payload, partition=i % partitions)
-                    future.add_done_callback(done)
+                if sticky:
+                    for _ in range(args.records):
+                        (await producer.send(topic, payload)).add_done_callback(done)
+                else:
+                    for i in range(args.records):
+                        future = await producer.send(topic, payload, partition=i % partitions)
+                        future.add_done_callback(done)
                 await producer.flush()
                 return time.monotonic() - started
 
             started = time.monotonic()
+            batches0 = producer.accumulator.batches_created
             cpu0 = time.process_time()
             brokers0 = {b.pid: pid_cpu_s(b.pid) for b in self.state.brokers}
             try:
@@ -768,25 +795,38 @@ class SizeRun:
                     None,
                     self.timeout_s,
                     partitions=partitions,
+                    placement="sticky" if sticky else "round-robin",
                     records=args.records,
                     acked_by_deadline=acked,
                     records_per_sec_by_deadline=round(rate(acked, at), 1),
                 )
+            # Who was busy: this process (the producer) and the brokers, CPU seconds over the
+            # run, and per batch sent (each batch of one partition is appended, replicated and
+            # acknowledged on its own: round-robin over thousands of partitions makes a batch
+            # per record).
+            client_cpu = time.process_time() - cpu0
+            batches = producer.accumulator.batches_created - batches0
         finally:
             await producer.close(timeout_ms=0)
         ok = args.records - failures
-        # Who was busy: this process (the producer) and the brokers, CPU seconds over the run.
-        client_cpu = time.process_time() - cpu0
         broker_cpu = 0.0
         for pid, before in brokers0.items():
             after = pid_cpu_s(pid)
             if before is not None and after is not None:
                 broker_cpu += after - before
-        out = _timed(elapsed, self.timeout_s, partitions=partitions)
+        out = _timed(
+            elapsed,
+            self.timeout_s,
+            partitions=partitions,
+            placement="sticky" if sticky else "round-robin",
+        )
         out.update(
             {
                 "client_cpu_s": round(client_cpu, 3),
                 "brokers_cpu_s": round(broker_cpu, 3),
+                "batches": batches,
+                "client_cpu_us_per_batch": _r(client_cpu / batches * 1e6, 1) if batches else None,
+                "brokers_cpu_us_per_batch": _r(broker_cpu / batches * 1e6, 1) if batches else None,
                 "records": args.records,
                 "failed": failures,
                 "records_per_sec": round(rate(ok, elapsed), 1),
@@ -842,19 +882,16 @@ class SizeRun:
         produce: dict[str, Any] = {"small_topic_create": small}
         out["produce"] = produce
         produce["all"] = await self.produce(TOPIC, self.n)
-        self.say(f"produce over {self.n}: {produce['all']}")
+        self.say(f"produce round-robin over {self.n}: {produce['all']}")
+        produce["sticky"] = await self.produce(TOPIC, self.n, sticky=True)
+        self.say(f"produce keyless (sticky) over {self.n}: {produce['sticky']}")
         if small["timed_out"]:
             produce["three"] = {"skipped": True}
         else:
             produce["three"] = await self.produce(SMALL_TOPIC, SMALL_PARTITIONS)
-            self.say(f"produce over {SMALL_PARTITIONS}: {produce['three']}")
-        a = produce["all"].get("records_per_sec") or produce["all"].get(
-            "records_per_sec_by_deadline"
-        )
-        b = produce["three"].get("records_per_sec") or produce["three"].get(
-            "records_per_sec_by_deadline"
-        )
-        produce["ratio"] = _r(a / b, 3) if a and b else None
+            self.say(f"produce round-robin over {SMALL_PARTITIONS}: {produce['three']}")
+        produce["ratio"] = produce_ratio(produce["all"], produce["three"])
+        produce["sticky_ratio"] = produce_ratio(produce["sticky"], produce["three"])
 
 
 def run_size(args: argparse.Namespace, n: int) -> dict[str, Any]:

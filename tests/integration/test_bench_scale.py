@@ -73,11 +73,19 @@ def test_scale_bench_tiny_run(capsys: pytest.CaptureFixture[str]) -> None:
 
     produce = size["produce"]
     completed(produce["small_topic_create"])
-    for which, partitions in (("all", 6), ("three", 3)):
+    for which, partitions, placement in (
+        ("all", 6, "round-robin"),
+        ("sticky", 6, "sticky"),
+        ("three", 3, "round-robin"),
+    ):
         p = produce[which]
         assert completed(p) > 0 and p["partitions"] == partitions, p
+        assert p["placement"] == placement, p
         assert p["records"] == 600 and p["failed"] == 0 and p["records_per_sec"] > 0, p
+        assert 1 <= p["batches"] <= 600, p
+        assert p["client_cpu_us_per_batch"] > 0 and p["brokers_cpu_us_per_batch"] > 0, p
     assert produce["ratio"] is not None and produce["ratio"] > 0, produce
+    assert produce["sticky_ratio"] is not None and produce["sticky_ratio"] > 0, produce
 
     assert size["metadata_poll_ms"] > 0 and size["metadata_polls"] > 0, size
     assert len(size["load_before"]) == 3 and len(size["load_after"]) == 3, size
@@ -100,5 +108,5 @@ def test_scale_table_marks_timeouts_and_missing_figures() -> None:
     lines = bench_scale.format_table(result)
     row = next(line for line in lines if line.startswith("| 10000 "))
     assert ">120 s (9000 led, 12 full ISR)" in row, row
-    assert row.count(" - ") >= 8, row
+    assert row.count(" - ") >= 10, row
     assert any("error: topic creation not complete" in line for line in lines), lines

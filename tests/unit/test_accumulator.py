@@ -362,3 +362,213 @@ def test_an_expired_or_aborted_open_batch_takes_no_more_records_and_its_bytes_st
     with pytest.raises(ClientClosedError):
         acc.append_sticky("a", [A0, A1], sticky, 0, None, b"z", None)
     assert acc.buffered_bytes == 0
+
+
+def waking(linger_ms: int = 5, batch_size: int = 1024) -> tuple[RecordAccumulator, list[int]]:
+    """An accumulator that counts the wakes it asks of the sender."""
+    wakes: list[int] = []
+    acc = RecordAccumulator(
+        batch_size=batch_size,
+        linger_ms=linger_ms,
+        new_builder=lambda tp: BatchBuilder(batch_size),
+        idempotent=True,
+        wake_sender=lambda: wakes.append(1),
+        clock_ms=lambda: 0,
+    )
+    acc.set_producer_id(42, 0)
+    return acc, wakes
+
+
+def test_a_new_batch_wakes_the_sender_only_if_it_is_due_before_the_sender_plans_to_run() -> None:
+    """Records spread over many partitions open a batch per record: waking the sender (and
+    its pass over the queues) for each would cost O(partitions) per record."""
+    acc, wakes = waking(linger_ms=5)
+    tps = [TopicPartition("a", p) for p in range(100)]
+    add(acc, tps[0], b"x", now=100)
+    assert len(wakes) == 1, "the sender had no timer: it must hear of the batch"
+    assert acc.ready(100) == ([], 5) and acc.sender_due_ms == 105
+    for tp in tps[1:]:
+        add(acc, tp, b"x", now=101)
+    assert len(wakes) == 1, "their linger ends after the sender's timer: no wake"
+    assert not acc.sender_overdue(104) and acc.sender_overdue(105)
+    assert acc.ready(105) == ([tps[0]], 1)
+    assert acc.ready(106)[0] == tps
+    acc.drain({1: tps}, 1 << 20, 106)
+    assert acc.ready(106) == ([], None) and acc.sender_due_ms is None
+    add(acc, tps[0], b"y", now=106)
+    assert len(wakes) == 2, "no timer planned: a wake"
+
+
+def test_a_batch_sendable_at_once_wakes_the_sender() -> None:
+    acc, wakes = waking(linger_ms=10_000, batch_size=200)
+    add(acc, A0, b"x", now=0)
+    acc.ready(0)
+    assert len(wakes) == 1 and acc.sender_due_ms == 10_000
+    add(acc, A1, b"x", now=1)
+    assert len(wakes) == 1
+    for _ in range(4):
+        add(acc, A0, bytes(60), now=2)  # the first batch fills, a second opens
+    assert len(wakes) == 2 and acc.sender_overdue(2)
+    assert acc.ready(2)[0] == [A0]
+    acc.drain({1: [A0]}, 1 << 20, 2)
+    for _ in range(4):
+        add(acc, A0, bytes(60), now=2)  # a full batch again, but its partition is muted
+    assert len(wakes) == 2, "nothing to send until the in-flight batch is answered"
+    acc.flushing += 1
+    add(acc, B0, b"x", now=3)
+    assert len(wakes) == 3, "during a flush every batch is sendable"
+    assert acc.ready(3)[0] == [A1, B0]
+
+    acc, wakes = waking(linger_ms=0)
+    add(acc, A0, b"x", now=0)
+    acc.ready(0)
+    add(acc, A1, b"x", now=0)
+    assert len(wakes) == 2, "linger 0: every batch is sendable at once"
+
+
+def test_ready_looks_only_at_partitions_something_may_have_made_sendable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sender's pass is O(what changed), not O(partitions with a batch)."""
+    acc = make(linger_ms=5)
+    tps = [TopicPartition("a", p) for p in range(1000)]
+    for tp in tps:
+        add(acc, tp, b"x", now=0)
+    assert acc.ready(0) == ([], 5)
+    looked: list[TopicPartition] = []
+    sendable = acc._sendable
+
+    def counting(batch, queue_len, now_ms):  # type: ignore[no-untyped-def]
+        looked.append(batch.tp)
+        return sendable(batch, queue_len, now_ms)
+
+    monkeypatch.setattr(acc, "_sendable", counting)
+    assert acc.ready(1) == ([], 4) and looked == [], "nothing lingered out, nothing filled"
+    add(acc, tps[7], b"y", now=1)
+    add(acc, tps[7], b"z" * 1000, now=1)  # does not fit: a second batch, the first is full
+    assert acc.ready(2)[0] == [tps[7]] and looked == [tps[7]]
+    looked.clear()
+    assert len(acc.ready(5)[0]) == 1000 and len(looked) == 1000
+
+
+def test_expire_scans_the_queues_only_once_the_oldest_batch_could_have_expired(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    acc = make(linger_ms=10_000)
+    for p in range(100):
+        add(acc, TopicPartition("a", p), b"x", now=p)
+    scans: list[int] = []
+    live = acc._live
+
+    def counting():  # type: ignore[no-untyped-def]
+        scans.append(1)
+        return live()
+
+    monkeypatch.setattr(acc, "_live", counting)
+    assert acc.expire(now_ms=999, delivery_timeout_ms=1000) == [] and scans == []
+    assert [b.tp.partition for b in acc.expire(1001, 1000)] == [0, 1] and len(scans) == 1
+    assert acc.expire(1001, 1000) == [] and len(scans) == 1, "the oldest left is from 2 ms"
+    assert [b.tp.partition for b in acc.expire(1002, 1000)] == [2] and len(scans) == 2
+
+
+def test_a_full_sticky_batch_the_stickiness_left_is_ready_at_once() -> None:
+    """Kafka sends a full batch without waiting for linger; the sticky partitioner moves to
+    another partition when it fills, so only the full batch's own partition has it."""
+    from minibroker.client.partitioner import StickyPartitioner
+
+    class Seq:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def randrange(self, stop: int) -> int:
+            self.n += 1
+            return self.n % stop
+
+    acc = make(batch_size=200, linger_ms=10_000)
+    sticky = StickyPartitioner(Seq())
+    placed = {
+        acc.append_sticky("a", [A0, A1], sticky, 0, None, bytes(60), None)[0].tp for _ in range(3)
+    }
+    assert placed == {A0, A1}
+    full = next(tp for tp in (A0, A1) if len(acc._batches[tp]) == 1 and acc._batches[tp][0].full)
+    assert acc.ready(0)[0] == [full], "the full batch goes now, the other lingers"
+
+
+def test_a_head_left_by_an_expiry_is_looked_at_again() -> None:
+    acc = make(linger_ms=0)
+    add(acc, A0, b"old", now=0)
+    assert acc.ready(0)[0] == [A0]
+    (first,) = acc.drain({1: [A0]}, 1 << 20, 0)[1]
+    acc.retry(first, now_ms=10, backoff_ms=100_000)
+    add(acc, A0, b"new", now=500)  # queued behind the retried batch: no timer of its own
+    assert acc.ready(500) == ([], 99_510), "the head backs off"
+    (expired,) = acc.expire(now_ms=1000, delivery_timeout_ms=1000)
+    assert expired is first
+    assert acc.ready(1000)[0] == [A0], "the new head is sendable (linger 0)"
+
+
+def test_a_partition_is_looked_at_again_when_unmuted_retried_or_split() -> None:
+    """Each way a queued partition can become sendable again puts it back in view: a batch
+    answered (the next one lingers on from its creation), a retry's backoff ending, the
+    halves of a split batch (sendable at once)."""
+    acc = make(linger_ms=5)
+    add(acc, A0, b"a", now=0)
+    assert acc.ready(5)[0] == [A0]
+    (first,) = acc.drain({1: [A0]}, 1 << 20, 5)[1]
+    add(acc, A0, b"b", now=6)  # behind the in-flight batch
+    acc.complete(first)
+    assert acc.ready(7) == ([], 4), "answered: the next batch's linger runs from 6"
+    assert acc.ready(11)[0] == [A0]
+    (second,) = acc.drain({1: [A0]}, 1 << 20, 11)[1]
+    assert acc.ready(11) == ([], None)
+    acc.retry(second, now_ms=20, backoff_ms=100)
+    assert acc.ready(119) == ([], 1), "the retry's backoff is a timer"
+    assert acc.ready(120)[0] == [A0]
+    (again,) = acc.drain({1: [A0]}, 1 << 20, 120)[1]
+    assert again is second and acc.ready(120) == ([], None)
+
+    acc = make(batch_size=10_000, linger_ms=0)
+    for i in range(3):
+        add(acc, A0, bytes([i]))
+    assert acc.ready(0)[0] == [A0]
+    (big,) = acc.drain({1: [A0]}, 1 << 20, 0)[1]
+    assert acc.ready(0) == ([], None)
+    first_half, _ = acc.split_and_reenqueue(
+        big, records_of(big.buffer), lambda: BatchBuilder(1 << 30)
+    )
+    assert acc.ready(0)[0] == [A0]
+    assert acc.drain({1: [A0]}, 1 << 20, 0)[1] == [first_half]
+
+
+def test_a_batch_queued_behind_a_full_one_lingers_from_its_creation_once_it_is_the_head() -> None:
+    acc = make(batch_size=200, linger_ms=5)
+    add(acc, A0, bytes(60), now=0)
+    for _ in range(3):
+        add(acc, A0, bytes(60), now=3)  # the first batch fills, a second opens at 3
+    assert acc.ready(3)[0] == [A0]
+    (first,) = acc.drain({1: [A0]}, 1 << 20, 3)[1]
+    acc.complete(first)
+    assert acc.ready(4)[0] == [] and acc.ready(5)[0] == [] and acc.ready(7)[0] == []
+    assert acc.ready(8)[0] == [A0]
+
+
+def test_partitions_set_aside_are_not_looked_at_until_looked_at_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sender sets aside ready partitions whose leader has all its requests out."""
+    acc = make(linger_ms=0)
+    for tp in (A0, A1, B0):
+        add(acc, tp, b"x")
+    assert acc.ready(0)[0] == [A0, A1, B0]
+    acc.set_aside([A0, B0])
+    looked: list[TopicPartition] = []
+    sendable = acc._sendable
+
+    def counting(batch, queue_len, now_ms):  # type: ignore[no-untyped-def]
+        looked.append(batch.tp)
+        return sendable(batch, queue_len, now_ms)
+
+    monkeypatch.setattr(acc, "_sendable", counting)
+    assert acc.ready(0)[0] == [A1] and looked == [A1]
+    acc.look_again([A0, B0])
+    assert sorted(acc.ready(0)[0]) == [A0, A1, B0]

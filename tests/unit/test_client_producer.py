@@ -421,3 +421,163 @@ def test_send_batch_after_the_sender_failed_for_good_raises_its_error() -> None:
     with pytest.raises(UnknownServerError):
         asyncio.run(main())
     assert not p.accumulator.has_incomplete()
+
+
+@pytest.mark.parametrize(("linger_ms", "yields"), [(60_000, 0), (0, 3)])
+def test_send_yields_to_the_sender_when_it_is_due_not_per_new_batch(
+    monkeypatch: pytest.MonkeyPatch, linger_ms: int, yields: int
+) -> None:
+    """Records spread over many partitions open a batch per record: a send that yielded to the
+    event loop for each would cost a loop pass per record. It yields when the sender has a
+    batch to send now (linger 0 here) or its timer has come."""
+    import threading
+
+    p = producer(linger_ms=linger_ms)
+    seen: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def counting_sleep(delay: float) -> None:
+        seen.append(delay)
+        await real_sleep(delay)
+
+    async def main() -> None:
+        p._loop = asyncio.get_running_loop()
+        p._loop_thread = threading.get_ident()
+        p._space = asyncio.Event()
+        monkeypatch.setattr(asyncio, "sleep", counting_sleep)
+        for partition in range(3):
+            await p.send("t", b"x", partition=partition)
+
+    asyncio.run(main())
+    assert seen == [0] * yields
+    assert p.accumulator.batches_created == 3
+
+
+class _Broker:
+    """Stands in for the brokers' Produce: each request waits for its gate, then succeeds."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, list[int]]] = []
+        self.gates: list[asyncio.Event] = []
+
+    async def produce(self, address: str, request: object, timeout_s: float) -> object:
+        from minibroker.proto import minibroker_pb2 as pb
+
+        parts = [q.partition for t in request.topics for q in t.partitions]  # type: ignore[attr-defined]
+        self.sent.append((address, parts))
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        await gate.wait()
+        answer = pb.ProduceResponse()
+        topic = answer.topics.add(topic="t")
+        for q in parts:
+            topic.partitions.add(partition=q, base_offset=0)
+        return answer
+
+
+def _stepping(monkeypatch: pytest.MonkeyPatch) -> tuple[AsyncProducer, _Broker]:
+    """A producer whose sender passes the test runs one at a time (on the running loop),
+    against `_Broker`; every partition of `t` is led by broker 1 ("h:1"), one request in flight
+    per broker."""
+    p = producer(max_in_flight=1, linger_ms=0)
+    p._sender.need_producer_id = False
+    broker = _Broker()
+    monkeypatch.setattr(p.cluster, "produce", broker.produce)
+    monkeypatch.setattr(p._sender.loop, "refresh_metadata_if_due", lambda now: None)
+    return p, broker
+
+
+def _on_loop(p: AsyncProducer) -> None:
+    import threading
+
+    loop = asyncio.get_running_loop()
+    p._loop = loop
+    p._loop_thread = threading.get_ident()
+    p._space = asyncio.Event()
+    p._sender.loop._loop = loop
+    p._sender.loop._event = asyncio.Event()
+
+
+async def _requests_out(p: AsyncProducer, broker: _Broker, count: int) -> None:
+    """Let spawned requests reach the broker (a few loop passes, no time)."""
+    for _ in range(100):
+        if len(broker.sent) >= count:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{count} requests expected, got {broker.sent}")
+
+
+def test_partitions_of_a_broker_with_every_request_out_wait_aside_until_one_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a broker has max_in_flight requests out, the ready partitions it leads are set
+    aside: a sender pass does not look at them again, until one of its requests ends."""
+    p, broker = _stepping(monkeypatch)
+    acc = p.accumulator
+    looked: list[int] = []
+
+    async def main() -> None:
+        _on_loop(p)
+        send(p, b"a", 0)
+        await p._sender._step()
+        await _requests_out(p, broker, 1)
+        send(p, b"b", 1)
+        send(p, b"c", 2)
+        await p._sender._step()
+        sendable = acc._sendable
+
+        def counting(batch, queue_len, now_ms):  # type: ignore[no-untyped-def]
+            looked.append(batch.tp.partition)
+            return sendable(batch, queue_len, now_ms)
+
+        monkeypatch.setattr(acc, "_sendable", counting)
+        await p._sender._step()
+        assert looked == [], "set aside while broker 1 has its one request out"
+        broker.gates[0].set()
+        await asyncio.gather(*list(p._sender.loop.tasks))
+        await p._sender._step()
+        await _requests_out(p, broker, 2)
+        broker.gates[1].set()
+        await asyncio.gather(*list(p._sender.loop.tasks))
+
+    asyncio.run(main())
+    assert broker.sent == [("h:1", [0]), ("h:1", [1, 2])]
+    assert sorted(looked) == [1, 1, 2, 2], "looked at again once it ended (ready, then drain)"
+    assert not acc.has_incomplete()
+
+
+def test_new_metadata_sends_partitions_set_aside_to_their_new_leader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker whose requests hang (dead, black-holed) keeps them out until their deadline:
+    partitions set aside under it go to the leader new metadata names, without waiting."""
+    p, broker = _stepping(monkeypatch)
+
+    async def main() -> None:
+        _on_loop(p)
+        send(p, b"a", 0)
+        await p._sender._step()
+        await _requests_out(p, broker, 1)
+        send(p, b"b", 1)
+        await p._sender._step()
+        assert len(broker.sent) == 1
+        moved = TopicInfo(
+            "t",
+            "id",
+            {q: PartitionInfo(q, 1 if q == 0 else 2, 4, (1, 2), (1, 2)) for q in range(3)},
+            {"max.message.bytes": "2000"},
+        )
+        p.cluster.metadata.update(
+            ClusterSnapshot(
+                "c", 0, {1: BrokerInfo(1, "h", 1), 2: BrokerInfo(2, "h", 2)}, {"t": moved}
+            ),
+            now_ms=1,
+        )
+        await p._sender._step()
+        await _requests_out(p, broker, 2)
+        for gate in broker.gates:
+            gate.set()
+        await asyncio.gather(*list(p._sender.loop.tasks))
+
+    asyncio.run(main())
+    assert broker.sent == [("h:1", [0]), ("h:2", [1])]
