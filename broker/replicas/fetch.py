@@ -225,8 +225,18 @@ class FetchHandler:
 
     def changed(self, tp: TopicPartition) -> None:
         """Something a fetch of `tp` would answer differently changed (data, HW, log start,
-        leadership, an error): the sessions holding it read it on their next look."""
+        leadership, an error): the sessions holding it read it on their next look.
+
+        A follower session where `tp` was clean until now carried it unchanged in its last
+        request: as far as the leader's lag rule goes, the follower fetched it then, caught
+        up (Kafka reads every session partition on every request). That is recorded before
+        the change is, so an idle partition's first new record does not find its followers
+        stale and shrink the ISR before their next request reads it."""
+        engine = self._rm.engine
         for session in self.sessions.mark_dirty(tp):
+            if session.privileged:
+                replica_id = session.owner[0]  # type: ignore[index]
+                engine.implied_fetch(tp, replica_id, session.last_used_ms)
             for future in self._waiting.get(session.id, ()):
                 _settle(future)
 

@@ -341,6 +341,14 @@ class PartitionReplica(ReplicaState):
         effects += self._maybe_advance_high_watermark(now_ms)
         return answer, effects
 
+    def note_implied_fetch(self, replica_id: int, at_ms: int) -> None:
+        """`replica_id`'s fetch session carried this partition, unchanged since the follower
+        last read it, in a request at `at_ms` (`RemoteReplica.implied_fetch`). Leader only; no
+        effect otherwise: nothing here can move the HW or the ISR."""
+        remote = self._remotes.get(replica_id)
+        if self.is_leader and remote is not None:
+            remote.implied_fetch(at_ms)
+
     # -- leader: high watermark and ISR ---------------------------------------------------
 
     def _maybe_advance_high_watermark(self, now_ms: int) -> list[Effect]:

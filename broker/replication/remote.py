@@ -75,6 +75,22 @@ class RemoteReplica:
         if broker_epoch != UNKNOWN_BROKER_EPOCH:
             self.broker_epoch = broker_epoch
 
+    def implied_fetch(self, at_ms: int) -> None:
+        """The follower's fetch session carried this partition at `at_ms` without naming it
+        (KIP-227), and the leader's log had not changed since the follower last read it:
+        Kafka reads every session partition on every request, so the follower fetched again
+        from the same offset, against the same leader LEO. Without this an idle partition's
+        follower looks stale the moment a record arrives, and the ISR shrinks before its
+        next request reads the record (docs/protocol.md §7)."""
+        if (
+            at_ms <= self.last_fetch_time_ms
+            or self.leo == UNKNOWN_OFFSET
+            or self.leo < self.last_fetch_leader_leo
+        ):
+            return  # an older request, nothing heard yet, or it was behind: a real read decides
+        self.last_caught_up_time_ms = max(self.last_caught_up_time_ms, at_ms)
+        self.last_fetch_time_ms = at_ms
+
     def is_caught_up(self, leader_leo: int, now_ms: int, lag_time_max_ms: int) -> bool:
         return self.leo == leader_leo or now_ms - self.last_caught_up_time_ms <= lag_time_max_ms
 

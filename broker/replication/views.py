@@ -65,6 +65,13 @@ class ReplicaViews(Generic[S]):
         invariant(hosted is not None, f"{tp} is not hosted")
         return hosted.core.high_watermark  # type: ignore[union-attr]
 
+    def implied_fetch(self, tp: TopicPartition, replica_id: int, at_ms: int) -> None:
+        """A follower's fetch session carried `tp` unchanged in a request at `at_ms`
+        (`PartitionReplica.note_implied_fetch`)."""
+        hosted = self._hosted.get(tp)
+        if hosted is not None:
+            hosted.core.note_implied_fetch(replica_id, at_ms)
+
     def follower_out_of_sync(self, tp: TopicPartition, replica_id: int) -> bool:
         """`replica_id` follows `tp`, led here, from outside its ISR: its next fetch may
         expand the ISR (once it is caught up, eligible, and no ISR change is in flight)."""

@@ -78,6 +78,37 @@ def test_shrink_rule_drops_members_behind_for_the_lag_time() -> None:
     assert out == {4, 5}
 
 
+def test_an_implied_fetch_keeps_an_idle_partitions_follower_in_sync() -> None:
+    # Follower 2 read offset 10, the leader's LEO, at 0. The partition stays idle; its fetch
+    # session carries it unchanged in requests up to 1_850 (KIP-227: no read). A record
+    # arrives at 1_900 (LEO 11): with lag 1_000 the follower is in sync as of 1_850.
+    remote = RemoteReplica(2)
+    remote.update_fetch_state(10, 0, 0, 10, 7)
+    stale = RemoteReplica(2)
+    stale.update_fetch_state(10, 0, 0, 10, 7)
+    remote.implied_fetch(1_850)
+    assert out_of_sync_replicas({1, 2}, 1, {2: remote}, 11, 1_900, 1_000) == set()
+    assert out_of_sync_replicas({1, 2}, 1, {2: stale}, 11, 1_900, 1_000) == {2}
+    # Its next real read, from 10 against LEO 11, counts from the implied one (Kafka's rule).
+    remote.update_fetch_state(10, 0, 2_000, 11, 7)
+    assert remote.last_caught_up_time_ms == 1_850
+
+
+def test_an_implied_fetch_of_a_lagging_follower_or_an_older_one_changes_nothing() -> None:
+    lagging = RemoteReplica(2)
+    lagging.update_fetch_state(4, 0, 0, 10, 7)  # behind the leader's LEO 10 at its last read
+    lagging.implied_fetch(1_850)
+    assert lagging.last_caught_up_time_ms < 0  # never caught up
+    assert lagging.last_fetch_time_ms == 0
+    later = RemoteReplica(2)
+    later.update_fetch_state(10, 0, 2_000, 10, 7)
+    later.implied_fetch(1_850)  # a request older than its last read
+    assert (later.last_caught_up_time_ms, later.last_fetch_time_ms) == (2_000, 2_000)
+    unknown = RemoteReplica(2)  # nothing heard in this leadership
+    unknown.implied_fetch(1_850)
+    assert unknown.last_fetch_time_ms < 0
+
+
 def test_isr_with_epochs_uses_the_leaders_registration_and_the_followers_fetches() -> None:
     remotes = {2: _remote(2, 0, 0, broker_epoch=202), 3: _remote(3, 0, 0)}
     assert isr_with_epochs({3, 1, 2, 4}, 1, 101, remotes) == ((1, 101), (2, 202), (3, -1), (4, -1))
