@@ -83,7 +83,9 @@ def test_scale_bench_tiny_run(capsys: pytest.CaptureFixture[str]) -> None:
         assert p["placement"] == placement, p
         assert p["records"] == 600 and p["failed"] == 0 and p["records_per_sec"] > 0, p
         assert 1 <= p["batches"] <= 600, p
-        assert p["client_cpu_us_per_batch"] > 0 and p["brokers_cpu_us_per_batch"] > 0, p
+        # The brokers' CPU comes from /proc/<pid>/stat in clock ticks (10 ms): a run of 600
+        # records may cost them less than a tick each, so 0 is a valid reading there.
+        assert p["client_cpu_us_per_batch"] > 0 and p["brokers_cpu_us_per_batch"] >= 0, p
     assert produce["ratio"] is not None and produce["ratio"] > 0, produce
     assert produce["sticky_ratio"] is not None and produce["sticky_ratio"] > 0, produce
 
