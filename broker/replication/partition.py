@@ -341,13 +341,15 @@ class PartitionReplica(ReplicaState):
         effects += self._maybe_advance_high_watermark(now_ms)
         return answer, effects
 
-    def note_implied_fetch(self, replica_id: int, at_ms: int) -> None:
+    def note_implied_fetch(self, replica_id: int, at_ms: int) -> Step[None]:
         """`replica_id`'s fetch session carried this partition, unchanged since the follower
-        last read it, in a request at `at_ms` (`RemoteReplica.implied_fetch`). Leader only; no
-        effect otherwise: nothing here can move the HW or the ISR."""
+        last read it, in a request at `at_ms` (`RemoteReplica.implied_fetch`). Leader only. No
+        effects: only the lag clock moves, which can keep the follower in the ISR but cannot
+        move the HW or add it to the ISR."""
         remote = self._remotes.get(replica_id)
         if self.is_leader and remote is not None:
             remote.implied_fetch(at_ms)
+        return None, []
 
     # -- leader: high watermark and ISR ---------------------------------------------------
 

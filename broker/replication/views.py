@@ -70,7 +70,8 @@ class ReplicaViews(Generic[S]):
         (`PartitionReplica.note_implied_fetch`)."""
         hosted = self._hosted.get(tp)
         if hosted is not None:
-            hosted.core.note_implied_fetch(replica_id, at_ms)
+            _, effects = hosted.core.note_implied_fetch(replica_id, at_ms)
+            invariant(not effects, f"an implied fetch of {tp} has effects: {effects}")
 
     def follower_out_of_sync(self, tp: TopicPartition, replica_id: int) -> bool:
         """`replica_id` follows `tp`, led here, from outside its ISR: its next fetch may
