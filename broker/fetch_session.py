@@ -448,7 +448,7 @@ class FetchSessionCache:
         to_forget: Sequence[TopicPartition],
         now_ms: int,
     ) -> FetchContext:
-        """Kafka's `FetchManager.newContext`: decide what the request is (research §1b)."""
+        """Kafka's `FetchManager.newContext` (KIP-227): decide what the request is."""
         if meta.is_full:
             if meta.session_id != INVALID_SESSION_ID:
                 old = self._sessions.get(meta.session_id)

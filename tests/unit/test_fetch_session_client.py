@@ -1,7 +1,7 @@
 """The client's incremental fetch session handler (client/fetch_session.py, Kafka's
 FetchSessionHandler): what each built request carries (full, added, altered, removed, implied, and
 the added-before-altered order) and what each answer, error and close does to the next request's
-session id and epoch (research §1e and §2), as table rows.
+session id and epoch (KIP-227; Kafka's FetchSessionHandler.java), as table rows.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Incremental fetch sessions, server side (broker/fetch_session.py), pure, with a fake clock.
 
-Table tests for each KIP-227 rule (research §1b: what a request is; §1c: what an incremental
-response carries; §1d: when the cache evicts), the epoch wrap, the owner check, the duplicate
+Table tests for each KIP-227 rule (Kafka's FetchSession.scala: what a request is, what an
+incremental response carries, when the cache evicts), the epoch wrap, the owner check, the duplicate
 request found at response time, and two properties: the reverse index partition -> sessions
 always equals the one recomputed from the sessions, and evaluating only the sent + dirty
 partitions selects exactly what Kafka's full scan of the session selects, as long as every
