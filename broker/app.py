@@ -4,7 +4,8 @@ I/O shell, event-loop thread only. Start-up order: lock the data dir and recover
 anything can read them), bind the gRPC port, register with the controller (the broker epoch and
 cluster id come back), then follow the metadata log and heartbeat. SIGTERM is a controlled
 shutdown (docs/protocol.md §16): ask the controller to move our leaderships away, wait until it
-says we may go, stop serving, flush and checkpoint every log, and leave the clean-shutdown marker.
+says we may go, stop serving, stop the log cleaner's threads (broker/cleaner/manager.py), flush
+and checkpoint every log, and leave the clean-shutdown marker.
 
 A data dir that fails while running (out of space, an I/O error) halts the broker, as Kafka halts
 when its last log dir fails: the replica manager stops serving at once, the failure is reported
@@ -125,6 +126,10 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         data_dir.close()  # the logs stay unflushed: the process exits, the next start recovers
         return 1
 
+    # The log cleaner's threads (none with log.cleaner.enable=false or log.cleaner.threads=0):
+    # they clean the hosted compacted logs, asking this loop for every look at a log.
+    rm.cleaner.start(asyncio.get_running_loop())
+
     limits = config.limits
     budget = RequestBudget(limits.queued_max_request_bytes)
     interceptor = LimitsInterceptor(limits, budget)
@@ -137,6 +142,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
     if bound == 0:
         log.error("listen_failed", address=f"{host}:{port}")
         _print_error(f"cannot listen on {host}:{port}")
+        await rm.cleaner.stop()
         log_manager.close()
         data_dir.close()
         return 1
@@ -235,6 +241,9 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        # Before the logs close: every round aborted, the threads joined while this loop
+        # still answers them.
+        await rm.cleaner.stop()
         await rm.stop()
         await server.stop(grace=1.0)
         await link.close()

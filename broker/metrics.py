@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import Counter, Gauge
 from prometheus_client.metrics_core import Metric
@@ -183,6 +185,7 @@ class BrokerMetrics:
             "minibroker_broker_LogTruncationsPerSec",
             "follower truncations (diverging epoch or out of range)",
         )
+        self.cleaner = CleanerMetrics(self.registry)
 
     def refresh_on_scrape(
         self, loop: asyncio.AbstractEventLoop, refresh: Callable[[], None]
@@ -216,3 +219,102 @@ class BrokerMetrics:
 
 
 REFRESH_TIMEOUT_S = 2.0
+
+
+class CleanerMetrics:
+    """The log cleaner's gauges with Kafka's names (LogCleaner, LogCleanerManager), and
+    minibroker's counters of its rounds. Set from the cleaner threads (prometheus-client
+    metrics are thread-safe); the per-thread gauges are over each thread's last round, as
+    Kafka's are: the max clean time and buffer utilization over the threads, the mean recopy
+    percent."""
+
+    def __init__(self, registry: Any) -> None:
+        lc = "kafka_log_LogCleaner_"
+        lcm = "kafka_log_LogCleanerManager_"
+        self._lock = threading.Lock()
+        self._last: dict[int, tuple[float, float, float]] = {}  # thread: (secs, recopy, util)
+        self.max_clean_time = Gauge(
+            lc + "max_clean_time_secs",
+            "longest last round of a cleaner thread (seconds)",
+            registry=registry,
+        )
+        self.recopy_percent = Gauge(
+            lc + "cleaner_recopy_percent",
+            "bytes written over bytes read by the cleaners' last rounds, mean over threads (%)",
+            registry=registry,
+        )
+        self.max_buffer_utilization = Gauge(
+            lc + "max_buffer_utilization_percent",
+            "fullest offset map of the cleaners' last rounds (%)",
+            registry=registry,
+        )
+        self.dead_threads = Gauge(
+            lc + "DeadThreadCount",
+            "cleaner threads stopped by an unexpected error",
+            registry=registry,
+        )
+        self.max_dirty = Gauge(
+            lcm + "max_dirty_percent",
+            "largest dirty ratio among the compacted logs the cleaner last looked at (%)",
+            registry=registry,
+        )
+        self.uncleanable_partitions = Gauge(
+            lcm + "uncleanable_partitions_count",
+            "logs the cleaner gave up on after an unexpected error (until deleted or restarted)",
+            registry=registry,
+        )
+        self.time_since_last_run = Gauge(
+            lcm + "time_since_last_run_ms",
+            "ms since a cleaner round last ended (since the broker started, before one)",
+            registry=registry,
+        )
+        self._last_run_monotonic = time.monotonic()
+        self.time_since_last_run.set_function(
+            lambda: (time.monotonic() - self._last_run_monotonic) * 1000.0
+        )
+        self.rounds = Counter(
+            "minibroker_log_cleaner_rounds",
+            "cleaner rounds ended, by outcome (cleaned, aborted, failed)",
+            ["outcome"],
+            registry=registry,
+        )
+        self.bytes_read = Counter(
+            "minibroker_log_cleaner_bytes_read", "log bytes the cleaner read", registry=registry
+        )
+        self.bytes_written = Counter(
+            "minibroker_log_cleaner_bytes_written",
+            "log bytes the cleaner wrote to cleaned segments",
+            registry=registry,
+        )
+        self.records_removed = Counter(
+            "minibroker_log_cleaner_records_removed",
+            "records the cleaner read and did not write back",
+            registry=registry,
+        )
+
+    # -- the cleaner's observer (broker/cleaner/manager.py) ---------------------------------
+
+    def round_finished(self, thread: int, run: Any, stats: Any) -> None:
+        self.rounds.labels(run.outcome.value).inc()
+        self._last_run_monotonic = time.monotonic()
+        if stats is None:
+            return
+        self.bytes_read.inc(stats.bytes_read)
+        self.bytes_written.inc(stats.bytes_written)
+        self.records_removed.inc(max(0, stats.records_read - stats.records_written))
+        recopy = 100.0 * stats.bytes_written / stats.bytes_read if stats.bytes_read else 0.0
+        with self._lock:
+            self._last[thread] = (stats.elapsed_s, recopy, 100.0 * stats.map_utilization)
+            last = list(self._last.values())
+        self.max_clean_time.set(max(v[0] for v in last))
+        self.recopy_percent.set(sum(v[1] for v in last) / len(last))
+        self.max_buffer_utilization.set(max(v[2] for v in last))
+
+    def dirty_ratio(self, ratio: float) -> None:
+        self.max_dirty.set(100.0 * ratio)
+
+    def uncleanable(self, count: int) -> None:
+        self.uncleanable_partitions.set(count)
+
+    def thread_died(self) -> None:
+        self.dead_threads.inc()

@@ -153,6 +153,40 @@ class TruncationState:
     leader_epoch: int
 
 
+@dataclass(frozen=True, slots=True)
+class CleanerRunState:
+    """A log's last cleaner round, as DescribeReplicas reports it (what `watch` shows)."""
+
+    timestamp_ms: int
+    outcome: str
+    first_dirty_offset: int
+    end_offset: int
+    bytes_read: int
+    bytes_written: int
+    records_read: int
+    records_written: int
+    elapsed_ms: int
+    error: str
+
+
+def cleaner_run_state(run: Any) -> CleanerRunState | None:
+    """broker/cleaner/manager.py's CleanerRun (or None) as it goes on the wire."""
+    if run is None:
+        return None
+    return CleanerRunState(
+        run.timestamp_ms,
+        run.outcome.value,
+        run.first_dirty_offset,
+        run.end_offset,
+        run.bytes_read,
+        run.bytes_written,
+        run.records_read,
+        run.records_written,
+        run.elapsed_ms,
+        run.error,
+    )
+
+
 @dataclass(slots=True)
 class ReplicaState:
     topic: str
@@ -170,6 +204,11 @@ class ReplicaState:
     followers: list[FollowerState] = field(default_factory=list)
     truncations: int = 0
     last_truncation: TruncationState | None = None
+    compacted: bool = False
+    cleaner_point: int = -1
+    dirty_ratio: float = -1.0
+    cleaner_runs: int = 0
+    last_cleaner_run: CleanerRunState | None = None
 
 
 # -- decode ----------------------------------------------------------------------------------
@@ -371,6 +410,23 @@ def _encode_truncation(state: TruncationState | None) -> pb.TruncationDescriptio
     )
 
 
+def _encode_cleaner_run(state: CleanerRunState | None) -> pb.CleanerRunDescription | None:
+    if state is None:
+        return None
+    return pb.CleanerRunDescription(
+        timestamp_ms=state.timestamp_ms,
+        outcome=state.outcome,
+        first_dirty_offset=state.first_dirty_offset,
+        end_offset=state.end_offset,
+        bytes_read=state.bytes_read,
+        bytes_written=state.bytes_written,
+        records_read=state.records_read,
+        records_written=state.records_written,
+        elapsed_ms=state.elapsed_ms,
+        error=state.error,
+    )
+
+
 def encode_replicas(broker_id: int, states: list[ReplicaState]) -> pb.DescribeReplicasResponse:
     return pb.DescribeReplicasResponse(
         broker_id=broker_id,
@@ -398,6 +454,11 @@ def encode_replicas(broker_id: int, states: list[ReplicaState]) -> pb.DescribeRe
                 ],
                 truncations=s.truncations,
                 last_truncation=_encode_truncation(s.last_truncation),
+                compacted=s.compacted,
+                cleaner_point=s.cleaner_point,
+                dirty_ratio=s.dirty_ratio,
+                cleaner_runs=s.cleaner_runs,
+                last_cleaner_run=_encode_cleaner_run(s.last_cleaner_run),
             )
             for s in states
         ],

@@ -81,6 +81,11 @@ class PartitionDescription:
     offline_replicas: tuple[int, ...]
     high_watermark: int = -1
     log_end_offsets: Mapping[int, int | None] = field(default_factory=dict)
+    # A compacted topic's log cleaner per replica (issue 21): offsets below the cleaner point
+    # are clean; the dirty ratio is what the cleaner weighs against min.cleanable.dirty.ratio.
+    # Empty for other topics; None for a replica whose broker did not answer.
+    cleaner_points: Mapping[int, int | None] = field(default_factory=dict)
+    dirty_ratios: Mapping[int, float | None] = field(default_factory=dict)
     # A reassignment in progress (KIP-455): `replicas` is the target followed by the replicas
     # being removed; () when none runs.
     adding_replicas: tuple[int, ...] = ()
@@ -870,11 +875,17 @@ class AsyncAdmin:
                 pi = info.partitions[p]
                 hw = -1
                 leos: dict[int, int | None] = {}
+                points: dict[int, int | None] = {}
+                ratios: dict[int, float | None] = {}
                 for replica in pi.replicas:
                     state = replica_state.get((name, p, replica))
                     leos[replica] = state.log_end_offset if state is not None else None
+                    points[replica] = state.cleaner_point if state is not None else None
+                    ratios[replica] = state.dirty_ratio if state is not None else None
                     if state is not None and replica == pi.leader and state.is_leader:
                         hw = state.high_watermark
+                if all(point is None for point in points.values()):
+                    points, ratios = {}, {}  # not a compacted log (or no replica answered)
                 parts.append(
                     PartitionDescription(
                         topic=name,
@@ -887,6 +898,8 @@ class AsyncAdmin:
                         offline_replicas=pi.offline_replicas,
                         high_watermark=hw,
                         log_end_offsets=leos if include_offsets else {},
+                        cleaner_points=points,
+                        dirty_ratios=ratios,
                         adding_replicas=pi.adding_replicas,
                         removing_replicas=pi.removing_replicas,
                     )

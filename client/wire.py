@@ -729,6 +729,9 @@ class ReplicaOffsets(NamedTuple):
     is_leader: bool
     high_watermark: int
     log_end_offset: int
+    # The log cleaner's point and dirty ratio of a compacted log (None for another).
+    cleaner_point: int | None = None
+    dirty_ratio: float | None = None
 
 
 def describe_replicas_request(topics: Iterable[str]) -> pb.DescribeReplicasRequest:
@@ -738,7 +741,14 @@ def describe_replicas_request(topics: Iterable[str]) -> pb.DescribeReplicasReque
 def replica_offsets(resp: pb.DescribeReplicasResponse) -> Iterator[ReplicaOffsets]:
     for r in resp.replicas:
         yield ReplicaOffsets(
-            r.topic, r.partition, resp.broker_id, r.is_leader, r.high_watermark, r.log_end_offset
+            r.topic,
+            r.partition,
+            resp.broker_id,
+            r.is_leader,
+            r.high_watermark,
+            r.log_end_offset,
+            r.cleaner_point if r.compacted else None,
+            r.dirty_ratio if r.compacted else None,
         )
 
 

@@ -575,7 +575,7 @@ class DescribeReplicasResponse(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaDescription, _Mapping]]] = ...) -> None: ...
 
 class ReplicaDescription(_message.Message):
-    __slots__ = ("topic", "partition", "is_leader", "leader_id", "leader_epoch", "partition_epoch", "log_start_offset", "log_end_offset", "high_watermark", "isr", "maximal_isr", "followers", "size_bytes", "truncations", "last_truncation")
+    __slots__ = ("topic", "partition", "is_leader", "leader_id", "leader_epoch", "partition_epoch", "log_start_offset", "log_end_offset", "high_watermark", "isr", "maximal_isr", "followers", "size_bytes", "truncations", "last_truncation", "compacted", "cleaner_point", "dirty_ratio", "cleaner_runs", "last_cleaner_run")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     IS_LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -591,6 +591,11 @@ class ReplicaDescription(_message.Message):
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     TRUNCATIONS_FIELD_NUMBER: _ClassVar[int]
     LAST_TRUNCATION_FIELD_NUMBER: _ClassVar[int]
+    COMPACTED_FIELD_NUMBER: _ClassVar[int]
+    CLEANER_POINT_FIELD_NUMBER: _ClassVar[int]
+    DIRTY_RATIO_FIELD_NUMBER: _ClassVar[int]
+    CLEANER_RUNS_FIELD_NUMBER: _ClassVar[int]
+    LAST_CLEANER_RUN_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     is_leader: bool
@@ -606,7 +611,36 @@ class ReplicaDescription(_message.Message):
     size_bytes: int
     truncations: int
     last_truncation: TruncationDescription
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., is_leader: _Optional[bool] = ..., leader_id: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., partition_epoch: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., maximal_isr: _Optional[_Iterable[int]] = ..., followers: _Optional[_Iterable[_Union[FollowerDescription, _Mapping]]] = ..., size_bytes: _Optional[int] = ..., truncations: _Optional[int] = ..., last_truncation: _Optional[_Union[TruncationDescription, _Mapping]] = ...) -> None: ...
+    compacted: bool
+    cleaner_point: int
+    dirty_ratio: float
+    cleaner_runs: int
+    last_cleaner_run: CleanerRunDescription
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., is_leader: _Optional[bool] = ..., leader_id: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., partition_epoch: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., maximal_isr: _Optional[_Iterable[int]] = ..., followers: _Optional[_Iterable[_Union[FollowerDescription, _Mapping]]] = ..., size_bytes: _Optional[int] = ..., truncations: _Optional[int] = ..., last_truncation: _Optional[_Union[TruncationDescription, _Mapping]] = ..., compacted: _Optional[bool] = ..., cleaner_point: _Optional[int] = ..., dirty_ratio: _Optional[float] = ..., cleaner_runs: _Optional[int] = ..., last_cleaner_run: _Optional[_Union[CleanerRunDescription, _Mapping]] = ...) -> None: ...
+
+class CleanerRunDescription(_message.Message):
+    __slots__ = ("timestamp_ms", "outcome", "first_dirty_offset", "end_offset", "bytes_read", "bytes_written", "records_read", "records_written", "elapsed_ms", "error")
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    FIRST_DIRTY_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BYTES_READ_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_READ_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_MS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    timestamp_ms: int
+    outcome: str
+    first_dirty_offset: int
+    end_offset: int
+    bytes_read: int
+    bytes_written: int
+    records_read: int
+    records_written: int
+    elapsed_ms: int
+    error: str
+    def __init__(self, timestamp_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., first_dirty_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ..., records_read: _Optional[int] = ..., records_written: _Optional[int] = ..., elapsed_ms: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class TruncationDescription(_message.Message):
     __slots__ = ("timestamp_ms", "from_offset", "to_offset", "fully", "reason", "leader_epoch")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minibroker.broker import wire
+from minibroker.broker.cleaner.manager import CleanerSettings, LogCleaner
 from minibroker.broker.config import BrokerConfig
 from minibroker.broker.fetcher import FetcherManager
 from minibroker.broker.metrics import BrokerMetrics
@@ -153,7 +154,16 @@ class ReplicaManager:
         # Set once, never cleared: a failed dir comes back only with a new broker process.
         self.log_dir_failure: LogDirFailure | None = None
         self.log_dir_failed = asyncio.Event()
-        # Topics whose compact policy this broker warned about (no cleaner runs yet).
+        # The log cleaner (broker/cleaner/manager.py): its threads are started and stopped by
+        # the composition root; truncations and deletions of logs tell it here.
+        self.cleaner = LogCleaner(
+            CleanerSettings.from_config(config.values),
+            log_manager.data_dir.path,
+            self._cleanable_logs,
+            observer=metrics.cleaner,
+            on_disk_failure=self.maybe_take_log_dir_offline,
+        )
+        # Topics whose compact policy this broker warned about (only while its cleaner is off).
         self._compact_warned: set[str] = set()
         self.metadata = MetadataApplier(self)
         self.producing = ProduceHandler(self)
@@ -264,9 +274,16 @@ class ReplicaManager:
 
     def describe_replicas(self, topics: set[str]) -> list[wire.ReplicaState]:
         states = []
+        now = wall_clock_ms()
         for replica in self.engine.describe(topics):
             partition_log = self.engine.log(replica.tp)
             truncations = self.truncations.get(replica.tp)
+            point = (
+                self.cleaner.describe(partition_log, replica.high_watermark, now)
+                if partition_log is not None
+                else None
+            )
+            runs, last_run = self.cleaner.book.last_run(replica.tp)
             states.append(
                 wire.ReplicaState(
                     topic=replica.tp.topic,
@@ -287,9 +304,27 @@ class ReplicaManager:
                     ],
                     truncations=truncations[0] if truncations else 0,
                     last_truncation=truncations[1] if truncations else None,
+                    compacted=point is not None,
+                    cleaner_point=point.cleaner_point if point is not None else -1,
+                    dirty_ratio=point.dirty_ratio if point is not None else -1.0,
+                    cleaner_runs=runs,
+                    last_cleaner_run=wire.cleaner_run_state(last_run),
                 )
             )
         return states
+
+    def _cleanable_logs(self) -> list[tuple[PartitionLog, int]]:
+        """Each hosted log with its HW, for the cleaner's look (event loop); none once the data
+        dir failed."""
+        if self.log_dir_failure is not None:
+            return []
+        return [(h.log, h.core.high_watermark) for h in self.engine.hosted().values()]
+
+    def delete_log(self, tp: TopicPartition) -> None:
+        """Delete the log of `tp`, its cleaner round aborted and its cleaner checkpoint dropped
+        first (Kafka's LogManager.asyncDelete: abortCleaning, then the delete)."""
+        self.cleaner.forget(tp)
+        self.log_manager.delete_log(tp)
 
     async def run_background(self, stop: asyncio.Event) -> None:
         await self.background.run(stop)
@@ -317,22 +352,29 @@ class ReplicaManager:
         return task
 
     def log_config(self, raw: Mapping[str, str], topic: str | None = None) -> LogConfig:
-        """A topic's LogConfig; warns once per topic whose cleanup.policy includes compact."""
+        """A topic's LogConfig; warns once per topic whose cleanup.policy includes compact
+        while this broker's cleaner is off (log.cleaner.enable=false or log.cleaner.threads=0,
+        Kafka's settings that leave compacted topics uncompacted)."""
         config = LogConfig.from_configs(raw, self.config.topic_defaults)
-        if topic is not None and config.compact and topic not in self._compact_warned:
+        if (
+            topic is not None
+            and config.compact
+            and not self.cleaner.settings.active
+            and topic not in self._compact_warned
+        ):
             self._compact_warned.add(topic)
             log.warning(
-                "compaction_not_active",
+                "compaction_disabled",
                 topic=topic,
                 cleanup_policy=("compact,delete" if config.delete else "compact"),
-                message="cleanup.policy includes compact, but this broker has no log cleaner "
-                "yet (issue 21): the topic is NOT compacted, every record is kept"
+                message="cleanup.policy includes compact, but this broker's log cleaner is off "
+                "(log.cleaner.enable=false or log.cleaner.threads=0): the topic is NOT "
+                "compacted here, every record is kept"
                 + (
                     " until retention.ms or retention.bytes removes it"
                     if config.delete
                     else " and the log grows without bound"
-                )
-                + "; keyless records are refused (INVALID_RECORD)",
+                ),
             )
         return config
 
@@ -416,6 +458,8 @@ class ReplicaManager:
             )
         elif isinstance(output, Truncated):
             self.metrics.truncations.inc()
+            # Same turn of the loop as the truncation: no cleaner swap came in between.
+            self.cleaner.after_truncation(output.tp, output.to_offset, output.fully)
             if output.fully or output.to_offset < output.from_offset:
                 # A divergence check may truncate at the LEO, removing nothing: not counted, so
                 # it cannot hide the last real truncation.
@@ -460,7 +504,7 @@ class ReplicaManager:
         elif isinstance(output, ReplicaRemoved):
             self.truncations.pop(output.tp, None)
             if output.delete:
-                self.log_manager.delete_log(output.tp)
+                self.delete_log(output.tp)
             log.info(
                 "replica_removed",
                 topic=output.tp.topic,

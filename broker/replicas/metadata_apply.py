@@ -197,7 +197,7 @@ class MetadataApplier:
             return manager.get_or_create_log(tp, topic.topic_id, config)
         except InconsistentTopicIdError:
             # The dir is from an earlier topic of the same name, deleted while we were away.
-            manager.delete_log(tp)
+            self._rm.delete_log(tp)
             return manager.get_or_create_log(tp, topic.topic_id, config)
 
     def _resync_fetchers(self, among: list[TopicPartition] | None = None) -> None:

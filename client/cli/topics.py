@@ -3,12 +3,17 @@
 Does network I/O through AsyncAdmin; writes to stdout. `describe` prints Kafka's layout (a topic
 line, then one tab-separated line per partition) plus what minibroker can show live: the leader
 epoch, offline replicas, the leader's high watermark and each replica's log end offset
-(`?` when its broker did not answer). A partition being reassigned also shows Kafka's
+(`?` when its broker did not answer). A compacted topic's partition also shows each replica's
+log cleaner point (`CleanerPoints: 1=120,2=118`: offsets below it are clean; the log start
+before a first cleaning) and dirty ratio (`DirtyRatios: 1=0.42,2=0.40`: dirty bytes over all
+bytes below the active segment, what the cleaner weighs against min.cleanable.dirty.ratio).
+A partition being reassigned also shows Kafka's
 `Adding Replicas: 4,5` and `Removing Replicas: 1,2`, and `CatchingUp: 4=120,5=?`: how many
 offsets each adding replica is behind the leader's LEO (`?`: unknown). `--json` prints one
 JSON list of partitions: `{topic, partition, leader, leader_epoch, partition_epoch, replicas,
 isr, offline_replicas, adding_replicas, removing_replicas, high_watermark,
-log_end_offsets: {"<broker id>": leo or null}}`.
+log_end_offsets: {"<broker id>": leo or null}, cleaner_points and dirty_ratios (the same shape,
+empty for a topic that is not compacted)}`.
 
 `alter --topic T --partitions N [--replica-assignment 1:2,2:3,...]` grows a topic to N
 partitions (CreatePartitions; Kafka's assignment lists every partition, the existing ones first,
@@ -76,7 +81,9 @@ def register(sub: Any) -> None:
     delete.set_defaults(func=guarded(_delete))
 
     describe = topics_sub.add_parser(
-        "describe", help="leader, epochs, replicas, ISR, HW and LEOs per partition"
+        "describe",
+        help="leader, epochs, replicas, ISR, HW and LEOs per partition (compacted topics: "
+        "cleaner points and dirty ratios too)",
     )
     describe.add_argument("name", nargs="?", help="one topic (default: every topic)")
     describe.add_argument("--json", action="store_true", help="print a JSON list of partitions")
@@ -226,8 +233,16 @@ def format_describe(topics: list[Any]) -> list[str]:
             )
             if adding:
                 line += f"\tCatchingUp: {catching_up(p, adding)}"
+            if p.cleaner_points:
+                line += f"\tCleanerPoints: {_per_replica(p.cleaner_points, str)}"
+                line += f"\tDirtyRatios: {_per_replica(p.dirty_ratios, lambda r: f'{r:.2f}')}"
             lines.append(line)
     return lines
+
+
+def _per_replica(values: Any, show: Any) -> str:
+    """`1=120,2=118,3=?`: one value per replica, `?` where its broker did not answer."""
+    return ",".join(f"{node}={'?' if v is None else show(v)}" for node, v in values.items())
 
 
 def catching_up(p: Any, adding: tuple[int, ...]) -> str:
@@ -256,6 +271,8 @@ def describe_json(topics: list[Any]) -> list[dict[str, Any]]:
             "removing_replicas": list(p.removing_replicas),
             "high_watermark": p.high_watermark,
             "log_end_offsets": {str(node): leo for node, leo in p.log_end_offsets.items()},
+            "cleaner_points": {str(node): v for node, v in p.cleaner_points.items()},
+            "dirty_ratios": {str(node): v for node, v in p.dirty_ratios.items()},
         }
         for t in topics
         for p in t.partitions

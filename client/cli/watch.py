@@ -2,11 +2,13 @@
 
 Does network I/O and terminal output through `minibroker.client.watch.live`. Brokers (alive,
 fenced, paused, rack), per partition the leader, leader epoch, ISR, HW and each replica's LEO and
-lag, and a timeline of elections, ISR changes, fencing and truncations. For a cluster started by
+lag, and a timeline of elections, ISR changes, fencing, truncations and log cleaner rounds (of
+compacted topics). For a cluster started by
 `minibroker cluster up` (its `cluster.json` in `--cluster-dir`, by default `.minibroker` when it
 describes the cluster being watched) it also shows process states. Truncations come from the
-brokers' DescribeReplicas answers, so a remote cluster shows them too. `--once` prints one frame
-and exits: 0 if the controller or any broker answered, 1 if nothing did.
+brokers' DescribeReplicas answers, and so do cleaner rounds, so a remote cluster shows them
+too. `--once` prints one frame and exits: 0 if the controller or any broker answered, 1 if
+nothing did.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ def register(sub: Any) -> None:
         "watch",
         help="live view of brokers, partitions and cluster events",
         description="A live terminal view of the cluster: brokers, partitions (leader, epoch, "
-        "ISR, HW, LEO and lag per replica) and a timeline of elections, ISR changes, fencing "
-        "and truncations. Ctrl-C to quit.",
+        "ISR, HW, LEO and lag per replica) and a timeline of elections, ISR changes, fencing, "
+        "truncations and log cleaner rounds. Ctrl-C to quit.",
     )
     parser.add_argument("--topic", help="show only this topic's partitions and events")
     parser.add_argument("--once", action="store_true", help="print one frame and exit")

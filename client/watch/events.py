@@ -3,9 +3,9 @@
 Pure: no I/O, no clock. A metadata record is diffed against the image before it is applied (a
 PartitionRecord is the full state of a partition, so a leader change is an election, a leader of -1
 an offline partition, a smaller ISR a shrink, a larger one an expansion); a snapshot that skipped
-records is diffed image against image; a broker's last truncation, as DescribeReplicas reports it,
-becomes one event. The model (`minibroker.client.watch.model`) adds reachability and process
-events of its own.
+records is diffed image against image; a broker's last truncation, and a replica's last log
+cleaner round, as DescribeReplicas reports them, become one event each. The model
+(`minibroker.client.watch.model`) adds reachability and process events of its own.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from minibroker.client.types import NO_LEADER
-from minibroker.client.watch.observations import ReplicaReport
+from minibroker.client.watch.observations import CleanerRunReport, ReplicaReport
 from minibroker.metadata.image import BrokerRegistration, MetadataImage
 from minibroker.metadata.records import (
     CONFIG_RESOURCE_BROKER,
@@ -46,6 +46,7 @@ class EventKind(StrEnum):
     DECOMMISSIONED = "decommissioned"
     CONFIG = "config"
     TRUNCATION = "truncation"
+    CLEANER = "cleaner"
     REGISTERED = "registered"
     FENCED = "fenced"
     UNREGISTERED = "unregistered"
@@ -284,6 +285,41 @@ def truncation_event(report: ReplicaReport, broker_id: int, missed: int = 0) -> 
         t.timestamp_ms,
         EventKind.TRUNCATION,
         f"{report.topic}-{report.partition} on broker {broker_id} {what}{more}{_because(t.reason)}",
+        report.topic,
+        report.partition,
+        broker_id,
+    )
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024 or unit == "MiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"  # pragma: no cover
+
+
+def cleaner_event(report: ReplicaReport, broker_id: int, missed: int = 0) -> ClusterEvent | None:
+    """The timeline event of `report`'s last log cleaner round (None when it has none).
+    `missed`: rounds of the replica since the last look that the broker no longer describes."""
+    c: CleanerRunReport | None = report.last_cleaner_run
+    if c is None:
+        return None
+    if c.outcome == "cleaned":
+        what = (
+            f"cleaned offsets {c.first_dirty_offset}..{c.end_offset - 1}: "
+            f"{_size(c.bytes_read)} -> {_size(c.bytes_written)}, records "
+            f"{c.records_read} -> {c.records_written} in {c.elapsed_ms} ms"
+        )
+    elif c.outcome == "aborted":
+        what = f"cleaning from {c.first_dirty_offset} aborted{_because(c.error)}"
+    else:
+        what = f"cleaning from {c.first_dirty_offset} FAILED, log uncleanable{_because(c.error)}"
+    more = f", {missed} more since the last look" if missed > 0 else ""
+    return ClusterEvent(
+        c.timestamp_ms,
+        EventKind.CLEANER,
+        f"{report.topic}-{report.partition} on broker {broker_id} {what}{more}",
         report.topic,
         report.partition,
         broker_id,

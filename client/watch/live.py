@@ -40,6 +40,7 @@ from minibroker.client.watch.model import WatchModel
 from minibroker.client.watch.observations import (
     CONTROLLER,
     BrokerAddress,
+    CleanerRunReport,
     ClusterInfo,
     FaultsInfo,
     FollowerReport,
@@ -83,6 +84,24 @@ def truncation_from_pb(r: pb.ReplicaDescription) -> TruncationReport | None:
     )
 
 
+def cleaner_run_from_pb(r: pb.ReplicaDescription) -> CleanerRunReport | None:
+    if not r.HasField("last_cleaner_run"):
+        return None
+    c = r.last_cleaner_run
+    return CleanerRunReport(
+        c.timestamp_ms,
+        c.outcome,
+        c.first_dirty_offset,
+        c.end_offset,
+        c.bytes_read,
+        c.bytes_written,
+        c.records_read,
+        c.records_written,
+        c.elapsed_ms,
+        c.error,
+    )
+
+
 def replica_reports_from_pb(msg: pb.DescribeReplicasResponse) -> list[ReplicaReport]:
     return [
         ReplicaReport(
@@ -104,6 +123,8 @@ def replica_reports_from_pb(msg: pb.DescribeReplicasResponse) -> list[ReplicaRep
             size_bytes=r.size_bytes,
             truncations=r.truncations,
             last_truncation=truncation_from_pb(r),
+            cleaner_runs=r.cleaner_runs,
+            last_cleaner_run=cleaner_run_from_pb(r),
         )
         for r in msg.replicas
     ]
@@ -551,6 +572,7 @@ def options_for(
 __all__ = [
     "WatchOptions",
     "Watcher",
+    "cleaner_run_from_pb",
     "cluster_info_from_pb",
     "local_process_state",
     "options_for",

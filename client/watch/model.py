@@ -9,8 +9,8 @@ and `render` draws the rows (`minibroker.client.watch.rows`) and the timeline it
   (`minibroker.client.watch.events`);
 - each broker's `DescribeReplicas` answer or its failure (`observe_broker_replicas`,
   `observe_broker_failure`): LEOs, high watermarks, the leader's view of its followers, and each
-  replica's truncation count and last truncation, which becomes an event the first time it is
-  seen;
+  replica's truncation count and last truncation, and its log cleaner round count and last
+  round, each of which becomes an event the first time it is seen;
 - the controller's `DescribeCluster` answer or its failure (`observe_controller`);
 - the controller quorum's DescribeQuorum answers, merged (`observe_quorum`): the leader and epoch
   for the header, and a controller election or resignation on the timeline when they change
@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from minibroker.client.watch.events import (
     ClusterEvent,
     EventKind,
+    cleaner_event,
     controller_election_event,
     controller_resigned_event,
     image_diff,
@@ -267,6 +268,17 @@ class WatchModel:
             event = truncation_event(report, broker_id, missed)
             if event is not None:
                 self.add_event(event)
+        for key, report in probe.reports.items():
+            run = report.last_cleaner_run
+            seen_run = probe.cleaner_runs.get(key)
+            if run is None or (seen_run is not None and seen_run[1] == run):
+                continue
+            before = 0 if seen_run is None or report.cleaner_runs < seen_run[0] else seen_run[0]
+            missed = max(0, report.cleaner_runs - before - 1) if seen_run is not None else 0
+            probe.cleaner_runs[key] = (report.cleaner_runs, run)
+            cleaned = cleaner_event(report, broker_id, missed)
+            if cleaned is not None:
+                self.add_event(cleaned)
 
     def observe_broker_failure(self, broker_id: int, error: str, now_ms: int) -> None:
         probe = self._probe(broker_id)

@@ -133,6 +133,24 @@ class TruncationReport:
 
 
 @dataclass(frozen=True, slots=True)
+class CleanerRunReport:
+    """A replica's last log cleaner round as its broker described it (issue 21): `outcome` is
+    cleaned, aborted (the log changed under it) or failed; offsets below `end_offset` are clean
+    after a cleaned round."""
+
+    timestamp_ms: int
+    outcome: str
+    first_dirty_offset: int
+    end_offset: int
+    bytes_read: int = 0
+    bytes_written: int = 0
+    records_read: int = 0
+    records_written: int = 0
+    elapsed_ms: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaReport:
     """One replica as its broker described it (DescribeReplicas). hw <= leo."""
 
@@ -151,6 +169,8 @@ class ReplicaReport:
     size_bytes: int = 0
     truncations: int = 0  # since the broker process began hosting it
     last_truncation: TruncationReport | None = None
+    cleaner_runs: int = 0  # cleaner rounds ended for it since the broker process started
+    last_cleaner_run: CleanerRunReport | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,3 +215,5 @@ class BrokerProbe:
     reports: dict[tuple[str, int], ReplicaReport] = field(default_factory=dict)
     # Per replica, the truncation count and last truncation already on the timeline.
     truncations: dict[tuple[str, int], tuple[int, TruncationReport]] = field(default_factory=dict)
+    # Per replica, the cleaner round count and last round already on the timeline.
+    cleaner_runs: dict[tuple[str, int], tuple[int, CleanerRunReport]] = field(default_factory=dict)

@@ -34,6 +34,7 @@ _EVENT_STYLES = {
     EventKind.UNREGISTERED: "yellow",
     EventKind.UNREACHABLE: "red",
     EventKind.TRUNCATION: "magenta",
+    EventKind.CLEANER: "blue",
     EventKind.ELECTION: "cyan",
     EventKind.ISR_SHRINK: "yellow",
     EventKind.ISR_EXPAND: "green",

@@ -303,8 +303,45 @@ def test_topics_describe_json_shape() -> None:
         "removing_replicas": [],
         "high_watermark": 10,
         "log_end_offsets": {"1": 10, "2": 10, "3": None},
+        "cleaner_points": {},
+        "dirty_ratios": {},
     }
     assert json.loads(json.dumps(rows)) == rows
+
+
+def test_topics_describe_shows_a_compacted_partitions_cleaner_points() -> None:
+    compacted = PartitionDescription(
+        "cl", 0, 1, 3, 4, (1, 2, 3), (1, 2, 3), (), 90, {1: 90, 2: 90, 3: None},
+        cleaner_points={1: 60, 2: 55, 3: None},
+        dirty_ratios={1: 0.125, 2: 0.5, 3: None},
+    )  # fmt: skip
+    topic = TopicDescription("cl", "tid", (compacted,), {"cleanup.policy": "compact"})
+    line = topics.format_describe([topic])[1]
+    assert line.endswith(
+        "LogEndOffsets: 1=90,2=90,3=?\tCleanerPoints: 1=60,2=55,3=?\tDirtyRatios: 1=0.12,2=0.50,3=?"
+    )
+    row = topics.describe_json([topic])[0]
+    assert row["cleaner_points"] == {"1": 60, "2": 55, "3": None}
+    assert row["dirty_ratios"] == {"1": 0.125, "2": 0.5, "3": None}
+    # A topic that is not compacted shows neither column.
+    assert "CleanerPoints" not in topics.format_describe([_topic()])[1]
+
+
+def test_describe_replicas_answer_carries_the_cleaner_point_of_compacted_logs() -> None:
+    from minibroker.client import wire as client_wire
+    from minibroker.proto import minibroker_pb2 as pb
+
+    resp = pb.DescribeReplicasResponse(
+        broker_id=2,
+        replicas=[
+            pb.ReplicaDescription(topic="cl", partition=0, log_end_offset=9, compacted=True,
+                                  cleaner_point=0, dirty_ratio=0.0),
+            pb.ReplicaDescription(topic="plain", partition=0, log_end_offset=9),
+        ],
+    )  # fmt: skip
+    cl, plain = client_wire.replica_offsets(resp)
+    assert (cl.cleaner_point, cl.dirty_ratio) == (0, 0.0)
+    assert (plain.cleaner_point, plain.dirty_ratio) == (None, None)
 
 
 def test_leader_election_output_uses_kafkas_wording() -> None:

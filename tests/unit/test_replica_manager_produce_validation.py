@@ -71,9 +71,13 @@ async def make_leader(tmp_path: Path) -> AsyncIterator[MakeLeader]:
     fetcher runs: a test hands the follower its leader's answers."""
     opened: list[tuple[ReplicaManager, LogManager, DataDir]] = []
 
-    async def make(topic_configs: dict[str, str] | None = None, leader: int = ME) -> ReplicaManager:
+    async def make(
+        topic_configs: dict[str, str] | None = None,
+        leader: int = ME,
+        broker_configs: dict[str, object] | None = None,
+    ) -> ReplicaManager:
         directory = tmp_path / f"broker-{len(opened)}"
-        config = build_config({"node.id": ME, "log.dirs": str(directory)})
+        config = build_config({"node.id": ME, "log.dirs": str(directory), **(broker_configs or {})})
         data_dir = DataDir.open(config.data_dir, config.node_id)
         defaults = LogConfig.from_configs(defaults=config.topic_defaults)
         log_manager = LogManager.open(data_dir, defaults)
@@ -223,10 +227,8 @@ async def test_a_compacted_topic_refuses_a_batch_with_a_keyless_record(
 ) -> None:
     with capture_logs() as logs:
         rm = await make_leader({"cleanup.policy": "compact"})
-    # The broker says, once per topic, that the topic is not compacted yet.
-    warnings = [e for e in logs if e["event"] == "compaction_not_active"]
-    assert [(e["topic"], e["log_level"]) for e in warnings] == [(TOPIC, "warning")]
-    assert "NOT compacted" in warnings[0]["message"]
+    # The log cleaner runs (log.cleaner.enable defaults to true): no warning.
+    assert [e for e in logs if e["event"].startswith("compaction_")] == []
 
     first = await produce_one(rm, keyed(now_ms(), [b"a", b"b"], compression))
     assert (first.error, first.base_offset) == (ErrorCode.NONE, 0), first.message
@@ -258,7 +260,7 @@ async def test_the_policy_reaches_the_check_when_altered(make_leader: MakeLeader
 
     with capture_logs() as logs:
         await alter(4, "compact,delete")
-    assert [e["topic"] for e in logs if e["event"] == "compaction_not_active"] == [TOPIC]
+    assert [e for e in logs if e["event"].startswith("compaction_")] == []
     refused = await produce_one(rm, keyed(now_ms(), [b"k", None]))
     assert refused.error == ErrorCode.INVALID_RECORD, refused.message
     assert rm.partitions[BAD].log.leo == 2
@@ -266,3 +268,17 @@ async def test_the_policy_reaches_the_check_when_altered(make_leader: MakeLeader
     await alter(5, None)  # back to the default, delete
     assert (await produce_one(rm, keyed(now_ms(), [None]))).error == ErrorCode.NONE
     assert rm.partitions[BAD].log.leo == 4
+
+
+@pytest.mark.parametrize(
+    "cleaner_off", [{"log.cleaner.enable": "false"}, {"log.cleaner.threads": "0"}]
+)
+async def test_a_broker_whose_cleaner_is_off_warns_once_per_compacted_topic(
+    make_leader: MakeLeader, cleaner_off: dict[str, object]
+) -> None:
+    with capture_logs() as logs:
+        rm = await make_leader({"cleanup.policy": "compact"}, broker_configs=cleaner_off)
+    warnings = [e for e in logs if e["event"] == "compaction_disabled"]
+    assert [(e["topic"], e["log_level"]) for e in warnings] == [(TOPIC, "warning")]
+    assert "NOT compacted" in warnings[0]["message"]
+    assert not rm.cleaner.settings.active

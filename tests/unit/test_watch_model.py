@@ -809,3 +809,66 @@ def test_no_quorum_line_for_a_controller_without_a_quorum() -> None:
     model.controller_address = "127.0.0.1:9192"
     model.observe_quorum(T0, None)
     assert "quorum" not in frame_text(model, T0)
+
+
+# -- log cleaner rounds the brokers describe (issue 21) -----------------------------------------
+
+
+def cleaned_replica(count: int, run: pb.CleanerRunDescription) -> pb.DescribeReplicasResponse:
+    return pb.DescribeReplicasResponse(
+        broker_id=3,
+        replicas=[
+            pb.ReplicaDescription(
+                topic="changelog",
+                partition=1,
+                log_end_offset=900,
+                compacted=True,
+                cleaner_point=run.end_offset,
+                dirty_ratio=0.1,
+                cleaner_runs=count,
+                last_cleaner_run=run,
+            )
+        ],
+    )
+
+
+def cleaner_events(model: WatchModel) -> list[ClusterEvent]:
+    return [e for e in model.events if e.kind is EventKind.CLEANER]
+
+
+def test_cleaner_rounds_are_timeline_events_once_each() -> None:
+    model = WatchModel()
+    cleaned = pb.CleanerRunDescription(
+        timestamp_ms=TRUNCATED_AT_MS,
+        outcome="cleaned",
+        first_dirty_offset=0,
+        end_offset=800,
+        bytes_read=3 * 1024 * 1024,
+        bytes_written=512 * 1024,
+        records_read=4000,
+        records_written=100,
+        elapsed_ms=420,
+    )
+    for now in (T0, T0 + 100):  # the same round described twice is one event
+        model.observe_broker_replicas(3, replica_reports_from_pb(cleaned_replica(1, cleaned)), now)
+    (event,) = cleaner_events(model)
+    assert (event.topic, event.partition, event.broker_id) == ("changelog", 1, 3)
+    assert event.text == (
+        "changelog-1 on broker 3 cleaned offsets 0..799: 3.0 MiB -> 512.0 KiB, "
+        "records 4000 -> 100 in 420 ms"
+    )
+    assert format_time(event.timestamp_ms) == "00:10:00.250"
+    failed = pb.CleanerRunDescription(
+        timestamp_ms=TRUNCATED_AT_MS + 5,
+        outcome="failed",
+        first_dirty_offset=800,
+        end_offset=800,
+        error="bad batch",
+    )
+    model.observe_broker_replicas(3, replica_reports_from_pb(cleaned_replica(4, failed)), T0 + 200)
+    last = cleaner_events(model)[-1]
+    assert last.text == (
+        "changelog-1 on broker 3 cleaning from 800 FAILED, log uncleanable (bad batch), "
+        "2 more since the last look"
+    )
+    assert "cleaning from 800 FAILED" in line_with(frame_text(model, T0 + 200), "FAILED")
