@@ -117,7 +117,8 @@ CLEANER_KEYS: tuple[ConfigKey, ...] = (
         "log.cleaner.io.max.bytes.per.second",
         float,
         1.7976931348623157e308,
-        "throttle of the cleaners' read plus write I/O (default: Double.MAX_VALUE, no limit)",
+        "throttle of the cleaners' read plus write I/O (default: Double.MAX_VALUE, no limit; "
+        "accepted and checked, not applied yet: the cleaner is never throttled)",
         lambda v: None if v > 0 else "must be > 0",
     ),
 )

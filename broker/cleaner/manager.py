@@ -10,7 +10,8 @@ I/O shell. Three parts:
     the HW as the upper bound, the checkpoint). Event loop only: PartitionLog is not
     thread-safe.
   * `LogCleaner`: `log.cleaner.threads` threads (none with `log.cleaner.enable=false` or 0
-    threads), each with its own `OffsetMap` of `log.cleaner.dedupe.buffer.size / threads` bytes,
+    threads), each with its own `OffsetMap` of `log.cleaner.dedupe.buffer.size / threads` bytes
+    (and read buffer of `log.cleaner.io.buffer.size / threads / 2`, as Kafka splits them),
     allocated at the thread's first round (a broker without compacted topics holds none). A
     thread asks the event loop for the filthiest compacted log (`grab_filthiest_compacted_log`
     over facts built there), cleans it with `Cleaner.clean` off the loop, records the round,
@@ -20,12 +21,16 @@ Abort and pause (Kafka's abortAndPauseCleaning), without ever blocking the event
 cleaner thread: every change a round makes to a log goes through `on_loop`, which runs the
 cleaner's swap on the event loop, and the same loop truncates, deletes and closes logs. So
 `abort_and_pause(tp)` (event loop) marks the round aborted and pauses the log; from then on
-`on_loop` refuses the round's swap (CleanAborted), and the cleaner's step hook raises
-CleanAborted before its next file-system step, so no swap can interleave with the truncation
-or deletion that follows. Nothing waits: a cleaner thread blocked in `on_loop` polls for the
-abort (and for the broker stopping), and a round that fails after its abort is counted as
-aborted, never as a reason to mark the log uncleanable (its files may have been truncated or
-deleted under its reads). A paused log is never chosen; `resume` ends the pause (pauses nest).
+`on_loop` refuses the round's swap (CleanAborted, before it starts: a swap that started runs
+to its end within that one loop callback, so it never interleaves with the truncation or
+deletion), and the Cleaner's `should_abort`, asked between batches, stops its reading and
+writing (it then removes its `.cleaned` files). Nothing waits: a cleaner thread blocked in
+`on_loop` polls for the abort (and for the broker stopping), and a round that fails after its
+abort is counted as aborted, never as a reason to mark the log uncleanable (its files may have
+been truncated or deleted under its reads). A paused log is never chosen; `resume` ends the
+pause (pauses nest). Why not wait as Kafka does: the loop would block on a thread that may
+itself be waiting for the loop, and the serialisation on the loop already gives what Kafka's
+wait gives (no swap after the abort).
 
 Checkpoint rules (Kafka's): a round that ends normally moves the log's checkpoint to the
 round's end offset; an aborted or failed one leaves it. A truncation lowers it to the new log
@@ -70,7 +75,7 @@ from minibroker.broker.cleaner.selection import (
     grab_filthiest_compacted_log,
     log_to_clean,
 )
-from minibroker.broker.storage.checkpoint import OffsetCheckpointFile
+from minibroker.broker.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.errors import CorruptCheckpointError, is_log_dir_failure
 from minibroker.broker.storage.log import PartitionLog
@@ -80,9 +85,10 @@ from minibroker.client.types import TopicPartition
 
 T = TypeVar("T")
 
-CLEANER_OFFSET_CHECKPOINT = "cleaner-offset-checkpoint"
 # How often a cleaner thread waiting for the event loop looks for an abort or a stop.
 ON_LOOP_POLL_S = 0.05
+# The smallest read buffer a cleaner thread gets.
+MIN_IO_BUFFER_BYTES = 64 * 1024
 # How long `stop` waits for each cleaner thread.
 STOP_TIMEOUT_S = 10.0
 # Bytes of index entries (client/log_format.py): offset index 8, time index 12.
@@ -423,6 +429,13 @@ class CleanerSettings:
         """Each thread's share of the dedupe buffer (Kafka: dedupeBufferSize / numThreads)."""
         return self.dedupe_buffer_size // max(self.threads, 1)
 
+    @property
+    def io_bytes(self) -> int:
+        """Each thread's read buffer: its share of log.cleaner.io.buffer.size, Kafka's
+        ioBufferSize / numThreads / 2 (a read and a write buffer), at least 64 KiB (a batch
+        header must fit; the cleaner grows it for a bigger batch)."""
+        return max(self.io_buffer_size // max(self.threads, 1) // 2, MIN_IO_BUFFER_BYTES)
+
 
 class RoundRunner(Protocol):
     """What a cleaner thread runs a round with (cleaner.py's Cleaner)."""
@@ -433,6 +446,8 @@ class RoundRunner(Protocol):
         to_clean: LogToClean,
         now_ms: int,
         on_loop: Callable[[Callable[[], Any]], Any],
+        *,
+        should_abort: Callable[[], bool] | None = None,
     ) -> CleanerStats: ...
 
 
@@ -465,10 +480,11 @@ class _NoObserver:
 LogsWithHighWatermarks = Callable[[], Iterable[tuple[PartitionLog, int]]]
 
 
-def default_runner(settings: CleanerSettings, step_hook: Callable[[str], None]) -> RoundRunner:
-    """A Cleaner with its own OffsetMap of the thread's share of the dedupe buffer."""
+def default_runner(settings: CleanerSettings) -> RoundRunner:
+    """A Cleaner with its own OffsetMap of the thread's share of the dedupe buffer (and of the
+    I/O buffer, as Kafka splits log.cleaner.io.buffer.size)."""
     offset_map = OffsetMap(settings.map_bytes, load_factor=settings.load_factor)
-    return Cleaner(offset_map, io_buffer_size=settings.io_buffer_size, step_hook=step_hook)
+    return Cleaner(offset_map, io_buffer_size=settings.io_bytes)
 
 
 class LogCleaner:
@@ -485,8 +501,7 @@ class LogCleaner:
         logs: LogsWithHighWatermarks,
         *,
         observer: CleanerObserver | None = None,
-        runner_factory: Callable[[CleanerSettings, Callable[[str], None]], RoundRunner]
-        | None = None,
+        runner_factory: Callable[[CleanerSettings], RoundRunner] | None = None,
         on_disk_failure: Callable[[BaseException, str], object] | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
     ) -> None:
@@ -502,8 +517,6 @@ class LogCleaner:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._threads: list[threading.Thread] = []
-        # The log each thread is cleaning now (its step hook checks that round for an abort).
-        self._current: dict[int, TopicPartition] = {}
         self.book.load()
 
     # -- lifecycle (event loop) ----------------------------------------------------------
@@ -650,17 +663,20 @@ class LogCleaner:
 
         return on_loop
 
+    def _round_aborted(self, tp: TopicPartition) -> Callable[[], bool]:
+        """What the Cleaner asks between batches: stop now (the broker stops, or the round
+        of `tp` was aborted)."""
+
+        def should_abort() -> bool:
+            return self._stop.is_set() or self.book.aborted(tp)
+
+        return should_abort
+
     def _check_abort(self, tp: TopicPartition | None) -> None:
         if self._stop.is_set():
             raise CleanAborted("broker stopping")
         if tp is not None and self.book.aborted(tp):
             raise CleanAborted(f"cleaning of {tp} aborted")
-
-    def _step_hook(self, thread: int) -> Callable[[str], None]:
-        def hook(step: str) -> None:
-            self._check_abort(self._current.get(thread))
-
-        return hook
 
     def _thread_main(self, index: int) -> None:
         try:
@@ -683,17 +699,20 @@ class LogCleaner:
                 continue
             log, to_clean = grabbed
             tp = to_clean.topic_partition
-            self._current[index] = tp
             stats: CleanerStats | None = None
             error: BaseException | None = None
             try:
                 if runner is None:
-                    runner = self._runner_factory(self.settings, self._step_hook(index))
-                stats = runner.clean(log, to_clean, self._clock_ms(), self._round_on_loop(tp))
+                    runner = self._runner_factory(self.settings)
+                stats = runner.clean(
+                    log,
+                    to_clean,
+                    self._clock_ms(),
+                    self._round_on_loop(tp),
+                    should_abort=self._round_aborted(tp),
+                )
             except Exception as err:
                 error = err
-            finally:
-                self._current.pop(index, None)
             self._record(index, tp, stats, error)
 
     def _record(
@@ -720,7 +739,7 @@ class LogCleaner:
         }
         if run.outcome is Outcome.CLEANED and stats is not None:
             _log.info(
-                "log_cleaned",
+                "cleaner_round",
                 **event,
                 bytes_read=stats.bytes_read,
                 bytes_written=stats.bytes_written,
@@ -732,9 +751,9 @@ class LogCleaner:
                 seconds=round(stats.elapsed_s, 3),
             )
         elif run.outcome is Outcome.ABORTED:
-            _log.info("log_cleaning_round_aborted", **event, reason=run.error)
+            _log.info("cleaner_round", **event, reason=run.error)
         else:
-            _log.error("log_cleaning_failed", **event, error=run.error, exc_info=error)
+            _log.error("cleaner_round", **event, error=run.error, exc_info=error)
             self._observer.uncleanable(len(self.book.uncleanable()))
         if write_error is not None:
             self._disk_failure(write_error, f"writing {CLEANER_OFFSET_CHECKPOINT}")

@@ -2,9 +2,9 @@
 
 Does file I/O (small files only). Text format (docs/design.md §4.3): line 1 the
 version `0`, line 2 the entry count, then one entry per line with fields separated by spaces:
-`topic partition offset` for `replication-offset-checkpoint`, `recovery-point-offset-checkpoint`
-and `log-start-offset-checkpoint`; `epoch startOffset` for a partition's
-`leader-epoch-checkpoint`.
+`topic partition offset` for `replication-offset-checkpoint`, `recovery-point-offset-checkpoint`,
+`log-start-offset-checkpoint` and the log cleaner's `cleaner-offset-checkpoint`;
+`epoch startOffset` for a partition's `leader-epoch-checkpoint`.
 
 Every write goes to `<file>.tmp`, is fsynced, renamed over the file and the directory fsynced, so a
 crash leaves either the old or the new content, never a mix (docs/design.md §4.3).
@@ -37,6 +37,8 @@ CHECKPOINT_VERSION = 0
 REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
+# The log cleaner's (broker/cleaner/manager.py): the first offset not yet cleaned per partition.
+CLEANER_OFFSET_CHECKPOINT = "cleaner-offset-checkpoint"
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 # A topic field as the writer makes it: legal characters and %XX escapes, nothing else.
 _TOPIC_FIELD = re.compile(r"(?:[a-zA-Z0-9._-]|%[0-9A-F]{2})+")

@@ -36,6 +36,7 @@ import shutil
 from collections.abc import Iterator
 
 from minibroker.broker.storage.checkpoint import (
+    CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
@@ -72,6 +73,7 @@ _BROKER_FILES = frozenset(
         REPLICATION_OFFSET_CHECKPOINT,
         RECOVERY_POINT_CHECKPOINT,
         LOG_START_OFFSET_CHECKPOINT,
+        CLEANER_OFFSET_CHECKPOINT,
         CLEAN_SHUTDOWN_FILE,
     }
 )

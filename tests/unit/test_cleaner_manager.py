@@ -235,11 +235,19 @@ class FakeRunner:
     def __init__(self, script: Callable[[PartitionLog, LogToClean, Any], CleanerStats]) -> None:
         self.script = script
         self.rounds: list[LogToClean] = []
+        self.should_abort: Callable[[], bool] | None = None
 
     def clean(
-        self, log: PartitionLog, to_clean: LogToClean, now_ms: int, on_loop: Any
+        self,
+        log: PartitionLog,
+        to_clean: LogToClean,
+        now_ms: int,
+        on_loop: Any,
+        *,
+        should_abort: Callable[[], bool] | None = None,
     ) -> CleanerStats:
         self.rounds.append(to_clean)
+        self.should_abort = should_abort
         return self.script(log, to_clean, on_loop)
 
 
@@ -268,7 +276,7 @@ def make_cleaner(
         tmp_path,
         lambda: [(log, hw)],
         observer=metrics.cleaner if metrics is not None else None,
-        runner_factory=lambda _settings, _hook: runner,
+        runner_factory=lambda _settings: runner,
     )
 
 
@@ -335,7 +343,9 @@ def test_an_abort_refuses_the_swap_and_the_log_is_cleaned_after_resume(
         cleaner.start()
         try:
             await until(started.is_set, "the round to start")
+            assert runner.should_abort is not None and not runner.should_abort()
             cleaner.abort_and_pause(TP)  # e.g. before a truncation
+            assert runner.should_abort()  # the Cleaner stops between two batches
             go_on.set()
             await until(lambda: cleaner.book.last_run(TP)[0] == 1, "the aborted round")
             run = cleaner.book.last_run(TP)[1]

@@ -282,3 +282,28 @@ async def test_a_broker_whose_cleaner_is_off_warns_once_per_compacted_topic(
     assert [(e["topic"], e["log_level"]) for e in warnings] == [(TOPIC, "warning")]
     assert "NOT compacted" in warnings[0]["message"]
     assert not rm.cleaner.settings.active
+
+
+async def test_truncation_and_deletion_reach_the_log_cleaner(make_leader: MakeLeader) -> None:
+    """A follower truncation lowers the partition's cleaner checkpoint (a full one drops it), a
+    deleted log's entry is dropped; describe reports the cleaner point of compacted logs."""
+    from minibroker.broker.replication.outputs import ReplicaRemoved, Truncated
+
+    rm = await make_leader({"cleanup.policy": "compact"})
+    for _ in range(3):
+        assert (await produce_one(rm, keyed(now_ms(), [b"a", b"b"]))).error == ErrorCode.NONE
+    book = rm.cleaner.book
+    # The book is the broker's own, in its data dir.
+    assert Path(book.path).name == "cleaner-offset-checkpoint"
+    book._checkpoints.update({BAD: 6, GOOD: 4})  # as two cleaned rounds would leave them
+    states = {(s.topic, s.partition): s for s in rm.describe_replicas({TOPIC})}
+    bad = states[(TOPIC, 0)]
+    assert bad.compacted and bad.cleaner_point == 6 and bad.dirty_ratio == 0.0
+    rm.run([Truncated(BAD, False, 6, 2, "diverging epoch", 1)])
+    assert book.checkpoint(BAD) == 2 and not book.paused(BAD)
+    rm.run([Truncated(GOOD, True, 4, 9, "below the leader's log start", 1)])
+    assert book.checkpoint(GOOD) is None
+    assert Path(book.path).read_text() == "0\n1\nevents 0 2\n"
+    rm.run([ReplicaRemoved(BAD, True, "topic deleted")])
+    assert book.checkpoint(BAD) is None
+    assert Path(book.path).read_text() == "0\n0\n"

@@ -319,6 +319,9 @@ FOREIGN_DATA = [
     ),
     pytest.param(lambda d: (d / "log-start-offset-checkpoint").write_text("0\n0\n"), id="lso"),
     pytest.param(
+        lambda d: (d / "cleaner-offset-checkpoint").write_text("0\n0\n"), id="log-cleaner"
+    ),
+    pytest.param(
         lambda d: (d / ".kafka_cleanshutdown").write_text('{"version":0,"brokerEpoch":3}'),
         id="clean-shutdown-marker",
     ),
