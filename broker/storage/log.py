@@ -62,7 +62,12 @@ from minibroker.broker.storage.log_append import (
     time_waited,
 )
 from minibroker.broker.storage.log_deletion import DeletedSegment, LogDeletion, storage_error
-from minibroker.broker.storage.log_loader import PRODUCER_BATCHES_KEPT, NewestBatches, load_log
+from minibroker.broker.storage.log_loader import (
+    PRODUCER_BATCHES_KEPT,
+    NewestBatches,
+    load_log,
+    write_gaps_marker,
+)
 from minibroker.broker.storage.segment import AppendEntry, LogSegment, SegmentMark
 from minibroker.broker.storage.segment_scan import SCAN_CHUNK
 from minibroker.client.batch import BatchHeader, iter_batches
@@ -104,6 +109,7 @@ class PartitionLog(LogDeletion):
         log_start_offset: int,
         recovery_point: int,
         now_ms: int,
+        may_have_gaps: bool = False,
     ) -> None:
         self.directory = directory
         self.topic_partition = topic_partition
@@ -119,6 +125,7 @@ class PartitionLog(LogDeletion):
         self._recovery_point = recovery_point
         self._last_flush_ms = now_ms
         self._closed = False
+        self._may_have_gaps = may_have_gaps
         # What the load's pass over the batches found for the producer state (newest batches
         # of each producer id, oldest first); dropped when handed over or the log changes.
         self._loaded_producer_batches: list[BatchHeader] | None = None
@@ -166,6 +173,7 @@ class PartitionLog(LogDeletion):
             loaded.log_start_offset,
             loaded.recovery_point,
             now_ms,
+            loaded.may_have_gaps,
         )
         log._loaded_producer_batches = loaded.producer_batches
         return log
@@ -245,6 +253,29 @@ class PartitionLog(LogDeletion):
     @property
     def size_bytes(self) -> int:
         return sum(s.size for s in self._segments)
+
+    @property
+    def may_have_gaps(self) -> bool:
+        """Whether offsets may be missing between batches (the `.may-have-gaps` marker is in
+        the partition dir): a cleaned log, or a follower's copy of one. Sticky."""
+        return self._may_have_gaps
+
+    def mark_may_have_gaps(self) -> None:
+        """Write the `.may-have-gaps` marker (file and dir fsynced) before the first gap can
+        reach the log: before a cleaned segment is swapped in, before a follower appends past
+        a gap. Idempotent; raises KafkaStorageError, with the log unchanged, on I/O failure."""
+        if self._may_have_gaps:
+            return
+        try:
+            write_gaps_marker(self.directory)
+        except OSError as err:
+            raise self._storage_error("writing the may-have-gaps marker of", err) from err
+        self._may_have_gaps = True
+        _log.info(
+            "log_may_have_gaps",
+            topic=self.topic_partition.topic,
+            partition=self.topic_partition.partition,
+        )
 
     @property
     def epoch_cache(self) -> EpochCache:

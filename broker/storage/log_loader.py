@@ -24,13 +24,18 @@ first header, read when the segment is opened).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 import pathlib
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from minibroker.broker.storage.checkpoint import LEADER_EPOCH_CHECKPOINT, LeaderEpochCheckpointFile
+from minibroker.broker.storage.checkpoint import (
+    LEADER_EPOCH_CHECKPOINT,
+    LeaderEpochCheckpointFile,
+    fsync_dir,
+)
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.epoch_cache import EpochCache, EpochEntry
 from minibroker.broker.storage.errors import CorruptCheckpointError
@@ -41,6 +46,10 @@ from minibroker.client.log_format import LOG_SUFFIX, parse_segment_file_name
 from minibroker.client.types import TopicPartition
 
 _log = get_logger("minibroker.broker.storage")
+# The empty file whose presence says the log may have offset gaps (a cleaned segment, or a
+# follower that appended past a gap of its leader's compacted log). Sticky: written (and made
+# durable) before the first gap can reach the log, never removed; the dir goes with the topic.
+GAPS_MARKER = ".may-have-gaps"
 # How many of each producer's newest batches loading hands over for the idempotent-producer
 # state: at least as many as that state remembers per producer (BATCHES_PER_PRODUCER in the
 # replication layer; a unit test holds the two together). A producer's older batches cannot
@@ -58,6 +67,33 @@ class LoadedLog:
     log_start_offset: int
     recovery_point: int
     producer_batches: list[BatchHeader]
+    may_have_gaps: bool = False
+
+
+def has_gaps_marker(path: pathlib.Path) -> bool:
+    """Whether the partition dir `path` holds the `.may-have-gaps` marker."""
+    return os.path.exists(path / GAPS_MARKER)
+
+
+def write_gaps_marker(path: pathlib.Path) -> None:
+    """Create the `.may-have-gaps` marker in `path` (idempotent) and make it durable: the file
+    and the dir are fsynced before this returns. Raises OSError on failure."""
+    marker = path / GAPS_MARKER
+    existed = os.path.exists(marker)
+    try:
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(path)
+    except OSError:
+        if not existed:
+            # A marker that may not be durable is no promise: take it back (best effort; one
+            # left behind only makes the load accept gaps, which a gapless log has none of).
+            with contextlib.suppress(OSError):
+                os.unlink(marker)
+        raise
 
 
 def segment_bases(path: pathlib.Path) -> list[int]:
@@ -92,6 +128,7 @@ def load_log(
     """Open, check or recover every segment in `path` (module docstring). On failure no file
     descriptor of the log stays open."""
     bases = segment_bases(path)
+    may_have_gaps = has_gaps_marker(path)
     epoch_file = LeaderEpochCheckpointFile(path / LEADER_EPOCH_CHECKPOINT)
     try:
         stored = epoch_file.read()
@@ -118,6 +155,7 @@ def load_log(
             log_start_offset=log_start_offset,
             had_clean_shutdown=had_clean_shutdown,
             system_restarted=system_restarted,
+            may_have_gaps=may_have_gaps,
         )
     except BaseException:
         # Do not leak the file descriptors of a log that failed to load.
@@ -140,6 +178,7 @@ def _recover(
     log_start_offset: int,
     had_clean_shutdown: bool,
     system_restarted: bool,
+    may_have_gaps: bool = False,
 ) -> LoadedLog:
     """`load_log`'s second half: recover what needs it, then trim the cache to the log."""
     cache = EpochCache(stored or ())
@@ -232,6 +271,7 @@ def _recover(
         start,
         leo if had_clean_shutdown else min(recovery_point, leo),
         check.producer_batches(),
+        may_have_gaps,
     )
 
 
