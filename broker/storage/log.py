@@ -286,6 +286,53 @@ class PartitionLog(LogDeletion):
     def latest_epoch(self) -> int | None:
         return self._epoch_cache.latest_epoch
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- the cleaner's swap (broker/cleaner/cleaner.py; files: segment_swap.py) ---------------
+
+    def segments_changed(self, expected: Sequence[tuple[LogSegment, int]]) -> str | None:
+        """Why the (segment, size) pairs in `expected` are no longer consecutive non-active
+        segments of this open log with those sizes, or None when they still are (what a cleaned
+        segment may replace)."""
+        if self._closed:
+            return "the log is closed"
+        if not expected:
+            return "no segment to replace"
+        first = expected[0][0]
+        try:
+            i = self._segments.index(first)
+        except ValueError:
+            return f"segment {first.base_offset} is no longer in the log"
+        current = self._segments[i : i + len(expected)]
+        if i + len(expected) >= len(self._segments):
+            return "the segments to replace reach the active segment"
+        for (segment, size), now in zip(expected, current, strict=True):
+            if now is not segment:
+                return f"segment {segment.base_offset} is no longer in the log"
+            if now.size != size:
+                return f"segment {segment.base_offset} is {now.size} bytes, was {size}"
+        return None
+
+    def replace_segments(self, old: Sequence[LogSegment], new: LogSegment) -> None:
+        """Put `new` (a cleaned segment, its files already under their final names) in the
+        place of `old` in the segment list: memory only, the cleaner's swap did the files. `old`
+        must be consecutive non-active segments of this log and `new` start at the first one's
+        base offset (ValueError otherwise, nothing changed)."""
+        problem = self.segments_changed([(s, s.size) for s in old])
+        if problem is not None:
+            raise ValueError(f"cannot replace segments of {self.topic_partition}: {problem}")
+        if new.base_offset != old[0].base_offset:
+            raise ValueError(
+                f"cleaned segment {new.base_offset} cannot replace segment {old[0].base_offset}"
+            )
+        i = self._segments.index(old[0])
+        self._segments[i : i + len(old)] = [new]
+        self._bases[i : i + len(old)] = [new.base_offset]
+        new.set_active(False)
+        self._loaded_producer_batches = None
+
     def update_config(self, config: LogConfig) -> None:
         """New topic configs apply to the next append, roll, retention and flush decision."""
         self.config = config

@@ -40,6 +40,7 @@ from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.epoch_cache import EpochCache, EpochEntry
 from minibroker.broker.storage.errors import CorruptCheckpointError
 from minibroker.broker.storage.segment import LogSegment
+from minibroker.broker.storage.segment_swap import complete_interrupted_swaps
 from minibroker.client.batch import NO_PARTITION_LEADER_EPOCH, BatchHeader
 from minibroker.client.common.log import get_logger
 from minibroker.client.log_format import LOG_SUFFIX, parse_segment_file_name
@@ -97,8 +98,11 @@ def write_gaps_marker(path: pathlib.Path) -> None:
 
 
 def segment_bases(path: pathlib.Path) -> list[int]:
-    """The base offsets of the `.log` files in `path`, sorted; removes `.tmp` leftovers and the
+    """The base offsets of the `.log` files in `path`, sorted; first completes (or undoes) what
+    a crash left of a cleaner's segment swap (segment_swap.py: `.cleaned` files deleted, a
+    `.swap` segment replaces the segments it covers), then removes `.tmp` leftovers and the
     files of a base offset whose `.log` is gone (they would shadow a future segment)."""
+    complete_interrupted_swaps(path)
     bases: list[int] = []
     for name in os.listdir(path):
         parsed = parse_segment_file_name(name)
