@@ -12,7 +12,12 @@ leader epoch to stamp comes in with each leader append.
 
 Invariants:
   * segments are sorted, contiguous (each base offset is the previous segment's end) and
-    non-empty except possibly the last (the active segment);
+    non-empty except possibly the last (the active segment). A log that may have gaps (its dir
+    holds the sticky `.may-have-gaps` marker, `may_have_gaps`: a compacted log or a follower's
+    copy of one) relaxes this: a batch or a segment may start above where the previous one
+    ended, and a non-active segment may be empty; offsets still only increase. Reads of an
+    offset inside a gap serve the next batch; truncation to one keeps the batches below it and
+    makes it the LEO;
   * log_start_offset <= leo, and recovery_point <= leo;
   * the epoch cache covers every epoch of the batches in the log at the batch's start offset;
     it is rewritten (atomically) before the first batch of a new epoch is written and after the
@@ -391,9 +396,12 @@ class PartitionLog(LogDeletion):
         """Append the leader's batches as they are: offsets and epochs kept, CRCs checked.
 
         The first batch must start exactly at the LEO and each batch right after the previous
-        one (UnexpectedAppendOffsetError otherwise). Each new batch epoch goes into the epoch
-        cache at the batch's base offset. `now_ms` (default: the wall clock) drives segment.ms.
-        A disk failure raises KafkaStorageError with the log as it was (module docstring).
+        one (UnexpectedAppendOffsetError otherwise), unless the topic is compacted or the log
+        may have gaps already: then a batch may start above that, never below (Kafka's rule for
+        a cleaned leader log), and the gaps marker is written (durably) before the first batch
+        past a gap. Each new batch epoch goes into the epoch cache at the batch's base offset.
+        `now_ms` (default: the wall clock) drives segment.ms. A disk failure raises
+        KafkaStorageError with the log as it was (module docstring).
         """
         now = wall_clock_ms() if now_ms is None else now_ms
         if len(records) == 0:
@@ -404,7 +412,10 @@ class PartitionLog(LogDeletion):
             self.leo,
             self._epoch_cache.latest_epoch,
             self._log_start_offset,
+            allow_gaps=self.config.compact or self._may_have_gaps,
         )
+        if plan.has_gap:
+            self.mark_may_have_gaps()
         self._append(plan.data, plan.entries, plan.max_timestamp, now, plan.new_epochs)
         return plan.info
 

@@ -5,6 +5,10 @@ Does file I/O in the partition dir: lists it (removing `.tmp` leftovers and inde
 of segment_scan.py plus the epoch rules of `RecoveryCheck`), and rewrites the
 `leader-epoch-checkpoint` when loading changed the cache.
 
+A log whose dir holds the `.may-have-gaps` marker (GAPS_MARKER: a compacted log, or a follower's
+copy of one) is checked with gaps allowed: a batch or segment may start above where the previous
+one ended and a non-active segment may be empty; without the marker a gap is damage, as before.
+
 After an unclean shutdown, segments from the one holding the recovery point on are recovered:
 scanned batch by batch, their indexes rebuilt, and the first torn or corrupt batch and everything
 after it (later segments too) removed. Any segment whose indexes are missing or inconsistent is
@@ -60,8 +64,9 @@ PRODUCER_BATCHES_KEPT = 5
 
 @dataclass
 class LoadedLog:
-    """What loading found: the segments kept (contiguous, at least one), the offsets and the
-    epoch cache (trimmed to them, and on disk), and the newest batches of each producer."""
+    """What loading found: the segments kept (contiguous, or in increasing order when the log
+    may have gaps; at least one), the offsets and the epoch cache (trimmed to them, and on
+    disk), the newest batches of each producer, and whether the gaps marker is there."""
 
     segments: list[LogSegment]
     epoch_cache: EpochCache
@@ -142,7 +147,11 @@ def load_log(
     segments: list[LogSegment] = []
     try:
         for base in bases:
-            segments.append(LogSegment.open(path, base, config.index_interval_bytes, now_ms))
+            segments.append(
+                LogSegment.open(
+                    path, base, config.index_interval_bytes, now_ms, allow_gaps=may_have_gaps
+                )
+            )
         recover_from = len(segments)
         if not had_clean_shutdown:
             recover_from = max(bisect.bisect_right(bases, recovery_point) - 1, 0)
@@ -202,19 +211,24 @@ def _recover(
     truncated_bytes = 0
     recovered = 0
     for i, segment in enumerate(segments):
+        # Segments follow each other: the next starts where the previous ended, or later in a
+        # log that may have gaps (a cleaned segment, or one emptied by cleaning, ends below the
+        # next one's base offset). A segment starting below the previous one's end overlaps it.
         if kept and segment.base_offset != kept[-1].next_offset:
-            _log.warning(
-                "log_segment_gap",
-                topic=topic_partition.topic,
-                partition=topic_partition.partition,
-                base_offset=segment.base_offset,
-                expected=kept[-1].next_offset,
-            )
-            for later in segments[i:]:
-                later.delete()
-            break
+            overlap = segment.base_offset < kept[-1].next_offset
+            if overlap or not may_have_gaps:
+                _log.warning(
+                    "log_segment_overlap" if overlap else "log_segment_gap",
+                    topic=topic_partition.topic,
+                    partition=topic_partition.partition,
+                    base_offset=segment.base_offset,
+                    expected=kept[-1].next_offset,
+                )
+                for later in segments[i:]:
+                    later.delete()
+                break
         if i < recover_from and not segment.needs_recovery:
-            problem = segment.find_damage(check)
+            problem = segment.find_damage(check, allow_gaps=may_have_gaps)
             if problem is None:
                 check.commit()
                 kept.append(segment)
@@ -230,7 +244,7 @@ def _recover(
             )
             recover_from = i
         recovered += 1
-        truncated = segment.recover(check)
+        truncated = segment.recover(check, allow_gaps=may_have_gaps)
         check.commit()
         truncated_bytes += truncated
         kept.append(segment)
