@@ -48,6 +48,10 @@ COMPRESSION_MASK = 0x07
 TIMESTAMP_TYPE_MASK = 0x08
 TRANSACTIONAL_MASK = 0x10
 CONTROL_MASK = 0x20
+# KIP-534: the log cleaner sets this bit on a batch it rewrote with a tombstone kept in it; the
+# batch's baseTimestamp is then the delete horizon (when the tombstones may go), not the first
+# record's timestamp (Kafka's DefaultRecordBatch.DELETE_HORIZON_FLAG_MASK).
+DELETE_HORIZON_MASK = 0x40
 
 
 class Compression(enum.IntEnum):
@@ -135,6 +139,12 @@ class BatchHeader(NamedTuple):
     @property
     def is_control(self) -> bool:
         return bool(self.attributes & CONTROL_MASK)
+
+    @property
+    def delete_horizon_ms(self) -> int | None:
+        """The delete horizon (KIP-534: baseTimestamp when the DELETE_HORIZON_MASK bit is set),
+        None when the batch has none."""
+        return self.base_timestamp if self.attributes & DELETE_HORIZON_MASK else None
 
     @property
     def has_producer_id(self) -> bool:

@@ -12,7 +12,12 @@ leader epoch to stamp comes in with each leader append.
 
 Invariants:
   * segments are sorted, contiguous (each base offset is the previous segment's end) and
-    non-empty except possibly the last (the active segment);
+    non-empty except possibly the last (the active segment). A log that may have gaps (its dir
+    holds the sticky `.may-have-gaps` marker, `may_have_gaps`: a compacted log or a follower's
+    copy of one) relaxes this: a batch or a segment may start above where the previous one
+    ended, and a non-active segment may be empty; offsets still only increase. Reads of an
+    offset inside a gap serve the next batch; truncation to one keeps the batches below it and
+    makes it the LEO;
   * log_start_offset <= leo, and recovery_point <= leo;
   * the epoch cache covers every epoch of the batches in the log at the batch's start offset;
     it is rewritten (atomically) before the first batch of a new epoch is written and after the
@@ -62,7 +67,12 @@ from minibroker.broker.storage.log_append import (
     time_waited,
 )
 from minibroker.broker.storage.log_deletion import DeletedSegment, LogDeletion, storage_error
-from minibroker.broker.storage.log_loader import PRODUCER_BATCHES_KEPT, NewestBatches, load_log
+from minibroker.broker.storage.log_loader import (
+    PRODUCER_BATCHES_KEPT,
+    NewestBatches,
+    load_log,
+    write_gaps_marker,
+)
 from minibroker.broker.storage.segment import AppendEntry, LogSegment, SegmentMark
 from minibroker.broker.storage.segment_scan import SCAN_CHUNK
 from minibroker.client.batch import BatchHeader, iter_batches
@@ -104,6 +114,7 @@ class PartitionLog(LogDeletion):
         log_start_offset: int,
         recovery_point: int,
         now_ms: int,
+        may_have_gaps: bool = False,
     ) -> None:
         self.directory = directory
         self.topic_partition = topic_partition
@@ -119,6 +130,7 @@ class PartitionLog(LogDeletion):
         self._recovery_point = recovery_point
         self._last_flush_ms = now_ms
         self._closed = False
+        self._may_have_gaps = may_have_gaps
         # What the load's pass over the batches found for the producer state (newest batches
         # of each producer id, oldest first); dropped when handed over or the log changes.
         self._loaded_producer_batches: list[BatchHeader] | None = None
@@ -166,6 +178,7 @@ class PartitionLog(LogDeletion):
             loaded.log_start_offset,
             loaded.recovery_point,
             now_ms,
+            loaded.may_have_gaps,
         )
         log._loaded_producer_batches = loaded.producer_batches
         return log
@@ -247,6 +260,29 @@ class PartitionLog(LogDeletion):
         return sum(s.size for s in self._segments)
 
     @property
+    def may_have_gaps(self) -> bool:
+        """Whether offsets may be missing between batches (the `.may-have-gaps` marker is in
+        the partition dir): a cleaned log, or a follower's copy of one. Sticky."""
+        return self._may_have_gaps
+
+    def mark_may_have_gaps(self) -> None:
+        """Write the `.may-have-gaps` marker (file and dir fsynced) before the first gap can
+        reach the log: before a cleaned segment is swapped in, before a follower appends past
+        a gap. Idempotent; raises KafkaStorageError, with the log unchanged, on I/O failure."""
+        if self._may_have_gaps:
+            return
+        try:
+            write_gaps_marker(self.directory)
+        except OSError as err:
+            raise self._storage_error("writing the may-have-gaps marker of", err) from err
+        self._may_have_gaps = True
+        _log.info(
+            "log_may_have_gaps",
+            topic=self.topic_partition.topic,
+            partition=self.topic_partition.partition,
+        )
+
+    @property
     def epoch_cache(self) -> EpochCache:
         """Read it freely; change it only through this class, which persists it."""
         return self._epoch_cache
@@ -254,6 +290,53 @@ class PartitionLog(LogDeletion):
     @property
     def latest_epoch(self) -> int | None:
         return self._epoch_cache.latest_epoch
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- the cleaner's swap (broker/cleaner/cleaner.py; files: segment_swap.py) ---------------
+
+    def segments_changed(self, expected: Sequence[tuple[LogSegment, int]]) -> str | None:
+        """Why the (segment, size) pairs in `expected` are no longer consecutive non-active
+        segments of this open log with those sizes, or None when they still are (what a cleaned
+        segment may replace)."""
+        if self._closed:
+            return "the log is closed"
+        if not expected:
+            return "no segment to replace"
+        first = expected[0][0]
+        try:
+            i = self._segments.index(first)
+        except ValueError:
+            return f"segment {first.base_offset} is no longer in the log"
+        current = self._segments[i : i + len(expected)]
+        if i + len(expected) >= len(self._segments):
+            return "the segments to replace reach the active segment"
+        for (segment, size), now in zip(expected, current, strict=True):
+            if now is not segment:
+                return f"segment {segment.base_offset} is no longer in the log"
+            if now.size != size:
+                return f"segment {segment.base_offset} is {now.size} bytes, was {size}"
+        return None
+
+    def replace_segments(self, old: Sequence[LogSegment], new: LogSegment) -> None:
+        """Put `new` (a cleaned segment, its files already under their final names) in the
+        place of `old` in the segment list: memory only, the cleaner's swap did the files. `old`
+        must be consecutive non-active segments of this log and `new` start at the first one's
+        base offset (ValueError otherwise, nothing changed)."""
+        problem = self.segments_changed([(s, s.size) for s in old])
+        if problem is not None:
+            raise ValueError(f"cannot replace segments of {self.topic_partition}: {problem}")
+        if new.base_offset != old[0].base_offset:
+            raise ValueError(
+                f"cleaned segment {new.base_offset} cannot replace segment {old[0].base_offset}"
+            )
+        i = self._segments.index(old[0])
+        self._segments[i : i + len(old)] = [new]
+        self._bases[i : i + len(old)] = [new.base_offset]
+        new.set_active(False)
+        self._loaded_producer_batches = None
 
     def update_config(self, config: LogConfig) -> None:
         """New topic configs apply to the next append, roll, retention and flush decision."""
@@ -313,9 +396,12 @@ class PartitionLog(LogDeletion):
         """Append the leader's batches as they are: offsets and epochs kept, CRCs checked.
 
         The first batch must start exactly at the LEO and each batch right after the previous
-        one (UnexpectedAppendOffsetError otherwise). Each new batch epoch goes into the epoch
-        cache at the batch's base offset. `now_ms` (default: the wall clock) drives segment.ms.
-        A disk failure raises KafkaStorageError with the log as it was (module docstring).
+        one (UnexpectedAppendOffsetError otherwise), unless the topic is compacted or the log
+        may have gaps already: then a batch may start above that, never below (Kafka's rule for
+        a cleaned leader log), and the gaps marker is written (durably) before the first batch
+        past a gap. Each new batch epoch goes into the epoch cache at the batch's base offset.
+        `now_ms` (default: the wall clock) drives segment.ms. A disk failure raises
+        KafkaStorageError with the log as it was (module docstring).
         """
         now = wall_clock_ms() if now_ms is None else now_ms
         if len(records) == 0:
@@ -326,7 +412,10 @@ class PartitionLog(LogDeletion):
             self.leo,
             self._epoch_cache.latest_epoch,
             self._log_start_offset,
+            allow_gaps=self.config.compact or self._may_have_gaps,
         )
+        if plan.has_gap:
+            self.mark_may_have_gaps()
         self._append(plan.data, plan.entries, plan.max_timestamp, now, plan.new_epochs)
         return plan.info
 

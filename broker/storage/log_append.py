@@ -3,8 +3,11 @@
 No I/O and no log state: `PartitionLog` passes in what it knows (LEO, epoch cache head, config)
 and writes what these return. A leader append is validated (client/batch.py), gets its offsets
 and leader epoch stamped in place (and LogAppendTime when the topic says so); a follower append
-must start at the LEO and be contiguous. Either is described as `AppendEntry` rows (what
-`LogSegment.append` indexes) plus the new epochs the epoch cache must learn first (KIP-279).
+must start at the LEO and be contiguous, or, when its log may take gaps (a compacted topic, or a
+log with the `.may-have-gaps` marker), start at or above the LEO with each batch at or above the
+previous one's next offset (Kafka's rule: a cleaned leader log has gaps). Either is described
+as `AppendEntry` rows (what `LogSegment.append` indexes) plus the new epochs the epoch cache
+must learn first (KIP-279).
 
 Rolls: `should_roll` is Kafka's LogSegment.shouldRoll on `roll_clock` times; `time_waited`
 is the segment.ms clock both the one-write path and the split path of `PartitionLog` use.
@@ -98,6 +101,9 @@ class PlannedAppend(NamedTuple):
     max_timestamp: int
     new_epochs: tuple[tuple[int, int], ...]
     info: AppendInfo
+    # A batch starts above the previous one's next offset (or the first above the LEO): the
+    # log must carry the gaps marker before these bytes are written.
+    has_gap: bool = False
 
 
 def plan_leader_append(
@@ -166,24 +172,35 @@ def plan_follower_append(
     expected: int,
     last_epoch: int | None,
     log_start_offset: int,
+    *,
+    allow_gaps: bool = False,
 ) -> PlannedAppend:
     """Check the leader's batches (CRCs; the first at `expected`, the LEO, each right after the
     previous one: UnexpectedAppendOffsetError otherwise); each new batch epoch is to be recorded
-    at the batch's base offset. `records` must not be empty."""
+    at the batch's base offset. `records` must not be empty.
+
+    `allow_gaps` (the log's topic is compacted or its log may have gaps already): a batch may
+    start above `expected` (the LEO for the first, the previous batch's next offset for the
+    others), never below it; `has_gap` in the plan says whether one did."""
     entries: list[AppendEntry] = []
     headers: list[BatchHeader] = []
     new_epochs: list[tuple[int, int]] = []
     max_timestamp = -1
     records_count = 0
+    has_gap = False
     for position, header in iter_batches(records):
         if header.base_offset != expected:
-            where = "first batch" if not headers else f"batch at position {position}"
-            raise UnexpectedAppendOffsetError(
-                f"{topic_partition}: {where} starts at offset {header.base_offset}, "
-                f"expected {expected}",
-                first_offset=header.base_offset,
-                expected_offset=expected,
-            )
+            if allow_gaps and header.base_offset > expected:
+                has_gap = True
+            else:
+                where = "first batch" if not headers else f"batch at position {position}"
+                rule = "at or above" if allow_gaps else "at"
+                raise UnexpectedAppendOffsetError(
+                    f"{topic_partition}: {where} starts at offset {header.base_offset}, "
+                    f"expected {rule} {expected}",
+                    first_offset=header.base_offset,
+                    expected_offset=expected,
+                )
         headers.append(header)
         expected = header.base_offset + header.last_offset_delta + 1
         entries.append((position, header.batch_length + 12, expected - 1, header.max_timestamp))
@@ -205,7 +222,7 @@ def plan_follower_append(
         tuple(headers),
         -1,
     )
-    return PlannedAppend(records, entries, max_timestamp, tuple(new_epochs), info)
+    return PlannedAppend(records, entries, max_timestamp, tuple(new_epochs), info, has_gap)
 
 
 def _stamp_log_append_time(

@@ -5,6 +5,10 @@ Does file I/O in the partition dir: lists it (removing `.tmp` leftovers and inde
 of segment_scan.py plus the epoch rules of `RecoveryCheck`), and rewrites the
 `leader-epoch-checkpoint` when loading changed the cache.
 
+A log whose dir holds the `.may-have-gaps` marker (GAPS_MARKER: a compacted log, or a follower's
+copy of one) is checked with gaps allowed: a batch or segment may start above where the previous
+one ended and a non-active segment may be empty; without the marker a gap is damage, as before.
+
 After an unclean shutdown, segments from the one holding the recovery point on are recovered:
 scanned batch by batch, their indexes rebuilt, and the first torn or corrupt batch and everything
 after it (later segments too) removed. Any segment whose indexes are missing or inconsistent is
@@ -24,23 +28,33 @@ first header, read when the segment is opened).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 import pathlib
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from minibroker.broker.storage.checkpoint import LEADER_EPOCH_CHECKPOINT, LeaderEpochCheckpointFile
+from minibroker.broker.storage.checkpoint import (
+    LEADER_EPOCH_CHECKPOINT,
+    LeaderEpochCheckpointFile,
+    fsync_dir,
+)
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.epoch_cache import EpochCache, EpochEntry
 from minibroker.broker.storage.errors import CorruptCheckpointError
 from minibroker.broker.storage.segment import LogSegment
+from minibroker.broker.storage.segment_swap import complete_interrupted_swaps
 from minibroker.client.batch import NO_PARTITION_LEADER_EPOCH, BatchHeader
 from minibroker.client.common.log import get_logger
 from minibroker.client.log_format import LOG_SUFFIX, parse_segment_file_name
 from minibroker.client.types import TopicPartition
 
 _log = get_logger("minibroker.broker.storage")
+# The empty file whose presence says the log may have offset gaps (a cleaned segment, or a
+# follower that appended past a gap of its leader's compacted log). Sticky: written (and made
+# durable) before the first gap can reach the log, never removed; the dir goes with the topic.
+GAPS_MARKER = ".may-have-gaps"
 # How many of each producer's newest batches loading hands over for the idempotent-producer
 # state: at least as many as that state remembers per producer (BATCHES_PER_PRODUCER in the
 # replication layer; a unit test holds the two together). A producer's older batches cannot
@@ -50,19 +64,50 @@ PRODUCER_BATCHES_KEPT = 5
 
 @dataclass
 class LoadedLog:
-    """What loading found: the segments kept (contiguous, at least one), the offsets and the
-    epoch cache (trimmed to them, and on disk), and the newest batches of each producer."""
+    """What loading found: the segments kept (contiguous, or in increasing order when the log
+    may have gaps; at least one), the offsets and the epoch cache (trimmed to them, and on
+    disk), the newest batches of each producer, and whether the gaps marker is there."""
 
     segments: list[LogSegment]
     epoch_cache: EpochCache
     log_start_offset: int
     recovery_point: int
     producer_batches: list[BatchHeader]
+    may_have_gaps: bool = False
+
+
+def has_gaps_marker(path: pathlib.Path) -> bool:
+    """Whether the partition dir `path` holds the `.may-have-gaps` marker."""
+    return os.path.exists(path / GAPS_MARKER)
+
+
+def write_gaps_marker(path: pathlib.Path) -> None:
+    """Create the `.may-have-gaps` marker in `path` (idempotent) and make it durable: the file
+    and the dir are fsynced before this returns. Raises OSError on failure."""
+    marker = path / GAPS_MARKER
+    existed = os.path.exists(marker)
+    try:
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(path)
+    except OSError:
+        if not existed:
+            # A marker that may not be durable is no promise: take it back (best effort; one
+            # left behind only makes the load accept gaps, which a gapless log has none of).
+            with contextlib.suppress(OSError):
+                os.unlink(marker)
+        raise
 
 
 def segment_bases(path: pathlib.Path) -> list[int]:
-    """The base offsets of the `.log` files in `path`, sorted; removes `.tmp` leftovers and the
+    """The base offsets of the `.log` files in `path`, sorted; first completes (or undoes) what
+    a crash left of a cleaner's segment swap (segment_swap.py: `.cleaned` files deleted, a
+    `.swap` segment replaces the segments it covers), then removes `.tmp` leftovers and the
     files of a base offset whose `.log` is gone (they would shadow a future segment)."""
+    complete_interrupted_swaps(path)
     bases: list[int] = []
     for name in os.listdir(path):
         parsed = parse_segment_file_name(name)
@@ -92,6 +137,7 @@ def load_log(
     """Open, check or recover every segment in `path` (module docstring). On failure no file
     descriptor of the log stays open."""
     bases = segment_bases(path)
+    may_have_gaps = has_gaps_marker(path)
     epoch_file = LeaderEpochCheckpointFile(path / LEADER_EPOCH_CHECKPOINT)
     try:
         stored = epoch_file.read()
@@ -101,7 +147,11 @@ def load_log(
     segments: list[LogSegment] = []
     try:
         for base in bases:
-            segments.append(LogSegment.open(path, base, config.index_interval_bytes, now_ms))
+            segments.append(
+                LogSegment.open(
+                    path, base, config.index_interval_bytes, now_ms, allow_gaps=may_have_gaps
+                )
+            )
         recover_from = len(segments)
         if not had_clean_shutdown:
             recover_from = max(bisect.bisect_right(bases, recovery_point) - 1, 0)
@@ -118,6 +168,7 @@ def load_log(
             log_start_offset=log_start_offset,
             had_clean_shutdown=had_clean_shutdown,
             system_restarted=system_restarted,
+            may_have_gaps=may_have_gaps,
         )
     except BaseException:
         # Do not leak the file descriptors of a log that failed to load.
@@ -140,6 +191,7 @@ def _recover(
     log_start_offset: int,
     had_clean_shutdown: bool,
     system_restarted: bool,
+    may_have_gaps: bool = False,
 ) -> LoadedLog:
     """`load_log`'s second half: recover what needs it, then trim the cache to the log."""
     cache = EpochCache(stored or ())
@@ -159,19 +211,24 @@ def _recover(
     truncated_bytes = 0
     recovered = 0
     for i, segment in enumerate(segments):
+        # Segments follow each other: the next starts where the previous ended, or later in a
+        # log that may have gaps (a cleaned segment, or one emptied by cleaning, ends below the
+        # next one's base offset). A segment starting below the previous one's end overlaps it.
         if kept and segment.base_offset != kept[-1].next_offset:
-            _log.warning(
-                "log_segment_gap",
-                topic=topic_partition.topic,
-                partition=topic_partition.partition,
-                base_offset=segment.base_offset,
-                expected=kept[-1].next_offset,
-            )
-            for later in segments[i:]:
-                later.delete()
-            break
+            overlap = segment.base_offset < kept[-1].next_offset
+            if overlap or not may_have_gaps:
+                _log.warning(
+                    "log_segment_overlap" if overlap else "log_segment_gap",
+                    topic=topic_partition.topic,
+                    partition=topic_partition.partition,
+                    base_offset=segment.base_offset,
+                    expected=kept[-1].next_offset,
+                )
+                for later in segments[i:]:
+                    later.delete()
+                break
         if i < recover_from and not segment.needs_recovery:
-            problem = segment.find_damage(check)
+            problem = segment.find_damage(check, allow_gaps=may_have_gaps)
             if problem is None:
                 check.commit()
                 kept.append(segment)
@@ -187,7 +244,7 @@ def _recover(
             )
             recover_from = i
         recovered += 1
-        truncated = segment.recover(check)
+        truncated = segment.recover(check, allow_gaps=may_have_gaps)
         check.commit()
         truncated_bytes += truncated
         kept.append(segment)
@@ -232,6 +289,7 @@ def _recover(
         start,
         leo if had_clean_shutdown else min(recovery_point, leo),
         check.producer_batches(),
+        may_have_gaps,
     )
 
 

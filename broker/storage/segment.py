@@ -2,9 +2,11 @@
 
 Does file I/O: appends with one `os.write`, reads with `os.pread`, `ftruncate`, `fsync`. The
 `.log` holds whole v2 record batches back to back, nothing else (docs/protocol.md §23). Offsets
-inside a segment are contiguous: the first batch starts at `base_offset` and each batch starts
-right after the previous one, so `base_offset` <= every offset here < the next segment's base
-offset. Reads (segment_reads.py) never decode a record; which batches are sound is
+inside a segment increase: in a log without gaps the first batch starts at `base_offset` and each
+batch right after the previous one; in a log that may have gaps (a compacted log, whose dir holds
+the `.may-have-gaps` marker: `allow_gaps` below) a batch may start above that, and a segment may
+be empty. Either way `base_offset` <= every offset here < the next segment's base offset.
+Reads (segment_reads.py) never decode a record; which batches are sound is
 segment_scan.py's rule, shared by `recover` and the load's `find_damage`.
 
 Failures: `append` and `truncate_to` either complete or raise with the segment as it was (the
@@ -130,9 +132,16 @@ class LogSegment(SegmentReads):
 
     @classmethod
     def open(
-        cls, directory: pathlib.Path, base_offset: int, index_interval_bytes: int, now_ms: int
+        cls,
+        directory: pathlib.Path,
+        base_offset: int,
+        index_interval_bytes: int,
+        now_ms: int,
+        *,
+        allow_gaps: bool = False,
     ) -> LogSegment:
-        """An existing segment. Sets `needs_recovery` when its indexes or tail look wrong."""
+        """An existing segment. Sets `needs_recovery` when its indexes or tail look wrong
+        (`allow_gaps`: a batch starting above the previous one's next offset is fine)."""
         fd = os.open(segment_path(directory, base_offset, LOG_SUFFIX), os.O_RDWR | os.O_APPEND)
         try:
             size = os.fstat(fd).st_size
@@ -153,7 +162,7 @@ class LogSegment(SegmentReads):
             now_ms,
         )
         try:
-            if index is None or not segment._load_tail():
+            if index is None or not segment._load_tail(allow_gaps):
                 segment.needs_recovery = True
         except BaseException:
             segment.release()
@@ -162,7 +171,7 @@ class LogSegment(SegmentReads):
         segment.set_active(False)
         return segment
 
-    def _load_tail(self) -> bool:
+    def _load_tail(self, allow_gaps: bool = False) -> bool:
         """Validate the batches after the last index entry; set the end offset and timestamps."""
         last_indexed_offset, start = self.index.last_entry
         tail = self._pread(start, self._size - start)
@@ -176,7 +185,9 @@ class LogSegment(SegmentReads):
                 # The indexed batch must be the one the index says it is.
                 if i != 0 or header.last_offset != last_indexed_offset:
                     return False
-            elif header.base_offset != expected:
+            elif header.base_offset != expected and (
+                header.base_offset < expected or not allow_gaps
+            ):
                 return False
             expected = header.next_offset
             if header.max_timestamp > max_timestamp:
@@ -370,15 +381,15 @@ class LogSegment(SegmentReads):
 
     # -- recovery and truncation -------------------------------------------------------------
 
-    def recover(self, check: BatchCheck | None = None) -> int:
+    def recover(self, check: BatchCheck | None = None, *, allow_gaps: bool = False) -> int:
         """Rebuild the indexes from the `.log` and cut it at the first bad batch (SegmentScan's
-        rules, then `check`). Returns the number of bytes truncated."""
+        rules, gaps allowed or not, then `check`). Returns the number of bytes truncated."""
         self.index.reset()
         self.time_index.reset()
         self._max_timestamp, self._offset_of_max_timestamp = -1, self.base_offset
         self._bytes_since_last_index_entry = 0
         self._rolling_based_timestamp = None
-        scan = SegmentScan(self._pread, self._size, self.base_offset, check)
+        scan = SegmentScan(self._pread, self._size, self.base_offset, check, allow_gaps=allow_gaps)
         for position, header in scan:
             if self._rolling_based_timestamp is None:
                 self._rolling_based_timestamp = min(header.max_timestamp, self.created_ms)
@@ -396,15 +407,21 @@ class LogSegment(SegmentReads):
             self._size = scan.end
         self._next_offset = scan.next_offset
         self.index.write_pending()
-        self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+        if self._max_timestamp >= 0:
+            # Kafka's rule: an entry only for a timestamp above -1. An empty segment's entry
+            # (-1, base offset) would fail the next load's check (offset < next offset), so
+            # every load would recover it again (a cleaned log has empty segments).
+            self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
         self.time_index.write_pending()
         self.needs_recovery = False
         return truncated
 
-    def find_damage(self, check: BatchCheck | None = None) -> str | None:
+    def find_damage(
+        self, check: BatchCheck | None = None, *, allow_gaps: bool = False
+    ) -> str | None:
         """The first problem `recover` would cut the segment at, or None. Read-only: the load's
         check of a segment that needs no recovery (it rebuilds nothing)."""
-        scan = SegmentScan(self._pread, self._size, self.base_offset, check)
+        scan = SegmentScan(self._pread, self._size, self.base_offset, check, allow_gaps=allow_gaps)
         for _ in scan:
             pass
         if scan.problem is not None:
@@ -417,12 +434,16 @@ class LogSegment(SegmentReads):
         """Remove every batch whose last offset is >= `offset`; returns the bytes removed.
 
         Batch-granular: a batch that holds `offset` goes whole, so `next_offset` afterwards is
-        that batch's base offset (<= `offset`). All or nothing: everything that can fail (the
-        reads, the cut of the `.log`) happens before anything changes; the index files are cut
-        after, and that never raises.
+        that batch's base offset (<= `offset`). An `offset` in a gap (a compacted log) keeps the
+        batches below it and `next_offset` becomes `offset` (Kafka's LocalLog.truncateTo sets
+        the LEO to the target), also when it lies past the last batch here. All or nothing:
+        everything that can fail (the reads, the cut of the `.log`) happens before anything
+        changes; the index files are cut after, and that never raises.
         """
         batch = self.translate_offset(offset)
         if batch is None:
+            if offset > self._next_offset:
+                self._next_offset = offset
             return 0
         # The batches between the last index entry that stays and the cut, read first.
         _, start = self.index.lookup(batch.base_offset - 1)
@@ -431,7 +452,7 @@ class LogSegment(SegmentReads):
         self._tail_dirty = False
         removed = self._size - batch.position
         self._size = batch.position
-        self._next_offset = batch.base_offset
+        self._next_offset = min(batch.base_offset, offset)
         self.index.truncate_to(batch.base_offset)
         self.time_index.truncate_to(batch.base_offset)
         self._bytes_since_last_index_entry = self._size - start

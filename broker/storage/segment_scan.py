@@ -7,6 +7,10 @@ length, magic and CRC (client/batch.py), a base offset right after the previous 
 (it sits outside the CRC), a last offset the segment's index can hold, then the caller's
 `check` (the epoch rules of the load).
 
+In a log that may have gaps (`allow_gaps`: its dir holds the `.may-have-gaps` marker, a cleaned
+log) a base offset above the expected one is a gap, not damage; one below it still is (offsets
+only increase), and so is a first batch below the segment's base offset.
+
 Reads through the `pread(position, length)` it is given, in chunks of `SCAN_CHUNK` bytes; a batch
 cut by the end of a chunk is read again whole at the start of the next one. Does no I/O of its
 own and keeps nothing but its position.
@@ -45,8 +49,11 @@ class SegmentScan:
         size: int,
         base_offset: int,
         check: BatchCheck | None = None,
+        *,
+        allow_gaps: bool = False,
     ) -> None:
         self._pread = pread
+        self._allow_gaps = allow_gaps
         self._size = size
         self._base_offset = base_offset
         self._check = check
@@ -56,6 +63,7 @@ class SegmentScan:
 
     def __iter__(self) -> Iterator[tuple[int, BatchHeader]]:
         size, base_offset, check = self._size, self._base_offset, self._check
+        allow_gaps = self._allow_gaps
         chunk_size = SCAN_CHUNK
         expected = base_offset
         position = 0
@@ -80,7 +88,9 @@ class SegmentScan:
                     self._stop(position + at, expected, err.reason)
                     return
                 problem: str | None
-                if header.base_offset != expected:
+                if header.base_offset != expected and (
+                    header.base_offset < expected or not allow_gaps
+                ):
                     problem = f"baseOffset {header.base_offset}, expected {expected}"
                 elif not fits_relative_offset(base_offset, header.last_offset):
                     problem = f"offset {header.last_offset} overflows the segment index"

@@ -31,8 +31,10 @@ from minibroker.client.records.builder import (
     LOG_APPEND_TIME,
     BatchBuilder,
     HeaderList,
+    PlacedRecord,
     RecordInput,
     encode_batch,
+    encode_placed_batch,
 )
 from minibroker.client.records.decode import (
     DecodedBatch,
@@ -69,6 +71,7 @@ __all__ = [
     "DecodedBatch",
     "DecodedRecord",
     "HeaderList",
+    "PlacedRecord",
     "RecordInput",
     "RecordValidation",
     "compression_of",
@@ -78,6 +81,7 @@ __all__ = [
     "decode_varint",
     "decode_varlong",
     "encode_batch",
+    "encode_placed_batch",
     "encode_varint",
     "encode_varlong",
     "is_partial_tail",

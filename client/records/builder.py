@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from minibroker.client.batch import (
     ATTRIBUTES_OFFSET,
     CRC_OFFSET,
+    DELETE_HORIZON_MASK,
     HEADER_SIZE,
     LOG_OVERHEAD,
     MAGIC,
@@ -70,8 +71,10 @@ __all__ = [
     "BatchBuilder",
     "Data",
     "HeaderList",
+    "PlacedRecord",
     "RecordInput",
     "encode_batch",
+    "encode_placed_batch",
 ]
 
 
@@ -487,3 +490,112 @@ def encode_batch(
     for timestamp_ms, key, value, headers in records:
         builder.append(timestamp_ms, key, value, headers)
     return builder.build()
+
+
+# A record at its own offset: (offset, timestamp_ms, key, value, headers).
+PlacedRecord = tuple[int, int, Data | None, Data | None, HeaderList]
+
+
+def _encode_placed_record(
+    offset_delta: int,
+    timestamp_delta: int,
+    key: Data | None,
+    value: Data | None,
+    headers: HeaderList,
+) -> bytes:
+    """One record's bytes (length prefix included), the layout `BatchBuilder.append` writes."""
+    body = [b"\x00", encode_varlong(timestamp_delta), encode_varint(offset_delta)]
+    if key is None:
+        body.append(NULL_LENGTH)
+    else:
+        key = record_bytes(key, "key")
+        body += (encode_varint(len(key)), key)
+    if value is None:
+        body.append(NULL_LENGTH)
+    else:
+        value = record_bytes(value, "value")
+        body += (encode_varint(len(value)), value)
+    body.append(_encode_headers(headers) if headers else b"\x00")
+    encoded = b"".join(body)
+    return encode_varint(len(encoded)) + encoded
+
+
+def encode_placed_batch(
+    records: Sequence[PlacedRecord],
+    *,
+    base_offset: int,
+    last_offset: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    compression: Compression = Compression.NONE,
+    compression_level: int | None = None,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    timestamp_type: int = CREATE_TIME,
+    is_transactional: bool = False,
+    delete_horizon: bool = False,
+) -> bytes:
+    """One v2 batch whose records keep their own offsets, which may skip values: the batch the
+    log cleaner writes back (Kafka's MemoryRecords.filterTo through MemoryRecordsBuilder with
+    `overrideLastOffset`).
+
+    The header says [base_offset, last_offset] whatever records are left, so the batch keeps the
+    producer's last sequence; each record's offset delta and timestamp delta are taken from
+    `base_offset` and `base_timestamp`. With `delete_horizon` the DELETE_HORIZON_MASK bit is set
+    and `base_timestamp` is the horizon (KIP-534; deltas may then be negative). No records gives
+    a header-only batch (Kafka's writeEmptyHeader: pass base_timestamp -1 and no compression).
+    The same record layout and compression as `BatchBuilder` (a test holds the two together).
+    Raises ValueError for offsets outside [base_offset, last_offset] or not increasing.
+    """
+    if not base_offset <= last_offset <= base_offset + INT32_MAX:
+        raise ValueError(f"last offset {last_offset} does not fit a batch at {base_offset}")
+    if timestamp_type not in (CREATE_TIME, LOG_APPEND_TIME):
+        raise ValueError(f"timestamp_type must be 0 (CreateTime) or 1, got {timestamp_type}")
+    parts: list[bytes] = []
+    previous = base_offset - 1
+    for offset, timestamp_ms, key, value, headers in records:
+        if not previous < offset <= last_offset:
+            raise ValueError(
+                f"record offset {offset} not in ({previous}, {last_offset}] of the batch at "
+                f"{base_offset}"
+            )
+        previous = offset
+        parts.append(
+            _encode_placed_record(
+                offset - base_offset, timestamp_ms - base_timestamp, key, value, headers
+            )
+        )
+    section = b"".join(parts)
+    codec = Compression(compression)
+    if parts and codec is not Compression.NONE:
+        section = compress(codec, section, compression_level)
+    attributes = int(codec)
+    if timestamp_type == LOG_APPEND_TIME:
+        attributes |= TIMESTAMP_TYPE_MASK
+    if is_transactional:
+        attributes |= TRANSACTIONAL_MASK
+    if delete_horizon:
+        attributes |= DELETE_HORIZON_MASK
+    out = bytearray(HEADER_SIZE)
+    out += section
+    _HEADER_WRITER.pack_into(
+        out,
+        0,
+        base_offset,
+        len(out) - LOG_OVERHEAD,
+        partition_leader_epoch,
+        MAGIC,
+        0,
+        attributes,
+        last_offset - base_offset,
+        base_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        len(parts),
+    )
+    _UINT32.pack_into(out, CRC_OFFSET, crc_of(out, ATTRIBUTES_OFFSET, len(out)))
+    return bytes(out)

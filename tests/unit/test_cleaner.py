@@ -1,0 +1,400 @@
+"""The log cleaner's rounds on real logs on disk (broker/cleaner/cleaner.py, issue 21): what a
+rewrite keeps, tombstone expiry, emptied producer batches, a full offset map, codecs, aborts,
+and the batch encoder the rewrite uses (client/records/builder.py `encode_placed_batch`).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+from minibroker.broker.cleaner.cleaner import STEPS, CleanAborted, Cleaner
+from minibroker.broker.cleaner.offset_map import OffsetMap
+from minibroker.broker.storage.config import LogConfig
+from minibroker.broker.storage.log import PartitionLog
+from minibroker.broker.storage.log_loader import GAPS_MARKER
+from minibroker.client.batch import Compression, read_header
+from minibroker.client.records import (
+    decode_batch,
+    encode_batch,
+    encode_placed_batch,
+    iter_decoded_batches,
+)
+from minibroker.client.types import TopicPartition
+from tests.unit.cleaner_support import (
+    CONFIG,
+    MAP_BYTES,
+    RETENTION_MS,
+    clean,
+    latest,
+    open_log,
+    read_all,
+    to_clean,
+    write,
+)
+
+
+def batches_of(log: PartitionLog) -> list[bytes]:
+    """The raw batches from the log start, in order."""
+    out = []
+    offset = log.log_start_offset
+    while offset < log.leo:
+        info = log.read(offset, 1 << 20)
+        if not info.records:
+            break
+        view = memoryview(info.records)
+        for batch in iter_decoded_batches(info.records):
+            out.append(bytes(view[batch.position : batch.position + batch.size]))
+        offset = info.next_offset
+    return out
+
+
+def no_cleaned_files(directory: pathlib.Path) -> bool:
+    return not [n for n in os.listdir(directory) if n.endswith((".cleaned", ".swap"))]
+
+
+# -- the rewrite --------------------------------------------------------------------------------
+
+
+def test_rewrite_keeps_the_latest_record_of_each_key_at_its_offset(tmp_path: pathlib.Path) -> None:
+    log = open_log(tmp_path / "changes-0")
+    written: dict[int, tuple[bytes, bytes]] = {}
+    for i in range(40):
+        key, value = b"k%d" % (i % 5), b"v%d" % i
+        written[write(log, [(key, value)])] = (key, value)
+        if i % 8 == 7:
+            log.roll(now_ms=1_000)
+    active_base = log.active_segment.base_offset
+    before = read_all(log)
+    stats = clean(log, now_ms=2_000)
+    after = read_all(log)
+
+    assert latest(after) == latest(before)
+    cleaned = [r for r in after if r.offset < active_base]
+    assert len({r.key for r in cleaned}) == len(cleaned), "a key twice in the cleaned part"
+    for r in after:  # every record is one that was written, at its own offset
+        assert written[r.offset] == (r.key, r.value)
+    offsets = [r.offset for r in after]
+    assert offsets == sorted(set(offsets))
+    assert stats.end_offset == active_base
+    assert stats.first_dirty_offset == 0
+    assert stats.segments_before == 5 and stats.segments_after >= 1
+    assert stats.records_read >= 2 * active_base  # both passes
+    assert stats.records_written == len(cleaned)
+    assert 0 < stats.bytes_written < stats.bytes_read
+    assert 0 < stats.map_utilization <= 1
+    assert log.may_have_gaps and (log.directory / GAPS_MARKER).exists()
+    assert no_cleaned_files(log.directory)
+    log.close()
+
+
+def test_rewritten_batch_keeps_offsets_producer_fields_and_epoch(tmp_path: pathlib.Path) -> None:
+    log = open_log(tmp_path / "changes-0")
+    base = write(log, [(b"a", b"1"), (b"b", b"1"), (b"c", b"1")], producer=(7, 3, 40), epoch=4)
+    write(log, [(b"a", b"2")], epoch=4)
+    log.roll(now_ms=1_000)
+    write(log, [(b"z", b"1")], epoch=4)
+    clean(log, now_ms=2_000)
+
+    first = read_header(batches_of(log)[0])
+    assert (first.base_offset, first.last_offset) == (base, base + 2)
+    assert (first.producer_id, first.producer_epoch, first.base_sequence) == (7, 3, 40)
+    assert first.partition_leader_epoch == 4
+    assert first.records_count == 2
+    records = decode_batch(batches_of(log)[0]).records
+    assert [(r.offset, r.key) for r in records] == [(base + 1, b"b"), (base + 2, b"c")]
+    assert [r.timestamp for r in records] == [1_001, 1_002]  # record timestamps unchanged
+    log.close()
+
+
+def test_tombstone_kept_until_the_delete_horizon_then_removed(tmp_path: pathlib.Path) -> None:
+    log = open_log(tmp_path / "changes-0")
+    write(log, [(b"gone", b"old"), (b"kept", b"v")])
+    tombstone = write(log, [(b"gone", None)])
+    log.roll(now_ms=1_000)
+    write(log, [(b"x", b"1")])
+
+    stats = clean(log, now_ms=5_000)
+    records = read_all(log)
+    assert [(r.key, r.value) for r in records if r.key == b"gone"] == [(b"gone", None)]
+    horizon_batch = next(
+        read_header(b) for b in batches_of(log) if read_header(b).base_offset == tombstone
+    )
+    assert horizon_batch.delete_horizon_ms == 5_000 + RETENTION_MS  # KIP-534, first cleaning
+    checkpoint = stats.end_offset
+
+    # Later rounds: the horizon stays where the first cleaning put it.
+    log.roll(now_ms=1_000)
+    write(log, [(b"y", b"1")])
+    log.roll(now_ms=1_000)
+    write(log, [(b"w", b"1")])
+    checkpoint = clean(log, now_ms=5_000 + RETENTION_MS - 1, checkpoint=checkpoint).end_offset
+    assert (b"gone", None) in [(r.key, r.value) for r in read_all(log)]
+    horizon_batch = next(
+        read_header(b) for b in batches_of(log) if read_header(b).base_offset == tombstone
+    )
+    assert horizon_batch.delete_horizon_ms == 5_000 + RETENTION_MS
+
+    log.roll(now_ms=1_000)
+    write(log, [(b"v", b"1")])
+    clean(log, now_ms=5_000 + RETENTION_MS, checkpoint=checkpoint)
+    after = read_all(log)
+    assert b"gone" not in {r.key for r in after}
+    assert latest(after)[b"kept"] == b"v"
+    log.close()
+
+
+def test_emptied_last_batch_of_a_producer_stays_as_an_empty_batch(tmp_path: pathlib.Path) -> None:
+    log = open_log(tmp_path / "changes-0")
+    idempotent = write(log, [(b"a", b"1"), (b"b", b"1")], producer=(5, 2, 10), epoch=1)
+    plain = write(log, [(b"c", b"1")], epoch=1)
+    write(log, [(b"a", b"2"), (b"b", b"2"), (b"c", b"2"), (b"d", b"1")], epoch=1)
+    log.roll(now_ms=1_000)
+    write(log, [(b"e", b"1")], epoch=1)
+    clean(log, now_ms=2_000)
+
+    headers = [read_header(b) for b in batches_of(log)]
+    by_base = {h.base_offset: h for h in headers}
+    assert plain not in by_base  # emptied, no producer: dropped
+    empty = by_base[idempotent]
+    assert empty.records_count == 0
+    assert (empty.base_offset, empty.last_offset) == (idempotent, idempotent + 1)
+    assert (empty.producer_id, empty.producer_epoch, empty.base_sequence) == (5, 2, 10)
+    assert empty.last_sequence == 11
+    assert empty.partition_leader_epoch == 1
+    assert empty.compression is Compression.NONE
+    assert empty.max_timestamp == 1_001
+    log.close()
+
+
+def test_producer_batch_no_longer_its_last_is_dropped(tmp_path: pathlib.Path) -> None:
+    log = open_log(tmp_path / "changes-0")
+    older = write(log, [(b"a", b"1")], producer=(5, 0, 0))
+    write(log, [(b"a", b"2")], producer=(5, 0, 1))
+    log.roll(now_ms=1_000)
+    write(log, [(b"e", b"1")])
+    clean(log, now_ms=2_000)
+    assert older not in {read_header(b).base_offset for b in batches_of(log)}
+    log.close()
+
+
+def test_a_full_map_cleans_only_the_prefix_it_covered(tmp_path: pathlib.Path) -> None:
+    log = open_log(tmp_path / "changes-0")
+    for i in range(60):  # 20 keys, each written three times, in offset order
+        write(log, [(b"k%02d" % (i % 20), b"v%d" % i)])
+        if i % 10 == 9:
+            log.roll(now_ms=1_000)
+    before = read_all(log)
+    small = OffsetMap(24 * 12, load_factor=0.75)  # 12 slots, 9 keys
+    stats = Cleaner(small).clean(log, to_clean(log, 2_000), 2_000)
+    after = read_all(log)
+
+    assert small.size == small.max_entries == 9
+    assert stats.end_offset == small.latest_offset + 1 < log.active_segment.base_offset
+    assert stats.map_utilization == pytest.approx(9 / 12)
+    assert latest(after) == latest(before)
+    # Above the covered prefix nothing was touched: the records there are all still there.
+    assert [r for r in after if r.offset >= stats.end_offset] == [
+        r for r in before if r.offset >= stats.end_offset
+    ]
+    # Below it, each mapped key lost its older records.
+    mapped = {r.key for r in before if r.offset < stats.end_offset}
+    assert len(mapped) == 9
+    assert len(after) < len(before)
+
+    # The next round starts at the checkpoint and finishes the job.
+    clean(log, now_ms=3_000, checkpoint=stats.end_offset)
+    final = read_all(log)
+    assert latest(final) == latest(before)
+    cleaned = [r.key for r in final if r.offset < log.active_segment.base_offset]
+    assert len(cleaned) == len(set(cleaned)) == 20
+    log.close()
+
+
+@pytest.mark.parametrize(
+    "codec", [Compression.GZIP, Compression.SNAPPY, Compression.LZ4, Compression.ZSTD]
+)
+def test_compressed_batches_are_written_back_with_their_codec(
+    tmp_path: pathlib.Path, codec: Compression
+) -> None:
+    log = open_log(tmp_path / "changes-0")
+    base = write(log, [(b"a", b"x" * 200), (b"b", b"y" * 200), (b"c", b"z" * 200)], compression=codec)
+    write(log, [(b"b", b"new")])
+    log.roll(now_ms=1_000)
+    write(log, [(b"q", b"1")])
+    clean(log, now_ms=2_000)
+
+    first = batches_of(log)[0]
+    header = read_header(first)
+    assert header.base_offset == base and header.compression is codec
+    assert [(r.key, r.value) for r in decode_batch(first).records] == [
+        (b"a", b"x" * 200),
+        (b"c", b"z" * 200),
+    ]
+    log.close()
+
+
+def test_log_append_time_batches_keep_their_time(tmp_path: pathlib.Path) -> None:
+    config = LogConfig(**{**_fields(CONFIG), "message_timestamp_type": "LogAppendTime"})
+    log = open_log(tmp_path / "changes-0", config)
+    write(log, [(b"a", b"1"), (b"b", b"1")], ts=1_000)
+    write(log, [(b"a", b"2")], ts=1_500)
+    log.roll(now_ms=1_000)
+    write(log, [(b"z", b"1")])
+    clean(log, now_ms=2_000)
+    first = decode_batch(batches_of(log)[0])
+    assert first.header.log_append_time
+    assert [(r.key, r.timestamp) for r in first.records] == [(b"b", 1_000)]
+    log.close()
+
+
+def _fields(config: LogConfig) -> dict[str, object]:
+    return {name: getattr(config, name) for name in config.__slots__}
+
+
+# -- nothing to do, aborts, bad input -------------------------------------------------------
+
+
+def test_a_log_without_dirty_segments_is_left_alone(tmp_path: pathlib.Path) -> None:
+    log = open_log(tmp_path / "changes-0")
+    write(log, [(b"a", b"1")])
+    write(log, [(b"a", b"2")])
+    files = sorted(os.listdir(log.directory))
+    stats = clean(log, now_ms=2_000)  # only the active segment
+    assert (stats.segments_before, stats.segments_after, stats.end_offset) == (0, 0, 0)
+    assert sorted(os.listdir(log.directory)) == files
+    assert not log.may_have_gaps
+    log.close()
+
+
+@pytest.mark.parametrize("change", ["truncate", "retention", "close"])
+def test_the_swap_is_aborted_when_the_log_changed(tmp_path: pathlib.Path, change: str) -> None:
+    log = open_log(tmp_path / "changes-0")
+    for i in range(12):
+        write(log, [(b"k%d" % (i % 3), b"v%d" % i)])
+        if i % 4 == 3:
+            log.roll(now_ms=1_000)
+    ltc = to_clean(log, 2_000)
+    before = read_all(log)
+    calls = 0
+
+    def on_loop(fn):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # after the snapshot, before the first swap
+            if change == "truncate":
+                log.truncate_to(2)
+            elif change == "retention":
+                log.maybe_increment_log_start_offset(8)
+                log.delete_retention(2_000, high_watermark=log.leo)
+            else:
+                log.close()
+        return fn()
+
+    with pytest.raises(CleanAborted):
+        Cleaner(OffsetMap(MAP_BYTES)).clean(log, ltc, 2_000, on_loop)
+    assert no_cleaned_files(log.directory)
+    assert not log.may_have_gaps
+    if change == "truncate":
+        assert [r.offset for r in read_all(log)] == [r.offset for r in before][:2]
+    if change == "close":
+        with pytest.raises(CleanAborted):
+            Cleaner(OffsetMap(MAP_BYTES)).clean(log, ltc, 2_000)
+    else:
+        log.close()
+
+
+def test_should_abort_stops_the_round_before_any_swap(tmp_path: pathlib.Path) -> None:
+    log = open_log(tmp_path / "changes-0")
+    for i in range(8):
+        write(log, [(b"k", b"v%d" % i)])
+        log.roll(now_ms=1_000)
+    before = batches_of(log)
+    with pytest.raises(CleanAborted):
+        Cleaner(OffsetMap(MAP_BYTES)).clean(
+            log, to_clean(log, 2_000), 2_000, should_abort=lambda: True
+        )
+    assert batches_of(log) == before
+    assert no_cleaned_files(log.directory)
+    log.close()
+
+
+def test_a_log_to_clean_of_another_partition_is_refused(tmp_path: pathlib.Path) -> None:
+    log = open_log(tmp_path / "changes-0")
+    write(log, [(b"a", b"1")])
+    log.roll(now_ms=1_000)
+    write(log, [(b"a", b"2")])
+    other = PartitionLog.open(tmp_path / "other-0", TopicPartition("other", 0), CONFIG, 0)
+    before = batches_of(log)
+    with pytest.raises(ValueError, match="changes-0|changes"):
+        Cleaner(OffsetMap(MAP_BYTES)).clean(log, to_clean(other, 2_000), 2_000)
+    assert batches_of(log) == before
+    log.close()
+    other.close()
+
+
+def test_step_names_are_reached_in_order(tmp_path: pathlib.Path) -> None:
+    log = open_log(tmp_path / "changes-0")
+    for i in range(6):
+        write(log, [(b"k%d" % (i % 2), b"v%d" % i)])
+        if i % 2 == 1:
+            log.roll(now_ms=1_000)
+    seen: list[str] = []
+    Cleaner(OffsetMap(MAP_BYTES), step_hook=seen.append).clean(log, to_clean(log, 2_000), 2_000)
+    order = [name for name in STEPS if name in seen]
+    assert order == list(STEPS)  # every step was reached
+    assert [STEPS.index(name) for name in dict.fromkeys(seen)] == sorted(
+        STEPS.index(name) for name in set(seen)
+    )
+    log.close()
+
+
+def test_io_buffer_smaller_than_a_batch_still_cleans(tmp_path: pathlib.Path) -> None:
+    log = open_log(tmp_path / "changes-0")
+    write(log, [(b"a", b"x" * 1500), (b"b", b"y" * 1500)])
+    write(log, [(b"a", b"new")])
+    log.roll(now_ms=1_000)
+    write(log, [(b"c", b"1")])
+    Cleaner(OffsetMap(MAP_BYTES), io_buffer_size=100).clean(log, to_clean(log, 2_000), 2_000)
+    assert latest(read_all(log)) == {b"a": b"new", b"b": b"y" * 1500, b"c": b"1"}
+    log.close()
+
+
+def test_cleaner_refuses_a_buffer_below_a_header() -> None:
+    with pytest.raises(ValueError, match="io_buffer_size"):
+        Cleaner(OffsetMap(MAP_BYTES), io_buffer_size=10)
+
+
+# -- the encoder the rewrite uses -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", list(Compression))
+def test_placed_batch_with_consecutive_offsets_is_encode_batch(codec: Compression) -> None:
+    records = [(1_000 + i, b"k%d" % i, None if i == 2 else b"v" * i, ()) for i in range(5)]
+    fields = dict(producer_id=3, producer_epoch=1, base_sequence=8, partition_leader_epoch=6)
+    expected = encode_batch(records, compression=codec, base_offset=20, **fields)  # type: ignore[arg-type]
+    placed = encode_placed_batch(
+        [(20 + i, ts, k, v, h) for i, (ts, k, v, h) in enumerate(records)],
+        base_offset=20,
+        last_offset=24,
+        base_timestamp=1_000,
+        max_timestamp=1_004,
+        compression=codec,
+        **fields,  # type: ignore[arg-type]
+    )
+    assert placed == expected
+
+
+def test_placed_batch_refuses_offsets_outside_or_out_of_order() -> None:
+    common = dict(base_offset=10, last_offset=12, base_timestamp=0, max_timestamp=0)
+    with pytest.raises(ValueError, match="not in"):
+        encode_placed_batch([(13, 0, b"k", b"v", ())], **common)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not in"):
+        encode_placed_batch(
+            [(11, 0, b"k", b"v", ()), (11, 0, b"k", b"v", ())],
+            **common,  # type: ignore[arg-type]
+        )
+    with pytest.raises(ValueError, match="does not fit"):
+        encode_placed_batch([], base_offset=10, last_offset=9, base_timestamp=0, max_timestamp=0)
