@@ -503,7 +503,7 @@ class Cleaner:
             raise KafkaStorageError(f"{log.topic_partition}: swapping in {base}: {err}") from err
         self._step(STEP_SWAP_LOG_RENAMED)
         try:
-            rename_files(directory, base, CLEANED_SUFFIX, SWAP_SUFFIX)
+            rename_files(directory, base, CLEANED_SUFFIX, SWAP_SUFFIX, log=False)
             sync_dir(directory)
         except OSError as err:
             # The log goes on with its old segments: a `.swap` left behind would replace them at
@@ -532,7 +532,7 @@ class Cleaner:
                 segment_file(directory, base, LOG_SUFFIX),
             )
             self._step(STEP_SWAP_LOG_COMPLETED)
-            rename_files(directory, base, SWAP_SUFFIX, "")
+            rename_files(directory, base, SWAP_SUFFIX, "", log=False)
             sync_dir(directory)
             self._step(STEP_SWAP_COMPLETED)
             new = _open_cleaned(directory, base, log.config.index_interval_bytes, now_ms)

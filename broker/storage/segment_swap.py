@@ -64,12 +64,16 @@ def remove_files(directory: pathlib.Path, base_offset: int, extra_suffix: str) -
             pass
 
 
-def rename_files(directory: pathlib.Path, base_offset: int, old: str, new: str) -> None:
+def rename_files(
+    directory: pathlib.Path, base_offset: int, old: str, new: str, *, log: bool = True
+) -> None:
     """Rename the segment files of `base_offset` from suffix + `old` to suffix + `new`, the log
-    first; a file that is not there is skipped (an index rebuilt on load). Not durable until the
-    caller fsyncs the dir. Raises OSError (the files renamed before it stay renamed)."""
+    first (`log=False`: the indexes only); a missing index is skipped (loading rebuilds it). Not
+    durable until the caller fsyncs the dir. Raises OSError (files renamed before it stay so)."""
     for suffix in SWAPPED_SUFFIXES:
         source = segment_file(directory, base_offset, suffix + old)
+        if suffix == LOG_SUFFIX and not log:
+            continue
         if suffix != LOG_SUFFIX and not source.exists():
             continue
         os.replace(source, segment_file(directory, base_offset, suffix + new))

@@ -8,6 +8,7 @@ hook is called with STEP, and exits 0 if that never happened.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import signal
@@ -40,6 +41,8 @@ CONFIG = LogConfig(
     delete_retention_ms=RETENTION_MS,
 )
 MAP_BYTES = 64 * 1024
+# The crash tests' log: segments of about 300 bytes, so each cleaned group merges three.
+CRASH_CONFIG = dataclasses.replace(CONFIG, segment_bytes=1000)
 
 
 def open_log(directory: pathlib.Path, config: LogConfig = CONFIG) -> PartitionLog:
@@ -147,13 +150,16 @@ def latest(records: Sequence[ReadRecord]) -> dict[bytes, bytes | None]:
 def build_crash_log(directory: pathlib.Path) -> PartitionLog:
     """A log of small segments (rolled every few batches, so that groups merge several) with
     overwritten keys, tombstones and an idempotent producer; closed cleanly by the caller."""
-    log = open_log(directory)
+    log = open_log(directory, CRASH_CONFIG)
     for round_ in range(12):
         for j in range(3):
             key = b"k%d" % ((round_ * 3 + j) % 7)
             value = None if (round_ + j) % 5 == 4 else b"v%d-%d" % (round_, j)
             producer = (9, 0, round_ * 3 + j) if j == 1 else None
-            write(log, [(key, value), (b"k%d" % (j % 7), b"w%d" % round_)], producer=producer)
+            records = [(key, value), (b"k%d" % (j % 7), b"w%d" % round_)]
+            if j == 2:  # a key written once: every cleaned group keeps some of its segments
+                records.append((b"once-%d" % round_, b"v"))
+            write(log, records, producer=producer)
         log.roll(now_ms=1_000)
     write(log, [(b"k0", b"active")])
     return log
@@ -169,9 +175,10 @@ def _child(directory: pathlib.Path, step: str, occurrence: int) -> int:
             if seen == occurrence:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    log = open_log(directory)
+    log = open_log(directory, CRASH_CONFIG)
     cleaner = Cleaner(OffsetMap(MAP_BYTES), step_hook=hook)
-    clean(log, 5_000, cleaner=cleaner)
+    checkpoint = int(sys.argv[4]) if len(sys.argv) > 4 else None
+    clean(log, 5_000, checkpoint, cleaner=cleaner)
     log.flush()
     log.close()
     return 0

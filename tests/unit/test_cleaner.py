@@ -182,34 +182,39 @@ def test_producer_batch_no_longer_its_last_is_dropped(tmp_path: pathlib.Path) ->
 
 def test_a_full_map_cleans_only_the_prefix_it_covered(tmp_path: pathlib.Path) -> None:
     log = open_log(tmp_path / "changes-0")
-    for i in range(60):  # 20 keys, each written three times, in offset order
-        write(log, [(b"k%02d" % (i % 20), b"v%d" % i)])
+    keys = [b"k%d" % (i % 5) for i in range(30)]  # 5 keys, 6 times each: offsets 0..29
+    keys += [b"d%02d" % i for i in range(30, 60)]  # 30 distinct keys: 30..59
+    keys += [b"k%d" % (i % 5) for i in range(5)]  # the 5 keys once more: 60..64
+    for i, key in enumerate(keys):
+        write(log, [(key, b"v%d" % i)])
         if i % 10 == 9:
             log.roll(now_ms=1_000)
+    log.roll(now_ms=1_000)
+    write(log, [(b"z", b"1")])
     before = read_all(log)
     small = OffsetMap(24 * 12, load_factor=0.75)  # 12 slots, 9 keys
-    stats = Cleaner(small).clean(log, to_clean(log, 2_000), 2_000)
+    cleaner = Cleaner(small)
+    stats = cleaner.clean(log, to_clean(log, 2_000), 2_000)
     after = read_all(log)
 
+    # k0..k4 and d30..d33 fill the map; d34 finds it full: offsets from 34 on are not covered.
     assert small.size == small.max_entries == 9
-    assert stats.end_offset == small.latest_offset + 1 < log.active_segment.base_offset
+    assert stats.end_offset == small.latest_offset + 1 == 34
     assert stats.map_utilization == pytest.approx(9 / 12)
     assert latest(after) == latest(before)
-    # Above the covered prefix nothing was touched: the records there are all still there.
-    assert [r for r in after if r.offset >= stats.end_offset] == [
-        r for r in before if r.offset >= stats.end_offset
-    ]
-    # Below it, each mapped key lost its older records.
-    mapped = {r.key for r in before if r.offset < stats.end_offset}
-    assert len(mapped) == 9
-    assert len(after) < len(before)
+    assert [r for r in after if r.offset >= 34] == [r for r in before if r.offset >= 34]
+    assert [r.offset for r in after if r.offset < 34] == [25, 26, 27, 28, 29, 30, 31, 32, 33]
 
-    # The next round starts at the checkpoint and finishes the job.
-    clean(log, now_ms=3_000, checkpoint=stats.end_offset)
+    # Rounds from each checkpoint finish the job.
+    checkpoint = stats.end_offset
+    for _ in range(10):
+        if checkpoint >= log.active_segment.base_offset:
+            break
+        checkpoint = cleaner.clean(log, to_clean(log, 3_000, checkpoint), 3_000).end_offset
     final = read_all(log)
     assert latest(final) == latest(before)
     cleaned = [r.key for r in final if r.offset < log.active_segment.base_offset]
-    assert len(cleaned) == len(set(cleaned)) == 20
+    assert len(cleaned) == len(set(cleaned)) == 35
     log.close()
 
 
