@@ -60,6 +60,7 @@ import contextlib
 import enum
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -665,9 +666,14 @@ class LogCleaner:
 
     def _round_aborted(self, tp: TopicPartition) -> Callable[[], bool]:
         """What the Cleaner asks between batches: stop now (the broker stops, or the round
-        of `tp` was aborted)."""
+        of `tp` was aborted). It also yields the interpreter lock (`time.sleep(0)`): without
+        that the event loop, which gives the lock up at every syscall, waits up to the 5 ms
+        switch interval to get it back from a busy cleaner each time, and a broker's appends
+        ran at a quarter of their idle rate while it cleaned (`bench cleaner`'s produce
+        figure: about half with the yield, which costs an idle broker nothing)."""
 
         def should_abort() -> bool:
+            time.sleep(0)
             return self._stop.is_set() or self.book.aborted(tp)
 
         return should_abort
