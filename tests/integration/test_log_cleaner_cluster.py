@@ -12,12 +12,15 @@ acks=all Producer writing 3,000 records (4 KiB batches) over 12 keys. Then, with
 - every replica's segment files, read on disk, hold the same key -> latest value map below the
   HW (replicas agree on values, not on bytes: each compacted on its own), and fewer records than
   were written.
-A second test kills the leader while the producer runs, restarts it and checks the same, after
-its cleaner (its checkpoint read back at start) cleaned again.
+A second test kills the leader while the producer runs and restarts it: it catches up through
+the new leader's gaps, its first cleaner round starts at the checkpoint it wrote before it was
+killed (read back from `cleaner-offset-checkpoint`), and after more records every replica has
+cleaned past them and the same checks hold.
 """
 
 from __future__ import annotations
 
+import json
 import pathlib
 import threading
 import time
@@ -219,13 +222,30 @@ def test_every_replica_compacts_to_the_same_latest_values(cluster: LocalCluster)
         check_compacted(cluster, admin, tp, expected, RECORDS)
 
 
+def first_round_after_restart(cluster: LocalCluster, broker: int, topic: str) -> dict | None:  # type: ignore[type-arg]
+    """The first cleaner round of `topic` the broker's process log shows after its last start."""
+    lines = pathlib.Path(cluster.spec(broker).log_file).read_text(errors="replace").splitlines()
+    events = []
+    for line in lines:
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    starts = [i for i, e in enumerate(events) if e.get("event") == "log_cleaner_started"]
+    for e in events[starts[-1] if starts else 0 :]:
+        if e.get("event") == "cleaner_round" and e.get("topic") == topic:
+            return e
+    return None
+
+
 def test_a_killed_leader_restarts_and_its_cleaner_carries_on(cluster: LocalCluster) -> None:
     topic = "changelog-kill"
     tp = TopicPartition(topic, 0)
+    third = RECORDS // 3
     with Admin(cluster.bootstrap) as admin:
         admin.create_topic(topic, 1, 3, TOPIC_CONFIGS)
         wait_until(lambda: len(partition_state(admin, topic).isr) == 3, WAIT_S, "a full ISR")  # type: ignore[attr-defined]
-        expected = produce(cluster.bootstrap, topic, 0, RECORDS // 2)
+        expected = produce(cluster.bootstrap, topic, 0, third)
         leader = partition_state(admin, topic).leader  # type: ignore[attr-defined]
         wait_until(
             lambda: (cleaner_checkpoint(cluster, leader, tp) or 0) > 0,
@@ -235,19 +255,26 @@ def test_a_killed_leader_restarts_and_its_cleaner_carries_on(cluster: LocalClust
         # Kill the leader while acks=all records keep coming (the others take over).
         more: dict[bytes, bytes] = {}
         producing = threading.Thread(
-            target=lambda: more.update(
-                produce(cluster.bootstrap, topic, RECORDS // 2, RECORDS // 2)
-            )
+            target=lambda: more.update(produce(cluster.bootstrap, topic, third, third))
         )
         producing.start()
         cluster.kill(leader)
         producing.join(WAIT_S * 2)
         assert not producing.is_alive()
+        assert len(more) == KEYS, "every record of the second third was acknowledged"
         expected.update(more)
+        checkpoint = cleaner_checkpoint(cluster, leader, tp)
+        assert checkpoint is not None and checkpoint > 0
         cluster.start(leader)
         wait_until(
             lambda: len(partition_state(admin, topic).isr) == 3, WAIT_S, "the ISR whole again"
         )  # type: ignore[attr-defined]
-        # The restarted broker read its checkpoint back and cleans the rest.
-        wait_cleaned_everywhere(cluster, admin, tp, RECORDS // 2, {})
+        # More records roll every replica's active segment, so every cleaner cleans past the
+        # records it fetched after the restart too.
+        expected.update(produce(cluster.bootstrap, topic, 2 * third, RECORDS - 2 * third))
+        wait_cleaned_everywhere(cluster, admin, tp, 2 * third, {})
+        # The restarted broker read its checkpoint back: its first round started there, not at
+        # 0 (its log was not truncated below it: a checkpoint never passes the HW).
+        first = first_round_after_restart(cluster, leader, topic)
+        assert first is not None and first["first_dirty_offset"] == checkpoint, first
         check_compacted(cluster, admin, tp, expected, RECORDS)
