@@ -52,7 +52,7 @@ def facts(
 def stats_for(to_clean: LogToClean, end_offset: int | None = None) -> CleanerStats:
     end = to_clean.first_uncleanable_offset if end_offset is None else end_offset
     return CleanerStats(
-        to_clean.topic_partition, to_clean.first_dirty_offset, end, 2000, 500, 40, 10, 0.25,
+        to_clean.topic_partition, to_clean.first_dirty_offset, end, 2000, 500, 40, 10, 0.4,
         0.5, 2, 1,
     )  # fmt: skip
 
@@ -316,7 +316,7 @@ def test_a_round_runs_off_the_loop_and_its_swap_on_it(tmp_path: pathlib.Path) ->
     sample = metrics.registry.get_sample_value
     assert sample("minibroker_log_cleaner_rounds_total", {"outcome": "cleaned"}) == 1
     assert sample("kafka_log_LogCleaner_cleaner_recopy_percent") == 25.0
-    assert sample("kafka_log_LogCleaner_max_buffer_utilization_percent") == 25.0
+    assert sample("kafka_log_LogCleaner_max_buffer_utilization_percent") == 40.0
     assert sample("kafka_log_LogCleaner_max_clean_time_secs") == 0.5
     assert threads["dirty"] == 100
     assert sample("kafka_log_LogCleanerManager_uncleanable_partitions_count") == 0
@@ -436,6 +436,46 @@ def test_stop_never_waits_on_a_loop_that_does_not_answer(tmp_path: pathlib.Path)
     with pytest.raises(CleanAborted, match="event loop is gone"):
         cleaner._stop.clear()
         cleaner.on_loop(lambda: ran.append("late"), TP)
+    log.close()
+
+
+def test_an_abort_while_the_swap_waits_in_the_loops_queue_refuses_it(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The round's call is queued on the loop, then the loop aborts the round before it gets to
+    the call: the call must not run (the loop checks again when it runs it)."""
+    log = compacted_log(tmp_path)
+
+    class QueueLoop:
+        def __init__(self) -> None:
+            self.queued: list[Callable[[], None]] = []
+            self.ready = threading.Event()
+
+        def call_soon_threadsafe(self, callback: Callable[[], None]) -> None:
+            self.queued.append(callback)
+            self.ready.set()
+
+    loop = QueueLoop()
+    cleaner = LogCleaner(settings(), tmp_path, lambda: [(log, 60)])
+    cleaner._loop = loop  # type: ignore[assignment]
+    cleaner.book.grab([log_facts(log, 60, None)], TS)
+    ran: list[str] = []
+    outcome: list[BaseException] = []
+
+    def round_thread() -> None:
+        try:
+            cleaner.on_loop(lambda: ran.append("swap"), TP)
+        except BaseException as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=round_thread)
+    thread.start()
+    assert loop.ready.wait(5)
+    cleaner.abort_and_pause(TP)  # on "the loop", before it runs the queued call
+    loop.queued[0]()
+    thread.join(5)
+    assert ran == []
+    assert len(outcome) == 1 and isinstance(outcome[0], CleanAborted)
     log.close()
 
 
