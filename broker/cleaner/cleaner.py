@@ -418,7 +418,10 @@ class Cleaner:
         limit = uncompressed_limit(config.max_message_bytes)
         offset_map = self.offset_map
         cleaned = _CleanedSegment(
-            snapshot.directory, views[0].base_offset, config.index_interval_bytes
+            snapshot.directory,
+            views[0].base_offset,
+            config.index_interval_bytes,
+            self.io_buffer_size,
         )
         try:
             for view in views:
@@ -751,8 +754,15 @@ class _CleanedSegment:
     """`<base>.log.cleaned` and its indexes being written: the index rule of LogSegment
     (an entry once more than index.interval.bytes were written since the last one)."""
 
-    def __init__(self, directory: pathlib.Path, base_offset: int, index_interval_bytes: int):
+    def __init__(
+        self,
+        directory: pathlib.Path,
+        base_offset: int,
+        index_interval_bytes: int,
+        buffer_size: int,
+    ) -> None:
         self.directory = directory
+        self.buffer_size = buffer_size
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
         self.log_path = segment_file(directory, base_offset, LOG_SUFFIX + CLEANED_SUFFIX)
@@ -790,7 +800,7 @@ class _CleanedSegment:
         self._bytes_since_last_index_entry += len(data)
         self._pending.append(data)
         self._pending_bytes += len(data)
-        if self._pending_bytes >= DEFAULT_IO_BUFFER_SIZE:
+        if self._pending_bytes >= self.buffer_size:
             self.write_out()
 
     def write_out(self) -> None:

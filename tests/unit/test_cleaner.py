@@ -225,7 +225,8 @@ def test_compressed_batches_are_written_back_with_their_codec(
     tmp_path: pathlib.Path, codec: Compression
 ) -> None:
     log = open_log(tmp_path / "changes-0")
-    base = write(log, [(b"a", b"x" * 200), (b"b", b"y" * 200), (b"c", b"z" * 200)], compression=codec)
+    records = [(b"a", b"x" * 200), (b"b", b"y" * 200), (b"c", b"z" * 200)]
+    base = write(log, records, compression=codec)
     write(log, [(b"b", b"new")])
     log.roll(now_ms=1_000)
     write(log, [(b"q", b"1")])
@@ -333,7 +334,7 @@ def test_a_log_to_clean_of_another_partition_is_refused(tmp_path: pathlib.Path) 
     write(log, [(b"a", b"2")])
     other = PartitionLog.open(tmp_path / "other-0", TopicPartition("other", 0), CONFIG, 0)
     before = batches_of(log)
-    with pytest.raises(ValueError, match="changes-0|changes"):
+    with pytest.raises(ValueError, match="log to clean is other-0"):
         Cleaner(OffsetMap(MAP_BYTES)).clean(log, to_clean(other, 2_000), 2_000)
     assert batches_of(log) == before
     log.close()
