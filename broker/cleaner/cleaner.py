@@ -54,7 +54,7 @@ import struct
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from minibroker.broker.cleaner.offset_map import OffsetMap
 from minibroker.broker.cleaner.selection import (
@@ -165,6 +165,18 @@ class CleanerStats:
     segments_after: int  # segments swapped in
 
 
+class OnLoop(Protocol):
+    """Runs a callable on the thread that owns the log and returns its result (the spec's
+    `Callable[[Callable[[], T]], T]`, generic per call: the round hands it several types)."""
+
+    def __call__(self, fn: Callable[[], T], /) -> T: ...
+
+
+def run_here(fn: Callable[[], T]) -> T:
+    """`on_loop` when the caller owns the log itself (tests, tools): run `fn` now."""
+    return fn()
+
+
 class CleanAborted(Exception):
     """The log changed under the round (truncated, deleted, retention moved past it, closed):
     the group being swapped was not (groups swapped before it stay, already clean)."""
@@ -243,7 +255,7 @@ class Cleaner:
         log: PartitionLog,
         to_clean: LogToClean,
         now_ms: int,
-        on_loop: Callable[[Callable[[], T]], T] = lambda fn: fn(),
+        on_loop: OnLoop = run_here,
         *,
         last_data_offsets: Mapping[int, int] | None = None,
         should_abort: Callable[[], bool] | None = None,
