@@ -404,3 +404,82 @@ def test_placed_batch_refuses_offsets_outside_or_out_of_order() -> None:
         )
     with pytest.raises(ValueError, match="does not fit"):
         encode_placed_batch([], base_offset=10, last_offset=9, base_timestamp=0, max_timestamp=0)
+
+
+# -- disk failures during the swap, leftovers at load ---------------------------------------
+
+
+def small_segments_log(directory: pathlib.Path) -> PartitionLog:
+    log = open_log(directory)
+    for i in range(9):
+        write(log, [(b"k%d" % (i % 3), b"v%d" % i), (b"u%d" % i, b"once")])
+        if i % 3 == 2:
+            log.roll(now_ms=1_000)
+    return log
+
+
+def test_a_failed_rename_to_swap_is_undone_and_the_log_goes_on(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import minibroker.broker.cleaner.cleaner as cleaner_module
+    from minibroker.client.errors import KafkaStorageError
+
+    log = small_segments_log(tmp_path / "changes-0")
+    before = batches_of(log)
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(cleaner_module, "rename_files", failing)
+    with pytest.raises(KafkaStorageError, match="undone"):
+        clean(log, now_ms=2_000)
+    assert batches_of(log) == before
+    assert no_cleaned_files(log.directory)
+    write(log, [(b"after", b"1")])  # the log still works
+    log.close()
+    reloaded = open_log(log.directory)
+    assert batches_of(reloaded)[: len(before)] == before
+    reloaded.close()
+
+
+def test_a_failed_marker_write_swaps_nothing(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from minibroker.client.errors import KafkaStorageError
+
+    log = small_segments_log(tmp_path / "changes-0")
+    before = batches_of(log)
+
+    def failing() -> None:
+        raise KafkaStorageError("writing the may-have-gaps marker failed")
+
+    monkeypatch.setattr(log, "mark_may_have_gaps", failing)
+    with pytest.raises(KafkaStorageError, match="marker"):
+        clean(log, now_ms=2_000)
+    assert batches_of(log) == before
+    assert no_cleaned_files(log.directory)
+    log.close()
+
+
+def test_load_removes_cleaned_leftovers_and_completes_a_swap(tmp_path: pathlib.Path) -> None:
+    directory = tmp_path / "changes-0"
+    log = small_segments_log(directory)
+    before = read_all(log)
+    bases = [s.base_offset for s in log.segments]
+    log.close()
+    names = {base: f"{base:020d}" for base in bases}
+    # A round that wrote its files and died before the swap: thrown away.
+    (directory / f"{names[bases[0]]}.log.cleaned").write_bytes(b"partial")
+    (directory / f"{names[bases[0]]}.index.cleaned").write_bytes(b"")
+    # A swap of the second segment alone whose old files were not deleted yet: completed.
+    (directory / f"{names[bases[1]]}.log").rename(directory / f"{names[bases[1]]}.log.swap")
+    os.link(directory / f"{names[bases[1]]}.log.swap", directory / f"{names[bases[1]]}.log.keep")
+    (directory / f"{names[bases[1]]}.log.keep").rename(directory / f"{names[bases[1]]}.log")
+    (directory / f"{names[bases[1]]}.index").rename(directory / f"{names[bases[1]]}.index.swap")
+
+    reloaded = open_log(directory)
+    assert no_cleaned_files(directory)
+    assert read_all(reloaded) == before
+    assert [s.base_offset for s in reloaded.segments] == bases
+    assert (directory / f"{names[bases[1]]}.index").exists()
+    reloaded.close()
