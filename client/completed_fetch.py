@@ -23,9 +23,15 @@ from minibroker.client.types import Record, TopicPartition
 
 
 def decode_into(state: PartitionState, raw: bytes, limit: int) -> bool:
-    """Decode the answer `raw` into `state.buffer`; True when the fetch offset moved on."""
+    """Decode the answer `raw` into `state.buffer`; True when the fetch offset moved on.
+
+    The fetch offset moves to the next offset of each batch passed (its last offset + 1),
+    whatever records it still holds: a compacted log keeps a batch's offsets with records
+    removed and skips offsets between batches. When nothing is left to hand out, the position
+    follows it (`move_past_fetched`)."""
     tp = state.tp
     next_offset = state.fetch_offset
+    epoch = state.fetch_epoch
     buffer = state.buffer
     state.decode_limit = limit
     decoded = 0
@@ -45,13 +51,19 @@ def decode_into(state: PartitionState, raw: bytes, limit: int) -> bool:
                 if decoded >= limit:
                     break  # enough for one response: memory stays bounded
                 decoded += _decode_batch(buffer, tp, header, raw, pos, next_offset, limit)
-            next_offset = max(next_offset, header.last_offset + 1)
+            if header.last_offset + 1 > next_offset:
+                next_offset = header.last_offset + 1
+                if header.partition_leader_epoch >= 0:
+                    epoch = header.partition_leader_epoch
             pos += header.size
     finally:
         state.decoded_bytes += decoded
         moved = next_offset > state.fetch_offset
         if moved:
             state.fetch_offset = next_offset
+            state.fetch_epoch = epoch
+            if not state.buffer:
+                state.move_past_fetched()
     return moved
 
 

@@ -84,6 +84,10 @@ class PartitionState:
     position: int | None = None  # next offset handed to the application
     position_epoch: int = NO_EPOCH  # leader epoch of the record before `position`
     fetch_offset: int = 0  # next offset to fetch
+    # Leader epoch of the last batch fetched (the one before `fetch_offset`), NO_EPOCH when
+    # unknown: the position takes it when it moves to `fetch_offset` past batches that gave
+    # no record (KIP-320 validates the position with it).
+    fetch_epoch: int = NO_EPOCH
     leader_epoch_seen: int = NO_EPOCH  # the partition's leader epoch when last looked at
     generation: int = 0  # bumped by every move: an answer for an older generation is dropped
     # The ListOffsets (AWAIT_RESET) or OffsetForLeaderEpoch (AWAIT_VALIDATION) that this state
@@ -130,6 +134,7 @@ class PartitionState:
         self.position_epoch = NO_EPOCH
         self.leader_epoch_seen = NO_EPOCH
         self.fetch_offset = offset if offset is not None else 0
+        self.fetch_epoch = NO_EPOCH
         self.backoff_until_ms = 0
 
     def reset_done(self, offset: int, leader_epoch: int) -> None:
@@ -139,7 +144,7 @@ class PartitionState:
         if self.fetch_state is not FetchState.AWAIT_RESET:
             raise ValueError(f"{self.tp} is {self.fetch_state.value}, not awaiting a reset")
         self.position = self.fetch_offset = offset
-        self.position_epoch = leader_epoch
+        self.position_epoch = self.fetch_epoch = leader_epoch
         self.reset = None
         self.awaiting_answer = False
         self.fetch_state = FetchState.FETCHING
@@ -170,6 +175,7 @@ class PartitionState:
         self.decoded_bytes = 0
         if self.position is not None:
             self.fetch_offset = self.position
+            self.fetch_epoch = self.position_epoch
         self.read_replica = None
         self.awaiting_answer = False
         if self.position_epoch >= 0 and self.fetch_state is FetchState.FETCHING:
@@ -208,6 +214,17 @@ class PartitionState:
         return Validation.TRUNCATED_SEEK, divergent
 
     # -- records -----------------------------------------------------------------------------
+
+    def move_past_fetched(self) -> None:
+        """Nothing fetched is left to hand out: the position goes to the fetch offset, the
+        next offset of the last batch fetched (Kafka's nextFetchOffset), past its trailing
+        offsets that hold no record: those a compacted log removed (a batch keeps its last
+        offset; a gap), an emptied batch, control records. The next poll does not fetch them
+        again, and a commit of the position does not point into them."""
+        if self.position is not None and self.fetch_offset > self.position:
+            self.position = self.fetch_offset
+            if self.fetch_epoch >= 0:
+                self.position_epoch = self.fetch_epoch
 
     def fetchable(self, max_poll_records: int) -> bool:
         """Whether a fetch may go out now as far as the buffer goes: nothing in flight, fewer
@@ -287,8 +304,11 @@ class SubscriptionState:
                     popleft = buffer.popleft
                     out.extend([popleft() for _ in range(take)])
                 last = out[-1]
-                state.position = last.offset + 1
-                state.position_epoch = last.leader_epoch
+                if buffer:
+                    state.position = last.offset + 1
+                    state.position_epoch = last.leader_epoch
+                else:
+                    state.move_past_fetched()
             if len(out) >= limit:
                 break
         return out

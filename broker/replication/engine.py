@@ -94,7 +94,11 @@ from minibroker.client.replication_throttle import (
     parse_throttled_replicas,
     throttle_rates,
 )
-from minibroker.client.topic_config import resolve_topic_config
+from minibroker.client.topic_config import (
+    CLEANUP_POLICY_COMPACT,
+    cleanup_policies,
+    resolve_topic_config,
+)
 from minibroker.client.types import TopicPartition
 from minibroker.metadata.delta import EVERYTHING, MetadataDelta
 from minibroker.metadata.image import MetadataImage, TopicImage
@@ -149,7 +153,7 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
             self.broker_id,
             log,
             self.brokers,
-            self._replica_config(configs),
+            self._replica_config(configs, log),
             high_watermark,
             str(tp),
         )
@@ -304,7 +308,9 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
         out.append(LogConfigChanged(hosted.tp, dict(raw)))
         hosted.max_message_bytes = int(configs["max.message.bytes"])
         self._interpret(
-            hosted, hosted.core.update_config(self._replica_config(configs), now_ms)[1], out
+            hosted,
+            hosted.core.update_config(self._replica_config(configs, hosted.log), now_ms)[1],
+            out,
         )
         hosted.topic_configs = dict(raw)
         hosted.record_validation = RecordValidation.from_topic_config(configs)
@@ -364,12 +370,19 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
     def _typed_configs(self, raw: Mapping[str, str]) -> dict[str, Any]:
         return resolve_topic_config(raw, self.config.topic_defaults)
 
-    def _replica_config(self, configs: Mapping[str, Any]) -> ReplicaConfig:
+    def _replica_config(self, configs: Mapping[str, Any], log: S) -> ReplicaConfig:
+        """The core's settings; a follower may append past an offset gap of its leader's log
+        when the topic is compacted or its own log may have gaps already (a topic that was
+        compacted before: its leader's log keeps the gaps)."""
         return ReplicaConfig(
             min_insync_replicas=int(configs["min.insync.replicas"]),
             replica_lag_time_max_ms=self.config.replica_lag_time_max_ms,
             replica_fetch_backoff_ms=self.config.replica_fetch_backoff_ms,
             max_pending_produces=self.config.max_pending_produces,
+            offset_gaps_allowed=(
+                CLEANUP_POLICY_COMPACT in cleanup_policies(str(configs["cleanup.policy"]))
+                or log.may_have_gaps
+            ),
         )
 
     # -- the log dir --------------------------------------------------------------------

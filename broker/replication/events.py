@@ -392,3 +392,7 @@ class ReplicaConfig:
     replica_fetch_backoff_ms: int = 1_000
     alter_partition_retry_ms: int = 100
     max_pending_produces: int = 10_000
+    # The follower may append a leader's batch starting above its LEO (a compacted topic, or a
+    # log that may have gaps already: a cleaned leader log has gaps; Kafka's rule). Otherwise
+    # the first batch of a fetch answer must start exactly at the LEO.
+    offset_gaps_allowed: bool = False

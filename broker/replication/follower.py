@@ -163,10 +163,15 @@ class FollowerState:
         leo: int,
         cache: EpochCacheView,
         backoff_ms: int,
+        offset_gaps_allowed: bool = False,
     ) -> list[Effect] | None:
         """The leader answered `request` (docs/protocol.md §11 steps 4-8): the effects to carry
         out, or None for an accepted answer without records, after which the caller applies
-        the leader's HW and log start (kept here) to its own log."""
+        the leader's HW and log start (kept here) to its own log.
+
+        The records must start at our LEO; with `offset_gaps_allowed` (a compacted topic, or a
+        log with gaps) at or above it, as a cleaned leader log skips offsets (Kafka's rule).
+        Below the LEO is always refused (a backoff)."""
         if (
             self.failed
             or request.leader_id != self.leader_id
@@ -189,9 +194,10 @@ class FollowerState:
                 base_offset = parse_header(response.records).base_offset
             except CorruptRecordError as err:
                 return self.back_off(now_ms, backoff_ms, f"corrupt fetch response: {err.reason}")
-            if base_offset != leo:
+            if base_offset != leo and (base_offset < leo or not offset_gaps_allowed):
+                rule = "at or above" if offset_gaps_allowed else "at"
                 return self.back_off(
-                    now_ms, backoff_ms, f"leader sent offset {base_offset}, expected {leo}"
+                    now_ms, backoff_ms, f"leader sent offset {base_offset}, expected {rule} {leo}"
                 )
             return [AppendAsFollower(response.records, leo)]
         if error == ErrorCode.OFFSET_OUT_OF_RANGE:

@@ -496,6 +496,7 @@ class PartitionReplica(ReplicaState):
             self._leo,
             self._epoch_cache,
             self._config.replica_fetch_backoff_ms,
+            self._config.offset_gaps_allowed,
         )
         if effects is None:  # accepted, no records: the leader's HW and log start may apply
             effects = self._update_follower_high_watermark()

@@ -11,6 +11,13 @@ and the reason go to stderr and the command exits 1. A batch whose length and ma
 whose CRC is wrong is still printed first, with `isvalid: false` / `"crc_valid": false`, as
 Kafka's tool does, so the damaged header can be read.
 
+A compacted log has offset gaps (issue 21: a cleaned batch keeps its offsets, the batches and
+segments between them are gone): where a batch starts above the offset after the previous one
+(the segment's base offset for its first batch, or the end of the previous segment of the same
+dir named before it) the dump prints `gap: offsets A..B absent` (`{"gap": [A, B]}` with
+`--json`) before the batch. Gaps are not errors. The files a cleaning round leaves on the way
+(`.log.cleaned`, `.log.swap` and their index files) are dumped like their plain kind.
+
 Human output follows DumpLogSegments; `--json` prints one JSON object per line instead, per
 batch: position, size, base_offset, last_offset, count, partition_leader_epoch, producer_id,
 producer_epoch, base_sequence, compression, crc_valid (and `records` with --print-data-log, keys
@@ -80,19 +87,45 @@ def register(sub: Any) -> None:
     parser.set_defaults(func=run)
 
 
+# What a cleaning round names its files on the way (the cleaner's `.cleaned`, then `.swap`).
+_CLEANING_SUFFIXES = (".cleaned", ".swap")
+
+
+def file_kind(path: pathlib.Path) -> str:
+    """The segment file kind of `path` (`.log`, `.index`, `.timeindex`), also for the
+    `.cleaned` / `.swap` files of a cleaning round; "" for anything else."""
+    suffix = path.suffix
+    if suffix in _CLEANING_SUFFIXES:
+        suffix = pathlib.Path(path.stem).suffix
+    return suffix if suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX) else ""
+
+
 def run(args: argparse.Namespace) -> int:
     status = 0
     out = sys.stdout
+    # The end offset of the last segment dumped from each dir: a segment named after it in the
+    # same dir starts a gap there when its first batch starts later.
+    ends: dict[pathlib.Path, tuple[int, int]] = {}
     for name in args.files:
         path = pathlib.Path(name)
         if not args.json:
             out.write(f"Dumping {path}\n")
         try:
-            if path.suffix == LOG_SUFFIX:
-                dump_segment(path, out, print_data_log=args.print_data_log, as_json=args.json)
-            elif path.suffix == INDEX_SUFFIX:
+            kind = file_kind(path)
+            if kind == LOG_SUFFIX:
+                expected = _expected_first_offset(path, ends.get(path.parent))
+                end = dump_segment(
+                    path,
+                    out,
+                    print_data_log=args.print_data_log,
+                    as_json=args.json,
+                    expected=expected,
+                )
+                if end is not None and expected is not None:
+                    ends[path.parent] = (base_offset_of(path), end)
+            elif kind == INDEX_SUFFIX:
                 dump_index(path, out, as_json=args.json)
-            elif path.suffix == TIME_INDEX_SUFFIX:
+            elif kind == TIME_INDEX_SUFFIX:
                 dump_time_index(path, out, as_json=args.json)
             else:
                 sys.stderr.write(f"Ignoring unknown file {path}\n")
@@ -108,6 +141,19 @@ def run(args: argparse.Namespace) -> int:
             status = 1
     out.flush()
     return status
+
+
+def _expected_first_offset(path: pathlib.Path, previous: tuple[int, int] | None) -> int | None:
+    """Where the first batch of segment `path` would start in a log without gaps: the end of
+    the previous segment of its dir dumped before it (when that one's base is lower), else its
+    own base offset; None when its name carries no base offset."""
+    try:
+        base = base_offset_of(path)
+    except DumpError:
+        return None
+    if previous is not None and previous[0] < base and previous[1] <= base:
+        return previous[1]
+    return base
 
 
 def base_offset_of(path: pathlib.Path) -> int:
@@ -151,8 +197,16 @@ def read_segment_batches(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
 
 
 def dump_segment(
-    path: pathlib.Path, out: TextIO, *, print_data_log: bool = False, as_json: bool = False
-) -> None:
+    path: pathlib.Path,
+    out: TextIO,
+    *,
+    print_data_log: bool = False,
+    as_json: bool = False,
+    expected: int | None = None,
+) -> int | None:
+    """Print the batches of segment `path`; a batch starting above `expected` (then above the
+    previous batch's next offset) is preceded by the gap. Returns the next offset of the last
+    batch (`expected` when the segment is empty)."""
     with path.open("rb") as stream:
         if not as_json:
             # A copied segment may have lost its offset-bearing name; its batches still print.
@@ -173,6 +227,13 @@ def dump_segment(
                 )
             except CorruptRecordError as err:
                 raise DumpError(f"corrupt batch at position {pos}: {err.reason}") from None
+            if expected is not None and header.base_offset > expected:
+                last_absent = header.base_offset - 1
+                if as_json:
+                    out.write(json.dumps({"gap": [expected, last_absent]}) + "\n")
+                else:
+                    out.write(f"gap: offsets {expected}..{last_absent} absent\n")
+            expected = header.last_offset + 1
             batch = DecodedBatch(pos, header, records or [])
             if as_json:
                 out.write(_batch_json(batch, True, records is not None) + "\n")
@@ -180,6 +241,7 @@ def dump_segment(
                 out.write(_batch_line(header, pos, True) + "\n")
                 if records is not None:
                     out.writelines(_record_line(batch, r) + "\n" for r in records)
+    return expected
 
 
 def _maybe_print_crc_failure(

@@ -201,6 +201,11 @@ def read_range(opts: SourceOptions, rng: OffsetRange) -> Iterator[list[Record]]:
     data loss: an error, or a warning and a skip, per failOnDataLoss. A range that makes no
     progress for pollTimeoutMs fails, except when its end is above the current HW because the
     log was truncated (data loss again).
+
+    A compacted log has no record at some offsets (gaps between batches, records removed
+    inside them), so the range may end where no record is: it is done once the consumer's
+    position (the next offset of the last batch read) reaches its end, never by waiting for a
+    record at end - 1; a position moving past a gap is progress.
     """
     if rng.start >= rng.end:
         return
@@ -242,6 +247,13 @@ def _read_range(
             last_progress = time.monotonic()
             continue
         if not records:
+            # Past a gap (a compacted log), the consumer's position moves without a record;
+            # at or past the end the range is done.
+            moved_to = consumer.position(tp)
+            if moved_to > position:
+                position = moved_to
+                last_progress = time.monotonic()
+                continue
             if (time.monotonic() - last_progress) * 1000 < opts.poll_timeout_ms:
                 continue
             high_watermark = consumer.end_offsets([tp])[tp]

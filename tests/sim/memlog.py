@@ -64,6 +64,11 @@ class MemLog:
     def leo(self) -> int:
         return self.headers[-1].next_offset if self.headers else self.base_offset
 
+    @property
+    def may_have_gaps(self) -> bool:
+        """The simulation's logs are never compacted: no gaps."""
+        return False
+
     def maybe_assign_epoch_start_offset(self, leader_epoch: int, start_offset: int) -> bool:
         return self.epoch_cache.assign(leader_epoch, start_offset)
 

@@ -295,3 +295,45 @@ def test_index_layouts_are_defined_once_for_storage_and_dump_log() -> None:
     for module in (index, dump_log):
         source = inspect.getsource(module)
         assert 'Struct(">ii")' not in source and 'Struct(">qi")' not in source
+
+
+def test_gaps_of_a_compacted_log_are_printed_not_errors(tmp_path: pathlib.Path) -> None:
+    """A cleaned log (issue 21): a gap at a segment's start, between batches, inside a batch's
+    kept offsets (not a gap: its offsets are the batch's), and between two segments."""
+    from gapped_batches import cleaned_batch
+
+    first = tmp_path / f"{0:020d}.log"
+    first.write_bytes(
+        cleaned_batch(2, [(2, b"a", b"1")], 3)  # offsets 0..1 absent
+        # offset 4 absent
+        + cleaned_batch(5, [(7, b"b", b"2")], 8)  # records removed inside: no gap line
+        + cleaned_batch(12, [], 13)  # 9..11 absent; an emptied batch
+    )
+    second = tmp_path / f"{20:020d}.log.cleaned"  # a cleaning round's file
+    second.write_bytes(cleaned_batch(25, [(25, b"c", b"3")], 25))  # 14..24 absent
+    result = _dump("--files", first, second)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    gaps = [line for line in lines if line.startswith("gap:")]
+    assert gaps == [
+        "gap: offsets 0..1 absent",
+        "gap: offsets 4..4 absent",
+        "gap: offsets 9..11 absent",
+        "gap: offsets 14..24 absent",
+    ]
+    # Each gap line comes right before the batch after it.
+    for gap in gaps:
+        after = lines[lines.index(gap) + 1]
+        assert after.startswith(f"baseOffset: {int(gap.split('..')[1].split()[0]) + 1} ")
+    result = _dump("--json", "--files", first, second)
+    assert result.returncode == 0, result.stderr
+    got = _json_lines(result.stdout)
+    assert [g["gap"] for g in got if "gap" in g] == [[0, 1], [4, 4], [9, 11], [14, 24]]
+    assert [b["base_offset"] for b in got if "gap" not in b] == [2, 5, 12, 25]
+
+
+def test_a_segment_without_gaps_prints_none(tmp_path: pathlib.Path) -> None:
+    path, _ = _write_segment(tmp_path, 1000, "minibroker")
+    result = _dump("--files", path)
+    assert result.returncode == 0, result.stderr
+    assert not [line for line in result.stdout.splitlines() if line.startswith("gap:")]

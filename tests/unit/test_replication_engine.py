@@ -13,6 +13,7 @@ answered, fetching stops). No event loop, no files.
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any
 
 import pytest
@@ -44,6 +45,8 @@ from minibroker.broker.replication.outputs import (
     WakeFetches,
     WakeFollowerFetches,
 )
+from minibroker.broker.storage.config import LogConfig
+from minibroker.broker.storage.log import PartitionLog
 from minibroker.client.batch import BatchHeader
 from minibroker.client.errors import ErrorCode, InvalidRecordError, KafkaStorageError
 from minibroker.client.records import encode_batch
@@ -149,13 +152,14 @@ def cluster(
     epoch: int = 1,
     racks: dict[int, str] | None = None,
     log_type: type[MemLog] = MemLog,
+    topic_configs: dict[str, str] | None = None,
     **config: Any,
 ) -> Broker:
     broker = Broker(log_type=log_type, **config)
     for b in (ME, B2, B3):
         rack = (racks or {}).get(b, "")
         broker.record(RegisterBrokerRecord(b, f"inc-{b}", 100 + b, "h", 9000 + b, rack, False))
-    broker.record(TopicRecord(TOPIC, TOPIC_ID))
+    broker.record(TopicRecord(TOPIC, TOPIC_ID, topic_configs or {}))
     broker.record(PartitionRecord(TOPIC_ID, 0, replicas, isr, leader, epoch, epoch))
     broker.act()
     return broker
@@ -373,6 +377,47 @@ def test_a_diverging_follower_truncates_and_reports_it() -> None:
     (truncated,) = of(out, Truncated)
     assert (truncated.from_offset, truncated.to_offset, truncated.fully) == (2, 1, False)
     assert log.leo == 1
+
+
+def _follow_with_a_real_log(
+    tmp_path: pathlib.Path, configs: dict[str, str], *, marked: bool = False
+) -> tuple[Broker, PartitionLog, list[Output]]:
+    """A follower hosting a PartitionLog under `configs`, answered with batches at 3 and 7
+    while its LEO is 0 (a cleaned leader log)."""
+    broker = cluster(leader=B2, topic_configs=configs)
+    log = PartitionLog.open(tmp_path / "events-0", TP, LogConfig.from_configs(configs), now_ms=NOW)
+    if marked:
+        log.mark_may_have_gaps()
+    broker.engine.host(TP, TOPIC_ID, log, configs, high_watermark=0)  # type: ignore[arg-type]
+    broker.act()
+    position = broker.engine.next_fetch(TP, B2, NOW)
+    assert position is not None and position.fetch_offset == 0
+    data = encode_batch([(NOW, b"k", b"x", ())], base_offset=3, partition_leader_epoch=1)
+    data += encode_batch([(NOW, b"k", b"y", ())], base_offset=7, partition_leader_epoch=1)
+    answer = FetchResponse(ErrorCode.NONE, 8, 0, 8, None, data)
+    return broker, log, broker.engine.on_fetch_response(TP, B2, position, answer, NOW)
+
+
+def test_a_compacted_follower_appends_past_the_gaps_of_its_leader(
+    tmp_path: pathlib.Path,
+) -> None:
+    _, log, out = _follow_with_a_real_log(tmp_path, {"cleanup.policy": "compact"})
+    assert [(a.as_leader, a.base_offset) for a in of(out, Appended)] == [(False, 0)]
+    assert of(out, HighWatermarkMoved) == [HighWatermarkMoved(TP, 8)]
+    assert log.leo == 8 and log.may_have_gaps
+    log.close()
+
+
+def test_a_delete_follower_refuses_a_gap_unless_its_log_has_gaps(tmp_path: pathlib.Path) -> None:
+    _, log, out = _follow_with_a_real_log(tmp_path / "a", {"cleanup.policy": "delete"})
+    assert [b.reason for b in of(out, FetchBackoff)] == ["leader sent offset 3, expected at 0"]
+    assert log.leo == 0 and not log.may_have_gaps
+    log.close()
+    # A topic compacted before (its log has the marker) still follows its leader's gaps.
+    _, log, out = _follow_with_a_real_log(tmp_path / "b", {}, marked=True)
+    assert of(out, FetchBackoff) == []
+    assert log.leo == 8
+    log.close()
 
 
 # ------------------------------------------------------------------------------------------

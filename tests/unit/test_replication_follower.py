@@ -42,14 +42,18 @@ EPOCH = 5
 
 
 def make_follower(
-    entries: list[tuple[int, int]] | None = None, leo: int = 0, hw: int = 0
+    entries: list[tuple[int, int]] | None = None,
+    leo: int = 0,
+    hw: int = 0,
+    *,
+    gaps: bool = False,
 ) -> tuple[PartitionReplica, EpochCache, list]:  # type: ignore[type-arg]
     cache = EpochCache(entries or [])
     replica = PartitionReplica(
         ME,
         cache,
         BrokerEligibilityView(),
-        ReplicaConfig(replica_fetch_backoff_ms=100),
+        ReplicaConfig(replica_fetch_backoff_ms=100, offset_gaps_allowed=gaps),
         leo=leo,
         high_watermark=hw,
     )
@@ -237,6 +241,28 @@ def test_records_not_starting_at_the_leo_are_refused() -> None:
     assert position is not None
     _, effects = replica.on_fetch_response(position, FetchResponse(records=batch(6, EPOCH)), 0)
     assert len(effects) == 1 and isinstance(effects[0], Backoff)
+
+
+def test_a_compacted_follower_takes_records_starting_past_its_leo() -> None:
+    """A cleaned leader log has gaps: the first batch may start above the LEO (Kafka's rule),
+    never below it."""
+    replica, _, _ = make_follower(leo=4, gaps=True)
+    position = replica.next_fetch(0)[0]
+    assert position is not None
+    records = batch(6, EPOCH, 2) + batch(11, EPOCH)
+    _, effects = replica.on_fetch_response(
+        position, FetchResponse(high_watermark=12, log_start_offset=0, records=records), 0
+    )
+    assert effects == [AppendAsFollower(records, 4)]
+    _, effects = replica.on_follower_appended(12, [h for _, h in iter_batches(records)])
+    assert effects == [HighWatermarkChanged(12)]
+    assert replica.leo == 12
+    # Below the LEO is refused with gaps allowed too.
+    position = replica.next_fetch(0)[0]
+    assert position is not None
+    _, effects = replica.on_fetch_response(position, FetchResponse(records=batch(10, EPOCH)), 0)
+    assert len(effects) == 1 and isinstance(effects[0], Backoff)
+    assert "at or above 12" in effects[0].reason
 
 
 def test_repeated_divergence_without_progress_backs_off() -> None:
