@@ -28,8 +28,8 @@ A round (`Cleaner.clean`):
 
 The swap of one group, with the step hook called after each step under the name in `STEPS`:
   * check that the group's segments are still exactly the log's (identity and size, consecutive,
-    not active, log open); otherwise delete the `.cleaned` files and raise CleanAborted
-    ("swap_checked" once it passed);
+    not active, log open, cleanup.policy still compact); otherwise delete the `.cleaned` files
+    and raise CleanAborted ("swap_checked" once it passed);
   * write the `.may-have-gaps` marker, file and dir fsynced ("marker_written");
   * rename `.cleaned` -> `.swap`, the log first ("swap_log_renamed"), then the indexes, fsync the
     dir ("swap_renamed"): from here a crash is completed by loading (segment_swap.py);
@@ -282,7 +282,7 @@ class Cleaner:
         offset_map.clear()
         non_active = snapshot.segments[:-1]
         upper_bound = min(to_clean.first_uncleanable_offset, snapshot.segments[-1].base_offset)
-        dirty = [s for s in _covering(non_active, first_dirty, upper_bound)]
+        dirty = _covering(non_active, first_dirty, upper_bound)
         if not dirty:
             return self._stats(log, first_dirty, first_dirty, counters, started, 0, 0)
         self._build_map(snapshot, dirty, first_dirty, upper_bound, counters, abort)
@@ -498,6 +498,8 @@ class Cleaner:
         directory = log.directory
         base = cleaned.base_offset
         problem = log.segments_changed([(v.segment, v.size) for v in views])
+        if problem is None and not log.config.compact:
+            problem = "its cleanup.policy no longer compacts"
         if problem is not None:
             remove_files(directory, base, CLEANED_SUFFIX)
             raise CleanAborted(f"{log.topic_partition}: {problem}")
@@ -581,6 +583,8 @@ def _take_snapshot(log: PartitionLog, first_dirty: int) -> _Snapshot:
     """On the loop: what the round reads, so that the cleaner thread never touches `log`."""
     if log.closed:
         raise CleanAborted(f"{log.topic_partition}: the log is closed")
+    if not log.config.compact:
+        raise CleanAborted(f"{log.topic_partition}: its cleanup.policy does not compact")
     views = []
     first_dirty_position = 0
     segments = log.segments

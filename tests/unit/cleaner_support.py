@@ -51,7 +51,7 @@ def open_log(directory: pathlib.Path, config: LogConfig = CONFIG) -> PartitionLo
 
 def write(
     log: PartitionLog,
-    records: Sequence[tuple[bytes, bytes | None]],
+    records: Sequence[tuple[bytes | None, bytes | None]],
     *,
     ts: int = 1_000,
     producer: tuple[int, int, int] | None = None,

@@ -327,6 +327,20 @@ def test_should_abort_stops_the_round_before_any_swap(tmp_path: pathlib.Path) ->
     log.close()
 
 
+def test_a_log_that_does_not_compact_is_not_cleaned(tmp_path: pathlib.Path) -> None:
+    log = open_log(tmp_path / "changes-0", LogConfig(segment_bytes=4096))
+    write(log, [(b"a", b"1")])
+    write(log, [(None, b"keyless")])
+    log.roll(now_ms=1_000)
+    write(log, [(b"a", b"2")])
+    before = batches_of(log)
+    with pytest.raises(CleanAborted, match=r"cleanup\.policy does not compact"):
+        clean(log, now_ms=2_000)
+    assert batches_of(log) == before
+    assert not log.may_have_gaps
+    log.close()
+
+
 def test_a_log_to_clean_of_another_partition_is_refused(tmp_path: pathlib.Path) -> None:
     log = open_log(tmp_path / "changes-0")
     write(log, [(b"a", b"1")])
