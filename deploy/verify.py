@@ -642,11 +642,24 @@ def final_logs(
     return final, {str(tp): ends[tp] for tp in tps}
 
 
-def replica_digest(data_dir: str, partition: str, hw: int) -> tuple[str, int]:
-    """(sha256 of the bytes of every batch wholly below `hw`, the offset those batches end at)
-    in a replica's segment files."""
+def replica_digest(
+    data_dir: str, partition: str, hw: int, *, compacted: bool = False
+) -> tuple[str, int]:
+    """(digest, end) of a replica's segment files: the sha256 of the bytes of every batch
+    wholly below `hw`, and the offset those batches end at (`hw` once the replica holds every
+    batch below it).
+
+    `compacted` (cleanup.policy includes compact): each replica cleans its log on its own, so
+    replicas agree on the latest value of every key below the HW, not on bytes
+    (docs/design.md, the replica invariant): the digest is then `latest_values_digest` of
+    `replica_latest_values`, and the end is where the replica's log reaches (the last
+    segment's base offset or its last batch's next offset), since cleaning may remove the
+    last batches below the HW."""
     from minibroker.client.batch import scan_valid_prefix
 
+    if compacted:
+        values, end = replica_latest_values(data_dir, partition, hw)
+        return latest_values_digest(values), end
     digest = hashlib.sha256()
     end = 0
     folder = pathlib.Path(data_dir) / partition
@@ -660,11 +673,55 @@ def replica_digest(data_dir: str, partition: str, hw: int) -> tuple[str, int]:
     return digest.hexdigest(), end
 
 
+def replica_latest_values(data_dir: str, partition: str, hw: int) -> tuple[dict[bytes, bytes], int]:
+    """The latest value of every key among a replica's records below `hw` (a key whose latest
+    record is a tombstone is absent: a replica that already removed the tombstone agrees with
+    one that still holds it), and the offset the replica's log reaches (its last segment's
+    base offset or the next offset of its last batch, whichever is larger). Reads the segment
+    files as they are: gaps between batches and inside them are what cleaning leaves."""
+    from minibroker.client.batch import scan_valid_prefix
+    from minibroker.client.log_format import parse_segment_file_name
+    from minibroker.client.records import decode_batch
+
+    values: dict[bytes, bytes] = {}
+    reached = 0
+    folder = pathlib.Path(data_dir) / partition
+    for segment in sorted(folder.glob("*.log")):
+        parsed = parse_segment_file_name(segment.name)
+        if parsed is not None:
+            reached = max(reached, parsed[0])
+        data = segment.read_bytes()
+        _valid, batches, _error = scan_valid_prefix(data)
+        for pos, header in batches:
+            reached = max(reached, header.next_offset)
+            if header.base_offset >= hw or header.is_control:
+                continue
+            for record in decode_batch(data, pos).records:
+                if record.offset >= hw or record.key is None:
+                    continue
+                if record.value is None:
+                    values.pop(record.key, None)
+                else:
+                    values[record.key] = record.value
+    return values, reached
+
+
+def latest_values_digest(values: dict[bytes, bytes]) -> str:
+    """sha256 of a key -> value map, independent of the order it was built in."""
+    digest = hashlib.sha256()
+    for key in sorted(values):
+        value = values[key]
+        digest.update(len(key).to_bytes(4, "big") + key + len(value).to_bytes(4, "big") + value)
+    return digest.hexdigest()
+
+
 def replica_digests(
     run: Run, final_hw: dict[str, int], timeout_s: float = 60.0
 ) -> dict[str, dict[int, str]]:
     """Per partition, per replica: the digest of its log below the HW, once every replica's
-    files reach the HW (followers fetch what the leader has; nothing is compared before)."""
+    files reach the HW (followers fetch what the leader has; nothing is compared before).
+    verify's topics are `cleanup.policy=delete` (its workload is keyless), so bytes are
+    compared; `replica_digest(..., compacted=True)` is the comparison for a compacted log."""
     state = run.state()
     dirs = {b.node_id: b.data_dir for b in state.brokers}
     parts = run.describe()
@@ -836,8 +893,13 @@ def _run(
     started = _now()  # again once the workload starts: the chart and elapsed time begin there
     try:
         for topic in topics:
+            # delete, whatever the broker default: the workload's records are keyless (a
+            # compacted topic refuses them) and every acked write must stay readable.
             admin.create_topic(
-                topic, args.partitions, replicas, {"min.insync.replicas": str(min_insync)}
+                topic,
+                args.partitions,
+                replicas,
+                {"min.insync.replicas": str(min_insync), "cleanup.policy": "delete"},
             )
         created_at = _now()
         if not run.wait_settled(60.0):

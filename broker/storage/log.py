@@ -498,7 +498,11 @@ class PartitionLog(LogDeletion):
         if active.size == 0:
             first_clock = roll_clock(entries[0][3], now_ms, config.retention_ms)
             waited = time_waited(active, now_ms, clock, first_clock)
-            fits = total <= config.segment_bytes and waited <= config.segment_ms
+            fits = (
+                total <= config.segment_bytes
+                and waited <= config.segment_ms
+                and active.can_hold_offset(entries[-1][2])
+            )
         else:
             fits = not should_roll(active, config, now_ms, total, clock, entries[-1][2])
         if fits:

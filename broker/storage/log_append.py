@@ -278,10 +278,14 @@ def should_roll(
 ) -> bool:
     """Kafka's LogSegment.shouldRoll before writing `run_bytes` whose clock is `clock` and last
     offset `last_offset`: a segment that holds data rolls when they would take it past
-    segment.bytes, when it has waited more than segment.ms, or when its index cannot hold the
-    last offset."""
-    return segment.size > 0 and (
-        segment.size > config.segment_bytes - run_bytes
-        or segment.time_waited_for_roll(now_ms, clock) > config.segment_ms
-        or not segment.can_hold_offset(last_offset)
-    )
+    segment.bytes or when it has waited more than segment.ms; any segment, an empty one too,
+    rolls when its index cannot hold the last offset (a follower appending past a gap of more
+    than 2^31 offsets of a compacted leader log: the empty segment stays behind, which a log
+    with gaps allows)."""
+    return (
+        segment.size > 0
+        and (
+            segment.size > config.segment_bytes - run_bytes
+            or segment.time_waited_for_roll(now_ms, clock) > config.segment_ms
+        )
+    ) or not segment.can_hold_offset(last_offset)

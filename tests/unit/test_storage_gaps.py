@@ -606,3 +606,22 @@ def test_a_lowered_base_offset_in_a_gapped_log_is_cut(tmp_path: pathlib.Path, cl
     log = open_log(directory, clean=clean, config=COMPACT)
     assert stored(log) == written[:2]
     log.close()
+
+
+def test_a_gap_wider_than_a_segment_index_rolls_even_an_empty_segment(
+    tmp_path: pathlib.Path,
+) -> None:
+    directory = tmp_path / "changes-0"
+    log = open_log(directory, config=COMPACT)
+    far = 2**31 + 10  # past what segment 0's index can hold relative to its base
+    log.append_as_follower(batch(far, 2), now_ms=0)
+    assert [s.base_offset for s in log.segments] == [0, far]
+    assert log.segments[0].size == 0
+    assert log.leo == far + 2
+    log.append_as_follower(batch(2 * far, 1), now_ms=0)  # and from a non-empty one
+    assert [s.base_offset for s in log.segments] == [0, far, 2 * far]
+    log.close()
+    again = open_log(directory)
+    assert [s.base_offset for s in again.segments] == [0, far, 2 * far]
+    assert stored(again) == [batch(far, 2), batch(2 * far, 1)]
+    again.close()
