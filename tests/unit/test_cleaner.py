@@ -371,6 +371,30 @@ def test_step_names_are_reached_in_order(tmp_path: pathlib.Path) -> None:
     log.close()
 
 
+def test_segment_descriptors_closed_by_the_lru_mid_round_do_not_matter(
+    tmp_path: pathlib.Path,
+) -> None:
+    from minibroker.broker.storage.segment_files import INACTIVE_SEGMENT_FILES
+
+    log = small_segments_log(tmp_path / "changes-0")
+    for segment in log.segments[:-1]:  # every inactive segment's descriptor cached
+        log.read(segment.base_offset, 100)
+    before = read_all(log)
+    capacity = INACTIVE_SEGMENT_FILES.capacity
+
+    def on_loop(fn):  # type: ignore[no-untyped-def]
+        INACTIVE_SEGMENT_FILES.capacity = 1  # the loop's LRU closes descriptors meanwhile
+        try:
+            return fn()
+        finally:
+            INACTIVE_SEGMENT_FILES.capacity = capacity
+
+    stats = Cleaner(OffsetMap(MAP_BYTES)).clean(log, to_clean(log, 2_000), 2_000, on_loop)
+    assert stats.segments_before == 3
+    assert latest(read_all(log)) == latest(before)
+    log.close()
+
+
 def test_io_buffer_smaller_than_a_batch_still_cleans(tmp_path: pathlib.Path) -> None:
     log = open_log(tmp_path / "changes-0")
     write(log, [(b"a", b"x" * 1500), (b"b", b"y" * 1500)])
