@@ -28,8 +28,8 @@ A round (`Cleaner.clean`):
 
 The swap of one group, with the step hook called after each step under the name in `STEPS`:
   * check that the group's segments are still exactly the log's (identity and size, consecutive,
-    not active, log open, cleanup.policy still compact); otherwise delete the `.cleaned` files
-    and raise CleanAborted ("swap_checked" once it passed);
+    not active, log open, cleanup.policy still compact, not wholly below the log start);
+    otherwise delete the `.cleaned` files and raise CleanAborted ("swap_checked" once it passed);
   * write the `.may-have-gaps` marker, file and dir fsynced ("marker_written");
   * rename `.cleaned` -> `.swap`, the log first ("swap_log_renamed"), then the indexes, fsync the
     dir ("swap_renamed"): from here a crash is completed by loading (segment_swap.py);
@@ -500,6 +500,11 @@ class Cleaner:
         problem = log.segments_changed([(v.segment, v.size) for v in views])
         if problem is None and not log.config.compact:
             problem = "its cleanup.policy no longer compacts"
+        if problem is None:
+            segments = log.segments
+            following = segments[segments.index(views[-1].segment) + 1]
+            if following.base_offset <= log.log_start_offset:
+                problem = f"the log start {log.log_start_offset} moved past the segments"
         if problem is not None:
             remove_files(directory, base, CLEANED_SUFFIX)
             raise CleanAborted(f"{log.topic_partition}: {problem}")

@@ -275,7 +275,7 @@ def test_a_log_without_dirty_segments_is_left_alone(tmp_path: pathlib.Path) -> N
     log.close()
 
 
-@pytest.mark.parametrize("change", ["truncate", "retention", "close"])
+@pytest.mark.parametrize("change", ["truncate", "retention", "log_start", "close"])
 def test_the_swap_is_aborted_when_the_log_changed(tmp_path: pathlib.Path, change: str) -> None:
     log = open_log(tmp_path / "changes-0")
     for i in range(12):
@@ -295,6 +295,8 @@ def test_the_swap_is_aborted_when_the_log_changed(tmp_path: pathlib.Path, change
             elif change == "retention":
                 log.maybe_increment_log_start_offset(8)
                 log.delete_retention(2_000, high_watermark=log.leo)
+            elif change == "log_start":  # raised past the group (all of it), not deleted yet
+                log.maybe_increment_log_start_offset(log.active_segment.base_offset)
             else:
                 log.close()
         return fn()
