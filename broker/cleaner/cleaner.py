@@ -12,9 +12,11 @@ A round (`Cleaner.clean`):
      `selection.add_batch_to_offset_map`; when the map reaches its load factor it stops there
      and the round cleans only what it covered: end_offset = map.latest_offset + 1 (Kafka's
      rule), otherwise end_offset = the first uncleanable offset;
-  3. producers: the last batch of each producer id in the whole log (a header walk), so that
-     the batch holding a producer's last sequence stays, emptied if need be (every producer with
-     a batch in the log counts as active: minibroker's producer state never expires one);
+  3. producers: the last batch of each producer id in the whole log (a walk over the batch
+     headers of every segment, the active one up to its size at the snapshot, through the
+     cleaner's own descriptors; skipped when the caller passes `last_data_offsets`), so that the
+     batch holding a producer's last sequence stays, emptied if need be (every producer with a
+     batch in the log counts as active: minibroker's producer state never expires one);
   4. rewrite: the segments below end_offset (those wholly below the log start excepted) are cut
      into groups by `selection.group_segments_by_size`; each group is written into one
      `<first base>.log.cleaned` (+ `.index.cleaned`, `.timeindex.cleaned`) keeping what
@@ -38,8 +40,12 @@ The swap of one group, with the step hook called after each step under the name 
   * rename `.swap` -> final names, the log first ("swap_log_completed"), then the indexes, fsync
     the dir ("swap_completed");
   * open the new segment and put it in the log's list in place of the old ones.
-A file-system failure after the `.swap` renames leaves the log object naming files that may be
-gone: KafkaStorageError, and the log must be reloaded (loading completes the swap).
+On the cleaner thread the hook is called "map_built" after step 2, "cleaned_log_written" once a
+group's `.log.cleaned` is written (not yet synced) and "cleaned_written" once its three files are
+fsynced. A file-system failure before the replaced segments' files start to go is undone (the
+`.swap` / `.cleaned` files removed, the log keeps its segments) and raises KafkaStorageError;
+one after leaves the log object naming files that may be gone: KafkaStorageError, and the log
+must be reloaded (loading completes the swap), as after any disk failure (docs/design.md §4.6).
 
 Concurrency contract: a Cleaner (and its OffsetMap) belongs to one cleaner thread; `clean`
 touches the PartitionLog only inside the callables it hands to `on_loop`.
