@@ -12,9 +12,11 @@ A round (`Cleaner.clean`):
      `selection.add_batch_to_offset_map`; when the map reaches its load factor it stops there
      and the round cleans only what it covered: end_offset = map.latest_offset + 1 (Kafka's
      rule), otherwise end_offset = the first uncleanable offset;
-  3. producers: the last batch of each producer id in the whole log (a header walk), so that
-     the batch holding a producer's last sequence stays, emptied if need be (every producer with
-     a batch in the log counts as active: minibroker's producer state never expires one);
+  3. producers: the last batch of each producer id in the whole log (a walk over the batch
+     headers of every segment, the active one up to its size at the snapshot, through the
+     cleaner's own descriptors; skipped when the caller passes `last_data_offsets`), so that the
+     batch holding a producer's last sequence stays, emptied if need be (every producer with a
+     batch in the log counts as active: minibroker's producer state never expires one);
   4. rewrite: the segments below end_offset (those wholly below the log start excepted) are cut
      into groups by `selection.group_segments_by_size`; each group is written into one
      `<first base>.log.cleaned` (+ `.index.cleaned`, `.timeindex.cleaned`) keeping what
@@ -28,8 +30,8 @@ A round (`Cleaner.clean`):
 
 The swap of one group, with the step hook called after each step under the name in `STEPS`:
   * check that the group's segments are still exactly the log's (identity and size, consecutive,
-    not active, log open); otherwise delete the `.cleaned` files and raise CleanAborted
-    ("swap_checked" once it passed);
+    not active, log open, cleanup.policy still compact, not wholly below the log start);
+    otherwise delete the `.cleaned` files and raise CleanAborted ("swap_checked" once it passed);
   * write the `.may-have-gaps` marker, file and dir fsynced ("marker_written");
   * rename `.cleaned` -> `.swap`, the log first ("swap_log_renamed"), then the indexes, fsync the
     dir ("swap_renamed"): from here a crash is completed by loading (segment_swap.py);
@@ -38,8 +40,12 @@ The swap of one group, with the step hook called after each step under the name 
   * rename `.swap` -> final names, the log first ("swap_log_completed"), then the indexes, fsync
     the dir ("swap_completed");
   * open the new segment and put it in the log's list in place of the old ones.
-A file-system failure after the `.swap` renames leaves the log object naming files that may be
-gone: KafkaStorageError, and the log must be reloaded (loading completes the swap).
+On the cleaner thread the hook is called "map_built" after step 2, "cleaned_log_written" once a
+group's `.log.cleaned` is written (not yet synced) and "cleaned_written" once its three files are
+fsynced. A file-system failure before the replaced segments' files start to go is undone (the
+`.swap` / `.cleaned` files removed, the log keeps its segments) and raises KafkaStorageError;
+one after leaves the log object naming files that may be gone: KafkaStorageError, and the log
+must be reloaded (loading completes the swap), as after any disk failure (docs/design.md §4.6).
 
 Concurrency contract: a Cleaner (and its OffsetMap) belongs to one cleaner thread; `clean`
 touches the PartitionLog only inside the callables it hands to `on_loop`.
@@ -54,7 +60,7 @@ import struct
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from minibroker.broker.cleaner.offset_map import OffsetMap
 from minibroker.broker.cleaner.selection import (
@@ -165,6 +171,18 @@ class CleanerStats:
     segments_after: int  # segments swapped in
 
 
+class OnLoop(Protocol):
+    """Runs a callable on the thread that owns the log and returns its result (the spec's
+    `Callable[[Callable[[], T]], T]`, generic per call: the round hands it several types)."""
+
+    def __call__(self, fn: Callable[[], T], /) -> T: ...
+
+
+def run_here(fn: Callable[[], T]) -> T:
+    """`on_loop` when the caller owns the log itself (tests, tools): run `fn` now."""
+    return fn()
+
+
 class CleanAborted(Exception):
     """The log changed under the round (truncated, deleted, retention moved past it, closed):
     the group being swapped was not (groups swapped before it stay, already clean)."""
@@ -243,7 +261,7 @@ class Cleaner:
         log: PartitionLog,
         to_clean: LogToClean,
         now_ms: int,
-        on_loop: Callable[[Callable[[], T]], T] = lambda fn: fn(),
+        on_loop: OnLoop = run_here,
         *,
         last_data_offsets: Mapping[int, int] | None = None,
         should_abort: Callable[[], bool] | None = None,
@@ -270,7 +288,7 @@ class Cleaner:
         offset_map.clear()
         non_active = snapshot.segments[:-1]
         upper_bound = min(to_clean.first_uncleanable_offset, snapshot.segments[-1].base_offset)
-        dirty = [s for s in _covering(non_active, first_dirty, upper_bound)]
+        dirty = _covering(non_active, first_dirty, upper_bound)
         if not dirty:
             return self._stats(log, first_dirty, first_dirty, counters, started, 0, 0)
         self._build_map(snapshot, dirty, first_dirty, upper_bound, counters, abort)
@@ -418,7 +436,10 @@ class Cleaner:
         limit = uncompressed_limit(config.max_message_bytes)
         offset_map = self.offset_map
         cleaned = _CleanedSegment(
-            snapshot.directory, views[0].base_offset, config.index_interval_bytes
+            snapshot.directory,
+            views[0].base_offset,
+            config.index_interval_bytes,
+            self.io_buffer_size,
         )
         try:
             for view in views:
@@ -483,6 +504,13 @@ class Cleaner:
         directory = log.directory
         base = cleaned.base_offset
         problem = log.segments_changed([(v.segment, v.size) for v in views])
+        if problem is None and not log.config.compact:
+            problem = "its cleanup.policy no longer compacts"
+        if problem is None:
+            segments = log.segments
+            following = segments[segments.index(views[-1].segment) + 1]
+            if following.base_offset <= log.log_start_offset:
+                problem = f"the log start {log.log_start_offset} moved past the segments"
         if problem is not None:
             remove_files(directory, base, CLEANED_SUFFIX)
             raise CleanAborted(f"{log.topic_partition}: {problem}")
@@ -566,6 +594,8 @@ def _take_snapshot(log: PartitionLog, first_dirty: int) -> _Snapshot:
     """On the loop: what the round reads, so that the cleaner thread never touches `log`."""
     if log.closed:
         raise CleanAborted(f"{log.topic_partition}: the log is closed")
+    if not log.config.compact:
+        raise CleanAborted(f"{log.topic_partition}: its cleanup.policy does not compact")
     views = []
     first_dirty_position = 0
     segments = log.segments
@@ -751,8 +781,15 @@ class _CleanedSegment:
     """`<base>.log.cleaned` and its indexes being written: the index rule of LogSegment
     (an entry once more than index.interval.bytes were written since the last one)."""
 
-    def __init__(self, directory: pathlib.Path, base_offset: int, index_interval_bytes: int):
+    def __init__(
+        self,
+        directory: pathlib.Path,
+        base_offset: int,
+        index_interval_bytes: int,
+        buffer_size: int,
+    ) -> None:
         self.directory = directory
+        self.buffer_size = buffer_size
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
         self.log_path = segment_file(directory, base_offset, LOG_SUFFIX + CLEANED_SUFFIX)
@@ -790,7 +827,7 @@ class _CleanedSegment:
         self._bytes_since_last_index_entry += len(data)
         self._pending.append(data)
         self._pending_bytes += len(data)
-        if self._pending_bytes >= DEFAULT_IO_BUFFER_SIZE:
+        if self._pending_bytes >= self.buffer_size:
             self.write_out()
 
     def write_out(self) -> None:

@@ -51,7 +51,7 @@ def open_log(directory: pathlib.Path, config: LogConfig = CONFIG) -> PartitionLo
 
 def write(
     log: PartitionLog,
-    records: Sequence[tuple[bytes, bytes | None]],
+    records: Sequence[tuple[bytes | None, bytes | None]],
     *,
     ts: int = 1_000,
     producer: tuple[int, int, int] | None = None,
@@ -133,7 +133,9 @@ def read_all(log: PartitionLog) -> list[ReadRecord]:
             previous_last = batch.last_offset
             for r in batch.records:
                 assert batch.base_offset <= r.offset <= batch.last_offset
-                out.append(ReadRecord(r.offset, r.key, r.value, batch.base_offset, batch.last_offset))
+                out.append(
+                    ReadRecord(r.offset, r.key, r.value, batch.base_offset, batch.last_offset)
+                )
         offset = info.next_offset
     return out
 

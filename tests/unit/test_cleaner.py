@@ -225,7 +225,8 @@ def test_compressed_batches_are_written_back_with_their_codec(
     tmp_path: pathlib.Path, codec: Compression
 ) -> None:
     log = open_log(tmp_path / "changes-0")
-    base = write(log, [(b"a", b"x" * 200), (b"b", b"y" * 200), (b"c", b"z" * 200)], compression=codec)
+    records = [(b"a", b"x" * 200), (b"b", b"y" * 200), (b"c", b"z" * 200)]
+    base = write(log, records, compression=codec)
     write(log, [(b"b", b"new")])
     log.roll(now_ms=1_000)
     write(log, [(b"q", b"1")])
@@ -274,7 +275,7 @@ def test_a_log_without_dirty_segments_is_left_alone(tmp_path: pathlib.Path) -> N
     log.close()
 
 
-@pytest.mark.parametrize("change", ["truncate", "retention", "close"])
+@pytest.mark.parametrize("change", ["truncate", "retention", "log_start", "close"])
 def test_the_swap_is_aborted_when_the_log_changed(tmp_path: pathlib.Path, change: str) -> None:
     log = open_log(tmp_path / "changes-0")
     for i in range(12):
@@ -294,6 +295,8 @@ def test_the_swap_is_aborted_when_the_log_changed(tmp_path: pathlib.Path, change
             elif change == "retention":
                 log.maybe_increment_log_start_offset(8)
                 log.delete_retention(2_000, high_watermark=log.leo)
+            elif change == "log_start":  # raised past the group (all of it), not deleted yet
+                log.maybe_increment_log_start_offset(log.active_segment.base_offset)
             else:
                 log.close()
         return fn()
@@ -326,6 +329,20 @@ def test_should_abort_stops_the_round_before_any_swap(tmp_path: pathlib.Path) ->
     log.close()
 
 
+def test_a_log_that_does_not_compact_is_not_cleaned(tmp_path: pathlib.Path) -> None:
+    log = open_log(tmp_path / "changes-0", LogConfig(segment_bytes=4096))
+    write(log, [(b"a", b"1")])
+    write(log, [(None, b"keyless")])
+    log.roll(now_ms=1_000)
+    write(log, [(b"a", b"2")])
+    before = batches_of(log)
+    with pytest.raises(CleanAborted, match=r"cleanup\.policy does not compact"):
+        clean(log, now_ms=2_000)
+    assert batches_of(log) == before
+    assert not log.may_have_gaps
+    log.close()
+
+
 def test_a_log_to_clean_of_another_partition_is_refused(tmp_path: pathlib.Path) -> None:
     log = open_log(tmp_path / "changes-0")
     write(log, [(b"a", b"1")])
@@ -333,7 +350,7 @@ def test_a_log_to_clean_of_another_partition_is_refused(tmp_path: pathlib.Path) 
     write(log, [(b"a", b"2")])
     other = PartitionLog.open(tmp_path / "other-0", TopicPartition("other", 0), CONFIG, 0)
     before = batches_of(log)
-    with pytest.raises(ValueError, match="changes-0|changes"):
+    with pytest.raises(ValueError, match="log to clean is other-0"):
         Cleaner(OffsetMap(MAP_BYTES)).clean(log, to_clean(other, 2_000), 2_000)
     assert batches_of(log) == before
     log.close()
@@ -353,6 +370,30 @@ def test_step_names_are_reached_in_order(tmp_path: pathlib.Path) -> None:
     assert [STEPS.index(name) for name in dict.fromkeys(seen)] == sorted(
         STEPS.index(name) for name in set(seen)
     )
+    log.close()
+
+
+def test_segment_descriptors_closed_by_the_lru_mid_round_do_not_matter(
+    tmp_path: pathlib.Path,
+) -> None:
+    from minibroker.broker.storage.segment_files import INACTIVE_SEGMENT_FILES
+
+    log = small_segments_log(tmp_path / "changes-0")
+    for segment in log.segments[:-1]:  # every inactive segment's descriptor cached
+        log.read(segment.base_offset, 100)
+    before = read_all(log)
+    capacity = INACTIVE_SEGMENT_FILES.capacity
+
+    def on_loop(fn):  # type: ignore[no-untyped-def]
+        INACTIVE_SEGMENT_FILES.capacity = 1  # the loop's LRU closes descriptors meanwhile
+        try:
+            return fn()
+        finally:
+            INACTIVE_SEGMENT_FILES.capacity = capacity
+
+    stats = Cleaner(OffsetMap(MAP_BYTES)).clean(log, to_clean(log, 2_000), 2_000, on_loop)
+    assert stats.segments_before == 3
+    assert latest(read_all(log)) == latest(before)
     log.close()
 
 
@@ -403,3 +444,82 @@ def test_placed_batch_refuses_offsets_outside_or_out_of_order() -> None:
         )
     with pytest.raises(ValueError, match="does not fit"):
         encode_placed_batch([], base_offset=10, last_offset=9, base_timestamp=0, max_timestamp=0)
+
+
+# -- disk failures during the swap, leftovers at load ---------------------------------------
+
+
+def small_segments_log(directory: pathlib.Path) -> PartitionLog:
+    log = open_log(directory)
+    for i in range(9):
+        write(log, [(b"k%d" % (i % 3), b"v%d" % i), (b"u%d" % i, b"once")])
+        if i % 3 == 2:
+            log.roll(now_ms=1_000)
+    return log
+
+
+def test_a_failed_rename_to_swap_is_undone_and_the_log_goes_on(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import minibroker.broker.cleaner.cleaner as cleaner_module
+    from minibroker.client.errors import KafkaStorageError
+
+    log = small_segments_log(tmp_path / "changes-0")
+    before = batches_of(log)
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(cleaner_module, "rename_files", failing)
+    with pytest.raises(KafkaStorageError, match="undone"):
+        clean(log, now_ms=2_000)
+    assert batches_of(log) == before
+    assert no_cleaned_files(log.directory)
+    write(log, [(b"after", b"1")])  # the log still works
+    log.close()
+    reloaded = open_log(log.directory)
+    assert batches_of(reloaded)[: len(before)] == before
+    reloaded.close()
+
+
+def test_a_failed_marker_write_swaps_nothing(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from minibroker.client.errors import KafkaStorageError
+
+    log = small_segments_log(tmp_path / "changes-0")
+    before = batches_of(log)
+
+    def failing() -> None:
+        raise KafkaStorageError("writing the may-have-gaps marker failed")
+
+    monkeypatch.setattr(log, "mark_may_have_gaps", failing)
+    with pytest.raises(KafkaStorageError, match="marker"):
+        clean(log, now_ms=2_000)
+    assert batches_of(log) == before
+    assert no_cleaned_files(log.directory)
+    log.close()
+
+
+def test_load_removes_cleaned_leftovers_and_completes_a_swap(tmp_path: pathlib.Path) -> None:
+    directory = tmp_path / "changes-0"
+    log = small_segments_log(directory)
+    before = read_all(log)
+    bases = [s.base_offset for s in log.segments]
+    log.close()
+    names = {base: f"{base:020d}" for base in bases}
+    # A round that wrote its files and died before the swap: thrown away.
+    (directory / f"{names[bases[0]]}.log.cleaned").write_bytes(b"partial")
+    (directory / f"{names[bases[0]]}.index.cleaned").write_bytes(b"")
+    # A swap of the second segment alone whose old files were not deleted yet: completed.
+    (directory / f"{names[bases[1]]}.log").rename(directory / f"{names[bases[1]]}.log.swap")
+    os.link(directory / f"{names[bases[1]]}.log.swap", directory / f"{names[bases[1]]}.log.keep")
+    (directory / f"{names[bases[1]]}.log.keep").rename(directory / f"{names[bases[1]]}.log")
+    (directory / f"{names[bases[1]]}.index").rename(directory / f"{names[bases[1]]}.index.swap")
+
+    reloaded = open_log(directory)
+    assert no_cleaned_files(directory)
+    assert read_all(reloaded) == before
+    assert [s.base_offset for s in reloaded.segments] == bases
+    assert (directory / f"{names[bases[1]]}.index").exists()
+    reloaded.close()

@@ -8,6 +8,7 @@ changes nothing) and it can be cleaned again.
 
 from __future__ import annotations
 
+import itertools
 import os
 import pathlib
 import signal
@@ -70,7 +71,7 @@ def check_whole(
     for r in after:
         assert written[r.offset] == (r.key, r.value), f"offset {r.offset} is not what was written"
     segments = log.segments
-    for earlier, later in zip(segments, segments[1:], strict=False):
+    for earlier, later in itertools.pairwise(segments):
         assert earlier.next_offset <= later.base_offset, "segments overlap"
     names = os.listdir(log.directory)
     assert not [n for n in names if n.endswith((".cleaned", ".swap"))], names
@@ -106,7 +107,9 @@ CASES = [(step, 1) for step in STEPS] + [
 
 
 @pytest.mark.parametrize(("step", "occurrence"), CASES)
-def test_sigkill_at_each_step_of_a_round(tmp_path: pathlib.Path, step: str, occurrence: int) -> None:
+def test_sigkill_at_each_step_of_a_round(
+    tmp_path: pathlib.Path, step: str, occurrence: int
+) -> None:
     directory = tmp_path / "changes-0"
     build_crash_log(directory).close()
     crash_and_reload(directory, step, occurrence)
