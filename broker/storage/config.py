@@ -37,7 +37,7 @@ class LogConfig:
     flush_ms: int = 2**63 - 1
     message_timestamp_type: str = "CreateTime"
     # cleanup.policy, as its two flags (Kafka's LogConfig.compact / .delete). Retention by time
-    # and size applies only with delete; compact is accepted, but no cleaner runs yet (issue 21).
+    # and size applies only with delete; compact is what the log cleaner cleans (issue 21).
     compact: bool = False
     delete: bool = True
     min_cleanable_dirty_ratio: float = 0.5
