@@ -318,7 +318,12 @@ class ReplicaManager:
         dir failed."""
         if self.log_dir_failure is not None:
             return []
-        return [(h.log, h.core.high_watermark) for h in self.engine.hosted().values()]
+        out = []
+        for tp, high_watermark in self.engine.high_watermarks().items():
+            partition_log = self.engine.log(tp)
+            if partition_log is not None:
+                out.append((partition_log, high_watermark))
+        return out
 
     def delete_log(self, tp: TopicPartition) -> None:
         """Delete the log of `tp`, its cleaner round aborted and its cleaner checkpoint dropped

@@ -292,6 +292,9 @@ async def test_truncation_and_deletion_reach_the_log_cleaner(make_leader: MakeLe
     rm = await make_leader({"cleanup.policy": "compact"})
     for _ in range(3):
         assert (await produce_one(rm, keyed(now_ms(), [b"a", b"b"]))).error == ErrorCode.NONE
+    # What the cleaner looks at: every hosted log with its HW (read through the engine's views).
+    looked = sorted((log.topic_partition, hw) for log, hw in rm._cleanable_logs())
+    assert looked == [(BAD, 6), (GOOD, 0)]
     book = rm.cleaner.book
     # The book is the broker's own, in its data dir.
     assert Path(book.path).name == "cleaner-offset-checkpoint"
