@@ -555,6 +555,9 @@ class ReplicaManager:
             output.serving_error,
         )
         self.log_dir_failure = failure
+        # Not one more swap into a failed dir: every cleaning round is aborted (and the
+        # cleaner's looks find no log from now on).
+        self.cleaner.book.abort_all()
         log.error(
             "log_dir_offline",
             log_dir=failure.log_dir,

@@ -310,3 +310,18 @@ async def test_truncation_and_deletion_reach_the_log_cleaner(make_leader: MakeLe
     rm.run([ReplicaRemoved(BAD, True, "topic deleted")])
     assert book.checkpoint(BAD) is None
     assert Path(book.path).read_text() == "0\n0\n"
+
+
+async def test_a_failed_data_dir_aborts_every_cleaning_round(make_leader: MakeLeader) -> None:
+    from minibroker.broker.cleaner.manager import log_facts
+    from minibroker.broker.replication.outputs import LogDirFailed
+
+    rm = await make_leader({"cleanup.policy": "compact", "segment.bytes": "200"})
+    for _ in range(6):
+        assert (await produce_one(rm, keyed(now_ms(), [b"a", b"b"]))).error == ErrorCode.NONE
+    log = rm.partitions[BAD].log
+    chosen, _ = rm.cleaner.book.grab([log_facts(log, log.leo, None)], now_ms())
+    assert chosen is not None and not rm.cleaner.book.aborted(BAD)
+    rm.run([LogDirFailed("test", OSError(5, "I/O error"), "storage failed", 2, 2)])
+    assert rm.cleaner.book.aborted(BAD)
+    assert rm._cleanable_logs() == []
