@@ -302,6 +302,15 @@ async def test_truncation_and_deletion_reach_the_log_cleaner(make_leader: MakeLe
     states = {(s.topic, s.partition): s for s in rm.describe_replicas({TOPIC})}
     bad = states[(TOPIC, 0)]
     assert bad.compacted and bad.cleaner_point == 6 and bad.dirty_ratio == 0.0
+    # On the wire, as `topics describe` reads it.
+    from minibroker.client import wire as client_wire
+
+    answer = wire.encode_replicas(ME, list(states.values()))
+    decoded = {r.partition: r for r in client_wire.replica_offsets(answer)}
+    assert (decoded[0].cleaner_point, decoded[0].dirty_ratio) == (6, 0.0)
+    # GOOD's checkpoint (4) lies past its log end (0): not valid, the clean part ends at the
+    # log start (Kafka's rule; the next look rewrites it).
+    assert (decoded[1].cleaner_point, decoded[1].dirty_ratio) == (0, 0.0)
     rm.run([Truncated(BAD, False, 6, 2, "diverging epoch", 1)])
     assert book.checkpoint(BAD) == 2 and not book.paused(BAD)
     rm.run([Truncated(GOOD, True, 4, 9, "below the leader's log start", 1)])
