@@ -625,3 +625,39 @@ def test_a_gap_wider_than_a_segment_index_rolls_even_an_empty_segment(
     assert [s.base_offset for s in again.segments] == [0, far, 2 * far]
     assert stored(again) == [batch(far, 2), batch(2 * far, 1)]
     again.close()
+
+
+def catch_up(leader: PartitionLog, follower: PartitionLog, max_bytes: int) -> int:
+    """Fetch from the follower's LEO and append what the leader serves, until it holds the
+    leader's log; returns the number of fetches."""
+    fetches = 0
+    while follower.leo < leader.leo:
+        info = leader.read(follower.leo, max_bytes)
+        assert info.records, f"nothing served at {follower.leo}"
+        follower.append_as_follower(info.records, now_ms=0)
+        fetches += 1
+        assert fetches < 100
+    return fetches
+
+
+@pytest.mark.parametrize("max_bytes", [1, 1 << 20])
+def test_a_new_follower_catches_up_through_the_gaps_of_a_cleaned_leader(
+    tmp_path: pathlib.Path, max_bytes: int
+) -> None:
+    write_gapped(tmp_path / "leader" / "changes-0")
+    leader = open_log(tmp_path / "leader" / "changes-0")
+    follower = open_log(tmp_path / "follower" / "changes-0", config=COMPACT)
+    catch_up(leader, follower, max_bytes)
+    assert follower.leo == leader.leo == 52
+    assert follower.may_have_gaps
+    assert stored(follower) == ALL
+    # A truncation into a gap (a diverging epoch's end offset), then the same catch-up again.
+    assert follower.truncate_to(23)
+    assert follower.leo == 23
+    catch_up(leader, follower, max_bytes)
+    assert stored(follower) == ALL
+    follower.close()
+    again = open_log(tmp_path / "follower" / "changes-0", config=COMPACT)
+    assert stored(again) == ALL and again.leo == 52
+    again.close()
+    leader.close()
