@@ -35,6 +35,7 @@ from minibroker.broker.replication.outputs import (
     FetchBackoff,
     FollowerAppendFailed,
     HighWatermarkMoved,
+    LogConfigChanged,
     LogDirFailed,
     Output,
     ReplicaRemoved,
@@ -54,6 +55,7 @@ from minibroker.client.records import encode_batch
 from minibroker.client.types import TopicPartition
 from minibroker.metadata.image import MetadataImage
 from minibroker.metadata.records import (
+    ConfigRecord,
     LogEntry,
     PartitionRecord,
     RegisterBrokerRecord,
@@ -419,6 +421,35 @@ def test_a_delete_follower_refuses_a_gap_unless_its_log_has_gaps(tmp_path: pathl
     assert of(out, FetchBackoff) == []
     assert log.leo == 8
     log.close()
+
+
+def test_a_compacted_topic_altered_to_delete_still_follows_its_leaders_gaps(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The leader's cleaner made gaps while the topic was compacted; altered to delete, the
+    follower must still append past them (its log takes the gaps marker, as the shell applies
+    the new config; the core keeps allowing gaps)."""
+    configs = {"cleanup.policy": "compact"}
+    broker = cluster(leader=B2, topic_configs=configs)
+    log = PartitionLog.open(tmp_path / "events-0", TP, LogConfig.from_configs(configs), now_ms=NOW)
+    broker.engine.host(TP, TOPIC_ID, log, configs, high_watermark=0)  # type: ignore[arg-type]
+    broker.act()
+    broker.record(ConfigRecord(TOPIC_ID, "cleanup.policy", "delete"))
+    out = broker.act()
+    (changed,) = of(out, LogConfigChanged)
+    log.update_config(LogConfig.from_configs(changed.configs))  # what the shell does with it
+    assert not log.config.compact and log.may_have_gaps
+    position = broker.engine.next_fetch(TP, B2, NOW)
+    assert position is not None
+    data = encode_batch([(NOW, b"k", b"x", ())], base_offset=4, partition_leader_epoch=1)
+    answer = FetchResponse(ErrorCode.NONE, 5, 0, 5, None, data)
+    out = broker.engine.on_fetch_response(TP, B2, position, answer, NOW)
+    assert of(out, FetchBackoff) == []
+    assert log.leo == 5
+    log.close()
+    reopened = PartitionLog.open(tmp_path / "events-0", TP, LogConfig.from_configs({}), now_ms=NOW)
+    assert reopened.may_have_gaps  # after a restart too
+    reopened.close()
 
 
 def test_a_leader_serves_a_follower_fetching_inside_a_gap_the_next_batch(
