@@ -309,7 +309,9 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
         hosted.max_message_bytes = int(configs["max.message.bytes"])
         self._interpret(
             hosted,
-            hosted.core.update_config(self._replica_config(configs, hosted.log), now_ms)[1],
+            hosted.core.update_config(
+                self._replica_config(configs, hosted.log, hosted.core.config), now_ms
+            )[1],
             out,
         )
         hosted.topic_configs = dict(raw)
@@ -370,10 +372,13 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
     def _typed_configs(self, raw: Mapping[str, str]) -> dict[str, Any]:
         return resolve_topic_config(raw, self.config.topic_defaults)
 
-    def _replica_config(self, configs: Mapping[str, Any], log: S) -> ReplicaConfig:
+    def _replica_config(
+        self, configs: Mapping[str, Any], log: S, previous: ReplicaConfig | None = None
+    ) -> ReplicaConfig:
         """The core's settings; a follower may append past an offset gap of its leader's log
-        when the topic is compacted or its own log may have gaps already (a topic that was
-        compacted before: its leader's log keeps the gaps)."""
+        when the topic is compacted or its own log may have gaps already, and once allowed it
+        stays so (a topic compacted before keeps the gaps its leader's cleaner made: altered
+        to delete, its log gets the marker, PartitionLog.update_config)."""
         return ReplicaConfig(
             min_insync_replicas=int(configs["min.insync.replicas"]),
             replica_lag_time_max_ms=self.config.replica_lag_time_max_ms,
@@ -382,6 +387,7 @@ class BrokerReplicas(ReplicaServing[S], ReplicaViews[S]):
             offset_gaps_allowed=(
                 CLEANUP_POLICY_COMPACT in cleanup_policies(str(configs["cleanup.policy"]))
                 or log.may_have_gaps
+                or (previous is not None and previous.offset_gaps_allowed)
             ),
         )
 

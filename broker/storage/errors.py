@@ -35,10 +35,12 @@ class CorruptCheckpointError(KafkaStorageError):
 
 
 class UnexpectedAppendOffsetError(InvalidRecordError):
-    """A follower append does not start at the LEO, or its batches are not contiguous.
+    """A follower append does not start at the LEO, or its batches are not contiguous (in a
+    log that may have gaps, a compacted one: starts below the LEO, or a batch starts below the
+    previous one's next offset).
 
     Kafka's UnexpectedAppendOffsetException: the fetcher should re-check its fetch state rather
-    than write a gap or an overlap into the log.
+    than write a gap (where gaps are not allowed) or an overlap into the log.
     """
 
     def __init__(self, message: str, *, first_offset: int, expected_offset: int) -> None:

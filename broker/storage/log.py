@@ -131,6 +131,8 @@ class PartitionLog(LogDeletion):
         self._last_flush_ms = now_ms
         self._closed = False
         self._may_have_gaps = may_have_gaps
+        # The topic was compacted while this log was open (update_config).
+        self._was_compacted = False
         # What the load's pass over the batches found for the producer state (newest batches
         # of each producer id, oldest first); dropped when handed over or the log changes.
         self._loaded_producer_batches: list[BatchHeader] | None = None
@@ -339,7 +341,23 @@ class PartitionLog(LogDeletion):
         self._loaded_producer_batches = None
 
     def update_config(self, config: LogConfig) -> None:
-        """New topic configs apply to the next append, roll, retention and flush decision."""
+        """New topic configs apply to the next append, roll, retention and flush decision.
+
+        A compacted topic altered to delete keeps the gaps its leader's cleaner made, which its
+        followers still have to append past: the log takes the gaps marker (and accepts gaps
+        from then on, after a restart too). Should writing it fail, the log still accepts gaps
+        until it closes (a follower append past one writes the marker first, or fails)."""
+        if self.config.compact and not config.compact:
+            self._was_compacted = True
+            try:
+                self.mark_may_have_gaps()
+            except KafkaStorageError as err:
+                _log.error(
+                    "gaps_marker_write_failed",
+                    topic=self.topic_partition.topic,
+                    partition=self.topic_partition.partition,
+                    error=str(err),
+                )
         self.config = config
 
     # -- epoch cache --------------------------------------------------------------------------
@@ -412,7 +430,7 @@ class PartitionLog(LogDeletion):
             self.leo,
             self._epoch_cache.latest_epoch,
             self._log_start_offset,
-            allow_gaps=self.config.compact or self._may_have_gaps,
+            allow_gaps=self.config.compact or self._may_have_gaps or self._was_compacted,
         )
         if plan.has_gap:
             self.mark_may_have_gaps()

@@ -72,8 +72,10 @@ class LogDeletion:
         """Remove the batches at and after `offset`; True if any bytes went.
 
         The epoch cache drops entries starting at or after the new end even when nothing is
-        truncated (KAFKA-10706). Batch-granular: a batch holding `offset` goes whole. Below the
-        first segment this is `truncate_fully_and_start_at(offset)`.
+        truncated (KAFKA-10706). Batch-granular: a batch holding `offset` goes whole. An
+        `offset` inside a gap of a compacted log (between batches or segments) keeps every batch
+        below it and becomes the LEO, as in Kafka. Below the first segment this is
+        `truncate_fully_and_start_at(offset)`.
         """
         if offset < 0:
             raise OffsetOutOfRangeError(f"cannot truncate {self.topic_partition} to {offset}")

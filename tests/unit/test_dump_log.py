@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 import pytest
+from gapped_batches import cleaned_batch
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from minibroker.client.batch import Compression, set_base_offset, set_partition_leader_epoch
@@ -300,8 +301,6 @@ def test_index_layouts_are_defined_once_for_storage_and_dump_log() -> None:
 def test_gaps_of_a_compacted_log_are_printed_not_errors(tmp_path: pathlib.Path) -> None:
     """A cleaned log (issue 21): a gap at a segment's start, between batches, inside a batch's
     kept offsets (not a gap: its offsets are the batch's), and between two segments."""
-    from gapped_batches import cleaned_batch
-
     first = tmp_path / f"{0:020d}.log"
     first.write_bytes(
         cleaned_batch(2, [(2, b"a", b"1")], 3)  # offsets 0..1 absent

@@ -17,6 +17,7 @@ import pathlib
 from typing import Any
 
 import pytest
+from gapped_batches import cleaned_batch
 from memlog import MemAppend, MemLog, MemRead
 
 from minibroker.broker.replication.engine import BrokerReplicas
@@ -34,6 +35,7 @@ from minibroker.broker.replication.outputs import (
     FetchBackoff,
     FollowerAppendFailed,
     HighWatermarkMoved,
+    LogConfigChanged,
     LogDirFailed,
     Output,
     ReplicaRemoved,
@@ -53,6 +55,7 @@ from minibroker.client.records import encode_batch
 from minibroker.client.types import TopicPartition
 from minibroker.metadata.image import MetadataImage
 from minibroker.metadata.records import (
+    ConfigRecord,
     LogEntry,
     PartitionRecord,
     RegisterBrokerRecord,
@@ -417,6 +420,63 @@ def test_a_delete_follower_refuses_a_gap_unless_its_log_has_gaps(tmp_path: pathl
     _, log, out = _follow_with_a_real_log(tmp_path / "b", {}, marked=True)
     assert of(out, FetchBackoff) == []
     assert log.leo == 8
+    log.close()
+
+
+def test_a_compacted_topic_altered_to_delete_still_follows_its_leaders_gaps(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The leader's cleaner made gaps while the topic was compacted; altered to delete, the
+    follower must still append past them (its log takes the gaps marker, as the shell applies
+    the new config; the core keeps allowing gaps)."""
+    configs = {"cleanup.policy": "compact"}
+    broker = cluster(leader=B2, topic_configs=configs)
+    log = PartitionLog.open(tmp_path / "events-0", TP, LogConfig.from_configs(configs), now_ms=NOW)
+    broker.engine.host(TP, TOPIC_ID, log, configs, high_watermark=0)  # type: ignore[arg-type]
+    broker.act()
+    broker.record(ConfigRecord(TOPIC_ID, "cleanup.policy", "delete"))
+    out = broker.act()
+    (changed,) = of(out, LogConfigChanged)
+    log.update_config(LogConfig.from_configs(changed.configs))  # what the shell does with it
+    assert not log.config.compact and log.may_have_gaps
+    position = broker.engine.next_fetch(TP, B2, NOW)
+    assert position is not None
+    data = encode_batch([(NOW, b"k", b"x", ())], base_offset=4, partition_leader_epoch=1)
+    answer = FetchResponse(ErrorCode.NONE, 5, 0, 5, None, data)
+    out = broker.engine.on_fetch_response(TP, B2, position, answer, NOW)
+    assert of(out, FetchBackoff) == []
+    assert log.leo == 5
+    log.close()
+    reopened = PartitionLog.open(tmp_path / "events-0", TP, LogConfig.from_configs({}), now_ms=NOW)
+    assert reopened.may_have_gaps  # after a restart too
+    reopened.close()
+
+
+def test_a_leader_serves_a_follower_fetching_inside_a_gap_the_next_batch(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A cleaned leader log (gaps at 2..4 and 8..9): a follower fetch at an offset inside a gap
+    is answered from the next batch on, not refused."""
+    folder = tmp_path / "events-0"
+    folder.mkdir()
+    batches = [
+        cleaned_batch(0, [(0, b"a", b"1")], 1),
+        cleaned_batch(5, [(6, b"b", b"2")], 7),
+        cleaned_batch(10, [(10, b"c", b"3")], 10),
+    ]
+    (folder / f"{0:020d}.log").write_bytes(b"".join(batches))
+    (folder / ".may-have-gaps").touch()
+    configs = {"cleanup.policy": "compact"}
+    broker = cluster(leader=ME, topic_configs=configs)
+    log = PartitionLog.open(folder, TP, LogConfig.from_configs(configs), now_ms=NOW)
+    assert log.may_have_gaps and log.leo == 11
+    broker.engine.host(TP, TOPIC_ID, log, configs, high_watermark=0)  # type: ignore[arg-type]
+    broker.act()
+    reply, _ = follower_fetch(broker, 3, epoch=1, last_epoch=0)
+    assert reply.error == ErrorCode.NONE and reply.diverging_epoch is None
+    assert bytes(reply.records) == batches[1] + batches[2]
+    reply, _ = follower_fetch(broker, 8, epoch=1, last_epoch=0)
+    assert bytes(reply.records) == batches[2]
     log.close()
 
 

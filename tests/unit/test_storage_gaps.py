@@ -661,3 +661,35 @@ def test_a_new_follower_catches_up_through_the_gaps_of_a_cleaned_leader(
     assert stored(again) == ALL and again.leo == 52
     again.close()
     leader.close()
+
+
+def test_a_compacted_log_altered_to_delete_keeps_accepting_gaps(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = tmp_path / "changes-0"
+    log = open_log(directory, config=COMPACT)
+    log.append_as_follower(batch(0, 1), now_ms=0)
+    delete = LogConfig(segment_bytes=700, index_interval_bytes=120)
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    # The marker cannot be written now: the log still takes gaps while it is open.
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    log.update_config(delete)
+    monkeypatch.undo()
+    assert not log.may_have_gaps and not log.config.compact
+    log.append_as_follower(batch(3, 1), now_ms=0)  # writes the marker first
+    assert log.may_have_gaps and log.leo == 4
+    log.close()
+    # Altered again with the disk well: the marker is written at once.
+    other = open_log(tmp_path / "other-0", config=COMPACT)
+    other.update_config(delete)
+    assert other.may_have_gaps
+    assert (tmp_path / "other-0" / GAPS_MARKER).exists()
+    other.close()
+    # A delete log altered to another delete config gets no marker.
+    plain = open_log(tmp_path / "plain-0")
+    plain.update_config(delete)
+    assert not plain.may_have_gaps
+    plain.close()
