@@ -258,6 +258,12 @@ class CleanerMetrics:
             "largest dirty ratio among the compacted logs the cleaner last looked at (%)",
             registry=registry,
         )
+        self.max_compaction_delay = Gauge(
+            lcm + "max_compaction_delay_secs",
+            "how far past max.compaction.lag.ms the most overdue compacted log was at the last "
+            "look (seconds)",
+            registry=registry,
+        )
         self.uncleanable_partitions = Gauge(
             lcm + "uncleanable_partitions_count",
             "logs the cleaner gave up on after an unexpected error (until deleted or restarted)",
@@ -310,8 +316,9 @@ class CleanerMetrics:
         self.recopy_percent.set(sum(v[1] for v in last) / len(last))
         self.max_buffer_utilization.set(max(v[2] for v in last))
 
-    def dirty_ratio(self, ratio: float) -> None:
+    def dirty_ratio(self, ratio: float, max_compaction_delay_ms: int = 0) -> None:
         self.max_dirty.set(100.0 * ratio)
+        self.max_compaction_delay.set(max_compaction_delay_ms / 1000.0)
 
     def uncleanable(self, count: int) -> None:
         self.uncleanable_partitions.set(count)

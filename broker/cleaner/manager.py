@@ -142,6 +142,9 @@ class CleanerBook:
         self._uncleanable: set[TopicPartition] = set()
         self._last_runs: dict[TopicPartition, CleanerRun] = {}
         self._run_counts: dict[TopicPartition, int] = {}
+        # The last look's largest delay past max.compaction.lag.ms (Kafka's
+        # max-compaction-delay-secs), in ms.
+        self.max_compaction_delay_ms = 0
 
     @property
     def path(self) -> str:
@@ -196,7 +199,8 @@ class CleanerBook:
     def grab(self, logs: Iterable[LogFacts], now_ms: int) -> tuple[LogToClean | None, float]:
         """The filthiest compacted log not in progress, paused or uncleanable, marked in
         progress; and the largest dirty ratio among the candidates (Kafka's max-dirty-percent).
-        Checkpoints found invalid (below the log start, above the log end) are reset first."""
+        Checkpoints found invalid (below the log start, above the log end) are reset first.
+        The look's largest compaction delay is kept in `max_compaction_delay_ms`."""
         with self._lock:
             busy = self._rounds.keys() | {tp for tp, n in self._pauses.items() if n > 0}
             choice = grab_filthiest_compacted_log(logs, now_ms, busy, self._uncleanable)
@@ -204,6 +208,7 @@ class CleanerBook:
                 for tp, offset in choice.checkpoint_resets:
                     self._checkpoints[tp] = offset
                 self._write_locked()
+            self.max_compaction_delay_ms = choice.max_compaction_delay_ms
             chosen = choice.filthiest
             if chosen is not None:
                 self._rounds[chosen.topic_partition] = _Round(chosen.first_dirty_offset)
@@ -457,7 +462,7 @@ class CleanerObserver(Protocol):
 
     def round_finished(self, thread: int, run: CleanerRun, stats: CleanerStats | None) -> None: ...
 
-    def dirty_ratio(self, ratio: float) -> None: ...
+    def dirty_ratio(self, ratio: float, max_compaction_delay_ms: int = 0) -> None: ...
 
     def uncleanable(self, count: int) -> None: ...
 
@@ -468,7 +473,7 @@ class _NoObserver:
     def round_finished(self, thread: int, run: CleanerRun, stats: CleanerStats | None) -> None:
         pass
 
-    def dirty_ratio(self, ratio: float) -> None:
+    def dirty_ratio(self, ratio: float, max_compaction_delay_ms: int = 0) -> None:
         pass
 
     def uncleanable(self, count: int) -> None:
@@ -616,7 +621,7 @@ class LogCleaner:
         except OSError as err:
             self._disk_failure(err, f"writing {CLEANER_OFFSET_CHECKPOINT}")
             return None
-        self._observer.dirty_ratio(max_ratio)
+        self._observer.dirty_ratio(max_ratio, self.book.max_compaction_delay_ms)
         self._observer.uncleanable(len(self.book.uncleanable()))
         if chosen is None:
             return None

@@ -199,6 +199,31 @@ def compacted_log(path: pathlib.Path, batches: int = 12, **config: Any) -> Parti
     return log
 
 
+def test_a_log_past_max_compaction_lag_is_chosen_and_its_delay_reported(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Below its dirty ratio, but its first dirty batch is older than max.compaction.lag.ms:
+    cleaned anyway (Kafka), and max_compaction_delay_secs says by how much."""
+    lagged = CompactionConfig(
+        cleanup_policy="compact", min_cleanable_dirty_ratio=0.99, max_compaction_lag_ms=1000
+    )
+    segments = (
+        SegmentFacts(0, 1000, TS, TS),
+        SegmentFacts(100, 1000, TS, TS),
+        SegmentFacts(200, 0),
+    )
+    log = LogFacts(TP, lagged, 0, 200, segments, upper_bound=200, checkpoint=100)
+    book = CleanerBook(tmp_path / CLEANER_OFFSET_CHECKPOINT)
+    metrics = BrokerMetrics()
+    chosen, ratio = book.grab([log], TS + 6000)
+    assert chosen is not None and chosen.need_compaction_now and ratio == 0.5
+    assert book.max_compaction_delay_ms == 5000
+    metrics.cleaner.dirty_ratio(ratio, book.max_compaction_delay_ms)
+    sample = metrics.registry.get_sample_value
+    assert sample("kafka_log_LogCleanerManager_max_compaction_delay_secs") == 5.0
+    assert sample("kafka_log_LogCleanerManager_max_dirty_percent") == 50.0
+
+
 def test_log_facts_are_the_logs_segments_offsets_and_high_watermark(tmp_path: pathlib.Path) -> None:
     log = compacted_log(tmp_path)
     try:
