@@ -504,6 +504,37 @@ def test_an_abort_while_the_swap_waits_in_the_loops_queue_refuses_it(
     log.close()
 
 
+def test_stop_ends_a_long_round_between_batches(tmp_path: pathlib.Path) -> None:
+    """A round still reading when the broker stops: should_abort turns true, the Cleaner raises
+    CleanAborted, and stop returns long before its timeout, the round counted as aborted."""
+    log = compacted_log(tmp_path)
+    reading = threading.Event()
+
+    def script(log: PartitionLog, to_clean: LogToClean, on_loop: Any) -> CleanerStats:
+        reading.set()
+        assert runner.should_abort is not None
+        while not runner.should_abort():  # batch after batch
+            threading.Event().wait(0.005)
+        raise CleanAborted("asked to stop between two batches")
+
+    runner = FakeRunner(script)
+
+    async def main() -> tuple[float, LogCleaner]:
+        cleaner = make_cleaner(tmp_path, log, runner)
+        cleaner.start()
+        await until(reading.is_set, "the round to read")
+        started = asyncio.get_running_loop().time()
+        await cleaner.stop()
+        return asyncio.get_running_loop().time() - started, cleaner
+
+    took, cleaner = asyncio.run(main())
+    log.close()
+    assert took < 5.0 and not cleaner.running
+    run = cleaner.book.last_run(TP)[1]
+    assert run is not None and run.outcome is Outcome.ABORTED
+    assert cleaner.book.checkpoint(TP) is None and TP not in cleaner.book.uncleanable()
+
+
 def test_a_disabled_cleaner_starts_no_thread(tmp_path: pathlib.Path) -> None:
     log = compacted_log(tmp_path)
 
