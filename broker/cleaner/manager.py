@@ -712,9 +712,21 @@ class LogCleaner:
             tp = to_clean.topic_partition
             stats: CleanerStats | None = None
             error: BaseException | None = None
-            try:
-                if runner is None:
+            if runner is None:
+                try:
                     runner = self._runner_factory(self.settings)
+                except Exception as err:  # MemoryError for the map: not the log's fault
+                    _log.error(
+                        "log_cleaner_map_unavailable",
+                        thread=index,
+                        map_bytes=self.settings.map_bytes,
+                        error=repr(err),
+                    )
+                    self._record(index, tp, None, CleanAborted(f"no offset map: {err!r}"))
+                    self._wake.wait(backoff_s)
+                    self._wake.clear()
+                    continue
+            try:
                 stats = runner.clean(
                     log,
                     to_clean,

@@ -535,6 +535,30 @@ def test_stop_ends_a_long_round_between_batches(tmp_path: pathlib.Path) -> None:
     assert cleaner.book.checkpoint(TP) is None and TP not in cleaner.book.uncleanable()
 
 
+def test_no_memory_for_the_map_is_not_the_logs_fault(tmp_path: pathlib.Path) -> None:
+    log = compacted_log(tmp_path)
+    made: list[int] = []
+
+    def factory(_settings: CleanerSettings) -> FakeRunner:
+        made.append(1)
+        raise MemoryError("no 16 MiB today")
+
+    async def main() -> LogCleaner:
+        cleaner = LogCleaner(settings(), tmp_path, lambda: [(log, 60)], runner_factory=factory)
+        cleaner.start()
+        try:
+            await until(lambda: cleaner.book.last_run(TP)[0] >= 1, "the round")
+        finally:
+            await cleaner.stop()
+        return cleaner
+
+    cleaner = asyncio.run(main())
+    log.close()
+    run = cleaner.book.last_run(TP)[1]
+    assert run is not None and run.outcome is Outcome.ABORTED and "no offset map" in run.error
+    assert TP not in cleaner.book.uncleanable() and made == [1]
+
+
 def test_a_disabled_cleaner_starts_no_thread(tmp_path: pathlib.Path) -> None:
     log = compacted_log(tmp_path)
 
