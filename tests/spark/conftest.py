@@ -22,6 +22,8 @@ CLUSTER_SETTINGS = {
     "leader.imbalance.check.interval.seconds": "3600",
     # Retention runs often, so data-loss tests see segments deleted within a second.
     "log.retention.check.interval.ms": "200",
+    # The cleaner looks for dirty compacted logs often, so compaction tests see it run at once.
+    "log.cleaner.backoff.ms": "200",
 }
 
 
