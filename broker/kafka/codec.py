@@ -156,8 +156,8 @@ def encode_response(api_key: int, version: int, correlation_id: int, body: Any) 
 
 
 def _convert(kafka_type: str | None, value: Any) -> Any:
-    if value is None:
-        return None
+    if value is None or isinstance(value, datetime.timedelta | datetime.datetime | uuid.UUID):
+        return value
     if kafka_type == "error_code":
         return KioErrorCode(int(value))
     if kafka_type == "timedelta_i32" or kafka_type == "timedelta_i64":
