@@ -123,16 +123,13 @@ def parse_request(frame: bytes, supported: Mapping[int, tuple[int, int]]) -> Req
     header_cls = RequestHeaderV2 if flexible else RequestHeaderV1
     try:
         header, used = _reader(header_cls)(frame, 0)
-        body, size = _reader(cls)(frame, used)
+        body, _size = _reader(cls)(frame, used)
     except Exception as err:  # kio raises its own errors, struct's and IndexError on short data
         raise KafkaProtocolError(
             f"malformed {api_name(api_key)} v{version} request: {err!r}"
         ) from None
-    if used + size != len(frame):
-        raise KafkaProtocolError(
-            f"{api_name(api_key)} v{version} request has {len(frame) - used - size} bytes "
-            "past its end"
-        )
+    # Bytes past the request's end are ignored, as Kafka's parser does (librdkafka 2.16's
+    # all-topics Metadata v12 request carries 3 of them).
     return Request(api_key, version, correlation_id, header.client_id, body, flexible)
 
 

@@ -165,7 +165,7 @@ class Connection:
                 await self._answers.put(_done(frame_out))
                 continue
             except codec.KafkaProtocolError as err:
-                return self._refuse("malformed request", str(err))
+                return self._refuse("malformed request", f"{err} (starts {frame[:48].hex()})")
             task = asyncio.create_task(self._answer(request))
             await self._answers.put(task)
 

@@ -1,0 +1,384 @@
+"""Kafka clients that no one here wrote, against a real cluster's Kafka-protocol listeners
+(broker/kafka/): kafka-python (pure Python) and confluent-kafka (librdkafka, C).
+
+Covered: both clients produce with every compression codec (acks=all, idempotent for
+librdkafka) and consume what they wrote; records written by a Kafka client are read by our own
+Consumer over gRPC, and records written by our Producer are read by both Kafka clients; Metadata
+answers give Kafka ports only; ListOffsets; a confluent-kafka idempotent producer rides through a
+leader SIGKILL with nothing lost or duplicated and no fatal error; bad input on a Kafka port
+(garbage, a truncated frame, an unknown API key, an unsupported version, a frame over
+socket.request.max.bytes) gets an error answer or a closed connection, and the broker serves on.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import confluent_kafka
+import kafka
+import pytest
+from cluster_harness import LocalCluster, local_cluster, wait_until
+
+from minibroker.client import Admin, Consumer, Producer, TopicPartition
+
+pytestmark = pytest.mark.integration
+
+CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
+# socket.request.max.bytes on the module's cluster: small, so the test can exceed it cheaply.
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    directory = tmp_path_factory.mktemp("kafka-clients")
+    settings = {"socket.request.max.bytes": str(MAX_REQUEST_BYTES)}
+    with local_cluster(str(directory / "cluster"), brokers=3, settings=settings) as c:
+        yield c
+
+
+def create_topic(cluster: LocalCluster, name: str, partitions: int = 3) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(name, partitions, 3, {"min.insync.replicas": "2"})
+
+
+def consume_confluent(bootstrap: str, topic: str, partitions: int, count: int) -> list[Any]:
+    """`count` messages of `topic` from the start of each partition, with confluent-kafka."""
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "unused",  # assign() only: no group is joined
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+        }
+    )
+    try:
+        consumer.assign([confluent_kafka.TopicPartition(topic, p, 0) for p in range(partitions)])
+        out: list[Any] = []
+        deadline = time.monotonic() + 60
+        while len(out) < count:
+            assert time.monotonic() < deadline, f"read {len(out)} of {count} messages"
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            out.append(message)
+        return out
+    finally:
+        consumer.close()
+
+
+def consume_kafka_python(bootstrap: str, topic: str, partitions: int, count: int) -> list[Any]:
+    consumer = kafka.KafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False
+    )
+    try:
+        tps = [kafka.TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        out: list[Any] = []
+        deadline = time.monotonic() + 60
+        while len(out) < count:
+            assert time.monotonic() < deadline, f"read {len(out)} of {count} messages"
+            for records in consumer.poll(timeout_ms=500).values():
+                out.extend(records)
+        return out
+    finally:
+        consumer.close()
+
+
+def read_ours(bootstrap: str, topic: str, partitions: int, count: int) -> list[Any]:
+    """`count` records with minibroker's own Consumer (gRPC)."""
+    with Consumer(bootstrap) as consumer:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        out: list[Any] = []
+        deadline = time.monotonic() + 60
+        while len(out) < count:
+            assert time.monotonic() < deadline, f"read {len(out)} of {count} records"
+            out.extend(consumer.poll(timeout_ms=500))
+        return out
+
+
+def test_metadata_gives_kafka_ports_only(cluster: LocalCluster) -> None:
+    create_topic(cluster, "meta", partitions=2)
+    client = kafka.KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap)
+    try:
+        described = client.describe_cluster()
+        ports = sorted(b["port"] for b in described["brokers"])
+        assert ports == sorted(b.kafka_port for b in cluster.state.brokers)
+        grpc_ports = {b.port for b in cluster.state.brokers}
+        assert not grpc_ports & set(ports)
+        (topic,) = client.describe_topics(["meta"])
+        assert topic["error_code"] == 0 and len(topic["partitions"]) == 2
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_confluent_kafka_idempotent_produce_every_codec(cluster: LocalCluster, codec: str) -> None:
+    topic = f"ck-{codec}"
+    create_topic(cluster, topic)
+    producer = confluent_kafka.Producer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "compression.type": codec,
+            "linger.ms": 5,
+        }
+    )
+    errors: list[Any] = []
+    for i in range(300):
+        producer.produce(
+            topic,
+            value=f"{codec}-{i}".encode() * 10,
+            key=str(i).encode(),
+            on_delivery=lambda err, msg: errors.append(err) if err else None,
+        )
+    assert producer.flush(60) == 0
+    assert errors == []
+    got = consume_confluent(cluster.kafka_bootstrap, topic, 3, 300)
+    assert sorted(m.value() for m in got) == sorted(
+        f"{codec}-{i}".encode() * 10 for i in range(300)
+    )
+    # The same records through minibroker's own client, over gRPC: the same bytes.
+    ours = read_ours(cluster.bootstrap, topic, 3, 300)
+    assert sorted((r.key, r.value) for r in ours) == sorted(
+        (str(i).encode(), f"{codec}-{i}".encode() * 10) for i in range(300)
+    )
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_kafka_python_produce_and_consume_every_codec(cluster: LocalCluster, codec: str) -> None:
+    topic = f"kp-{codec}"
+    create_topic(cluster, topic)
+    producer = kafka.KafkaProducer(
+        bootstrap_servers=cluster.kafka_bootstrap,
+        acks="all",
+        compression_type=None if codec == "none" else codec,
+        enable_idempotence=True,
+    )
+    futures = [producer.send(topic, f"{codec}:{i}".encode(), partition=i % 3) for i in range(200)]
+    offsets = [f.get(timeout=30) for f in futures]
+    producer.close()
+    assert all(md.offset >= 0 for md in offsets)
+    got = consume_kafka_python(cluster.kafka_bootstrap, topic, 3, 200)
+    assert sorted(r.value for r in got) == sorted(f"{codec}:{i}".encode() for i in range(200))
+    ours = read_ours(cluster.bootstrap, topic, 3, 200)
+    assert sorted(r.value for r in ours) == sorted(r.value for r in got)
+
+
+@pytest.mark.parametrize("acks", [0, 1])
+def test_kafka_python_acks_zero_and_one(cluster: LocalCluster, acks: int) -> None:
+    topic = f"acks-{acks}"
+    create_topic(cluster, topic, partitions=1)
+    producer = kafka.KafkaProducer(bootstrap_servers=cluster.kafka_bootstrap, acks=acks)
+    for i in range(50):
+        producer.send(topic, str(i).encode(), partition=0)
+    producer.flush(30)
+    producer.close()
+    got = read_ours(cluster.bootstrap, topic, 1, 50)
+    assert [r.value for r in got] == [str(i).encode() for i in range(50)]
+
+
+def test_our_producer_is_read_by_both_kafka_clients(cluster: LocalCluster) -> None:
+    topic = "from-ours"
+    create_topic(cluster, topic)
+    with Producer(cluster.bootstrap, compression_type="lz4") as producer:
+        for i in range(120):
+            producer.send(topic, f"ours-{i}".encode(), key=b"k", partition=i % 3)
+        producer.flush()
+    expected = sorted(f"ours-{i}".encode() for i in range(120))
+    ck = consume_confluent(cluster.kafka_bootstrap, topic, 3, 120)
+    assert sorted(m.value() for m in ck) == expected
+    assert {m.key() for m in ck} == {b"k"}
+    kp = consume_kafka_python(cluster.kafka_bootstrap, topic, 3, 120)
+    assert sorted(r.value for r in kp) == expected
+    # Offsets as our client sees them: ListOffsets through the Kafka port.
+    consumer = kafka.KafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap)
+    try:
+        tps = [kafka.TopicPartition(topic, p) for p in range(3)]
+        assert sum(consumer.end_offsets(tps).values()) == 120
+        assert set(consumer.beginning_offsets(tps).values()) == {0}
+    finally:
+        consumer.close()
+
+
+# -- bad input on the Kafka port ----------------------------------------------------------------
+
+
+def kafka_address(cluster: LocalCluster, node_id: int = 1) -> tuple[str, int]:
+    spec = cluster.spec(node_id)
+    return spec.host, spec.kafka_port
+
+
+def api_versions_v0(correlation_id: int, version: int = 0) -> bytes:
+    """An ApiVersions request (v0 has an empty body) at `version`, with header v1."""
+    client_id = b"raw"
+    body = struct.pack(">hhih", 18, version, correlation_id, len(client_id)) + client_id
+    return struct.pack(">i", len(body)) + body
+
+
+def answered(sock: socket.socket) -> bytes | None:
+    """The next response frame (without its size), or None when the server closed."""
+    head = recv_exactly(sock, 4)
+    if head is None:
+        return None
+    (size,) = struct.unpack(">i", head)
+    return recv_exactly(sock, size)
+
+
+def recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def still_serves(cluster: LocalCluster, node_id: int = 1) -> None:
+    """A fresh connection gets an ApiVersions answer, and a Kafka client gets metadata."""
+    with socket.create_connection(kafka_address(cluster, node_id), timeout=10) as sock:
+        sock.sendall(api_versions_v0(5))
+        frame = answered(sock)
+        assert frame is not None
+        correlation_id, error = struct.unpack_from(">ih", frame)
+        assert (correlation_id, error) == (5, 0)
+    producer = confluent_kafka.Producer({"bootstrap.servers": cluster.kafka_bootstrap})
+    try:
+        brokers = producer.list_topics(timeout=10).brokers
+        assert sorted(b.port for b in brokers.values()) == sorted(
+            b.kafka_port for b in cluster.state.brokers
+        )
+    finally:
+        producer.flush(1)
+
+
+BAD_INPUT = {
+    "garbage": b"\x00\x00\x00\x10" + b"\xde\xad\xbe\xef" * 4,
+    "unknown api key": struct.pack(">ihhih", 10, 31999, 0, 1, 0),
+    "unsupported produce version": struct.pack(">ihhih", 10, 0, 1, 1, 0),
+    "over socket.request.max.bytes": struct.pack(">i", MAX_REQUEST_BYTES + 1) + b"\0" * 1024,
+    "negative size": struct.pack(">i", -1),
+}
+
+
+@pytest.mark.parametrize("what", list(BAD_INPUT))
+def test_bad_input_closes_the_connection_and_the_broker_serves_on(
+    cluster: LocalCluster, what: str
+) -> None:
+    with socket.create_connection(kafka_address(cluster), timeout=10) as sock:
+        sock.sendall(BAD_INPUT[what])
+        assert answered(sock) is None, f"{what}: answered instead of closed"
+    still_serves(cluster)
+
+
+def test_a_truncated_frame_closes_the_connection(cluster: LocalCluster) -> None:
+    with socket.create_connection(kafka_address(cluster), timeout=10) as sock:
+        frame = api_versions_v0(3)
+        sock.sendall(frame[:-3])
+        sock.shutdown(socket.SHUT_WR)
+        assert answered(sock) is None
+    still_serves(cluster)
+
+
+def test_unsupported_api_versions_version_gets_the_supported_list(cluster: LocalCluster) -> None:
+    with socket.create_connection(kafka_address(cluster), timeout=10) as sock:
+        sock.sendall(api_versions_v0(11, version=99))
+        frame = answered(sock)
+        assert frame is not None
+        correlation_id, error, count = struct.unpack_from(">ihi", frame)
+        assert (correlation_id, error) == (11, 35)  # UNSUPPORTED_VERSION, at v0
+        keys = {struct.unpack_from(">hhh", frame, 10 + 6 * i)[0] for i in range(count)}
+        assert {0, 1, 2, 3, 18, 22} == keys
+        # The connection stays open: a v0 request now is answered on it.
+        sock.sendall(api_versions_v0(12))
+        again = answered(sock)
+        assert again is not None and struct.unpack_from(">ih", again) == (12, 0)
+    still_serves(cluster)
+
+
+# -- failover -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def failover_cluster(tmp_path: pathlib.Path) -> Iterator[LocalCluster]:
+    settings = {
+        "replica.lag.time.max.ms": "1500",
+        "broker.session.timeout.ms": "2500",
+        "leader.imbalance.check.interval.seconds": "3600",
+    }
+    with local_cluster(str(tmp_path / "cluster"), brokers=3, settings=settings) as c:
+        yield c
+
+
+def test_confluent_idempotent_producer_survives_a_leader_sigkill(
+    failover_cluster: LocalCluster,
+) -> None:
+    cluster = failover_cluster
+    create_topic(cluster, "failover", partitions=1)
+    with Admin(cluster.bootstrap) as admin:
+        wait_until(
+            lambda: len(admin.describe_topics(["failover"])[0].partitions[0].isr) == 3,
+            20,
+            "a full ISR",
+        )
+        leader = admin.describe_topics(["failover"])[0].partitions[0].leader
+    fatal: list[Any] = []
+    failed: list[Any] = []
+    acked: list[bytes] = []
+    lock = threading.Lock()
+
+    def on_error(err: Any) -> None:
+        if err.fatal():
+            fatal.append(err)
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        with lock:
+            (failed if err else acked).append(err or msg.value())
+
+    producer = confluent_kafka.Producer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 2,
+            "message.timeout.ms": 120000,
+            "error_cb": on_error,
+        }
+    )
+    sent = 0
+
+    def produce_until(target: int) -> None:
+        nonlocal sent
+        while sent < target:
+            producer.produce("failover", value=f"m{sent:06d}".encode(), on_delivery=on_delivery)
+            sent += 1
+            producer.poll(0)
+
+    produce_until(500)
+    wait_until(lambda: producer.poll(0.1) >= 0 and len(acked) >= 300, 30, "300 acks before")
+    cluster.kill(leader)
+    produce_until(2000)
+    assert producer.flush(120) == 0, "messages still in flight two minutes after the kill"
+    assert fatal == [], f"librdkafka raised a fatal error: {fatal}"
+    assert failed == []
+    expected = [f"m{i:06d}".encode() for i in range(2000)]
+    assert sorted(acked) == expected
+    # Every acknowledged record once, in order (idempotence: no duplicate, no gap).
+    survivors = [b for b in cluster.state.brokers if b.node_id != leader]
+    bootstrap = ",".join(b.address for b in survivors)
+    with Consumer(bootstrap) as consumer:
+        tp = TopicPartition("failover", 0)
+        assert consumer.end_offsets([tp])[tp] == 2000, "duplicates or losses in the log"
+    got = [r.value for r in read_ours(bootstrap, "failover", 1, 2000)]
+    assert got == expected
