@@ -52,7 +52,10 @@ class KafkaListener:
         *,
         max_request_bytes: int,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        metrics: Any = None,
     ) -> None:
+        """`metrics`: BrokerMetrics (its kafka_* counters), None in tests."""
+        self._metrics = metrics
         self.host = host
         self.port = port
         self._handler = handler
@@ -91,6 +94,12 @@ class KafkaListener:
 
     def _closed(self, reason: str) -> None:
         self.closed_for[reason] = self.closed_for.get(reason, 0) + 1
+        if self._metrics is not None:
+            self._metrics.kafka_connections_closed.labels(reason).inc()
+
+    def _counted(self, api_key: int, version: int) -> None:
+        if self._metrics is not None:
+            self._metrics.kafka_requests.labels(codec.api_name(api_key), str(version)).inc()
 
 
 class Connection:
@@ -166,6 +175,7 @@ class Connection:
                 continue
             except codec.KafkaProtocolError as err:
                 return self._refuse("malformed request", f"{err} (starts {frame[:48].hex()})")
+            listener._counted(request.api_key, request.api_version)
             task = asyncio.create_task(self._answer(request))
             await self._answers.put(task)
 
@@ -232,6 +242,7 @@ async def start_listener(
         chosen.port,
         handlers.handle,
         max_request_bytes=config.limits.socket_request_max_bytes,
+        metrics=replica_manager.metrics,
     )
     bound = await listener.start()
     advertised = config.kafka_advertised(bound)

@@ -13,10 +13,12 @@ socket.request.max.bytes) gets an error answer or a closed connection, and the b
 from __future__ import annotations
 
 import pathlib
+import re
 import socket
 import struct
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -305,6 +307,39 @@ def test_unsupported_api_versions_version_gets_the_supported_list(cluster: Local
         again = answered(sock)
         assert again is not None and struct.unpack_from(">ih", again) == (12, 0)
     still_serves(cluster)
+
+
+def requests_seen(cluster: LocalCluster) -> dict[tuple[str, int], float]:
+    """Every broker's kafka_network_RequestMetrics_RequestsPerSec, summed, by (API, version)."""
+    seen: dict[tuple[str, int], float] = {}
+    pattern = re.compile(
+        r'^kafka_network_RequestMetrics_RequestsPerSec_total\{request="(\w+)",version="(\d+)"\} '
+        r"(\S+)$",
+        re.M,
+    )
+    for spec in cluster.state.brokers:
+        url = f"http://{spec.host}:{spec.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        for name, version, value in pattern.findall(text):
+            key = (name, int(version))
+            seen[key] = seen.get(key, 0.0) + float(value)
+    return seen
+
+
+def test_the_clients_spoke_the_highest_advertised_versions(cluster: LocalCluster) -> None:
+    """After the tests above (same module cluster): librdkafka and kafka-python negotiated the
+    top of each advertised range, so those versions are the ones exercised end to end."""
+    seen = requests_seen(cluster)
+    for api, version in [
+        ("api_versions", 3),
+        ("metadata", 12),
+        ("produce", 9),
+        ("fetch", 12),
+        ("init_producer_id", 4),
+        ("list_offsets", 7),
+    ]:
+        assert seen.get((api, version), 0) > 0, f"no {api} v{version} request: {sorted(seen)}"
 
 
 # -- failover -----------------------------------------------------------------------------------
