@@ -12,10 +12,13 @@ socket.request.max.bytes) gets an error answer or a closed connection, and the b
 
 from __future__ import annotations
 
+import json
 import pathlib
 import re
+import shutil
 import socket
 import struct
+import subprocess
 import threading
 import time
 import urllib.request
@@ -307,6 +310,72 @@ def test_unsupported_api_versions_version_gets_the_supported_list(cluster: Local
         again = answered(sock)
         assert again is not None and struct.unpack_from(">ih", again) == (12, 0)
     still_serves(cluster)
+
+
+KCAT = shutil.which("kcat")
+
+
+@pytest.mark.skipif(
+    KCAT is None, reason="kcat is not installed (Debian: apt-get install -y kcat; .ci/run does)"
+)
+def test_kcat_produces_lists_and_consumes(cluster: LocalCluster) -> None:
+    assert KCAT is not None
+    create_topic(cluster, "kcat", partitions=1)
+    lines = "".join(f"key{i}:value{i}\n" for i in range(20))
+    subprocess.run(
+        [
+            KCAT,
+            "-b",
+            cluster.kafka_bootstrap,
+            "-P",
+            "-t",
+            "kcat",
+            "-p",
+            "0",
+            "-K",
+            ":",
+            "-z",
+            "snappy",
+            "-X",
+            "enable.idempotence=true",
+        ],
+        input=lines.encode(),
+        check=True,
+        timeout=60,
+    )
+    listing = subprocess.run(
+        [KCAT, "-b", cluster.kafka_bootstrap, "-L", "-t", "kcat", "-J"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    metadata = json.loads(listing.stdout)
+    assert sorted(int(b["name"].rsplit(":", 1)[1]) for b in metadata["brokers"]) == sorted(
+        b.kafka_port for b in cluster.state.brokers
+    )
+    consumed = subprocess.run(
+        [
+            KCAT,
+            "-b",
+            cluster.kafka_bootstrap,
+            "-C",
+            "-t",
+            "kcat",
+            "-o",
+            "beginning",
+            "-e",
+            "-f",
+            "%k=%s@%o\n",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    assert consumed.stdout.decode().splitlines() == [f"key{i}=value{i}@{i}" for i in range(20)]
+    ours = read_ours(cluster.bootstrap, "kcat", 1, 20)
+    assert [(r.key, r.value) for r in ours] == [
+        (f"key{i}".encode(), f"value{i}".encode()) for i in range(20)
+    ]
 
 
 def requests_seen(cluster: LocalCluster) -> dict[tuple[str, int], float]:
