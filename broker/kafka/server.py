@@ -125,10 +125,13 @@ class Connection:
             reason = await self._read_requests()
         except (ConnectionError, OSError):
             reason = "connection lost"
+        except asyncio.CancelledError:
+            reason = "listener stopped"
+            raise
         finally:
             if writer_task.done():
                 pass
-            elif reason in ("client closed", "after the answers owed"):
+            elif reason == "client closed":
                 # A clean end: the answers owed are still sent, then the connection closes.
                 await self._answers.put(None)
                 with contextlib.suppress(Exception):

@@ -19,6 +19,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -376,6 +377,37 @@ def test_kcat_produces_lists_and_consumes(cluster: LocalCluster) -> None:
     assert [(r.key, r.value) for r in ours] == [
         (f"key{i}".encode(), f"value{i}".encode()) for i in range(20)
     ]
+
+
+def test_bench_kafka_reports_both_paths(cluster: LocalCluster) -> None:
+    """`minibroker bench kafka` on the module's cluster: four rows, every record counted."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "minibroker.deploy",
+            "bench",
+            "kafka",
+            "--dir",
+            cluster.directory,
+            "--num-records",
+            "300",
+            "--record-size",
+            "1024",
+            "--json",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    rows = json.loads(result.stdout)["rows"]
+    assert [(r["phase"], r["client"], r["port"]) for r in rows] == [
+        ("produce", "confluent-kafka", "kafka"),
+        ("produce", "minibroker", "grpc"),
+        ("consume", "confluent-kafka", "kafka"),
+        ("consume", "minibroker", "grpc"),
+    ]
+    assert all(r["records"] == 300 and r["records_per_s"] > 0 for r in rows)
 
 
 def requests_seen(cluster: LocalCluster) -> dict[tuple[str, int], float]:

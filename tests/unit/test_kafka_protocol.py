@@ -521,3 +521,22 @@ async def test_unsupported_api_versions_version_is_answered_with_the_supported_l
         assert listener.closed_for == {}
     finally:
         await listener.stop()
+
+
+async def test_stop_ends_connections_whose_answers_never_come() -> None:
+    started = asyncio.Event()
+
+    async def never(request: codec.Request) -> Any:
+        started.set()
+        await asyncio.Event().wait()
+
+    listener = await open_listener(never)
+    reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+    writer.write(framed(request_bytes(METADATA, 12, 1, metadata_all(12))))
+    await writer.drain()
+    await asyncio.wait_for(started.wait(), 5)
+    await asyncio.wait_for(listener.stop(), 5)
+    assert await closed_by_server(reader)
+    with pytest.raises(OSError):
+        await asyncio.open_connection("127.0.0.1", listener.port)
+    writer.close()
