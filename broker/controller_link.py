@@ -654,6 +654,11 @@ class ControllerLink:
             await _sleep(SEARCH_BACKOFF_S[min(attempt, len(SEARCH_BACKOFF_S) - 1)], self._closing)
             attempt += 1
 
+    async def forward(self, method: str, request: Any, timeout_s: float) -> Any:
+        """A client's admin request handed on to the active controller (the Kafka listener's
+        CreateTopics and DeleteTopics, as our Admin client calls them over gRPC)."""
+        return await self._request(method, request, timeout_s)
+
     async def alter_partition(
         self, request: pb.AlterPartitionRequest, timeout_s: float = 5.0
     ) -> pb.AlterPartitionResponse:

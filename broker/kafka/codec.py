@@ -160,7 +160,7 @@ def _convert(kafka_type: str | None, value: Any) -> Any:
     if kafka_type == "timedelta_i32" or kafka_type == "timedelta_i64":
         return datetime.timedelta(milliseconds=int(value))
     if kafka_type == "uuid":
-        return value if isinstance(value, uuid.UUID) else _topic_uuid(str(value))
+        return value if isinstance(value, uuid.UUID) else topic_uuid(str(value))
     if kafka_type in ("datetime_i64", "nullable_datetime_i64"):
         if int(value) < 0:
             return None
@@ -168,7 +168,7 @@ def _convert(kafka_type: str | None, value: Any) -> Any:
     return value
 
 
-def _topic_uuid(topic_id: str) -> uuid.UUID | None:
+def topic_uuid(topic_id: str) -> uuid.UUID | None:
     """A topic id as a UUID: ours are a UUID's text or Kafka's base64url of 16 bytes; anything
     else: no id."""
     try:

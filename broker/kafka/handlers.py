@@ -19,12 +19,14 @@ from minibroker.broker.kafka.codec import make, nested
 from minibroker.client.errors import ErrorCode
 from minibroker.client.topic_name import invalid_topic_name
 from minibroker.client.types import NO_LEADER
+from minibroker.proto import minibroker_pb2 as pb
 
 if TYPE_CHECKING:
     from minibroker.broker.replicas.manager import ReplicaManager
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
-API_VERSIONS, INIT_PRODUCER_ID = 18, 22
+API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS, INIT_PRODUCER_ID = 18, 19, 20, 22
+OFFSET_FOR_LEADER_EPOCH = 23
 
 # api key -> (min, max) version served. Produce starts at v3 (magic v2 batches only); Fetch at
 # v4 (the v2 batches' last stable offset); Fetch stops at v12 (v13 names topics by id), Metadata
@@ -35,12 +37,19 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     LIST_OFFSETS: (1, 7),
     METADATA: (1, 12),
     API_VERSIONS: (0, 3),
+    CREATE_TOPICS: (2, 7),
+    DELETE_TOPICS: (1, 6),
     INIT_PRODUCER_ID: (0, 4),
+    OFFSET_FOR_LEADER_EPOCH: (2, 4),
 }
 
 # Kafka's codes that minibroker's own client never sees (so not in client/errors.py).
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 LISTENER_NOT_FOUND = 72
+
+# How long a forwarded admin request may wait for the controller at most (its own timeout_ms
+# is passed on to the controller too).
+ADMIN_FORWARD_MAX_S = 60.0
 
 # The answer a produce with acks=0 gets: none at all (Kafka sends no response).
 NO_RESPONSE = object()
@@ -58,7 +67,10 @@ class KafkaHandlers:
             LIST_OFFSETS: self.list_offsets,
             METADATA: self.metadata,
             API_VERSIONS: self.api_versions,
+            CREATE_TOPICS: self.create_topics,
+            DELETE_TOPICS: self.delete_topics,
             INIT_PRODUCER_ID: self.init_producer_id,
+            OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
         }
 
     async def handle(self, request: codec.Request) -> Any:
@@ -341,6 +353,181 @@ class KafkaHandlers:
                 for name, parts in by_topic.items()
             ),
         )
+
+    # -- OffsetForLeaderEpoch ----------------------------------------------------------------
+
+    async def offset_for_leader_epoch(self, request: codec.Request) -> Any:
+        version = request.api_version
+        module = codec.response_module(OFFSET_FOR_LEADER_EPOCH, version)
+        partition_cls = nested(module, "EpochEndOffset")
+        topic_cls = nested(module, "OffsetForLeaderTopicResult")
+        assert partition_cls and topic_cls
+        asked = [
+            wire.OffsetForLeaderPartition(
+                t.topic, p.partition, int(p.current_leader_epoch), int(p.leader_epoch)
+            )
+            for t in request.body.topics
+            for p in t.partitions
+        ]
+        by_topic: dict[str, list[Any]] = {}
+        for r in self._rm.offset_for_leader_epoch(asked):
+            by_topic.setdefault(r.topic, []).append(
+                make(
+                    partition_cls,
+                    error_code=r.error,
+                    partition=r.partition,
+                    leader_epoch=r.leader_epoch,
+                    end_offset=r.end_offset,
+                )
+            )
+        return make(
+            codec.response_class(OFFSET_FOR_LEADER_EPOCH, version),
+            throttle_time=0,
+            topics=tuple(
+                make(topic_cls, topic=name, partitions=tuple(parts))
+                for name, parts in by_topic.items()
+            ),
+        )
+
+    # -- CreateTopics, DeleteTopics: forwarded to the controller ------------------------------
+
+    async def create_topics(self, request: codec.Request) -> Any:
+        version = request.api_version
+        body = request.body
+        result_cls = nested(codec.response_module(CREATE_TOPICS, version), "CreatableTopicResult")
+        assert result_cls is not None
+        timeout_ms = int(body.timeout.total_seconds() * 1000)
+        refused: dict[str, tuple[int, str]] = {}
+        forwarded = pb.CreateTopicsRequest(timeout_ms=timeout_ms, validate_only=body.validate_only)
+        for topic in body.topics:
+            if topic.assignments:
+                refused[topic.name] = (
+                    int(ErrorCode.INVALID_REQUEST),
+                    "manual replica assignments are not supported: give num_partitions and "
+                    "replication_factor",
+                )
+                continue
+            configs = {c.name: c.value for c in topic.configs if c.value is not None}
+            forwarded.topics.add(
+                name=topic.name,
+                num_partitions=int(topic.num_partitions),
+                replication_factor=int(topic.replication_factor),
+                configs=configs,
+            )
+        answers: dict[str, Any] = {}
+        if forwarded.topics:
+            try:
+                response = await self._forward("CreateTopics", forwarded, timeout_ms)
+                answers = {r.name: r for r in response.topics}
+            except Exception as err:
+                for topic in forwarded.topics:
+                    refused[topic.name] = (
+                        int(ErrorCode.REQUEST_TIMED_OUT),
+                        f"the controller did not answer: {err}",
+                    )
+        results = []
+        for topic in body.topics:
+            name = topic.name
+            answer = answers.get(name)
+            if answer is None:
+                code, message = refused.get(
+                    name, (int(ErrorCode.UNKNOWN_SERVER_ERROR), "no answer for this topic")
+                )
+                results.append(
+                    make(
+                        result_cls,
+                        name=name,
+                        topic_id=None,
+                        error_code=code,
+                        error_message=message,
+                        topic_config_error_code=0,
+                        num_partitions=-1,
+                        replication_factor=-1,
+                        configs=None,
+                    )
+                )
+                continue
+            ok = answer.error_code == ErrorCode.NONE
+            results.append(
+                make(
+                    result_cls,
+                    name=name,
+                    topic_id=answer.topic_id or None,
+                    error_code=int(answer.error_code),
+                    error_message=answer.error_message or None,
+                    topic_config_error_code=0,
+                    num_partitions=answer.num_partitions if ok else -1,
+                    replication_factor=answer.replication_factor if ok else -1,
+                    configs=None,
+                )
+            )
+        return make(
+            codec.response_class(CREATE_TOPICS, version), throttle_time=0, topics=tuple(results)
+        )
+
+    async def delete_topics(self, request: codec.Request) -> Any:
+        version = request.api_version
+        body = request.body
+        result_cls = nested(codec.response_module(DELETE_TOPICS, version), "DeletableTopicResult")
+        assert result_cls is not None
+        timeout_ms = int(body.timeout.total_seconds() * 1000)
+        # v6 names topics by name or by id; earlier versions by name.
+        asked: list[tuple[str | None, Any]] = (
+            [(t.name, t.topic_id) for t in body.topics]
+            if hasattr(body, "topics")
+            else [(name, None) for name in body.topic_names]
+        )
+        by_id = {
+            codec.topic_uuid(tid): name for name, tid in self._rm.image.topic_ids_by_name.items()
+        }
+        names: list[str | None] = [
+            name if name is not None else by_id.get(topic_id) for name, topic_id in asked
+        ]
+        answers: dict[str, Any] = {}
+        failure = ""
+        wanted = [n for n in names if n is not None]
+        if wanted:
+            try:
+                response = await self._forward(
+                    "DeleteTopics",
+                    pb.DeleteTopicsRequest(topic_names=wanted, timeout_ms=timeout_ms),
+                    timeout_ms,
+                )
+                answers = {r.name: r for r in response.results}
+            except Exception as err:
+                failure = f"the controller did not answer: {err}"
+        results = []
+        for (_, topic_id), name in zip(asked, names, strict=True):
+            answer = answers.get(name) if name is not None else None
+            if answer is not None:
+                code, message, tid = int(answer.error_code), answer.error_message, answer.topic_id
+            elif name is None:
+                code, message, tid = (
+                    int(ErrorCode.UNKNOWN_TOPIC_ID),
+                    "no topic has this id",
+                    topic_id,
+                )
+            else:
+                code, message, tid = int(ErrorCode.REQUEST_TIMED_OUT), failure, None
+            results.append(
+                make(
+                    result_cls,
+                    name=name,
+                    topic_id=tid or None,
+                    error_code=code,
+                    error_message=message or None,
+                )
+            )
+        return make(
+            codec.response_class(DELETE_TOPICS, version), throttle_time=0, responses=tuple(results)
+        )
+
+    async def _forward(self, method: str, request: Any, timeout_ms: int) -> Any:
+        link = self._rm.link
+        if link is None:
+            raise RuntimeError("this broker has not registered with a controller yet")
+        timeout_s = min(max(timeout_ms, 1000) / 1000 + 5.0, ADMIN_FORWARD_MAX_S)
+        return await link.forward(method, request, timeout_s)
 
     # -- InitProducerId ----------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ socket.request.max.bytes) gets an error answer or a closed connection, and the b
 
 from __future__ import annotations
 
+import io
 import json
 import pathlib
 import re
@@ -311,6 +312,95 @@ def test_unsupported_api_versions_version_gets_the_supported_list(cluster: Local
         again = answered(sock)
         assert again is not None and struct.unpack_from(">ih", again) == (12, 0)
     still_serves(cluster)
+
+
+def test_kafka_admin_clients_create_and_delete_topics(cluster: LocalCluster) -> None:
+    """CreateTopics and DeleteTopics on the Kafka port, forwarded to the controller."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    ck_admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+    futures = ck_admin.create_topics(
+        [NewTopic("adm-ck", 3, 3, config={"retention.ms": "600000"})], operation_timeout=30
+    )
+    futures["adm-ck"].result(timeout=60)
+    again = ck_admin.create_topics([NewTopic("adm-ck", 3, 3)], operation_timeout=30)
+    with pytest.raises(confluent_kafka.KafkaException) as err:
+        again["adm-ck"].result(timeout=60)
+    assert err.value.args[0].code() == confluent_kafka.KafkaError.TOPIC_ALREADY_EXISTS
+    kp_admin = kafka.KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap)
+    try:
+        kp_admin.create_topics([kafka.admin.NewTopic("adm-kp", 2, 3)], timeout_ms=30000)
+        with Admin(cluster.bootstrap) as admin:
+            wait_until(lambda: {"adm-ck", "adm-kp"} <= set(admin.list_topics()), 20, "both topics")
+            described = {d.name: d for d in admin.describe_topics(["adm-ck", "adm-kp"])}
+            assert len(described["adm-ck"].partitions) == 3
+            assert len(described["adm-kp"].partitions) == 2
+            assert {len(p.replicas) for p in described["adm-kp"].partitions} == {3}
+            kp_admin.delete_topics(["adm-kp"], timeout_ms=30000)
+            ck_admin.delete_topics(["adm-ck"], operation_timeout=30)["adm-ck"].result(timeout=60)
+            wait_until(lambda: not {"adm-ck", "adm-kp"} & set(admin.list_topics()), 20, "deletions")
+    finally:
+        kp_admin.close()
+
+
+def test_offset_for_leader_epoch_answers_the_epoch_end(cluster: LocalCluster) -> None:
+    """An OffsetForLeaderEpoch v4 request written with kio, answered by the partition's leader."""
+    from kio.schema.offset_for_leader_epoch.v4 import request as req
+    from kio.schema.offset_for_leader_epoch.v4.response import OffsetForLeaderEpochResponse
+    from kio.schema.request_header.v2.header import RequestHeader
+    from kio.schema.response_header.v1.header import ResponseHeader
+    from kio.serial import entity_reader, entity_writer
+    from kio.static.primitive import i16, i32
+
+    create_topic(cluster, "epochs", partitions=1)
+    with Producer(cluster.bootstrap) as producer:
+        for i in range(7):
+            producer.send("epochs", str(i).encode(), partition=0)
+        producer.flush()
+    with Admin(cluster.bootstrap) as admin:
+        partition = admin.describe_topics(["epochs"])[0].partitions[0]
+    buffer = io.BytesIO()
+    entity_writer(RequestHeader)(
+        buffer,
+        RequestHeader(
+            request_api_key=i16(23),
+            request_api_version=i16(4),
+            correlation_id=i32(77),
+            client_id="test",
+        ),
+    )
+    entity_writer(req.OffsetForLeaderEpochRequest)(
+        buffer,
+        req.OffsetForLeaderEpochRequest(
+            replica_id=i32(-1),
+            topics=(
+                req.OffsetForLeaderTopic(
+                    topic="epochs",
+                    partitions=(
+                        req.OffsetForLeaderPartition(
+                            partition=i32(0),
+                            current_leader_epoch=i32(partition.leader_epoch),
+                            leader_epoch=i32(partition.leader_epoch),
+                        ),
+                    ),
+                ),
+            ),
+        ),
+    )
+    payload = buffer.getvalue()
+    with socket.create_connection(kafka_address(cluster, partition.leader), timeout=10) as sock:
+        sock.sendall(struct.pack(">i", len(payload)) + payload)
+        frame = answered(sock)
+    assert frame is not None
+    header, used = entity_reader(ResponseHeader)(frame, 0)
+    body, _ = entity_reader(OffsetForLeaderEpochResponse)(frame, used)
+    assert header.correlation_id == 77
+    (result,) = body.topics[0].partitions
+    assert (int(result.error_code), result.leader_epoch, result.end_offset) == (
+        0,
+        partition.leader_epoch,
+        7,
+    )
 
 
 KCAT = shutil.which("kcat")

@@ -24,11 +24,14 @@ from minibroker.broker import wire
 from minibroker.broker.kafka import codec
 from minibroker.broker.kafka.handlers import (
     API_VERSIONS,
+    CREATE_TOPICS,
+    DELETE_TOPICS,
     FETCH,
     INIT_PRODUCER_ID,
     LIST_OFFSETS,
     METADATA,
     NO_RESPONSE,
+    OFFSET_FOR_LEADER_EPOCH,
     PRODUCE,
     SUPPORTED,
     KafkaHandlers,
@@ -38,6 +41,7 @@ from minibroker.broker.replicas.fetch import FetchAnswer
 from minibroker.client.errors import ErrorCode
 from minibroker.metadata.image import MetadataImage
 from minibroker.metadata.records import PartitionRecord, RegisterBrokerRecord, TopicRecord
+from minibroker.proto import minibroker_pb2 as pb
 
 TOPIC_ID = str(uuid.UUID(int=0x1234))
 
@@ -91,12 +95,45 @@ def metadata_all(version: int) -> Any:
     )
 
 
+class FakeLink:
+    """The controller link's `forward`: records what was forwarded, answers as a controller."""
+
+    cluster_id = "cluster-x"
+
+    def __init__(self) -> None:
+        self.forwarded: list[tuple[str, Any]] = []
+
+    async def forward(self, method: str, request: Any, timeout_s: float) -> Any:
+        self.forwarded.append((method, request))
+        if method == "CreateTopics":
+            return pb.CreateTopicsResponse(
+                topics=[
+                    pb.CreatableTopicResult(
+                        name=t.name,
+                        topic_id=TOPIC_ID,
+                        error_code=36 if t.name == "events" else 0,  # TOPIC_ALREADY_EXISTS
+                        error_message="exists" if t.name == "events" else "",
+                        num_partitions=max(t.num_partitions, 1),
+                        replication_factor=max(t.replication_factor, 1),
+                    )
+                    for t in request.topics
+                ]
+            )
+        assert method == "DeleteTopics"
+        return pb.DeleteTopicsResponse(
+            results=[
+                pb.DeletableTopicResult(name=name, topic_id=TOPIC_ID, error_code=0)
+                for name in request.topic_names
+            ]
+        )
+
+
 class FakeReplicaManager:
     """What KafkaHandlers calls, with the answers recorded and given."""
 
     def __init__(self) -> None:
         self.broker_id = 1
-        self.link = None
+        self.link = FakeLink()
         self.image = MetadataImage()
         for broker_id, kafka_port in ((1, 19092), (2, 19093), (3, 0)):
             self.image.apply_record(
@@ -153,6 +190,18 @@ class FakeReplicaManager:
 
     async def init_producer_id(self) -> Any:
         return wire.encode_init_producer_id(ErrorCode.NONE, producer_id=1001)
+
+    def offset_for_leader_epoch(
+        self, asked: list[wire.OffsetForLeaderPartition]
+    ) -> list[wire.EpochEndOffsetResult]:
+        return [
+            wire.EpochEndOffsetResult(
+                a.topic, a.partition, leader_epoch=a.leader_epoch, end_offset=99
+            )
+            if a.current_leader_epoch == 4
+            else wire.EpochEndOffsetResult(a.topic, a.partition, ErrorCode.FENCED_LEADER_EPOCH)
+            for a in asked
+        ]
 
 
 # -- codec ---------------------------------------------------------------------------------------
@@ -276,6 +325,78 @@ def sample_request(api_key: int, version: int) -> Any:
                 ),
             ),
         )
+    if api_key == OFFSET_FOR_LEADER_EPOCH:
+        return codec.make(
+            cls,
+            replica_id=-1,
+            topics=(
+                codec.make(
+                    module.OffsetForLeaderTopic,
+                    topic="events",
+                    partitions=tuple(
+                        codec.make(
+                            module.OffsetForLeaderPartition,
+                            partition=p,
+                            current_leader_epoch=epoch,
+                            leader_epoch=3,
+                        )
+                        for p, epoch in ((0, 4), (1, 2))
+                    ),
+                ),
+            ),
+        )
+    if api_key == CREATE_TOPICS:
+        topic = module.CreatableTopic
+        return codec.make(
+            cls,
+            topics=(
+                codec.make(
+                    topic,
+                    name="fresh",
+                    num_partitions=6,
+                    replication_factor=3,
+                    assignments=(),
+                    configs=(
+                        codec.make(module.CreatableTopicConfig, name="retention.ms", value="1000"),
+                    ),
+                ),
+                codec.make(
+                    topic,
+                    name="events",
+                    num_partitions=1,
+                    replication_factor=1,
+                    assignments=(),
+                    configs=(),
+                ),
+                codec.make(
+                    topic,
+                    name="manual",
+                    num_partitions=-1,
+                    replication_factor=-1,
+                    assignments=(
+                        codec.make(
+                            module.CreatableReplicaAssignment, partition_index=0, broker_ids=(1,)
+                        ),
+                    ),
+                    configs=(),
+                ),
+            ),
+            timeout=30000,
+            validate_only=False,
+        )
+    if api_key == DELETE_TOPICS:
+        if version >= 6:
+            state = module.DeleteTopicState
+            return codec.make(
+                cls,
+                topics=(
+                    codec.make(state, name="events", topic_id=None),
+                    codec.make(state, name=None, topic_id=uuid.UUID(TOPIC_ID)),
+                    codec.make(state, name=None, topic_id=uuid.UUID(int=7)),
+                ),
+                timeout=30000,
+            )
+        return codec.make(cls, topic_names=("events", "gone"), timeout=30000)
     assert api_key == INIT_PRODUCER_ID
     return codec.make(
         cls, transactional_id=None, transaction_timeout=60000, producer_id=-1, producer_epoch=-1
@@ -326,6 +447,38 @@ def check_answer(api_key: int, version: int, body: Any, rm: FakeReplicaManager) 
         (topic,) = body.topics
         (p,) = topic.partitions
         assert (p.error_code, p.offset) == (KioErrorCode.none, 7)
+    elif api_key == OFFSET_FOR_LEADER_EPOCH:
+        (topic,) = body.topics
+        ok, fenced = topic.partitions
+        assert (ok.error_code, ok.leader_epoch, ok.end_offset) == (KioErrorCode.none, 3, 99)
+        assert fenced.error_code == KioErrorCode.fenced_leader_epoch
+    elif api_key == CREATE_TOPICS:
+        method, forwarded = rm.link.forwarded[-1]
+        assert method == "CreateTopics" and forwarded.timeout_ms == 30000
+        # The manual assignment is refused here and never forwarded.
+        assert [(t.name, t.num_partitions, t.replication_factor) for t in forwarded.topics] == [
+            ("fresh", 6, 3),
+            ("events", 1, 1),
+        ]
+        assert dict(forwarded.topics[0].configs) == {"retention.ms": "1000"}
+        fresh, events, manual = body.topics
+        assert (fresh.name, fresh.error_code) == ("fresh", KioErrorCode.none)
+        if version >= 5:
+            assert (fresh.num_partitions, fresh.replication_factor) == (6, 3)
+        assert events.error_code == KioErrorCode.topic_already_exists
+        assert manual.error_code == KioErrorCode.invalid_request
+    elif api_key == DELETE_TOPICS:
+        method, forwarded = rm.link.forwarded[-1]
+        assert method == "DeleteTopics"
+        if version >= 6:
+            # By name, by a known id (named by the image), and an unknown id (not forwarded).
+            assert list(forwarded.topic_names) == ["events", "events"]
+            codes = [r.error_code for r in body.responses]
+            assert codes == [KioErrorCode.none, KioErrorCode.none, KioErrorCode.unknown_topic_id]
+        else:
+            assert list(forwarded.topic_names) == ["events", "gone"]
+            assert [r.name for r in body.responses] == ["events", "gone"]
+            assert {r.error_code for r in body.responses} == {KioErrorCode.none}
     else:
         assert (body.error_code, body.producer_id, body.producer_epoch) == (
             KioErrorCode.none,
