@@ -314,10 +314,11 @@ PORT_RELEASE_S = 5.0
 
 
 def _port_still_held(spec: ProcessSpec) -> bool:
-    """Is the process's port in use? A port held by our own process, which has just stopped,
-    is given PORT_RELEASE_S to be released before the answer is yes."""
+    """Is the process's port (or a broker's Kafka port) in use? A port held by our own process,
+    which has just stopped, is given PORT_RELEASE_S to be released before the answer is yes."""
     deadline = time.monotonic() + (PORT_RELEASE_S if _ours_exiting(spec) else 0.0)
-    while _port_in_use(spec.host, spec.port):
+    ports = [spec.port, *([spec.kafka_port] if spec.kafka_port else [])]
+    while any(_port_in_use(spec.host, port) for port in ports):
         if time.monotonic() >= deadline:
             return True
         time.sleep(0.05)
@@ -745,8 +746,9 @@ def start_process(spec: ProcessSpec, state: ClusterState) -> None:
         return
     if _port_still_held(spec):
         raise LauncherError(
-            f"cannot start {spec.label}: port {spec.port} on {spec.host} is in use "
-            f"(another cluster? try --base-port)"
+            f"cannot start {spec.label}: port {spec.port}"
+            + (f" or its Kafka port {spec.kafka_port}" if spec.kafka_port else "")
+            + f" on {spec.host} is in use (another cluster? try --base-port)"
         )
     pathlib.Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
     log_path = pathlib.Path(spec.log_file)
