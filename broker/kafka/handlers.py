@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS, INIT_PRODUCER_ID = 18, 19, 20, 22
-OFFSET_FOR_LEADER_EPOCH = 23
+OFFSET_FOR_LEADER_EPOCH, DESCRIBE_CLUSTER = 23, 60
 
 # api key -> (min, max) version served. Produce starts at v3 (magic v2 batches only); Fetch at
 # v4 (the v2 batches' last stable offset); Fetch stops at v12 (v13 names topics by id), Metadata
@@ -41,11 +41,14 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DELETE_TOPICS: (1, 6),
     INIT_PRODUCER_ID: (0, 4),
     OFFSET_FOR_LEADER_EPOCH: (2, 4),
+    DESCRIBE_CLUSTER: (0, 1),
 }
 
 # Kafka's codes that minibroker's own client never sees (so not in client/errors.py).
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 LISTENER_NOT_FOUND = 72
+UNSUPPORTED_ENDPOINT_TYPE = 115
+BROKERS_ENDPOINT = 1  # DescribeCluster v1's endpoint_type: 1 brokers, 2 controllers
 
 # How long a forwarded admin request may wait for the controller at most (its own timeout_ms
 # is passed on to the controller too).
@@ -71,6 +74,7 @@ class KafkaHandlers:
             DELETE_TOPICS: self.delete_topics,
             INIT_PRODUCER_ID: self.init_producer_id,
             OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
+            DESCRIBE_CLUSTER: self.describe_cluster,
         }
 
     async def handle(self, request: codec.Request) -> Any:
@@ -92,11 +96,7 @@ class KafkaHandlers:
         partition_cls = nested(module, "MetadataResponsePartition")
         assert broker_cls and topic_cls and partition_cls
         image = self._rm.image
-        # Only brokers with a Kafka listener, unfenced (Kafka's KRaft answers leave fenced ones
-        # out), at their Kafka address: a Kafka client never sees a gRPC port.
-        kafka_brokers = {
-            b.broker_id: b for b in image.brokers.values() if b.kafka_port > 0 and not b.fenced
-        }
+        kafka_brokers = self._kafka_brokers()
         brokers = tuple(
             make(
                 broker_cls,
@@ -171,6 +171,62 @@ class KafkaHandlers:
             controller_id=self._rm.broker_id if kafka_brokers else -1,
             topics=tuple(topics),
             cluster_authorized_operations=-2147483648,
+        )
+
+    def _kafka_brokers(self) -> dict[int, Any]:
+        """Only brokers with a Kafka listener, unfenced (Kafka's KRaft answers leave fenced ones
+        out), by id: a Kafka client is given their Kafka address, never a gRPC port."""
+        return {
+            b.broker_id: b
+            for b in self._rm.image.brokers.values()
+            if b.kafka_port > 0 and not b.fenced
+        }
+
+    # -- DescribeCluster (KIP-700): the same brokers as Metadata ---------------------------
+
+    async def describe_cluster(self, request: codec.Request) -> Any:
+        version = request.api_version
+        broker_cls = nested(
+            codec.response_module(DESCRIBE_CLUSTER, version), "DescribeClusterBroker"
+        )
+        assert broker_cls is not None
+        cls = codec.response_class(DESCRIBE_CLUSTER, version)
+        endpoint_type = int(getattr(request.body, "endpoint_type", BROKERS_ENDPOINT))
+        link = self._rm.link
+        common = {
+            "throttle_time": 0,
+            "endpoint_type": endpoint_type,
+            "cluster_id": (link.cluster_id if link is not None else "") or "",
+            "cluster_authorized_operations": -2147483648,
+        }
+        if endpoint_type != BROKERS_ENDPOINT:
+            # Controllers are not reachable with Kafka's protocol here (Kafka answers so too on
+            # a broker listener).
+            return make(
+                cls,
+                error_code=UNSUPPORTED_ENDPOINT_TYPE,
+                error_message="only the brokers' endpoints are served (endpoint_type 1)",
+                controller_id=-1,
+                brokers=(),
+                **common,
+            )
+        brokers = self._kafka_brokers()
+        return make(
+            cls,
+            error_code=ErrorCode.NONE,
+            error_message=None,
+            controller_id=self._rm.broker_id if brokers else -1,
+            brokers=tuple(
+                make(
+                    broker_cls,
+                    broker_id=b.broker_id,
+                    host=b.kafka_host,
+                    port=b.kafka_port,
+                    rack=b.rack or None,
+                )
+                for b in sorted(brokers.values(), key=lambda b: b.broker_id)
+            ),
+            **common,
         )
 
     # -- Produce -----------------------------------------------------------------------------

@@ -306,7 +306,7 @@ def test_unsupported_api_versions_version_gets_the_supported_list(cluster: Local
         correlation_id, error, count = struct.unpack_from(">ihi", frame)
         assert (correlation_id, error) == (11, 35)  # UNSUPPORTED_VERSION, at v0
         keys = {struct.unpack_from(">hhh", frame, 10 + 6 * i)[0] for i in range(count)}
-        assert {0, 1, 2, 3, 18, 19, 20, 22, 23} == keys
+        assert {0, 1, 2, 3, 18, 19, 20, 22, 23, 60} == keys
         # The connection stays open: a v0 request now is answered on it.
         sock.sendall(api_versions_v0(12))
         again = answered(sock)
@@ -319,6 +319,11 @@ def test_kafka_admin_clients_create_and_delete_topics(cluster: LocalCluster) -> 
     from confluent_kafka.admin import AdminClient, NewTopic
 
     ck_admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+    # DescribeCluster: the brokers at their Kafka ports.
+    described_cluster = ck_admin.describe_cluster(request_timeout=30).result(timeout=60)
+    assert sorted(n.port for n in described_cluster.nodes) == sorted(
+        b.kafka_port for b in cluster.state.brokers
+    )
     futures = ck_admin.create_topics(
         [NewTopic("adm-ck", 3, 3, config={"retention.ms": "600000"})], operation_timeout=30
     )

@@ -26,6 +26,7 @@ from minibroker.broker.kafka.handlers import (
     API_VERSIONS,
     CREATE_TOPICS,
     DELETE_TOPICS,
+    DESCRIBE_CLUSTER,
     FETCH,
     INIT_PRODUCER_ID,
     LIST_OFFSETS,
@@ -325,6 +326,8 @@ def sample_request(api_key: int, version: int) -> Any:
                 ),
             ),
         )
+    if api_key == DESCRIBE_CLUSTER:
+        return codec.make(cls, include_cluster_authorized_operations=False, endpoint_type=1)
     if api_key == OFFSET_FOR_LEADER_EPOCH:
         return codec.make(
             cls,
@@ -447,6 +450,13 @@ def check_answer(api_key: int, version: int, body: Any, rm: FakeReplicaManager) 
         (topic,) = body.topics
         (p,) = topic.partitions
         assert (p.error_code, p.offset) == (KioErrorCode.none, 7)
+    elif api_key == DESCRIBE_CLUSTER:
+        assert (body.error_code, body.cluster_id, body.controller_id) == (
+            KioErrorCode.none,
+            "cluster-x",
+            1,
+        )
+        assert [(b.broker_id, b.port) for b in body.brokers] == [(1, 19092), (2, 19093)]
     elif api_key == OFFSET_FOR_LEADER_EPOCH:
         (topic,) = body.topics
         ok, fenced = topic.partitions
@@ -693,3 +703,16 @@ async def test_stop_ends_connections_whose_answers_never_come() -> None:
     with pytest.raises(OSError):
         await asyncio.open_connection("127.0.0.1", listener.port)
     writer.close()
+
+
+async def test_describe_cluster_for_controllers_is_refused() -> None:
+    handlers = KafkaHandlers(FakeReplicaManager())  # type: ignore[arg-type]
+    body = codec.make(
+        codec.request_class(DESCRIBE_CLUSTER, 1),
+        include_cluster_authorized_operations=False,
+        endpoint_type=2,
+    )
+    request = codec.parse_request(request_bytes(DESCRIBE_CLUSTER, 1, 4, body), SUPPORTED)
+    answer = await handlers.handle(request)
+    assert answer.error_code == KioErrorCode.unsupported_endpoint_type
+    assert answer.brokers == ()
