@@ -31,6 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from minibroker.broker.config import BrokerConfig
 from minibroker.broker.controller_link import ControllerLink, FatalRegistrationError
+from minibroker.broker.kafka.server import start_listener as start_kafka_listener
 from minibroker.broker.metrics import BrokerMetrics
 from minibroker.broker.replicas.manager import ReplicaManager
 from minibroker.broker.service import BrokerServicer
@@ -147,6 +148,16 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         data_dir.close()
         return 1
     advertised = config.advertised(bound)
+    # Kafka's protocol on its own port (kafka.listeners; broker/kafka/server.py), registered
+    # with the controller so that Kafka clients' Metadata answers give its address.
+    try:
+        kafka, kafka_host, kafka_port = await start_kafka_listener(config, rm)
+    except OSError as err:
+        log.error("kafka_listen_failed", address=config["kafka.listeners"], error=str(err))
+        _print_error(f"cannot listen on {config['kafka.listeners']}: {err}")
+        log_manager.close()
+        data_dir.close()
+        return 1
     link = ControllerLink(
         controllers=config.controllers,
         broker_id=config.node_id,
@@ -163,6 +174,8 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         applied_offset=rm.applied_metadata_offset,
         faults=faults,
         tls=tls,
+        kafka_host=kafka_host,
+        kafka_port=kafka_port,
     )
     rm.attach(link)
     servicer = BrokerServicer(
@@ -195,6 +208,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         metrics_port=metrics_port,
         controller=",".join(config.controllers),
         rack=config.rack,
+        kafka=f"{kafka_host}:{kafka_port}" if kafka is not None else "",
     )
 
     tasks: list[asyncio.Task[None]] = []
@@ -241,6 +255,8 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if kafka is not None:
+            await kafka.stop()
         # Before the logs close: every round aborted, the threads joined while this loop
         # still answers them.
         await rm.cleaner.stop()

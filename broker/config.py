@@ -22,6 +22,7 @@ from minibroker.client.common.config import (
 )
 from minibroker.client.common.limits import LIMIT_KEYS, ServerLimits
 from minibroker.client.common.listeners import (
+    PLAINTEXT,
     Listener,
     parse_protocol_map,
     parse_single_listener,
@@ -144,6 +145,23 @@ BROKER_KEYS: tuple[ConfigKey, ...] = (
         lambda v: parse_problem(parse_single_listener, v) if v.strip() else None,
     ),
     PROTOCOL_MAP_KEY,
+    ConfigKey(
+        "kafka.listeners",
+        str,
+        "",
+        "PLAINTEXT://HOST:PORT of the Kafka-protocol listener (Kafka clients: kcat, "
+        "confluent-kafka, kafka-python; port 0: any); empty: none. PLAINTEXT only, so not with "
+        "an SSL/SASL_SSL listener or an authorizer (it has no authentication yet)",
+        lambda v: parse_problem(parse_single_listener, v) if v.strip() else None,
+    ),
+    ConfigKey(
+        "kafka.advertised.listeners",
+        str,
+        "",
+        "PLAINTEXT://HOST:PORT Kafka clients are given for this broker in Metadata answers "
+        "(unset: kafka.listeners; port 0: the port bound); required when its host is a wildcard",
+        lambda v: parse_problem(parse_single_listener, v) if v.strip() else None,
+    ),
     ConfigKey(
         "controller.quorum.bootstrap.servers",
         str,
@@ -279,6 +297,24 @@ class BrokerConfig:
         listener = self.listener
         return listener.host, listener.port
 
+    @property
+    def kafka_listener(self) -> Listener | None:
+        """The Kafka-protocol listener (kafka.listeners), None when off."""
+        text = str(self.values["kafka.listeners"]).strip()
+        return parse_single_listener(text) if text else None
+
+    def kafka_advertised(self, bound_port: int) -> Listener | None:
+        """What Kafka clients are given for this broker: kafka.advertised.listeners (port 0:
+        the bound port) or the Kafka listener on its bound port; None when there is none."""
+        listener = self.kafka_listener
+        if listener is None:
+            return None
+        text = str(self.values["kafka.advertised.listeners"]).strip()
+        chosen = parse_single_listener(text) if text else listener
+        if chosen.port == 0:
+            chosen = dataclasses.replace(chosen, port=bound_port)
+        return chosen
+
     def advertised(self, bound_port: int) -> Listener:
         """The address to register and hand out: advertised.listeners (its port 0: the bound
         port), or the listener itself (on the bound port). build_config refused a wildcard."""
@@ -369,6 +405,43 @@ def _check_listener(config: BrokerConfig) -> None:
         )
 
 
+def _check_kafka_listener(config: BrokerConfig) -> None:
+    """kafka.listeners: PLAINTEXT only (no TLS or SASL on it yet), so it is refused beside a
+    secured gRPC listener or an authorizer, whose protections it would go around."""
+    listener = config.kafka_listener
+    advertised_text = str(config.values["kafka.advertised.listeners"]).strip()
+    if listener is None:
+        if advertised_text:
+            raise ConfigError("kafka.advertised.listeners is set but kafka.listeners is empty")
+        return
+    if listener.name != PLAINTEXT:
+        raise ConfigError(
+            f"kafka.listeners: {listener}: only PLAINTEXT is supported on the Kafka-protocol "
+            "listener (no TLS or SASL on it yet)"
+        )
+    if config.security_protocol != PLAINTEXT or str(config.values["authorizer.class.name"]).strip():
+        raise ConfigError(
+            f"kafka.listeners: {listener} has no authentication yet, so it cannot serve beside "
+            f"a {config.security_protocol} listener or an authorizer (it would bypass them); "
+            "leave kafka.listeners empty"
+        )
+    if (
+        config.listener.port
+        and listener.port == config.listener.port
+        and (listener.host == config.listener.host)
+    ):
+        raise ConfigError(f"kafka.listeners: {listener} is the gRPC listener's address")
+    advertised = parse_single_listener(advertised_text) if advertised_text else listener
+    if advertised.is_wildcard:
+        what = "kafka.advertised.listeners" if advertised_text else "kafka.listeners"
+        raise ConfigError(
+            f"{what}: {advertised} binds every interface, which is no address to give Kafka "
+            "clients: set kafka.advertised.listeners to the address they should use"
+        )
+    if advertised.name != PLAINTEXT:
+        raise ConfigError(f"kafka.advertised.listeners: {advertised}: only PLAINTEXT is supported")
+
+
 def _check_cleaner(values: Mapping[str, Any]) -> None:
     """Kafka's Cleaner requirement: each thread's share of log.cleaner.dedupe.buffer.size holds
     more than one entry at the load factor, or cleaning could never make progress."""
@@ -425,6 +498,7 @@ def build_config(*layers: Mapping[str, Any]) -> BrokerConfig:
     ServerLimits.from_config(values)  # cross-key rules
     config = BrokerConfig(values=values, topic_defaults={})
     _check_listener(config)
+    _check_kafka_listener(config)
     _check_cleaner(values)
     topic_defaults = resolve(TOPIC_CONFIG_KEYS, *topic_layers)
     check_topic_config_rules(topic_defaults)

@@ -107,8 +107,11 @@ class ControllerLink:
         applied_offset: Callable[[], int] | None = None,
         faults: NetFaults | None = None,
         tls: TlsSettings | None = None,
+        kafka_host: str = "",
+        kafka_port: int = 0,
     ) -> None:
-        """`metadata_offset()`: where the watch resumes (the next offset not in the image).
+        """`kafka_host`/`kafka_port`: the Kafka-protocol listener registered (0: none).
+        `metadata_offset()`: where the watch resumes (the next offset not in the image).
         `applied_offset()`: the next offset whose batch is not fully acted on yet, which the
         heartbeats report (the controller's "caught up"); called on the heartbeat thread, so
         it must only read a number. None: `metadata_offset`.
@@ -127,6 +130,7 @@ class ControllerLink:
         self._reconnect_backoff_s = SEARCH_BACKOFF_S if self._several else RECONNECT_BACKOFF_S
         self._host, self._port, self._rack = host, port, rack
         self._metrics_port = metrics_port
+        self._kafka_host, self._kafka_port = kafka_host, kafka_port
         self.cluster_id = cluster_id
         self._previous_broker_epoch = previous_broker_epoch
         self._heartbeat_interval_s = heartbeat_interval_ms / 1000.0
@@ -289,6 +293,8 @@ class ControllerLink:
                 rack=self._rack,
                 previous_broker_epoch=self._previous_broker_epoch,
                 metrics_port=self._metrics_port,
+                kafka_host=self._kafka_host,
+                kafka_port=self._kafka_port,
             )
             target = await self._target(stop)
             if target is None:
@@ -647,6 +653,11 @@ class ControllerLink:
                 log.info("controller_request_retry", method=method, status=err.code().name)
             await _sleep(SEARCH_BACKOFF_S[min(attempt, len(SEARCH_BACKOFF_S) - 1)], self._closing)
             attempt += 1
+
+    async def forward(self, method: str, request: Any, timeout_s: float) -> Any:
+        """A client's admin request handed on to the active controller (the Kafka listener's
+        CreateTopics and DeleteTopics, as our Admin client calls them over gRPC)."""
+        return await self._request(method, request, timeout_s)
 
     async def alter_partition(
         self, request: pb.AlterPartitionRequest, timeout_s: float = 5.0

@@ -187,6 +187,21 @@ class BrokerMetrics:
         )
         self.cleaner = CleanerMetrics(self.registry)
 
+        # -- the Kafka-protocol listener (broker/kafka/) --------------------------------------
+        # Kafka's RequestsPerSec{request,version} and the connections closed for bad input.
+        self.kafka_requests = Counter(
+            "kafka_network_RequestMetrics_RequestsPerSec",
+            "requests read on the Kafka-protocol listener, by API and version",
+            ["request", "version"],
+            registry=self.registry,
+        )
+        self.kafka_connections_closed = Counter(
+            "minibroker_kafka_connections_closed_for_bad_input",
+            "Kafka-protocol connections closed for a request that cannot be served",
+            ["reason"],
+            registry=self.registry,
+        )
+
     def refresh_on_scrape(
         self, loop: asyncio.AbstractEventLoop, refresh: Callable[[], None]
     ) -> None:

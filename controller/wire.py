@@ -56,6 +56,8 @@ def register_request(msg: pb.BrokerRegistrationRequest) -> RegisterRequest:
         rack=msg.rack,
         metrics_port=msg.metrics_port,
         previous_broker_epoch=msg.previous_broker_epoch,
+        kafka_host=msg.kafka_host,
+        kafka_port=msg.kafka_port,
     )
 
 

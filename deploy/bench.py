@@ -14,6 +14,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "minibroker.deploy.bench_failover",
     "minibroker.deploy.bench_reassign",
     "minibroker.deploy.bench_scale",
+    "minibroker.deploy.bench_kafka",
     "minibroker.broker.storage.bench",
     "minibroker.broker.cleaner.bench",
     "minibroker.client.cli.bench",
@@ -24,7 +25,7 @@ def register(sub: Any) -> None:
     parser = sub.add_parser(
         "bench",
         help="run a benchmark (log, cleaner, produce, consume, e2e, failover, metadata, reassign, "
-        "scale)",
+        "scale, kafka)",
         description="Benchmarks that print measured figures; they never assert.",
     )
     bench_sub = parser.add_subparsers(dest="bench", metavar="BENCH")

@@ -65,10 +65,18 @@ class ProcessSpec:
     rack: str = ""
     pid: int = 0
     settings: dict[str, str] = field(default_factory=dict)
+    # A broker's Kafka-protocol listener (kafka.listeners PLAINTEXT://host:kafka_port); 0: none
+    # (controllers, TLS/SASL clusters: it has no authentication yet, and old cluster.json files).
+    kafka_port: int = 0
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def kafka_address(self) -> str:
+        """host:port of the Kafka-protocol listener, "" when the process has none."""
+        return f"{self.host}:{self.kafka_port}" if self.kafka_port else ""
 
     @property
     def name(self) -> str:
@@ -108,6 +116,11 @@ class ClusterState:
     @property
     def bootstrap_servers(self) -> str:
         return ",".join(b.address for b in self.brokers)
+
+    @property
+    def kafka_bootstrap_servers(self) -> str:
+        """The brokers' Kafka-protocol listeners, for Kafka clients ("" when none has one)."""
+        return ",".join(b.kafka_address for b in self.brokers if b.kafka_port)
 
     @property
     def is_quorum(self) -> bool:
@@ -301,10 +314,11 @@ PORT_RELEASE_S = 5.0
 
 
 def _port_still_held(spec: ProcessSpec) -> bool:
-    """Is the process's port in use? A port held by our own process, which has just stopped,
-    is given PORT_RELEASE_S to be released before the answer is yes."""
+    """Is the process's port (or a broker's Kafka port) in use? A port held by our own process,
+    which has just stopped, is given PORT_RELEASE_S to be released before the answer is yes."""
     deadline = time.monotonic() + (PORT_RELEASE_S if _ours_exiting(spec) else 0.0)
-    while _port_in_use(spec.host, spec.port):
+    ports = [spec.port, *([spec.kafka_port] if spec.kafka_port else [])]
+    while any(_port_in_use(spec.host, port) for port in ports):
         if time.monotonic() >= deadline:
             return True
         time.sleep(0.05)
@@ -378,6 +392,8 @@ def plan_cluster(
                 log_file=str(root / f"broker-{node_id}" / "process.log"),
                 rack=f"rack-{i % racks}" if racks > 0 else "",
                 settings=dict(broker_settings),
+                # Kafka's protocol (`up` takes it away in a TLS or SASL cluster).
+                kafka_port=port(2000 + i),
             )
         )
     if cluster_id is None:
@@ -458,6 +474,12 @@ def plan_broker(
     else:
         port = _unused_port(pick_port, host, used)
         metrics_port = _unused_port(pick_port, host, used | {port})
+    kafka_port = 0
+    if not (state.tls or state.sasl):
+        taken = used | {port, metrics_port} | {s.kafka_port for s in state.all()}
+        kafka_port = state.base_port + 2000 + node_id - 1 if state.base_port else 0
+        if not kafka_port or kafka_port in taken:
+            kafka_port = _unused_port(pick_port, host, taken)
     folder = pathlib.Path(state.dir).resolve() / f"broker-{node_id}"
     broker_settings = dict(state.brokers[0].settings) if state.brokers else {}
     return ProcessSpec(
@@ -470,6 +492,7 @@ def plan_broker(
         log_file=str(folder / "process.log"),
         rack=default_rack(state) if rack is None else rack,
         settings=broker_settings,
+        kafka_port=kafka_port,
     )
 
 
@@ -559,6 +582,8 @@ def command_for(spec: ProcessSpec, state: ClusterState) -> list[str]:
         ]
         if spec.rack:
             cmd += ["--rack", spec.rack]
+        if spec.kafka_port:
+            launcher_settings["kafka.listeners"] = f"PLAINTEXT://{spec.kafka_address}"
     # Every process polls the launcher's fault table (nothing set: no fault, see netfaults).
     launcher_settings["network.faults.file"] = str(faults_path(state.dir).resolve())
     launcher_settings["network.faults.node"] = spec.name
@@ -721,8 +746,9 @@ def start_process(spec: ProcessSpec, state: ClusterState) -> None:
         return
     if _port_still_held(spec):
         raise LauncherError(
-            f"cannot start {spec.label}: port {spec.port} on {spec.host} is in use "
-            f"(another cluster? try --base-port)"
+            f"cannot start {spec.label}: port {spec.port}"
+            + (f" or its Kafka port {spec.kafka_port}" if spec.kafka_port else "")
+            + f" on {spec.host} is in use (another cluster? try --base-port)"
         )
     pathlib.Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
     log_path = pathlib.Path(spec.log_file)
@@ -976,6 +1002,10 @@ def up(
         )
         state.tls = tls
         state.sasl = sasl
+        if tls or sasl:
+            # The Kafka-protocol listener is PLAINTEXT, without authentication yet: none here.
+            for spec in state.brokers:
+                spec.kafka_port = 0
     else:
         if tls and not state.tls:
             raise LauncherError(
@@ -1260,10 +1290,12 @@ def status(directory: str = DEFAULT_DIR, ask_quorum: bool = True) -> dict[str, A
         out = {"node_id": spec.node_id, **out}
         if spec.role == "broker":
             out["rack"] = spec.rack
+            out["kafka_address"] = spec.kafka_address or None
         return out
 
     info: dict[str, Any] = {
         "bootstrap_servers": state.bootstrap_servers,
+        "kafka_bootstrap_servers": state.kafka_bootstrap_servers or None,
         "controller_quorum_voters": state.voters,
         "cluster_id": state.cluster_id or None,
         "controller": row(state.controller),

@@ -297,9 +297,10 @@ def _up(args: argparse.Namespace) -> int:
         )
     for b in state.brokers:
         rack = f" rack {b.rack}" if b.rack else ""
+        kafka = f" kafka {b.kafka_address}" if b.kafka_port else ""
         print(
             f"  broker {b.node_id:<5} {b.address:<18} pid {b.pid:<7} "
-            f"metrics http://{b.host}:{b.metrics_port}/metrics{rack}"
+            f"metrics http://{b.host}:{b.metrics_port}/metrics{rack}{kafka}"
         )
     if state.is_quorum:
         leader = launcher.active_controller(state)
@@ -308,6 +309,8 @@ def _up(args: argparse.Namespace) -> int:
             f"active controller: {leader.name if leader else 'none yet'}"
         )
     print(f"Cluster ready. Bootstrap servers: {state.bootstrap_servers}")
+    if state.kafka_bootstrap_servers:
+        print(f"Kafka clients (kcat, confluent-kafka, ...): {state.kafka_bootstrap_servers}")
     if state.tls:
         config = launcher.client_config_path(state.dir)
         print(
@@ -344,15 +347,21 @@ def _status(args: argparse.Namespace) -> int:
 
 def status_lines(info: dict[str, Any]) -> list[str]:
     """`cluster status` in words: every process, then the quorum. Pure (tests call it)."""
-    lines = [f"{'PROCESS':<14} {'STATE':<8} {'PID':<8} {'ADDRESS':<18} {'METRICS':<8} LOG"]
+    lines = [
+        f"{'PROCESS':<14} {'STATE':<8} {'PID':<8} {'ADDRESS':<18} {'KAFKA':<18} {'METRICS':<8} LOG"
+    ]
     rows = [(c["name"], c) for c in info["controllers"]] + [
         (f"broker {b['node_id']}", b) for b in info["brokers"]
     ]
     for label, row in rows:
+        # KAFKA: a broker's Kafka-protocol listener (kafka.listeners), "-" when it has none.
+        kafka = row.get("kafka_address") or "-"
         lines.append(
             f"{label:<14} {row['state']:<8} {row['pid'] or '-':<8} {row['address']:<18} "
-            f"{row['metrics_port']:<8} {row['log_file']}"
+            f"{kafka:<18} {row['metrics_port']:<8} {row['log_file']}"
         )
+    if info.get("kafka_bootstrap_servers"):
+        lines.append(f"Kafka clients: bootstrap.servers={info['kafka_bootstrap_servers']}")
     if "quorum" in info:
         lines.append("")
         lines += quorum.render_quorum(quorum_status_from_json(info["quorum"]))

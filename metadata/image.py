@@ -58,6 +58,8 @@ class BrokerRegistration:
     fenced: bool
     in_controlled_shutdown: bool
     metrics_port: int
+    kafka_host: str = ""  # the Kafka-protocol listener; kafka_port 0: none
+    kafka_port: int = 0
 
     @property
     def is_active(self) -> bool:
@@ -178,6 +180,8 @@ class MetadataImage:
                 fenced=record.fenced,
                 in_controlled_shutdown=False,
                 metrics_port=record.metrics_port,
+                kafka_host=record.kafka_host,
+                kafka_port=record.kafka_port,
             )
         elif isinstance(record, UnregisterBrokerRecord):
             broker = self.brokers.get(record.broker_id)
@@ -266,6 +270,8 @@ class MetadataImage:
                     b.rack,
                     b.fenced,
                     b.metrics_port,
+                    b.kafka_host,
+                    b.kafka_port,
                 )
             )
             if b.in_controlled_shutdown:

@@ -34,6 +34,8 @@ class RegisterBrokerRecord:
     rack: str = ""
     fenced: bool = True
     metrics_port: int = -1
+    kafka_host: str = ""  # the Kafka-protocol listener; kafka_port 0: none
+    kafka_port: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,6 +65,8 @@ def record_to_pb(
                 rack=record.rack,
                 fenced=record.fenced,
                 metrics_port=record.metrics_port,
+                kafka_host=record.kafka_host,
+                kafka_port=record.kafka_port,
             )
         )
     elif isinstance(record, BrokerRegistrationChangeRecord):
@@ -183,6 +185,8 @@ def record_from_pb(msg: pb.MetadataRecord) -> MetadataRecord:
             rack=r.rack,
             fenced=r.fenced,
             metrics_port=r.metrics_port,
+            kafka_host=r.kafka_host,
+            kafka_port=r.kafka_port,
         )
     if kind == "broker_change":
         c = msg.broker_change

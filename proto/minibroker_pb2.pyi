@@ -669,7 +669,7 @@ class FollowerDescription(_message.Message):
     def __init__(self, replica_id: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., last_caught_up_time_ms: _Optional[int] = ...) -> None: ...
 
 class BrokerRegistrationRequest(_message.Message):
-    __slots__ = ("broker_id", "cluster_id", "incarnation_id", "host", "port", "rack", "previous_broker_epoch", "metrics_port")
+    __slots__ = ("broker_id", "cluster_id", "incarnation_id", "host", "port", "rack", "previous_broker_epoch", "metrics_port", "kafka_host", "kafka_port")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -678,6 +678,8 @@ class BrokerRegistrationRequest(_message.Message):
     RACK_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
+    KAFKA_HOST_FIELD_NUMBER: _ClassVar[int]
+    KAFKA_PORT_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     cluster_id: str
     incarnation_id: str
@@ -686,7 +688,9 @@ class BrokerRegistrationRequest(_message.Message):
     rack: str
     previous_broker_epoch: int
     metrics_port: int
-    def __init__(self, broker_id: _Optional[int] = ..., cluster_id: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., previous_broker_epoch: _Optional[int] = ..., metrics_port: _Optional[int] = ...) -> None: ...
+    kafka_host: str
+    kafka_port: int
+    def __init__(self, broker_id: _Optional[int] = ..., cluster_id: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., previous_broker_epoch: _Optional[int] = ..., metrics_port: _Optional[int] = ..., kafka_host: _Optional[str] = ..., kafka_port: _Optional[int] = ...) -> None: ...
 
 class BrokerRegistrationResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "broker_epoch", "cluster_id")
@@ -791,7 +795,7 @@ class MetadataRecord(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., register_broker: _Optional[_Union[RegisterBrokerRecord, _Mapping]] = ..., broker_change: _Optional[_Union[BrokerRegistrationChangeRecord, _Mapping]] = ..., topic: _Optional[_Union[TopicRecord, _Mapping]] = ..., partition: _Optional[_Union[PartitionRecord, _Mapping]] = ..., remove_topic: _Optional[_Union[RemoveTopicRecord, _Mapping]] = ..., producer_ids: _Optional[_Union[ProducerIdsRecord, _Mapping]] = ..., config: _Optional[_Union[ConfigRecord, _Mapping]] = ..., no_op: _Optional[_Union[NoOpRecord, _Mapping]] = ..., unregister_broker: _Optional[_Union[UnregisterBrokerRecord, _Mapping]] = ..., leader_change: _Optional[_Union[LeaderChangeRecord, _Mapping]] = ..., broker_decommission: _Optional[_Union[BrokerDecommissionRecord, _Mapping]] = ..., user_scram_credential: _Optional[_Union[UserScramCredentialRecord, _Mapping]] = ..., remove_user_scram_credential: _Optional[_Union[RemoveUserScramCredentialRecord, _Mapping]] = ..., access_control_entry: _Optional[_Union[AccessControlEntryRecord, _Mapping]] = ..., remove_access_control_entry: _Optional[_Union[RemoveAccessControlEntryRecord, _Mapping]] = ...) -> None: ...
 
 class RegisterBrokerRecord(_message.Message):
-    __slots__ = ("broker_id", "incarnation_id", "broker_epoch", "host", "port", "rack", "fenced", "metrics_port")
+    __slots__ = ("broker_id", "incarnation_id", "broker_epoch", "host", "port", "rack", "fenced", "metrics_port", "kafka_host", "kafka_port")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -800,6 +804,8 @@ class RegisterBrokerRecord(_message.Message):
     RACK_FIELD_NUMBER: _ClassVar[int]
     FENCED_FIELD_NUMBER: _ClassVar[int]
     METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
+    KAFKA_HOST_FIELD_NUMBER: _ClassVar[int]
+    KAFKA_PORT_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     incarnation_id: str
     broker_epoch: int
@@ -808,7 +814,9 @@ class RegisterBrokerRecord(_message.Message):
     rack: str
     fenced: bool
     metrics_port: int
-    def __init__(self, broker_id: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., broker_epoch: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., fenced: _Optional[bool] = ..., metrics_port: _Optional[int] = ...) -> None: ...
+    kafka_host: str
+    kafka_port: int
+    def __init__(self, broker_id: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., broker_epoch: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., fenced: _Optional[bool] = ..., metrics_port: _Optional[int] = ..., kafka_host: _Optional[str] = ..., kafka_port: _Optional[int] = ...) -> None: ...
 
 class BrokerRegistrationChangeRecord(_message.Message):
     __slots__ = ("broker_id", "broker_epoch", "fenced", "in_controlled_shutdown")

@@ -147,6 +147,8 @@ class ClusterControl(ControlBase):
                 rack=req.rack,
                 fenced=True,
                 metrics_port=req.metrics_port,
+                kafka_host=req.kafka_host,
+                kafka_port=req.kafka_port,
             ),
             now_ms,
         )

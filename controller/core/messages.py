@@ -51,6 +51,8 @@ class RegisterRequest:
     rack: str = ""
     metrics_port: int = -1
     previous_broker_epoch: int = -1
+    kafka_host: str = ""  # the Kafka-protocol listener; kafka_port 0: none
+    kafka_port: int = 0
 
 
 @dataclass(frozen=True, slots=True)

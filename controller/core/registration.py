@@ -114,6 +114,7 @@ def invalid_registration(req: RegisterRequest) -> str | None:
         or invalid_port(req.port, "port")
         or invalid_port(req.metrics_port, "metrics port", optional=True)
         or invalid_rack(req.rack)
+        or _invalid_kafka_listener(req.kafka_host, req.kafka_port)
     )
     if problem is not None:
         return problem
@@ -132,3 +133,10 @@ __all__ = [
     "invalid_registration",
     "quoted",
 ]
+
+
+def _invalid_kafka_listener(host: str, port: int) -> str | None:
+    """The Kafka-protocol listener is optional (port 0 and no host: none)."""
+    if port == 0 and not host:
+        return None
+    return invalid_host(host) or invalid_port(port, "kafka port")

@@ -64,6 +64,12 @@ class LocalCluster:
         return self.state.bootstrap_servers
 
     @property
+    def kafka_bootstrap(self) -> str:
+        """The brokers' Kafka-protocol listeners (every harness cluster without TLS/SASL has
+        them: the launcher gives each broker a free Kafka port)."""
+        return self.state.kafka_bootstrap_servers
+
+    @property
     def controller_address(self) -> str:
         return self.state.controller.address
 

@@ -62,6 +62,7 @@ def test_base_port_layout_gives_the_next_ports() -> None:
     state = plan(base_port=9092)
     spec = launcher.plan_broker(state)
     assert (spec.node_id, spec.port, spec.metrics_port) == (4, 9095, 10095)
+    assert spec.kafka_port == 11095  # the Kafka listener: base+2000+id-1
     assert spec.role == "broker" and spec.host == "127.0.0.1"
     # Ports follow the id: after brokers 4 and 5 were added and 5's dir is left, 6 gets base+5.
     spec6 = launcher.plan_broker(state, taken_ids=[5])
@@ -78,7 +79,7 @@ def test_free_ports_skip_every_port_the_cluster_owns() -> None:
     state = plan(base_port=9092)
     state.base_port = 0  # a layout whose ports were picked free
     owned = [state.brokers[0].port, state.controllers[1].metrics_port, state.brokers[2].port]
-    picks = iter([*owned, 40001, 40001, 40002])
+    picks = iter([*owned, 40001, 40001, 40002, state.brokers[1].kafka_port, 40002, 40003])
     asked: list[str] = []
 
     def pick(host: str) -> int:
@@ -86,7 +87,7 @@ def test_free_ports_skip_every_port_the_cluster_owns() -> None:
         return next(picks)
 
     spec = launcher.plan_broker(state, pick_port=pick)
-    assert (spec.port, spec.metrics_port) == (40001, 40002)
+    assert (spec.port, spec.metrics_port, spec.kafka_port) == (40001, 40002, 40003)
     assert set(asked) == {"127.0.0.1"}
 
 
