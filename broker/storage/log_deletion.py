@@ -203,14 +203,14 @@ class LogDeletion:
             deleted += self._delete_oldest(
                 now_ms,
                 high_watermark,
-                lambda s: now_ms - s.largest_timestamp() > retention_ms,
+                lambda s, _upper: now_ms - s.largest_timestamp() > retention_ms,
                 "retention.ms",
             )
         retention_bytes = self.config.retention_bytes
         if delete and retention_bytes >= 0:
             excess = sum(s.size for s in self._segments) - retention_bytes
 
-            def over_size(segment: LogSegment) -> bool:
+            def over_size(segment: LogSegment, _upper: int) -> bool:
                 nonlocal excess
                 if excess - segment.size >= 0:
                     excess -= segment.size
@@ -218,10 +218,13 @@ class LogDeletion:
                 return False
 
             deleted += self._delete_oldest(now_ms, high_watermark, over_size, "retention.bytes")
+        # Kafka's deleteLogStartOffsetBreachedSegments: a segment goes once the NEXT segment
+        # starts at or below the log start. Not its own next offset: a segment the cleaner
+        # emptied has next offset == base offset, and its gap still lies above the log start.
         deleted += self._delete_oldest(
             now_ms,
             high_watermark,
-            lambda s: s is not self._segments[-1] and s.next_offset <= self._log_start_offset,
+            lambda s, upper: s is not self._segments[-1] and upper <= self._log_start_offset,
             "log_start_offset",
         )
         return deleted
@@ -230,7 +233,7 @@ class LogDeletion:
         self,
         now_ms: int,
         high_watermark: int,
-        predicate: Callable[[LogSegment], bool],
+        predicate: Callable[[LogSegment, int], bool],
         reason: str,
     ) -> list[DeletedSegment]:
         count = 0
@@ -240,7 +243,7 @@ class LogDeletion:
             if count == last and segment.size == 0:
                 break  # an empty active segment never goes (nor is rolled again)
             upper = self._segments[count + 1].base_offset if count < last else self._leo()
-            if high_watermark < upper or not predicate(segment):
+            if high_watermark < upper or not predicate(segment, upper):
                 break
             count += 1
         if count == 0:

@@ -34,6 +34,8 @@ TP = TopicPartition(TOPIC, 0)
 KEYS = 20
 RECORDS = 4000
 WAIT_S = 90
+# About 120 bytes a record: the log spans a dozen 32 KiB segments.
+PADDING = b"." * 100
 SETTINGS = {
     "replica.lag.time.max.ms": "1500",
     "broker.session.timeout.ms": "2500",
@@ -42,7 +44,7 @@ SETTINGS = {
 }
 TOPIC_CONFIGS = {
     "cleanup.policy": "compact",
-    "segment.bytes": "8192",
+    "segment.bytes": "32768",
     "min.cleanable.dirty.ratio": "0.01",
     "min.insync.replicas": "2",
 }
@@ -103,11 +105,13 @@ def produce_with_leader_kills(cluster: LocalCluster, admin: Admin) -> dict[bytes
     """Write RECORDS keyed records (every 7th a tombstone), SIGKILL the leader at 1/3 and 2/3 and
     restart it; return what each key's last acknowledged write left (tombstoned keys absent)."""
     expected: dict[bytes, bytes | None] = {}
-    with Producer(cluster.bootstrap, acks="all", delivery_timeout_ms=600_000) as producer:
+    with Producer(
+        cluster.bootstrap, acks="all", delivery_timeout_ms=600_000, batch_size=8192
+    ) as producer:
         futures = []
         for i in range(RECORDS):
             key = b"key-%02d" % (i % KEYS)
-            value = None if i % 7 == 3 else b"%s=%d" % (key, i)
+            value = None if i % 7 == 3 else b"%s=%d;" % (key, i) + PADDING
             futures.append((key, value, producer.send(TOPIC, value, key=key, partition=0)))
             if i in (RECORDS // 3, 2 * RECORDS // 3):
                 producer.flush()

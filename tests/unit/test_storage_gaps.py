@@ -362,11 +362,36 @@ def test_a_log_start_in_a_gap(tmp_path: pathlib.Path) -> None:
     assert log.maybe_increment_log_start_offset(13)  # between segment 0's end (11) and 25
     info = log.read(13, 1)
     assert info.first_offset == 25
+    # Kafka's rule: a segment goes once the next one starts at or below the log start. Segment
+    # 0's batches all lie below 13, but segment 20 starts above it: segment 0 stays, and the
+    # log start stays where it was raised (inside the gap, above no batch).
+    assert log.delete_retention(now_ms=0, high_watermark=log.leo) == []
+    assert log.log_start_offset == 13
+    assert stored(log) == ALL[3:]
+    assert log.maybe_increment_log_start_offset(20)
     deleted = log.delete_retention(now_ms=0, high_watermark=log.leo)
     assert [(d.base_offset, d.reason) for d in deleted] == [(0, "log_start_offset")]
-    # The log start stays where it was raised (inside the gap, above no batch).
     assert log.log_start_offset == 20
     assert stored(log) == ALL[3:]
+    log.close()
+
+
+def test_a_cleaned_empty_first_segment_is_not_below_the_log_start(tmp_path: pathlib.Path) -> None:
+    """The cleaner can empty the first segment (its next offset is then its base offset). The
+    log start rule asks whether the NEXT segment starts at or below the log start (Kafka's
+    deleteLogStartOffsetBreachedSegments): here it does not, so nothing goes and the log
+    start stays 0. Judged by the segment's own next offset, the segment went and the log start
+    jumped to 10, which a reader from offset 0 saw as data loss."""
+    directory = tmp_path / "changes-0"
+    write_segment(directory, 0, [])
+    write_segment(directory, 10, [batch(12)])
+    write_segment(directory, 20, [batch(20)])
+    mark(directory)
+    log = open_log(directory, config=COMPACT)
+    assert log.log_start_offset == 0
+    assert log.delete_retention(now_ms=10**12, high_watermark=log.leo) == []
+    assert log.log_start_offset == 0
+    assert log.read(0, 1).first_offset == 12
     log.close()
 
 
@@ -377,8 +402,8 @@ def test_retention_deletes_an_empty_segment_and_segments_with_gaps(
     write_gapped(directory)
     config = LogConfig(segment_bytes=4096, index_interval_bytes=100, retention_ms=1_000)
     log = PartitionLog.open(directory, TP, config, now_ms=0)
-    old = 1_000_000
-    os.utime(directory / segment_file_name(40, LOG_SUFFIX), (old / 1000, old / 1000))
+    # An empty segment's largest timestamp is its file's modification time: make it old.
+    os.utime(directory / segment_file_name(40, LOG_SUFFIX), (0, 0))
     # Every batch is stamped about 1_000 ms: at 10_000 all but the HW rule allow deletion.
     deleted = log.delete_retention(now_ms=10_000, high_watermark=50)
     assert [d.base_offset for d in deleted] == [0, 20, 40]
