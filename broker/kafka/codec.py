@@ -32,6 +32,8 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 from kio.static.primitive import i32
 
+from minibroker.broker.kafka.bounds import BoundsError, check_request
+
 API_VERSIONS_KEY = 18
 _KEY_AND_VERSION = struct.Struct(">hh")
 
@@ -121,6 +123,12 @@ def parse_request(frame: bytes, supported: Mapping[int, tuple[int, int]]) -> Req
     cls = request_class(api_key, version)
     flexible = bool(cls.__flexible__)
     header_cls = RequestHeaderV2 if flexible else RequestHeaderV1
+    try:
+        check_request(frame, cls, flexible)
+    except BoundsError as err:
+        raise KafkaProtocolError(
+            f"malformed {api_name(api_key)} v{version} request: {err}"
+        ) from None
     try:
         header, used = _reader(header_cls)(frame, 0)
         body, _size = _reader(cls)(frame, used)
