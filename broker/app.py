@@ -155,6 +155,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
     except OSError as err:
         log.error("kafka_listen_failed", address=config["kafka.listeners"], error=str(err))
         _print_error(f"cannot listen on {config['kafka.listeners']}: {err}")
+        await rm.cleaner.stop()
         log_manager.close()
         data_dir.close()
         return 1

@@ -120,6 +120,7 @@ class Connection:
 
     async def serve(self) -> None:
         writer_task = asyncio.create_task(self._write_answers(), name=f"kafka-write-{self._peer}")
+        self._writer_task = writer_task
         reason = "client closed"
         try:
             reason = await self._read_requests()
@@ -181,6 +182,9 @@ class Connection:
             listener._counted(request.api_key, request.api_version)
             task = asyncio.create_task(self._answer(request))
             await self._answers.put(task)
+            if self._writer_task.done():
+                # The writer gave up (the peer reset, a handler failed): nothing more is sent.
+                return "connection lost"
 
     async def _answer(self, request: codec.Request) -> bytes | None:
         body = await self._listener._handler(request)
@@ -191,23 +195,34 @@ class Connection:
         )
 
     async def _write_answers(self) -> None:
-        while True:
-            task = await self._answers.get()
-            if task is None:
-                return
-            try:
-                frame = await task
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("kafka_handler_failed", peer=self._peer)
-                self._listener._closed("handler failed")
-                # Nothing after a lost answer may be sent: the client would match it wrongly.
+        clean = False
+        try:
+            while True:
+                task = await self._answers.get()
+                if task is None:
+                    clean = True
+                    return
+                try:
+                    frame = await task
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("kafka_handler_failed", peer=self._peer)
+                    self._listener._closed("handler failed")
+                    return
+                if frame is not None:
+                    self._writer.write(frame)
+                    await self._writer.drain()
+        finally:
+            if not clean:
+                # Nothing after a lost answer may be sent (the client would match it wrongly):
+                # close at once, and free the queue so a reader blocked on a full one goes on
+                # (it then sees this task done and stops).
                 self._writer.transport.abort()
-                return
-            if frame is not None:
-                self._writer.write(frame)
-                await self._writer.drain()
+                while not self._answers.empty():
+                    pending = self._answers.get_nowait()
+                    if pending is not None:
+                        pending.cancel()
 
     def _refuse(self, reason: str, detail: str) -> str:
         log.info("kafka_connection_closed", peer=self._peer, reason=reason, detail=detail)

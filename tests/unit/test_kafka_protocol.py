@@ -716,3 +716,41 @@ async def test_describe_cluster_for_controllers_is_refused() -> None:
     answer = await handlers.handle(request)
     assert answer.error_code == KioErrorCode.unsupported_endpoint_type
     assert answer.brokers == ()
+
+
+async def test_a_failed_answer_frees_a_reader_blocked_on_a_full_pipeline() -> None:
+    """The writer gives up (here a handler fails) while the reader waits for room in the
+    in-flight queue: the queue is freed, the connection closes and its task ends. Before, the
+    reader waited for room for ever and the connection, with its finished answers, stayed."""
+    failing = asyncio.Event()
+
+    async def handler(request: codec.Request) -> Any:
+        if request.correlation_id == 1:
+            await failing.wait()
+            raise RuntimeError("handler failed")
+        await asyncio.Event().wait()  # never answers
+
+    listener = KafkaListener("127.0.0.1", 0, handler, max_request_bytes=1 << 20, max_in_flight=2)
+    await listener.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+        body = metadata_all(12)
+        for correlation_id in range(1, 7):
+            writer.write(framed(request_bytes(METADATA, 12, correlation_id, body)))
+        await writer.drain()
+        deadline = asyncio.get_running_loop().time() + 5
+        while len(listener._connections) != 1:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        failing.set()
+        try:
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+        except ConnectionResetError:
+            pass  # the abort may reach the client as a reset
+        while listener._connections:
+            assert asyncio.get_running_loop().time() < deadline, "the connection never ended"
+            await asyncio.sleep(0.01)
+        assert listener.closed_for.get("handler failed") == 1
+        writer.close()
+    finally:
+        await listener.stop()
