@@ -5,6 +5,7 @@ and the batch encoder the rewrite uses (client/records/builder.py `encode_placed
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 
@@ -12,6 +13,7 @@ import pytest
 
 from minibroker.broker.cleaner.cleaner import STEPS, CleanAborted, Cleaner
 from minibroker.broker.cleaner.offset_map import OffsetMap
+from minibroker.broker.cleaner.selection import log_to_clean
 from minibroker.broker.storage.config import LogConfig
 from minibroker.broker.storage.log import PartitionLog
 from minibroker.broker.storage.log_loader import GAPS_MARKER
@@ -28,6 +30,7 @@ from tests.unit.cleaner_support import (
     MAP_BYTES,
     RETENTION_MS,
     clean,
+    facts,
     latest,
     open_log,
     read_all,
@@ -523,3 +526,25 @@ def test_load_removes_cleaned_leftovers_and_completes_a_swap(tmp_path: pathlib.P
     assert [s.base_offset for s in reloaded.segments] == bases
     assert (directory / f"{names[bases[1]]}.index").exists()
     reloaded.close()
+
+
+def test_records_above_the_hw_never_supersede_older_ones(tmp_path: pathlib.Path) -> None:
+    """A record at or above the HW can still be truncated away (a follower's log diverged, a
+    leader change): it must not enter the offset map, or the committed value of its key below
+    the HW is dropped in its favour and then lost with it. The round stops at the base of the
+    segment holding the HW (Kafka's calculateCleanableBytes), so that segment is not read."""
+    log = open_log(tmp_path / "changes-0")
+    committed = write(log, [(b"k", b"v1")])
+    write(log, [(b"other", b"x")])
+    log.roll(now_ms=1_000)
+    write(log, [(b"filler", b"f")])  # the HW falls inside this non-active segment, after it
+    hw = write(log, [(b"k", b"v2")])  # above the HW: not committed
+    log.roll(now_ms=1_000)
+    write(log, [(b"tail", b"t")])
+    bounded = dataclasses.replace(facts(log), upper_bound=hw)
+    stats = Cleaner(OffsetMap(MAP_BYTES)).clean(log, log_to_clean(bounded, 2_000)[0], 2_000)
+    assert stats.end_offset <= hw
+    log.truncate_to(hw)  # the uncommitted record goes
+    assert latest(read_all(log))[b"k"] == b"v1"
+    assert any(r.offset == committed for r in read_all(log))
+    log.close()
