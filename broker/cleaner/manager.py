@@ -59,13 +59,14 @@ import concurrent.futures
 import contextlib
 import enum
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from minibroker.broker.cleaner.cleaner import CleanAborted, Cleaner, CleanerStats
+from minibroker.broker.cleaner.cleaner import STEPS, CleanAborted, Cleaner, CleanerStats
 from minibroker.broker.cleaner.offset_map import OffsetMap
 from minibroker.broker.cleaner.selection import (
     NO_TIMESTAMP,
@@ -490,7 +491,29 @@ def default_runner(settings: CleanerSettings) -> RoundRunner:
     """A Cleaner with its own OffsetMap of the thread's share of the dedupe buffer (and of the
     I/O buffer, as Kafka splits log.cleaner.io.buffer.size)."""
     offset_map = OffsetMap(settings.map_bytes, load_factor=settings.load_factor)
-    return Cleaner(offset_map, io_buffer_size=settings.io_bytes)
+    return Cleaner(offset_map, io_buffer_size=settings.io_bytes, step_hook=_crash_hook())
+
+
+# A fault for crash tests (tests/integration/test_cleaner_broker_crash.py), as the network
+# faults file is one: with this variable set to a step name of cleaner.STEPS, the broker
+# SIGKILLs itself when its cleaner reaches that step, so a test restarts a real broker from
+# exactly that point of a swap. Unset (always, outside tests), the Cleaner gets no hook.
+CRASH_AT_STEP_ENV = "MINIBROKER_TEST_CLEANER_CRASH_AT_STEP"
+
+
+def _crash_hook() -> Callable[[str], None] | None:
+    step = os.environ.get(CRASH_AT_STEP_ENV)
+    if not step:
+        return None
+    if step not in STEPS:
+        raise ValueError(f"{CRASH_AT_STEP_ENV}={step!r} is not a cleaner step: {', '.join(STEPS)}")
+
+    def crash(name: str) -> None:
+        if name == step:
+            _log.warning("cleaner_crash_at_step", step=step)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return crash
 
 
 class LogCleaner:
