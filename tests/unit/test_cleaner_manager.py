@@ -575,3 +575,19 @@ def test_a_disabled_cleaner_starts_no_thread(tmp_path: pathlib.Path) -> None:
 
 def test_map_bytes_is_each_threads_share() -> None:
     assert CleanerSettings(threads=4, dedupe_buffer_size=1000).map_bytes == 250
+
+
+def test_the_crash_fault_exists_only_when_its_variable_names_a_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from minibroker.broker.cleaner import manager
+
+    monkeypatch.delenv(manager.CRASH_AT_STEP_ENV, raising=False)
+    assert manager._crash_hook() is None
+    monkeypatch.setenv(manager.CRASH_AT_STEP_ENV, "no_such_step")
+    with pytest.raises(ValueError, match="not a cleaner step"):
+        manager._crash_hook()
+    monkeypatch.setenv(manager.CRASH_AT_STEP_ENV, "swap_renamed")
+    hook = manager._crash_hook()
+    assert hook is not None
+    hook("swap_checked")  # another step: nothing happens (this process is still here)
