@@ -21,8 +21,14 @@ $(STAMP): pyproject.toml setup.py $(wildcard client/records/*.c)
 	$(BIN)/python -c "import minibroker.client.records._encoder, minibroker.client.records._decoder"
 	@touch $(STAMP)
 
+# Two pytest processes at once: the in-process tests (unit, the seeded simulations, packaging:
+# CPU) beside the ones that start real processes (integration, spark: mostly waiting on those
+# processes and the disk), so the whole suite takes the longer of the two instead of their sum.
+# The status is the first failure of either.
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	@$(BIN)/python -m pytest tests/unit tests/sim tests/test_packaging.py $(PYTEST_ARGS) & pid=$$!; \
+	$(BIN)/python -m pytest tests/integration tests/spark $(PYTEST_ARGS); status=$$?; \
+	wait $$pid || status=$$((status ? status : 1)); exit $$status
 
 test-unit: install
 	$(BIN)/python -m pytest tests/unit tests/sim $(PYTEST_ARGS)

@@ -355,6 +355,18 @@ def test_the_session_rules_on_a_real_broker(cluster: LocalCluster) -> None:
         leader = wait_until(lambda: describe(admin, "wire").leader, 20, "a leader")
     with grpc.insecure_channel(cluster.spec(leader).address) as channel:
         stub = pb_grpc.BrokerServiceStub(channel)
+
+        def settled() -> bool:
+            # The new partition as a leader serves it for good (HW and log start at 0, no
+            # error), so that nothing about it changes between the session's first fetches
+            # (on a loaded machine the first full answer came before, and the next one named it).
+            answer = _fetch(stub, {0: 0}, 0, -1)
+            parts = [p for t in answer.topics for p in t.partitions]
+            return answer.error_code == ErrorCode.NONE and [
+                (p.error_code, p.high_watermark, p.log_start_offset) for p in parts
+            ] == [(ErrorCode.NONE, 0, 0)]
+
+        wait_until(settled, 20, "the new partition served at HW 0")
         opened = _fetch(stub, {0: 0}, 0, 0)
         assert opened.error_code == ErrorCode.NONE and opened.session_id > 0
         assert _named(opened) == {0}  # a full answer names every partition
