@@ -21,13 +21,16 @@ $(STAMP): pyproject.toml setup.py $(wildcard client/records/*.c)
 	$(BIN)/python -c "import minibroker.client.records._encoder, minibroker.client.records._decoder"
 	@touch $(STAMP)
 
-# Two pytest processes at once: the in-process tests (unit, the seeded simulations, packaging:
-# CPU) beside the ones that start real processes (integration, spark: mostly waiting on those
-# processes and the disk), so the whole suite takes the longer of the two instead of their sum.
-# The status is the first failure of either.
+# Two pytest processes at once, so the suite takes about the longer of the two instead of their
+# sum: the real-process integration tests in one; in the other the in-process tests (unit, the
+# seeded simulations, packaging), then the Spark and Docker ones (real processes too, but mostly
+# waiting on the JVM, image builds and the disk). The status is the first failure of either.
+INPROCESS := tests/unit tests/sim tests/test_packaging.py tests/spark \
+	tests/integration/test_docker.py tests/integration/test_compose.py
 test: install
-	@$(BIN)/python -m pytest tests/unit tests/sim tests/test_packaging.py $(PYTEST_ARGS) & pid=$$!; \
-	$(BIN)/python -m pytest tests/integration tests/spark $(PYTEST_ARGS); status=$$?; \
+	@$(BIN)/python -m pytest $(INPROCESS) $(PYTEST_ARGS) & pid=$$!; \
+	$(BIN)/python -m pytest tests/integration --ignore=tests/integration/test_docker.py \
+	  --ignore=tests/integration/test_compose.py $(PYTEST_ARGS); status=$$?; \
 	wait $$pid || status=$$((status ? status : 1)); exit $$status
 
 test-unit: install
