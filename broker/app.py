@@ -31,6 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from minibroker.broker.config import BrokerConfig
 from minibroker.broker.controller_link import ControllerLink, FatalRegistrationError
+from minibroker.broker.kafka.handlers import KafkaHandlers
 from minibroker.broker.kafka.server import start_listener as start_kafka_listener
 from minibroker.broker.metrics import BrokerMetrics
 from minibroker.broker.replicas.manager import ReplicaManager
@@ -149,9 +150,11 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         return 1
     advertised = config.advertised(bound)
     # Kafka's protocol on its own port (kafka.listeners; broker/kafka/server.py), registered
-    # with the controller so that Kafka clients' Metadata answers give its address.
+    # with the controller so that Kafka clients' Metadata answers give its address. The same
+    # handlers serve the group APIs to minibroker's own client (BrokerService.KafkaGroupCall).
+    kafka_handlers = KafkaHandlers(rm)
     try:
-        kafka, kafka_host, kafka_port = await start_kafka_listener(config, rm)
+        kafka, kafka_host, kafka_port = await start_kafka_listener(config, rm, kafka_handlers)
     except OSError as err:
         log.error("kafka_listen_failed", address=config["kafka.listeners"], error=str(err))
         _print_error(f"cannot listen on {config['kafka.listeners']}: {err}")
@@ -183,6 +186,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
         rm,
         stream_idle_ms=limits.connections_max_idle_ms,
         produce_budget=budget,
+        kafka_handlers=kafka_handlers,
         # Who each call is from and what it may do (authorizer.class.name, super.users).
         # The ACLs are the image's (refilled in place by a snapshot, so read live).
         security=server_security(

@@ -25,6 +25,7 @@ from minibroker.proto import minibroker_pb2 as pb
 from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
+    from minibroker.broker.kafka.handlers import KafkaHandlers
     from minibroker.broker.replicas.manager import ReplicaManager
 
 log = get_logger(__name__)
@@ -43,8 +44,11 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
         stream_idle_ms: int | None = None,
         produce_budget: RequestBudget | None = None,
         security: ServerSecurity | None = None,
+        kafka_handlers: KafkaHandlers | None = None,
     ) -> None:
+        """`kafka_handlers`: what serves KafkaGroupCall (the Kafka port's own handlers)."""
         self._rm = replica_manager
+        self._kafka = kafka_handlers
         self.security = security or ServerSecurity()
         self._access = self.security.access
         self._idle_s = None if stream_idle_ms is None else stream_idle_ms / 1000
@@ -141,6 +145,27 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
         response = wire.encode_replicas(self._rm.broker_id, states)
         authz.filter_replicas(self._access, caller(), response)
         return response
+
+    async def KafkaGroupCall(
+        self, request: pb.KafkaFrame, context: grpc.aio.ServicerContext
+    ) -> pb.KafkaFrame:
+        """One Kafka group request, served by the Kafka port's handlers (broker/kafka/)."""
+        from minibroker.broker.kafka import codec
+        from minibroker.broker.kafka.handlers import GROUP_APIS, SUPPORTED
+
+        if self._kafka is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "this broker serves no group APIs")
+        served = {key: SUPPORTED[key] for key in GROUP_APIS if key in SUPPORTED}
+        try:
+            parsed = codec.parse_request(request.frame, served)
+        except codec.KafkaProtocolError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        assert self._kafka is not None
+        body = await self._kafka.handle(parsed, principal=caller())
+        frame = codec.encode_response(
+            parsed.api_key, parsed.api_version, parsed.correlation_id, body
+        )
+        return pb.KafkaFrame(frame=frame[4:])
 
 
 def _give_back(budget: RequestBudget, size: int, _task: object) -> None:

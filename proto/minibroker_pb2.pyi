@@ -169,6 +169,12 @@ class LeaderIdAndEpoch(_message.Message):
     leader_epoch: int
     def __init__(self, leader_id: _Optional[int] = ..., leader_epoch: _Optional[int] = ...) -> None: ...
 
+class KafkaFrame(_message.Message):
+    __slots__ = ("frame",)
+    FRAME_FIELD_NUMBER: _ClassVar[int]
+    frame: bytes
+    def __init__(self, frame: _Optional[bytes] = ...) -> None: ...
+
 class ProduceRequest(_message.Message):
     __slots__ = ("acks", "timeout_ms", "topics", "correlation_id")
     ACKS_FIELD_NUMBER: _ClassVar[int]

@@ -83,6 +83,11 @@ class BrokerServiceStub:
                 request_serializer=minibroker_dot_proto_dot_minibroker__pb2.FetchRequest.SerializeToString,
                 response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.FetchResponse.FromString,
                 _registered_method=True)
+        self.KafkaGroupCall = channel.unary_unary(
+                '/minibroker.BrokerService/KafkaGroupCall',
+                request_serializer=minibroker_dot_proto_dot_minibroker__pb2.KafkaFrame.SerializeToString,
+                response_deserializer=minibroker_dot_proto_dot_minibroker__pb2.KafkaFrame.FromString,
+                _registered_method=True)
 
 
 class BrokerServiceServicer:
@@ -156,6 +161,18 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def KafkaGroupCall(self, request, context):
+        """Kafka's group APIs for minibroker's own client (FindCoordinator, JoinGroup, SyncGroup,
+        Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, DeleteGroups):
+        `frame` is one Kafka request (header and body, without the 4-byte size prefix) and the answer
+        is its Kafka response (header and body, no size prefix), read and served exactly as on the
+        Kafka port (broker/kafka/): one codec and one group coordinator for both. Any other API, or
+        bytes that do not read as a request, is refused with INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -203,6 +220,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.FetchStream,
                     request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.FetchRequest.FromString,
                     response_serializer=minibroker_dot_proto_dot_minibroker__pb2.FetchResponse.SerializeToString,
+            ),
+            'KafkaGroupCall': grpc.unary_unary_rpc_method_handler(
+                    servicer.KafkaGroupCall,
+                    request_deserializer=minibroker_dot_proto_dot_minibroker__pb2.KafkaFrame.FromString,
+                    response_serializer=minibroker_dot_proto_dot_minibroker__pb2.KafkaFrame.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -452,6 +474,33 @@ class BrokerService:
             '/minibroker.BrokerService/FetchStream',
             minibroker_dot_proto_dot_minibroker__pb2.FetchRequest.SerializeToString,
             minibroker_dot_proto_dot_minibroker__pb2.FetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KafkaGroupCall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minibroker.BrokerService/KafkaGroupCall',
+            minibroker_dot_proto_dot_minibroker__pb2.KafkaFrame.SerializeToString,
+            minibroker_dot_proto_dot_minibroker__pb2.KafkaFrame.FromString,
             options,
             channel_credentials,
             insecure,

@@ -27,6 +27,23 @@ if TYPE_CHECKING:
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS, INIT_PRODUCER_ID = 18, 19, 20, 22
 OFFSET_FOR_LEADER_EPOCH, DESCRIBE_CLUSTER = 23, 60
+# The group APIs (KafkaGroupCall also serves these to minibroker's own client over gRPC).
+OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT = 8, 9, 10, 11, 12
+LEAVE_GROUP, SYNC_GROUP, DESCRIBE_GROUPS, LIST_GROUPS, DELETE_GROUPS = 13, 14, 15, 16, 42
+GROUP_APIS = frozenset(
+    {
+        OFFSET_COMMIT,
+        OFFSET_FETCH,
+        FIND_COORDINATOR,
+        JOIN_GROUP,
+        HEARTBEAT,
+        LEAVE_GROUP,
+        SYNC_GROUP,
+        DESCRIBE_GROUPS,
+        LIST_GROUPS,
+        DELETE_GROUPS,
+    }
+)
 
 # api key -> (min, max) version served. Produce starts at v3 (magic v2 batches only); Fetch at
 # v4 (the v2 batches' last stable offset); Fetch stops at v12 (v13 names topics by id), Metadata
@@ -77,8 +94,9 @@ class KafkaHandlers:
             DESCRIBE_CLUSTER: self.describe_cluster,
         }
 
-    async def handle(self, request: codec.Request) -> Any:
-        """The kio response for `request` (NO_RESPONSE: send nothing)."""
+    async def handle(self, request: codec.Request, principal: Any = None) -> Any:
+        """The kio response for `request` (NO_RESPONSE: send nothing). `principal`: who sent
+        it when known (KafkaGroupCall's caller); None on the Kafka port (PLAINTEXT)."""
         return await self._by_key[request.api_key](request)
 
     # -- ApiVersions -------------------------------------------------------------------------

@@ -244,17 +244,14 @@ def _done(frame: bytes) -> asyncio.Task[bytes | None]:
 
 
 async def start_listener(
-    config: Any, replica_manager: Any
+    config: Any, replica_manager: Any, handlers: Any
 ) -> tuple[KafkaListener | None, str, int]:
-    """The broker's Kafka listener from its config (kafka.listeners), started: (listener, host
-    and port to register for Kafka clients). (None, "", 0) when kafka.listeners is empty.
-    OSError when it cannot bind."""
-    from minibroker.broker.kafka.handlers import KafkaHandlers
-
+    """The broker's Kafka listener from its config (kafka.listeners), started, serving
+    `handlers` (KafkaHandlers): (listener, host and port to register for Kafka clients).
+    (None, "", 0) when kafka.listeners is empty. OSError when it cannot bind."""
     chosen = config.kafka_listener
     if chosen is None:
         return None, "", 0
-    handlers = KafkaHandlers(replica_manager)
     listener = KafkaListener(
         chosen.host,
         chosen.port,
