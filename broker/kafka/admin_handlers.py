@@ -265,7 +265,7 @@ class AdminHandlers:
         )
         asked = body.topic_partitions
         forwarded = pb.ElectLeadersRequest(
-            election_type=election,
+            election_type=pb.ElectionType.ValueType(election),
             all_partitions=asked is None,
             timeout_ms=timeout_ms,
         )
