@@ -9,10 +9,12 @@ was acknowledged lost (a cluster of its own)."""
 from __future__ import annotations
 
 import asyncio
+import io
 import pathlib
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import time
 import urllib.request
@@ -33,6 +35,10 @@ from confluent_kafka.admin import (
 )
 from kafka.admin import ConfigResource as KPConfigResource
 from kafka.admin import ConfigResourceType as KPConfigResourceType
+from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
+from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
+from kio.serial import entity_writer
+from kio.static.primitive import i16, i32
 
 from minibroker.broker.kafka import codec
 from minibroker.broker.kafka.admin_handlers import ADMIN_SUPPORTED, ELECT_LEADERS
@@ -41,6 +47,7 @@ from minibroker.client import Admin, Consumer, Producer, TopicPartition
 pytestmark = pytest.mark.integration
 
 MAX_CONNECTIONS = 40
+PRODUCE_KEY = 0
 
 
 @pytest.fixture(scope="module")
@@ -251,6 +258,63 @@ def test_max_connections_refuses_a_kafka_connection_past_it(cluster: LocalCluste
         assert client.describe_cluster()["brokers"]
     finally:
         client.close()
+
+
+def kafka_request(api_key: int, version: int, correlation_id: int, **body: Any) -> bytes:
+    """A size-prefixed request frame written by kio, as a Kafka client writes it."""
+    cls = codec.request_class(api_key, version)
+    header_cls = RequestHeaderV2 if cls.__flexible__ else RequestHeaderV1
+    buffer = io.BytesIO()
+    entity_writer(header_cls)(
+        buffer,
+        header_cls(
+            request_api_key=i16(api_key),
+            request_api_version=i16(version),
+            correlation_id=i32(correlation_id),
+            client_id="raw",
+        ),
+    )
+    entity_writer(cls)(buffer, codec.make(cls, **body))
+    payload = buffer.getvalue()
+    return struct.pack(">i", len(payload)) + payload
+
+
+def test_a_failed_acks_zero_produce_closes_the_connection(cluster: LocalCluster) -> None:
+    """acks=0 to a broker that does not lead the partition: no answer, and the connection
+    closed after the answers before it (Kafka's way of telling the producer)."""
+    create_topic(cluster, "acks-zero")
+    with Admin(cluster.bootstrap) as admin:
+        leader = admin.describe_topics(["acks-zero"])[0].partitions[0].leader
+    other = next(b for b in cluster.state.brokers if b.node_id != leader)
+    module = __import__(codec.request_class(PRODUCE_KEY, 9).__module__, fromlist=["_"])
+    produce = kafka_request(
+        PRODUCE_KEY,
+        9,
+        2,
+        transactional_id=None,
+        acks=0,
+        timeout=5000,
+        topic_data=(
+            codec.make(
+                module.TopicProduceData,
+                name="acks-zero",
+                partition_data=(codec.make(module.PartitionProduceData, index=0, records=b"x"),),
+            ),
+        ),
+    )
+    with socket.create_connection((other.host, other.kafka_port), timeout=10) as sock:
+        versions = struct.pack(">hhih", 18, 0, 1, 3) + b"raw"
+        sock.sendall(struct.pack(">i", len(versions)) + versions + produce)
+        head = sock.recv(4)
+        (size,) = struct.unpack(">i", head)
+        answer = b""
+        while len(answer) < size:
+            answer += sock.recv(size - len(answer))
+        assert struct.unpack_from(">ih", answer) == (1, 0)  # ApiVersions answered first
+        try:
+            assert sock.recv(1) == b"", "answered a failed acks=0 produce"
+        except ConnectionResetError:
+            pass
 
 
 def test_the_admin_clients_spoke_every_advertised_admin_version(cluster: LocalCluster) -> None:
