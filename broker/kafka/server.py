@@ -134,7 +134,8 @@ class Connection:
         self._writer = writer
         peer = writer.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        # The answers owed, in request order: each a task giving the frame to send (None: none).
+        # The answers owed, in request order: each a task giving the frame to send (NO_RESPONSE:
+        # none; CLOSE_CONNECTION: close after the ones before it).
         self._answers: asyncio.Queue[asyncio.Task[Any] | None] = asyncio.Queue(
             listener._max_in_flight
         )

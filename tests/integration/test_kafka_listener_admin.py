@@ -43,6 +43,7 @@ from kio.static.primitive import i16, i32
 from minibroker.broker.kafka import codec
 from minibroker.broker.kafka.admin_handlers import ADMIN_SUPPORTED, ELECT_LEADERS
 from minibroker.client import Admin, Consumer, Producer, TopicPartition
+from minibroker.deploy import cluster as launcher
 
 pytestmark = pytest.mark.integration
 
@@ -339,6 +340,41 @@ def test_the_admin_clients_spoke_every_advertised_admin_version(cluster: LocalCl
             if (key, version) == (ELECT_LEADERS, 1):
                 continue
             assert (name, version) in seen, f"no {name} v{version} request: {sorted(seen)}"
+
+
+def test_a_leader_without_a_kafka_port_is_answered_as_leader_minus_one(
+    cluster: LocalCluster,
+) -> None:
+    """Broker 3 restarted without kafka.listeners (last test on this cluster): a Kafka client's
+    Metadata gives its partitions leader -1 with LEADER_NOT_AVAILABLE, never broker 3's id
+    (which it has no address for)."""
+    cluster.stop(3)
+    state = launcher.load_state(cluster.directory)
+    assert state is not None
+    state.find("3").kafka_port = 0
+    launcher.save_state(state)
+    cluster.start(3)
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic("no-kafka-leader", 6, 1)
+        wait_until(
+            lambda: any(
+                p.leader == 3 for p in admin.describe_topics(["no-kafka-leader"])[0].partitions
+            ),
+            20,
+            "a partition led by broker 3",
+        )
+        led = {
+            p.partition: p.leader for p in admin.describe_topics(["no-kafka-leader"])[0].partitions
+        }
+    client = confluent_kafka.admin.AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+    topic = client.list_topics("no-kafka-leader", timeout=10).topics["no-kafka-leader"]
+    assert 3 not in client.list_topics(timeout=10).brokers
+    for index, partition in topic.partitions.items():
+        if led[index] == 3:
+            assert partition.leader == -1, (index, partition)
+            assert partition.error.code() == confluent_kafka.KafkaError.LEADER_NOT_AVAILABLE
+        else:
+            assert partition.leader == led[index] and partition.error is None, (index, partition)
 
 
 # -- failover -----------------------------------------------------------------------------------
