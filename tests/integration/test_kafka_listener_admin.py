@@ -3,8 +3,10 @@
 admin clients grow a topic (CreatePartitions), read and change its configs (DescribeConfigs,
 IncrementalAlterConfigs) and run a preferred election (ElectLeaders); aiokafka produces and
 consumes; kcat reads records written by our own Producer; max.connections refuses a Kafka
-connection past it; a kafka-python producer writes through a leader SIGKILL with nothing it
-was acknowledged lost (a cluster of its own)."""
+connection past it; a failed acks=0 produce closes its connection; a leader without a Kafka port
+is answered as leader -1 (last on the module cluster: it restarts broker 3 without one); a
+kafka-python producer writes through a leader SIGKILL with nothing it was acknowledged lost (a
+cluster of its own)."""
 
 from __future__ import annotations
 
