@@ -154,7 +154,9 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
     # handlers serve the group APIs to minibroker's own client (BrokerService.KafkaGroupCall).
     kafka_handlers = KafkaHandlers(rm)
     try:
-        kafka, kafka_host, kafka_port = await start_kafka_listener(config, rm, kafka_handlers)
+        kafka, kafka_host, kafka_port = await start_kafka_listener(
+            config, rm, kafka_handlers, budget
+        )
     except OSError as err:
         log.error("kafka_listen_failed", address=config["kafka.listeners"], error=str(err))
         _print_error(f"cannot listen on {config['kafka.listeners']}: {err}")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from minibroker.broker import wire
 from minibroker.broker.kafka import codec
+from minibroker.broker.kafka.admin_handlers import ADMIN_SUPPORTED, AdminHandlers
 from minibroker.broker.kafka.codec import make, nested
 from minibroker.client.errors import ErrorCode
 from minibroker.client.topic_name import invalid_topic_name
@@ -59,11 +60,11 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     INIT_PRODUCER_ID: (0, 4),
     OFFSET_FOR_LEADER_EPOCH: (2, 4),
     DESCRIBE_CLUSTER: (0, 1),
+    **ADMIN_SUPPORTED,  # CreatePartitions, DescribeConfigs, IncrementalAlterConfigs, ElectLeaders
 }
 
 # Kafka's codes that minibroker's own client never sees (so not in client/errors.py).
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
-LISTENER_NOT_FOUND = 72
 UNSUPPORTED_ENDPOINT_TYPE = 115
 BROKERS_ENDPOINT = 1  # DescribeCluster v1's endpoint_type: 1 brokers, 2 controllers
 
@@ -73,6 +74,8 @@ ADMIN_FORWARD_MAX_S = 60.0
 
 # The answer a produce with acks=0 gets: none at all (Kafka sends no response).
 NO_RESPONSE = object()
+# ... and a failed one with acks=0: the connection closed after the answers before it.
+CLOSE_CONNECTION = object()
 
 
 class KafkaHandlers:
@@ -92,6 +95,7 @@ class KafkaHandlers:
             INIT_PRODUCER_ID: self.init_producer_id,
             OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             DESCRIBE_CLUSTER: self.describe_cluster,
+            **AdminHandlers(self._forward).by_key(),
         }
 
     async def handle(self, request: codec.Request, principal: Any = None) -> Any:
@@ -150,18 +154,17 @@ class KafkaHandlers:
                 offline = tuple(
                     r for r in record.replicas if r not in image.brokers or image.brokers[r].fenced
                 )
-                if record.leader == NO_LEADER:
-                    error = ErrorCode.LEADER_NOT_AVAILABLE
-                elif record.leader not in kafka_brokers:
-                    error = LISTENER_NOT_FOUND  # Kafka's answer: the leader has no such listener
-                else:
-                    error = ErrorCode.NONE
+                # A leader without a Kafka listener (or fenced) is one no Kafka client can
+                # reach: leader -1 and LEADER_NOT_AVAILABLE, as Kafka answers for a partition
+                # whose leader is not on the listener asked (the client retries).
+                leader = record.leader if record.leader in kafka_brokers else NO_LEADER
+                error = ErrorCode.LEADER_NOT_AVAILABLE if leader == NO_LEADER else ErrorCode.NONE
                 partitions.append(
                     make(
                         partition_cls,
                         error_code=error,
                         partition_index=index,
-                        leader_id=record.leader,
+                        leader_id=leader,
                         leader_epoch=record.leader_epoch,
                         replica_nodes=tuple(record.replicas),
                         isr_nodes=tuple(record.isr),
@@ -278,7 +281,10 @@ class KafkaHandlers:
             ]
             results = await self._rm.produce(acks, timeout_ms, partitions)
         if acks == 0:
-            return NO_RESPONSE
+            # No answer; but a refused one closes the connection, as Kafka does, so that the
+            # producer notices (it refreshes its metadata and reconnects).
+            failed = refused or any(r.error != ErrorCode.NONE for r in results)
+            return CLOSE_CONNECTION if failed else NO_RESPONSE
         by_topic: dict[str, list[Any]] = {}
         for r in results:
             by_topic.setdefault(r.topic, []).append(

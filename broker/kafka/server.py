@@ -13,6 +13,14 @@ What is not a readable request closes only its connection, as Kafka does: a trun
 malformed header or body, an unknown API key, an API or version not served (except ApiVersions,
 answered at v0 with UNSUPPORTED_VERSION and the supported list, so that a client can pick one).
 A handler that raises is a bug: logged, and the connection closed. The broker keeps serving.
+A failed produce with acks=0 (no answer to carry the error) closes the connection too, after the
+answers owed before it, as Kafka does, so that the producer notices.
+
+Limits, Kafka's names, as on the gRPC port (client/common/limits.py): `max.connections` (a
+connection past it on this listener is closed at once), `connections.max.idle.ms` (a connection
+with no request read or answer written for that long, and none owed, is closed),
+`queued.max.request.bytes` (the bytes of requests read and not yet answered, one budget shared
+with the gRPC port: while it is full no connection reads a new request).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import Any
 from minibroker.broker.kafka import codec
 from minibroker.broker.kafka.handlers import (
     API_VERSIONS,
+    CLOSE_CONNECTION,
     NO_RESPONSE,
     SUPPORTED,
     api_versions_response,
@@ -53,9 +62,17 @@ class KafkaListener:
         max_request_bytes: int,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         metrics: Any = None,
+        max_connections: int = 0,
+        idle_ms: int = 0,
+        budget: Any = None,
     ) -> None:
-        """`metrics`: BrokerMetrics (its kafka_* counters), None in tests."""
+        """`metrics`: BrokerMetrics (its kafka_* counters), None in tests. `max_connections`,
+        `idle_ms`: 0 for no bound. `budget`: a RequestBudget (client/common/grpc_limits.py)
+        or None."""
         self._metrics = metrics
+        self._max_connections = max_connections
+        self._idle_s = idle_ms / 1000 if idle_ms > 0 else 0.0
+        self._budget = budget
         self.host = host
         self.port = port
         self._handler = handler
@@ -86,6 +103,10 @@ class KafkaListener:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if 0 < self._max_connections <= len(self._connections):
+            self._closed("too many connections")  # max.connections: refused at once
+            writer.transport.abort()
+            return
         self._connections.add(task)
         try:
             await Connection(self, reader, writer).serve()
@@ -113,14 +134,24 @@ class Connection:
         self._writer = writer
         peer = writer.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        # The answers owed, in request order: each a task giving the frame to send (None: none).
-        self._answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(
+        # The answers owed, in request order: each a task giving the frame to send (NO_RESPONSE:
+        # none; CLOSE_CONNECTION: close after the ones before it).
+        self._answers: asyncio.Queue[asyncio.Task[Any] | None] = asyncio.Queue(
             listener._max_in_flight
         )
+        # connections.max.idle.ms: when a request was last read or an answer written, and how
+        # many answers are owed (a connection waiting for a long-poll answer is not idle).
+        self._last_active = asyncio.get_running_loop().time()
+        self._owed = 0
 
     async def serve(self) -> None:
         writer_task = asyncio.create_task(self._write_answers(), name=f"kafka-write-{self._peer}")
         self._writer_task = writer_task
+        watchdog = (
+            asyncio.create_task(self._close_when_idle(listener_idle_s))
+            if (listener_idle_s := self._listener._idle_s) > 0
+            else None
+        )
         reason = "client closed"
         try:
             reason = await self._read_requests()
@@ -130,6 +161,8 @@ class Connection:
             reason = "listener stopped"
             raise
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
             if writer_task.done():
                 pass
             elif reason == "client closed":
@@ -149,7 +182,10 @@ class Connection:
     async def _read_requests(self) -> str:
         """Read frames until the client closes or one is bad; returns why reading stopped."""
         listener = self._listener
+        budget = listener._budget
         while True:
+            if budget is not None and budget.full:
+                await budget.wait_for_room()  # queued.max.request.bytes: read nothing more
             try:
                 head = await self._reader.readexactly(4)
             except asyncio.IncompleteReadError as err:
@@ -167,6 +203,7 @@ class Connection:
                 frame = await self._reader.readexactly(size)
             except asyncio.IncompleteReadError as err:
                 return self._refuse("truncated frame", f"{len(err.partial)} of {size} bytes")
+            self._last_active = asyncio.get_running_loop().time()
             try:
                 request = codec.parse_request(frame, SUPPORTED)
             except codec.UnsupportedVersion as err:
@@ -175,21 +212,26 @@ class Connection:
                 # Kafka answers an ApiVersions it cannot read at v0, with its versions.
                 body = api_versions_response(0, ErrorCode.UNSUPPORTED_VERSION)
                 frame_out = codec.encode_response(API_VERSIONS, 0, err.correlation_id, body)
+                self._owed += 1
                 await self._answers.put(_done(frame_out))
                 continue
             except codec.KafkaProtocolError as err:
                 return self._refuse("malformed request", f"{err} (starts {frame[:48].hex()})")
             listener._counted(request.api_key, request.api_version)
             task = asyncio.create_task(self._answer(request))
+            self._owed += 1
+            if budget is not None and budget.limit > 0:
+                budget.take(size)
+                task.add_done_callback(_give_back(budget, size))
             await self._answers.put(task)
             if self._writer_task.done():
                 # The writer gave up (the peer reset, a handler failed): nothing more is sent.
                 return "connection lost"
 
-    async def _answer(self, request: codec.Request) -> bytes | None:
+    async def _answer(self, request: codec.Request) -> Any:
         body = await self._listener._handler(request)
-        if body is NO_RESPONSE:
-            return None
+        if body is NO_RESPONSE or body is CLOSE_CONNECTION:
+            return body
         return codec.encode_response(
             request.api_key, request.api_version, request.correlation_id, body
         )
@@ -210,9 +252,15 @@ class Connection:
                     log.exception("kafka_handler_failed", peer=self._peer)
                     self._listener._closed("handler failed")
                     return
-                if frame is not None:
+                self._owed -= 1
+                if frame is CLOSE_CONNECTION:
+                    log.info("kafka_connection_closed", peer=self._peer, reason="acks=0 failed")
+                    self._listener._closed("acks=0 produce failed")
+                    return
+                if frame is not NO_RESPONSE:
                     self._writer.write(frame)
                     await self._writer.drain()
+                self._last_active = asyncio.get_running_loop().time()
         finally:
             if not clean:
                 # Nothing after a lost answer may be sent (the client would match it wrongly):
@@ -223,6 +271,20 @@ class Connection:
                     pending = self._answers.get_nowait()
                     if pending is not None:
                         pending.cancel()
+
+    async def _close_when_idle(self, idle_s: float) -> None:
+        """connections.max.idle.ms: close the connection once nothing was read or written for
+        `idle_s` and no answer is owed (Kafka's idle check counts bytes either way)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            wait = self._last_active + idle_s - loop.time()
+            if wait <= 0:
+                if self._owed == 0:
+                    self._refuse("idle", f"nothing for {idle_s:g} s")
+                    self._writer.transport.abort()
+                    return
+                wait = idle_s  # an answer is owed: look again later
+            await asyncio.sleep(wait)
 
     def _refuse(self, reason: str, detail: str) -> str:
         log.info("kafka_connection_closed", peer=self._peer, reason=reason, detail=detail)
@@ -236,19 +298,29 @@ class Connection:
                 task.cancel()
 
 
-def _done(frame: bytes) -> asyncio.Task[bytes | None]:
-    async def ready() -> bytes | None:
+def _give_back(budget: Any, size: int) -> Callable[[asyncio.Task[Any]], None]:
+    """A done callback: the request's bytes go back to the budget once it is answered."""
+
+    def give_back(_task: asyncio.Task[Any]) -> None:
+        budget.give_back(size)
+
+    return give_back
+
+
+def _done(frame: bytes) -> asyncio.Task[Any]:
+    async def ready() -> Any:
         return frame
 
     return asyncio.ensure_future(ready())
 
 
 async def start_listener(
-    config: Any, replica_manager: Any, handlers: Any
+    config: Any, replica_manager: Any, handlers: Any, budget: Any = None
 ) -> tuple[KafkaListener | None, str, int]:
     """The broker's Kafka listener from its config (kafka.listeners), started, serving
     `handlers` (KafkaHandlers): (listener, host and port to register for Kafka clients).
-    (None, "", 0) when kafka.listeners is empty. OSError when it cannot bind."""
+    (None, "", 0) when kafka.listeners is empty. OSError when it cannot bind. `budget`: the
+    gRPC server's RequestBudget (queued.max.request.bytes is one bound per broker)."""
     chosen = config.kafka_listener
     if chosen is None:
         return None, "", 0
@@ -258,6 +330,9 @@ async def start_listener(
         handlers.handle,
         max_request_bytes=config.limits.socket_request_max_bytes,
         metrics=replica_manager.metrics,
+        max_connections=config.limits.max_connections,
+        idle_ms=config.limits.connections_max_idle_ms,
+        budget=budget,
     )
     bound = await listener.start()
     advertised = config.kafka_advertised(bound)

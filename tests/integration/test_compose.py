@@ -338,6 +338,13 @@ def test_ports_match_the_local_launcher(services: dict[str, dict[str, Any]]) -> 
         assert listen is not None and port_of(listen) == spec.port, f"broker-{spec.node_id}"
         assert flag(argv, "--metrics-port") == str(spec.metrics_port)
         assert flag(argv, "--controller") == plan.controller_bootstrap
+        # The Kafka port is the launcher's, advertised as is: host clients dial that address.
+        settings = settings_of(argv)
+        assert spec.kafka_port and settings["kafka.listeners"] == (
+            f"PLAINTEXT://{spec.kafka_address}"
+        ), f"broker-{spec.node_id}"
+        assert settings["kafka.advertised.listeners"] == settings["kafka.listeners"]
+        listen_ports.add(spec.kafka_port)
         listen_ports.add(spec.port)
         metrics_ports.add(spec.metrics_port)
     for name in SERVER_SERVICES:

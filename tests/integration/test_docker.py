@@ -54,7 +54,7 @@ REQUIRE = "MINIBROKER_REQUIRE_DOCKER"
 BROKERS = {1: "broker-1", 2: "broker-2", 3: "broker-3"}
 BOOTSTRAP = "127.0.0.1:9092,127.0.0.1:9093,127.0.0.1:9094"
 # Every port a container of the compose file listens on (host network): listen, then metrics.
-PORTS = (9092, 9093, 9094, 9192, 10092, 10093, 10094, 10192)
+PORTS = (9092, 9093, 9094, 9192, 10092, 10093, 10094, 10192, 11092, 11093, 11094)
 # Log lines that must never appear in the pipeline's log.
 BAD_LOG = ("Traceback", "Exception in", "StackOverflowError", " ERROR ", "Event loop is closed")
 
