@@ -22,6 +22,7 @@ from minibroker.client.types import NO_LEADER
 from minibroker.proto import minibroker_pb2 as pb
 
 if TYPE_CHECKING:
+    from minibroker.broker.kafka.group_handlers import GroupHandlers
     from minibroker.broker.replicas.manager import ReplicaManager
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
@@ -59,6 +60,14 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     INIT_PRODUCER_ID: (0, 4),
     OFFSET_FOR_LEADER_EPOCH: (2, 4),
     DESCRIBE_CLUSTER: (0, 1),
+    # G2: the classic group membership APIs (librdkafka 2.x sends JoinGroup v5, SyncGroup v3,
+    # Heartbeat v3, LeaveGroup v1, DescribeGroups v4; kafka-python JoinGroup v7, SyncGroup v5,
+    # Heartbeat v4, LeaveGroup v5, DescribeGroups v6).
+    JOIN_GROUP: (0, 9),
+    SYNC_GROUP: (0, 5),
+    HEARTBEAT: (0, 4),
+    LEAVE_GROUP: (0, 5),
+    DESCRIBE_GROUPS: (0, 6),
 }
 
 # Kafka's codes that minibroker's own client never sees (so not in client/errors.py).
@@ -79,9 +88,12 @@ class KafkaHandlers:
     """Dispatch by api key. `advertised`: this broker's Kafka address per broker id comes from
     the metadata image (each broker registers its own, broker/controller_link.py)."""
 
-    def __init__(self, replica_manager: ReplicaManager) -> None:
+    def __init__(
+        self, replica_manager: ReplicaManager, groups: GroupHandlers | None = None
+    ) -> None:
         self._rm = replica_manager
-        self._by_key: dict[int, Callable[[codec.Request], Awaitable[Any]]] = {
+        self.groups = groups
+        self._by_key: dict[int, Callable[..., Awaitable[Any]]] = {
             PRODUCE: self.produce,
             FETCH: self.fetch,
             LIST_OFFSETS: self.list_offsets,
@@ -93,10 +105,19 @@ class KafkaHandlers:
             OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             DESCRIBE_CLUSTER: self.describe_cluster,
         }
+        if groups is not None:
+            # G2: membership (these take the caller too: `(request, principal)`)
+            self._by_key[JOIN_GROUP] = groups.join_group
+            self._by_key[SYNC_GROUP] = groups.sync_group
+            self._by_key[HEARTBEAT] = groups.heartbeat
+            self._by_key[LEAVE_GROUP] = groups.leave_group
+            self._by_key[DESCRIBE_GROUPS] = groups.describe_groups
 
     async def handle(self, request: codec.Request, principal: Any = None) -> Any:
         """The kio response for `request` (NO_RESPONSE: send nothing). `principal`: who sent
         it when known (KafkaGroupCall's caller); None on the Kafka port (PLAINTEXT)."""
+        if request.api_key in GROUP_APIS:
+            return await self._by_key[request.api_key](request, principal)
         return await self._by_key[request.api_key](request)
 
     # -- ApiVersions -------------------------------------------------------------------------
