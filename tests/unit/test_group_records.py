@@ -4,6 +4,9 @@ bytes of any shape raise RecordFormatError and nothing else."""
 
 from __future__ import annotations
 
+import io
+import json
+import pathlib
 import struct
 
 import pytest
@@ -25,6 +28,7 @@ from minibroker.broker.groups.records import (
     encode_key,
     encode_offset_value,
 )
+from minibroker.client.records import encode_batch
 
 
 def s16(text: str) -> bytes:
@@ -237,3 +241,30 @@ def test_describe_prints_kafkas_json() -> None:
     )
     assert describe(key, None)[1] == "null"
     assert describe(b"\x00", None)[0].startswith("<unreadable key")
+
+
+def test_dump_log_offsets_decoder(tmp_path: pathlib.Path) -> None:
+    from minibroker.client.cli.dump_log import dump_segment
+
+    records = [
+        (
+            5,
+            encode_key(OffsetCommitKey("g", "t", 0)),
+            encode_offset_value(OffsetCommitValue(9, "", 5)),
+        ),
+        (5, encode_key(GroupMetadataKey("g")), None),
+    ]
+    segment = tmp_path / "00000000000000000000.log"
+    segment.write_bytes(encode_batch([(ts, k, v, ()) for ts, k, v in records]))
+    out = io.StringIO()
+    dump_segment(segment, out, print_data_log=True, offsets_decoder=True)
+    lines = out.getvalue().splitlines()
+    assert lines[2].endswith(
+        ' key: {"type":"1","data":{"group":"g","topic":"t","partition":0}} payload: '
+        '{"version":"3","data":{"offset":9,"leaderEpoch":-1,"metadata":"","commitTimestamp":5}}'
+    )
+    assert lines[3].endswith(' key: {"type":"2","data":{"group":"g"}} payload: null')
+    out = io.StringIO()
+    dump_segment(segment, out, print_data_log=True, as_json=True, offsets_decoder=True)
+    row = json.loads(out.getvalue())["records"][0]
+    assert json.loads(row["decoded_value"])["data"]["offset"] == 9
