@@ -219,11 +219,23 @@ class _SimpleOnly:
 
 
 def _membership_class() -> Callable[[GroupCoordinator, GroupConfig], MembershipApi]:
+    """G2's Membership, given its config (broker/groups/membership.py's GroupConfig) from
+    ours; _SimpleOnly when that module is not there."""
     try:
-        from minibroker.broker.groups.membership import Membership  # type: ignore[import-not-found,unused-ignore]
+        from minibroker.broker.groups import membership
     except ImportError:
         return _SimpleOnly
-    return Membership  # type: ignore[no-any-return,unused-ignore]
+
+    def build(coordinator: GroupCoordinator, config: GroupConfig) -> MembershipApi:
+        settings = membership.GroupConfig(
+            min_session_timeout_ms=config.group_min_session_timeout_ms,
+            max_session_timeout_ms=config.group_max_session_timeout_ms,
+            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+            max_size=config.group_max_size,
+        )
+        return membership.Membership(coordinator, settings)  # type: ignore[arg-type,return-value,unused-ignore]
+
+    return build
 
 
 class GroupCoordinator:
