@@ -1,29 +1,51 @@
-"""PLACEHOLDER on branch g2 for G1's broker/groups/records.py: only the two dataclasses the
-shared spec (GROUPS-SPEC.md) names, so membership.py imports and tests run before g1 lands.
-On merging g1, take g1's file whole."""
+"""The `__consumer_offsets` keys and values in Kafka's formats (the group coordinator's name for
+them): the codec itself is `minibroker.client.consumer_offsets`, shared with `dump-log`.
+
+Pure, no I/O.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from minibroker.client.consumer_offsets import (
+    GROUP_KEY_VERSION,
+    GROUP_VALUE_WRITTEN,
+    OFFSET_KEY_VERSIONS,
+    OFFSET_VALUE_WRITTEN,
+    GroupMetadataKey,
+    GroupMetadataValue,
+    Key,
+    MemberMetadata,
+    OffsetCommitKey,
+    OffsetCommitValue,
+    RecordFormatError,
+    decode_group_value,
+    decode_key,
+    decode_offset_value,
+    decode_value,
+    describe,
+    encode_group_value,
+    encode_key,
+    encode_offset_value,
+)
 
-
-@dataclass(frozen=True)
-class MemberMetadata:
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    client_host: str
-    rebalance_timeout: int
-    session_timeout: int
-    subscription: bytes
-    assignment: bytes
-
-
-@dataclass(frozen=True)
-class GroupMetadataValue:
-    protocol_type: str
-    generation: int
-    protocol: str | None
-    leader: str | None
-    current_state_timestamp: int
-    members: tuple[MemberMetadata, ...]
+__all__ = [
+    "GROUP_KEY_VERSION",
+    "GROUP_VALUE_WRITTEN",
+    "OFFSET_KEY_VERSIONS",
+    "OFFSET_VALUE_WRITTEN",
+    "GroupMetadataKey",
+    "GroupMetadataValue",
+    "Key",
+    "MemberMetadata",
+    "OffsetCommitKey",
+    "OffsetCommitValue",
+    "RecordFormatError",
+    "decode_group_value",
+    "decode_key",
+    "decode_offset_value",
+    "decode_value",
+    "describe",
+    "encode_group_value",
+    "encode_key",
+    "encode_offset_value",
+]

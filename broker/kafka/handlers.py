@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 from minibroker.broker import wire
 from minibroker.broker.kafka import codec
 from minibroker.broker.kafka.codec import make, nested
+from minibroker.broker.kafka.group_handlers import GroupHandlers
 from minibroker.client.errors import ErrorCode
 from minibroker.client.topic_name import invalid_topic_name
 from minibroker.client.types import NO_LEADER
 from minibroker.proto import minibroker_pb2 as pb
 
 if TYPE_CHECKING:
-    from minibroker.broker.kafka.group_handlers import GroupHandlers
+    from minibroker.broker.groups.coordinator import GroupCoordinator
     from minibroker.broker.replicas.manager import ReplicaManager
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
@@ -60,15 +61,24 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     INIT_PRODUCER_ID: (0, 4),
     OFFSET_FOR_LEADER_EPOCH: (2, 4),
     DESCRIBE_CLUSTER: (0, 1),
-    # G2: the classic group membership APIs (librdkafka 2.x sends JoinGroup v5, SyncGroup v3,
-    # Heartbeat v3, LeaveGroup v1, DescribeGroups v4; kafka-python JoinGroup v7, SyncGroup v5,
-    # Heartbeat v4, LeaveGroup v5, DescribeGroups v6).
+    # G1's group APIs (broker/kafka/group_handlers.py): OffsetCommit from v2 (Kafka-stored
+    # offsets), to v8 (v9 is KIP-848's member epoch); OffsetFetch v8 batches groups.
+    FIND_COORDINATOR: (0, 4),
+    OFFSET_COMMIT: (2, 8),
+    OFFSET_FETCH: (1, 8),
+    LIST_GROUPS: (0, 4),
+    DELETE_GROUPS: (0, 2),
+    # G2's group APIs, membership (librdkafka 2.x sends JoinGroup v5, SyncGroup v3, Heartbeat
+    # v3, LeaveGroup v1, DescribeGroups v4; kafka-python JoinGroup v7, SyncGroup v5, Heartbeat
+    # v4, LeaveGroup v5, DescribeGroups v6; aiokafka JoinGroup v5, SyncGroup v3).
     JOIN_GROUP: (0, 9),
     SYNC_GROUP: (0, 5),
     HEARTBEAT: (0, 4),
     LEAVE_GROUP: (0, 5),
     DESCRIBE_GROUPS: (0, 6),
 }
+
+OFFSETS_TOPIC = "__consumer_offsets"
 
 # Kafka's codes that minibroker's own client never sees (so not in client/errors.py).
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
@@ -89,11 +99,10 @@ class KafkaHandlers:
     the metadata image (each broker registers its own, broker/controller_link.py)."""
 
     def __init__(
-        self, replica_manager: ReplicaManager, groups: GroupHandlers | None = None
+        self, replica_manager: ReplicaManager, coordinator: GroupCoordinator | None = None
     ) -> None:
         self._rm = replica_manager
-        self.groups = groups
-        self._by_key: dict[int, Callable[..., Awaitable[Any]]] = {
+        self._by_key: dict[int, Callable[[codec.Request], Awaitable[Any]]] = {
             PRODUCE: self.produce,
             FETCH: self.fetch,
             LIST_OFFSETS: self.list_offsets,
@@ -105,19 +114,32 @@ class KafkaHandlers:
             OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             DESCRIBE_CLUSTER: self.describe_cluster,
         }
-        if groups is not None:
-            # G2: membership (these take the caller too: `(request, principal)`)
-            self._by_key[JOIN_GROUP] = groups.join_group
-            self._by_key[SYNC_GROUP] = groups.sync_group
-            self._by_key[HEARTBEAT] = groups.heartbeat
-            self._by_key[LEAVE_GROUP] = groups.leave_group
-            self._by_key[DESCRIBE_GROUPS] = groups.describe_groups
+        # The group APIs take the caller's principal too (None on the Kafka port).
+        self._group_by_key: dict[int, Callable[[codec.Request, Any], Awaitable[Any]]] = {}
+        self.groups: GroupHandlers | None = None
+        if coordinator is not None:
+            self.groups = GroupHandlers(coordinator)
+            self._group_by_key.update(
+                {
+                    FIND_COORDINATOR: self.groups.find_coordinator,
+                    OFFSET_COMMIT: self.groups.offset_commit,
+                    OFFSET_FETCH: self.groups.offset_fetch,
+                    LIST_GROUPS: self.groups.list_groups,
+                    DELETE_GROUPS: self.groups.delete_groups,
+                    JOIN_GROUP: self.groups.join_group,
+                    SYNC_GROUP: self.groups.sync_group,
+                    HEARTBEAT: self.groups.heartbeat,
+                    LEAVE_GROUP: self.groups.leave_group,
+                    DESCRIBE_GROUPS: self.groups.describe_groups,
+                }
+            )
 
     async def handle(self, request: codec.Request, principal: Any = None) -> Any:
         """The kio response for `request` (NO_RESPONSE: send nothing). `principal`: who sent
         it when known (KafkaGroupCall's caller); None on the Kafka port (PLAINTEXT)."""
-        if request.api_key in GROUP_APIS:
-            return await self._by_key[request.api_key](request, principal)
+        group_handler = self._group_by_key.get(request.api_key)
+        if group_handler is not None:
+            return await group_handler(request, principal)
         return await self._by_key[request.api_key](request)
 
     # -- ApiVersions -------------------------------------------------------------------------
@@ -195,7 +217,7 @@ class KafkaHandlers:
                     error_code=ErrorCode.NONE,
                     name=name,
                     topic_id=topic.topic_id,
-                    is_internal=False,
+                    is_internal=name == OFFSETS_TOPIC,
                     partitions=tuple(partitions),
                     topic_authorized_operations=-2147483648,
                 )
