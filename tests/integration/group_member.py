@@ -1,7 +1,8 @@
 """One consumer group member in its own process, for tests/integration/test_group_membership.py
 (so that a test can SIGKILL it): `python group_member.py KIND BOOTSTRAP GROUP TOPIC`, KIND one
 of confluent, kafka-python, aiokafka; all use the 'range' assignor, a 6 s session and 500 ms
-heartbeats, start from the earliest offset and commit nothing. It prints JSON lines on stdout:
+heartbeats, start from the earliest offset and commit nothing; on SIGTERM it closes its consumer
+(which leaves the group) and exits. It prints JSON lines on stdout:
 {"assigned": [partitions]} whenever its assignment changes and {"rec": [partition, offset,
 value]} for each record."""
 
@@ -9,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
+import threading
 from typing import Any
 
 SESSION_MS = 6000
 HEARTBEAT_MS = 500
+STOP = threading.Event()
 
 
 def emit(**what: Any) -> None:
@@ -39,7 +43,7 @@ def run_confluent(bootstrap: str, group: str, topic: str) -> None:
     )
     consumer.subscribe([topic])
     last: list[int] | None = None
-    while True:
+    while not STOP.is_set():
         message = consumer.poll(0.1)
         assigned = sorted(tp.partition for tp in consumer.assignment())
         if assigned != last:
@@ -48,6 +52,8 @@ def run_confluent(bootstrap: str, group: str, topic: str) -> None:
         if message is None or message.error() is not None:
             continue
         emit(rec=[message.partition(), message.offset(), message.value().decode()])
+    consumer.close()
+    emit(closed=True)
 
 
 def run_kafka_python(bootstrap: str, group: str, topic: str) -> None:
@@ -67,7 +73,7 @@ def run_kafka_python(bootstrap: str, group: str, topic: str) -> None:
         metadata_max_age_ms=2000,
     )
     last: list[int] | None = None
-    while True:
+    while not STOP.is_set():
         batches = consumer.poll(timeout_ms=100)
         assigned = sorted(tp.partition for tp in consumer.assignment())
         if assigned != last:
@@ -76,6 +82,8 @@ def run_kafka_python(bootstrap: str, group: str, topic: str) -> None:
         for tp, records in batches.items():
             for r in records:
                 emit(rec=[tp.partition, r.offset, r.value.decode()])
+    consumer.close()
+    emit(closed=True)
 
 
 async def run_aiokafka(bootstrap: str, group: str, topic: str) -> None:
@@ -96,7 +104,7 @@ async def run_aiokafka(bootstrap: str, group: str, topic: str) -> None:
     )
     await consumer.start()
     last: list[int] | None = None
-    while True:
+    while not STOP.is_set():
         batches = await consumer.getmany(timeout_ms=100)
         assigned = sorted(tp.partition for tp in consumer.assignment())
         if assigned != last:
@@ -106,10 +114,13 @@ async def run_aiokafka(bootstrap: str, group: str, topic: str) -> None:
             for r in records:
                 assert r.value is not None
                 emit(rec=[tp.partition, r.offset, r.value.decode()])
+    await consumer.stop()
+    emit(closed=True)
 
 
 def main() -> None:
     kind, bootstrap, group, topic = sys.argv[1:5]
+    signal.signal(signal.SIGTERM, lambda *_: STOP.set())
     if kind == "confluent":
         run_confluent(bootstrap, group, topic)
     elif kind == "kafka-python":

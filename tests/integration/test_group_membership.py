@@ -6,7 +6,8 @@ partitions.
 
 Checked: every partition is owned by exactly one member ('range', common to all three
 clients), each record is consumed once, by its partition's owner; after a member is killed its
-partitions move to the others and new records on them are consumed.
+partitions move to the others and new records on them are consumed; a member that closes
+(LeaveGroup) hands its partitions over before any session timeout could.
 """
 
 from __future__ import annotations
@@ -184,3 +185,9 @@ def test_aiokafka_and_kafka_python_share_a_group(cluster: LocalCluster) -> None:
             assert len(by) == 1
             member, p = by[0]
             assert owners[p] is member and p == int(value) % PARTITIONS
+        # kafka-python closes (LeaveGroup): aiokafka owns all 6 well within a session (6 s)
+        closed_at = time.monotonic()
+        group[1].proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: owners_split(group[:1], 6), 20, "aiokafka owning all 6")
+        assert time.monotonic() - closed_at < 5.0
+        assert group[1].proc.wait(10) == 0
