@@ -375,11 +375,8 @@ class GroupCoordinator:
                 if tp not in self.rm.partitions:
                     return
                 info = partition_log.read(position, LOAD_READ_BYTES)
-                if not info.records:
-                    if info.next_offset >= partition_log.leo:
-                        break
-                    position = info.next_offset
-                    continue
+                if not info.records:  # the end (a read returns a batch while there is one)
+                    break
                 for batch in iter_decoded_batches(info.records):
                     if batch.header.is_control:
                         continue

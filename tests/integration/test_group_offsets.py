@@ -1,18 +1,21 @@
-"""Committed offsets of consumer groups on a real 3-broker cluster, through Kafka clients that no
-one here wrote (kafka-python, confluent-kafka): FindCoordinator creates __consumer_offsets,
-simple commits (manual assignment, generation -1) are read back with committed(), survive a
-SIGKILL of the group's coordinator (the new leader of its partition loads them from its log),
-ListGroups and DeleteGroups through both admin clients, and `dump-log --offsets-decoder` on a
-replica's segment shows the commit.
+"""Committed offsets of consumer groups on a real 3-broker cluster, through Kafka clients that
+no one here wrote (kafka-python, confluent-kafka, aiokafka): FindCoordinator creates
+__consumer_offsets, simple commits (manual assignment, generation -1) are read back with
+committed() by the client that made them and by another, survive a SIGKILL of the group's
+coordinator (the new leader of its partition loads them from its log), ListGroups and
+DeleteGroups through both admin clients, and `dump-log --offsets-decoder` on a replica's segment
+shows the commit.
 """
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 import subprocess
 import sys
 from collections.abc import Iterator
 
+import aiokafka
 import confluent_kafka
 import kafka
 import pytest
@@ -109,6 +112,26 @@ def test_confluent_kafka_commits_and_reads_back(cluster: LocalCluster) -> None:
         assert meta["is_internal"] is True
     finally:
         client.close()
+
+
+def test_aiokafka_commits_and_reads_back(cluster: LocalCluster) -> None:
+    async def run() -> list[int | None]:
+        consumer = aiokafka.AIOKafkaConsumer(
+            bootstrap_servers=cluster.kafka_bootstrap,
+            group_id="aio-group",
+            enable_auto_commit=False,
+        )
+        await consumer.start()
+        try:
+            tps = [aiokafka.TopicPartition(TOPIC, p) for p in range(3)]
+            consumer.assign(tps)
+            await consumer.commit({tp: 30 + tp.partition for tp in tps})
+            return [await consumer.committed(tp) for tp in tps]
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(run()) == [30, 31, 32]
+    assert confluent_committed(cluster, "aio-group", [0, 1, 2]) == [30, 31, 32]
 
 
 def test_list_and_delete_groups(cluster: LocalCluster) -> None:
