@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kio.schema.errors import ErrorCode
 
 from minibroker.broker import wire
+from minibroker.broker.groups import membership
 from minibroker.broker.groups.records import (
     GroupMetadataKey,
     GroupMetadataValue,
@@ -185,57 +186,16 @@ def expired_offsets(
     return sorted(expired)
 
 
-class _SimpleOnly:
-    """The membership when broker/groups/membership.py is not there (before G2's part lands):
-    no group ever has members, so only simple commits (generation -1) are accepted."""
-
-    def __init__(self, coordinator: GroupCoordinator, config: GroupConfig) -> None:
-        del coordinator, config
-
-    def loaded(self, group_id: str, value: GroupMetadataValue) -> None:
-        pass
-
-    def unloaded(self, group_ids: Iterable[str]) -> None:
-        pass
-
-    def validate_commit(
-        self, group_id: str, member_id: str, generation: int, instance_id: str | None
-    ) -> ErrorCode:
-        if generation < 0 and not member_id:
-            return ErrorCode.none
-        return ErrorCode.illegal_generation
-
-    def state(self, group_id: str) -> tuple[str, str] | None:
-        return None
-
-    def deletable(self, group_id: str) -> ErrorCode:
-        return ErrorCode.none
-
-    def delete(self, group_id: str) -> None:
-        pass
-
-    def groups(self) -> Iterable[str]:
-        return ()
-
-
-def _membership_class() -> Callable[[GroupCoordinator, GroupConfig], MembershipApi]:
+def _membership(coordinator: GroupCoordinator, config: GroupConfig) -> MembershipApi:
     """G2's Membership, given its config (broker/groups/membership.py's GroupConfig) from
-    ours; _SimpleOnly when that module is not there."""
-    try:
-        from minibroker.broker.groups import membership
-    except ImportError:
-        return _SimpleOnly
-
-    def build(coordinator: GroupCoordinator, config: GroupConfig) -> MembershipApi:
-        settings = membership.GroupConfig(
-            min_session_timeout_ms=config.group_min_session_timeout_ms,
-            max_session_timeout_ms=config.group_max_session_timeout_ms,
-            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
-            max_size=config.group_max_size,
-        )
-        return membership.Membership(coordinator, settings)  # type: ignore[arg-type,return-value,unused-ignore]
-
-    return build
+    ours."""
+    settings = membership.GroupConfig(
+        min_session_timeout_ms=config.group_min_session_timeout_ms,
+        max_session_timeout_ms=config.group_max_session_timeout_ms,
+        initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+        max_size=config.group_max_size,
+    )
+    return membership.Membership(coordinator, settings)  # type: ignore[return-value,unused-ignore]
 
 
 class GroupCoordinator:
@@ -260,7 +220,7 @@ class GroupCoordinator:
         self.group_values: dict[str, GroupMetadataValue] = {}
         self._creating: asyncio.Task[None] | None = None
         self._expiry: asyncio.Task[None] | None = None
-        self.membership: MembershipApi = (membership or _membership_class())(self, config)
+        self.membership: MembershipApi = (membership or _membership)(self, config)
         rm.role_listeners.append(self.on_role_output)
 
     # -- where groups live ---------------------------------------------------------------
