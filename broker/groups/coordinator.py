@@ -19,8 +19,9 @@ Offsets expiry follows Kafka 2.1+ (KIP-211): an Empty group's offsets expire
 offsets.retention.minutes after the group became Empty (its current state timestamp); offsets
 of a group that is unknown to the membership (simple commits, generation -1) expire that long
 after their commit (or at the expire timestamp a v2-v4 OffsetCommit asked for); a group with
-members never has its offsets expired. An Empty group left with no offsets gets a tombstone too
-and is forgotten (Kafka deletes it).
+members never has its offsets expired. Offsets of deleted topics go at the next pass whatever the
+group's state. An Empty group left with no offsets gets a tombstone too and is forgotten (Kafka
+deletes it).
 """
 
 from __future__ import annotations
@@ -488,6 +489,9 @@ class GroupCoordinator:
                 self.config.offsets_retention_ms,
                 now,
             )
+            # Offsets of partitions that no longer exist go too, whatever the group's state
+            # (Kafka removes them when a topic is deleted).
+            expired = sorted(set(expired) | set(self._deleted_partitions(offsets)))
             # An Empty group left without offsets is deleted too (a simple-commit group that
             # has a metadata record as well).
             drop_group = (
@@ -512,6 +516,17 @@ class GroupCoordinator:
                     self.membership.delete(group_id)
             log.info("offsets_expired", group=group_id, partitions=len(expired), deleted=drop_group)
         return removed
+
+    def _deleted_partitions(
+        self, offsets: dict[tuple[str, int], OffsetCommitValue]
+    ) -> list[tuple[str, int]]:
+        image = self.rm.image
+        gone = []
+        for topic, partition in offsets:
+            record = image.topic(topic)
+            if record is None or partition not in record.partitions:
+                gone.append((topic, partition))
+        return gone
 
     async def stop(self) -> None:
         for task in [*self._loads.values(), self._expiry, self._creating]:
