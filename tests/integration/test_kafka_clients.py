@@ -307,7 +307,7 @@ def test_unsupported_api_versions_version_gets_the_supported_list(cluster: Local
         correlation_id, error, count = struct.unpack_from(">ihi", frame)
         assert (correlation_id, error) == (11, 35)  # UNSUPPORTED_VERSION, at v0
         keys = {struct.unpack_from(">hhh", frame, 10 + 6 * i)[0] for i in range(count)}
-        assert set(SUPPORTED) == keys  # what the broker serves, the admin APIs included
+        assert set(SUPPORTED) == keys  # every API served: the admin and group APIs too
         # The connection stays open: a v0 request now is answered on it.
         sock.sendall(api_versions_v0(12))
         again = answered(sock)
