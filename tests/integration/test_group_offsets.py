@@ -210,6 +210,40 @@ def test_list_and_delete_groups(cluster: LocalCluster) -> None:
         client.close()
 
 
+def test_a_subscribed_member_commits_with_its_generation(cluster: LocalCluster) -> None:
+    """With G2's membership: a member's commits carry its generation; the group is listed
+    Stable while it is there, Empty after it leaves, and its offsets stay."""
+    consumer = confluent_consumer(cluster, "sub-group")
+    try:
+        consumer.subscribe([TOPIC])
+        wait_until(
+            lambda: consumer.poll(0.2) is None and len(consumer.assignment()) == 3,
+            30,
+            "the member's assignment",
+        )
+        consumer.commit(
+            offsets=[confluent_kafka.TopicPartition(TOPIC, p, 40 + p) for p in range(3)],
+            asynchronous=False,
+        )
+        admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+        listed = admin.list_consumer_groups(request_timeout=30).result()
+        [group] = [g for g in listed.valid if g.group_id == "sub-group"]
+        assert group.state == confluent_kafka.ConsumerGroupState.STABLE
+        # A non-empty group cannot be deleted.
+        [future] = admin.delete_consumer_groups(["sub-group"], request_timeout=30).values()
+        with pytest.raises(confluent_kafka.KafkaException, match="NON_EMPTY_GROUP"):
+            future.result()
+    finally:
+        consumer.close()
+    assert confluent_committed(cluster, "sub-group", [0, 1, 2]) == [40, 41, 42]
+
+    def state() -> Any:
+        listed = admin.list_consumer_groups(request_timeout=30).result()
+        return next((g.state for g in listed.valid if g.group_id == "sub-group"), None)
+
+    wait_until(lambda: state() == confluent_kafka.ConsumerGroupState.EMPTY, 30, "Empty")
+
+
 def test_dump_log_offsets_decoder_shows_a_commit(cluster: LocalCluster) -> None:
     p = partition_for("ck-group", OFFSETS_PARTITIONS)
     spec = cluster.spec(1)
