@@ -1,10 +1,11 @@
 """One consumer group member in its own process, for tests/integration/test_group_membership.py
-(so that a test can SIGKILL it): `python group_member.py KIND BOOTSTRAP GROUP TOPIC`, KIND one
-of confluent, kafka-python, aiokafka; all use the 'range' assignor, a 6 s session and 500 ms
-heartbeats, start from the earliest offset and commit nothing; on SIGTERM it closes its consumer
-(which leaves the group) and exits. It prints JSON lines on stdout:
-{"assigned": [partitions]} whenever its assignment changes and {"rec": [partition, offset,
-value]} for each record."""
+(so that a test can SIGKILL it): `python group_member.py KIND BOOTSTRAP GROUP TOPIC [INSTANCE]`,
+KIND one of confluent, kafka-python, aiokafka, INSTANCE a group.instance.id (confluent only).
+All use the 'range' assignor, a 6 s session and 500 ms heartbeats, start from the earliest
+offset and commit nothing; on SIGTERM a member closes its consumer (which leaves the group) and
+exits. It prints JSON lines on stdout: {"assigned": [partitions]} whenever its assignment
+changes, {"rec": [partition, offset, value]} for each record, and (kafka-python only, from its
+coordinator's private state) {"generation": n} whenever its group generation changes."""
 
 from __future__ import annotations
 
@@ -25,11 +26,13 @@ def emit(**what: Any) -> None:
     sys.stdout.flush()
 
 
-def run_confluent(bootstrap: str, group: str, topic: str) -> None:
+def run_confluent(bootstrap: str, group: str, topic: str, instance: str | None) -> None:
     import confluent_kafka
 
+    static = {"group.instance.id": instance} if instance else {}
     consumer = confluent_kafka.Consumer(
         {
+            **static,
             "bootstrap.servers": bootstrap,
             "group.id": group,
             "client.id": "confluent-member",
@@ -73,8 +76,13 @@ def run_kafka_python(bootstrap: str, group: str, topic: str) -> None:
         metadata_max_age_ms=2000,
     )
     last: list[int] | None = None
+    generation = None
     while not STOP.is_set():
         batches = consumer.poll(timeout_ms=100)
+        current = consumer._coordinator._generation.generation_id  # no public accessor
+        if current != generation:
+            generation = current
+            emit(generation=current)
         assigned = sorted(tp.partition for tp in consumer.assignment())
         if assigned != last:
             last = assigned
@@ -120,9 +128,10 @@ async def run_aiokafka(bootstrap: str, group: str, topic: str) -> None:
 
 def main() -> None:
     kind, bootstrap, group, topic = sys.argv[1:5]
+    instance = sys.argv[5] if len(sys.argv) > 5 else None
     signal.signal(signal.SIGTERM, lambda *_: STOP.set())
     if kind == "confluent":
-        run_confluent(bootstrap, group, topic)
+        run_confluent(bootstrap, group, topic, instance)
     elif kind == "kafka-python":
         run_kafka_python(bootstrap, group, topic)
     elif kind == "aiokafka":

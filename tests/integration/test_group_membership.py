@@ -49,15 +49,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 class Member:
     """A member process and what it printed: its latest assignment and its records."""
 
-    def __init__(self, kind: str, bootstrap: str, group: str, topic: str) -> None:
+    def __init__(
+        self, kind: str, bootstrap: str, group: str, topic: str, instance: str = ""
+    ) -> None:
         self.kind = kind
         self.proc = subprocess.Popen(
-            [sys.executable, str(MEMBER), kind, bootstrap, group, topic],
+            [sys.executable, str(MEMBER), kind, bootstrap, group, topic, instance],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
         )
         self.assigned: list[int] | None = None
+        self.assignments = 0  # how many times its assignment changed
+        self.generations: list[int] = []  # kafka-python's generations, in order
         self.records: list[tuple[int, int, str]] = []
         self.lock = threading.Lock()
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -73,6 +77,9 @@ class Member:
             with self.lock:
                 if "assigned" in event:
                     self.assigned = event["assigned"]
+                    self.assignments += 1
+                elif "generation" in event:
+                    self.generations.append(event["generation"])
                 elif "rec" in event:
                     p, offset, value = event["rec"]
                     self.records.append((p, offset, value))
@@ -191,3 +198,34 @@ def test_aiokafka_and_kafka_python_share_a_group(cluster: LocalCluster) -> None:
         wait_until(lambda: owners_split(group[:1], 6), 20, "aiokafka owning all 6")
         assert time.monotonic() - closed_at < 5.0
         assert group[1].proc.wait(10) == 0
+
+
+def test_a_static_member_restarts_without_a_rebalance(cluster: LocalCluster) -> None:
+    """KIP-345: a librdkafka member with a group.instance.id is SIGKILLed and started again
+    with the same id before its session expires: it takes its old place (the old member id is
+    fenced) and gets its old partitions back, and the other member never rebalances."""
+    topic = "shared-static"
+    create_topic(cluster, topic)
+    bootstrap = cluster.kafka_bootstrap
+    with members(bootstrap, "g-static", topic, "kafka-python") as group:
+        group.append(Member("confluent", bootstrap, "g-static", topic, "static-1"))
+        owners = wait_until(lambda: owners_split(group, 3), 45, "6 partitions split 3/3")
+        dynamic, static = group
+        mine = sorted(p for p, m in owners.items() if m is static)
+        time.sleep(1.5)  # settled: no assignment change pending on either side
+        changes = dynamic.snapshot()[0], dynamic.assignments
+        generations = list(dynamic.generations)
+        assert generations and generations[-1] > 0
+        restarted_at = time.monotonic()
+        static.kill()
+        again = Member("confluent", bootstrap, "g-static", topic, "static-1")
+        group.append(again)
+        wait_until(lambda: again.snapshot()[0] == mine, 30, "the static member's partitions back")
+        assert time.monotonic() - restarted_at < 6.0  # within the session: no expiry
+        produce(cluster, topic, range(60))
+        wait_until(lambda: len(consumed([dynamic, again])) == 60, 30, "60 records consumed")
+        assert (dynamic.snapshot()[0], dynamic.assignments) == changes
+        assert dynamic.generations == generations  # never rebalanced
+        for value, [(member, p)] in consumed([dynamic, again]).items():
+            assert p == int(value) % PARTITIONS
+            assert member is (again if p in mine else dynamic)
