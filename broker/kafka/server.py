@@ -39,6 +39,7 @@ _SIZE = struct.Struct(">i")
 DEFAULT_MAX_IN_FLIGHT = 100
 
 Handler = Callable[[codec.Request], Awaitable[Any]]
+Frame = list[bytes | bytearray | memoryview]  # a response frame's pieces, written in order
 
 
 class KafkaListener:
@@ -113,8 +114,9 @@ class Connection:
         self._writer = writer
         peer = writer.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        # The answers owed, in request order: each a task giving the frame to send (None: none).
-        self._answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(
+        # The answers owed, in request order: each a task giving the frame to send, as pieces
+        # (None: none).
+        self._answers: asyncio.Queue[asyncio.Task[Frame | None] | None] = asyncio.Queue(
             listener._max_in_flight
         )
 
@@ -174,7 +176,7 @@ class Connection:
                     return self._refuse("unsupported version", str(err))
                 # Kafka answers an ApiVersions it cannot read at v0, with its versions.
                 body = api_versions_response(0, ErrorCode.UNSUPPORTED_VERSION)
-                frame_out = codec.encode_response(API_VERSIONS, 0, err.correlation_id, body)
+                frame_out = codec.encode_response_pieces(API_VERSIONS, 0, err.correlation_id, body)
                 await self._answers.put(_done(frame_out))
                 continue
             except codec.KafkaProtocolError as err:
@@ -186,11 +188,11 @@ class Connection:
                 # The writer gave up (the peer reset, a handler failed): nothing more is sent.
                 return "connection lost"
 
-    async def _answer(self, request: codec.Request) -> bytes | None:
+    async def _answer(self, request: codec.Request) -> Frame | None:
         body = await self._listener._handler(request)
         if body is NO_RESPONSE:
             return None
-        return codec.encode_response(
+        return codec.encode_response_pieces(
             request.api_key, request.api_version, request.correlation_id, body
         )
 
@@ -211,7 +213,11 @@ class Connection:
                     self._listener._closed("handler failed")
                     return
                 if frame is not None:
-                    self._writer.write(frame)
+                    # Piece by piece: a Fetch answer's record bytes go to the socket as read
+                    # from the log, not copied into one frame first.
+                    write = self._writer.write
+                    for piece in frame:
+                        write(piece)
                     await self._writer.drain()
         finally:
             if not clean:
@@ -236,8 +242,8 @@ class Connection:
                 task.cancel()
 
 
-def _done(frame: bytes) -> asyncio.Task[bytes | None]:
-    async def ready() -> bytes | None:
+def _done(frame: Frame) -> asyncio.Task[Frame | None]:
+    async def ready() -> Frame | None:
         return frame
 
     return asyncio.ensure_future(ready())
