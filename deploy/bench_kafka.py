@@ -110,12 +110,19 @@ def _run(args: argparse.Namespace) -> int:
             (
                 ("consume", "confluent-kafka", "kafka"),
                 _consume_confluent(
-                    confluent_kafka, kafka_bootstrap, topics["confluent"], args.partitions, n, extra
+                    confluent_kafka,
+                    kafka_bootstrap,
+                    topics["confluent"],
+                    args.partitions,
+                    n + args.partitions,  # and the producer's warm-up records
+                    extra,
                 ),
             ),
             (
                 ("consume", "minibroker", "grpc"),
-                _consume_ours(grpc_bootstrap, topics["confluent"], args.partitions, n),
+                _consume_ours(
+                    grpc_bootstrap, topics["confluent"], args.partitions, n + args.partitions
+                ),
             ),
         ]
         for key, took in measured:
@@ -143,7 +150,13 @@ def _run(args: argparse.Namespace) -> int:
     }
     load = _load_average()
     if args.json:
-        print(json.dumps({"rows": out, "kafka_over_grpc": ratios, "load_average": load}, indent=2))
+        report = {
+            "rows": out,
+            "kafka_over_grpc": ratios,
+            "load_average": load,
+            "confluent_settings": extra,
+        }
+        print(json.dumps(report, indent=2))
         return 0
     print(
         f"{'PHASE':<8} {'CLIENT':<16} {'PORT':<6} {'RECORDS/S':>10} {'MB/S':>7} {'SECONDS':>8}"
@@ -159,6 +172,8 @@ def _run(args: argparse.Namespace) -> int:
         f"median of {args.runs} run(s); Kafka/gRPC: produce {ratios['produce']}, "
         f"consume {ratios['consume']}; load average {' '.join(f'{x:.2f}' for x in load)}"
     )
+    if extra:
+        print("librdkafka settings: " + " ".join(f"{k}={v}" for k, v in extra.items()))
     return 0
 
 
@@ -209,7 +224,13 @@ def _produce_confluent(
         if err is not None:
             failed.append(err)
 
-    producer.list_topics(topic, timeout=10)  # metadata first, outside the measured time
+    # Outside the measured time: metadata, a connection to every leader and the producer id
+    # (one record to each partition, read back by the consumers as the first ones).
+    partitions = len(producer.list_topics(topic, timeout=10).topics[topic].partitions)
+    for partition in range(partitions):
+        producer.produce(topic, value, partition=partition, on_delivery=done)
+    if producer.flush(60) != 0 or failed:
+        raise RuntimeError(f"confluent-kafka: the warm-up failed ({failed[:1]})")
     start = time.perf_counter()
     for _ in range(n):
         while True:
@@ -228,7 +249,10 @@ def _produce_ours(bootstrap: str, topic: str, value: bytes, n: int, linger_ms: i
     from minibroker.client import Producer
 
     with Producer(bootstrap, acks="all", enable_idempotence=True, linger_ms=linger_ms) as producer:
-        producer.partitions_for(topic)
+        # The same warm-up as confluent-kafka's: one record to each partition, unmeasured.
+        for partition in producer.partitions_for(topic):
+            producer.send(topic, value, partition=partition)
+        producer.flush()
         start = time.perf_counter()
         for _ in range(n):
             producer.send(topic, value)
@@ -261,7 +285,9 @@ def _consume_confluent(
         start = time.perf_counter()
         deadline = time.monotonic() + 300
         while got < n and time.monotonic() < deadline:
-            for message in consumer.consume(10_000, 1.0):
+            # consume() waits for as many messages as asked (or the timeout): ask for no more
+            # than are left, or the last call sits out its timeout.
+            for message in consumer.consume(min(10_000, n - got), 1.0):
                 if message.error() is None:
                     got += 1
         if got < n:
