@@ -12,7 +12,6 @@ import base64
 import binascii
 import dataclasses
 import datetime
-import io
 import struct
 import uuid
 from collections.abc import Mapping
@@ -141,20 +140,60 @@ def parse_request(frame: bytes, supported: Mapping[int, tuple[int, int]]) -> Req
     return Request(api_key, version, correlation_id, header.client_id, body, flexible)
 
 
-def encode_response(api_key: int, version: int, correlation_id: int, body: Any) -> bytes:
-    """The size-prefixed response frame. ApiVersions answers always carry header v0 (so that a
-    client can read the answer whatever version it asked); other flexible versions header v1."""
-    buffer = io.BytesIO()
-    buffer.write(b"\0\0\0\0")
+# A written value at least this long (record batches) is kept as its own piece of a frame,
+# never copied: the listener writes the pieces one after another.
+_OWN_PIECE = 4096
+
+
+class _Pieces:
+    """A write target for kio's writers: small writes gathered into bytearrays, each long
+    immutable value (a Fetch answer's records: bytes, or a read-only view of them) kept as it
+    is, as its own piece."""
+
+    __slots__ = ("_small", "pieces")
+
+    def __init__(self) -> None:
+        self._small = bytearray()
+        self.pieces: list[bytes | bytearray | memoryview] = [self._small]
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        size = len(data)
+        if size >= _OWN_PIECE and (
+            isinstance(data, bytes) or (isinstance(data, memoryview) and data.readonly)
+        ):
+            self.pieces.append(data)
+            self._small = bytearray()
+            self.pieces.append(self._small)
+        else:
+            self._small += data
+        return size
+
+
+def encode_response_pieces(
+    api_key: int, version: int, correlation_id: int, body: Any
+) -> list[bytes | bytearray | memoryview]:
+    """The size-prefixed response frame as pieces to write in order, its record bytes not
+    copied (the first piece starts with the size). ApiVersions answers always carry header v0
+    (so that a client can read the answer whatever version it asked); other flexible versions
+    header v1."""
+    out = _Pieces()
+    out.write(b"\0\0\0\0")
     if body.__flexible__ and api_key != API_VERSIONS_KEY:
-        _writer(ResponseHeaderV1)(buffer, ResponseHeaderV1(correlation_id=i32(correlation_id)))
+        _writer(ResponseHeaderV1)(out, ResponseHeaderV1(correlation_id=i32(correlation_id)))
     else:
-        _writer(ResponseHeaderV0)(buffer, ResponseHeaderV0(correlation_id=i32(correlation_id)))
+        _writer(ResponseHeaderV0)(out, ResponseHeaderV0(correlation_id=i32(correlation_id)))
     body_type: Any = type(body)
-    _writer(body_type)(buffer, body)
-    data = buffer.getbuffer()
-    struct.pack_into(">i", data, 0, len(data) - 4)
-    return bytes(data)
+    _writer(body_type)(out, body)
+    pieces = [piece for piece in out.pieces if piece]
+    first = pieces[0]
+    assert isinstance(first, bytearray)
+    struct.pack_into(">i", first, 0, sum(len(piece) for piece in pieces) - 4)
+    return pieces
+
+
+def encode_response(api_key: int, version: int, correlation_id: int, body: Any) -> bytes:
+    """The size-prefixed response frame in one piece (`encode_response_pieces` joined)."""
+    return b"".join(encode_response_pieces(api_key, version, correlation_id, body))
 
 
 # -- building a version's answer --------------------------------------------------------------

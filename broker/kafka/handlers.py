@@ -10,7 +10,9 @@ versions are read; anything else is UNSUPPORTED_VERSION (ApiVersions) or a close
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import dataclasses
+import struct
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from minibroker.broker import wire
@@ -403,7 +405,7 @@ class KafkaHandlers:
         )
         answer = await self._rm.fetch(params)
         by_topic: dict[str, list[Any]] = {}
-        for r in answer.partitions:
+        for r in within_max_bytes(answer.partitions, params.max_bytes):
             extra: dict[str, Any] = {}
             if r.diverging_epoch is not None and epoch_cls is not None:
                 extra["diverging_epoch"] = make(
@@ -674,6 +676,54 @@ class KafkaHandlers:
             producer_id=answer.producer_id,
             producer_epoch=answer.producer_epoch,
         )
+
+
+_BATCH_LENGTH = struct.Struct(">i")  # a v2 batch's batchLength, at byte 8 (after baseOffset)
+_BATCH_OVERHEAD = 12  # baseOffset and batchLength, which batchLength does not count
+
+
+def whole_batches_within(records: bytes | memoryview, limit: int) -> int:
+    """How many bytes at the start of `records` are whole batches that fit in `limit`."""
+    end, size = 0, len(records)
+    while end + _BATCH_OVERHEAD <= size:
+        (length,) = _BATCH_LENGTH.unpack_from(records, end + 8)
+        following = end + _BATCH_OVERHEAD + length
+        if following > limit or following > size:
+            break
+        end = following
+    return end
+
+
+def within_max_bytes(
+    results: Iterable[wire.FetchPartitionResult], max_bytes: int
+) -> Iterator[wire.FetchPartitionResult]:
+    """A Fetch answer's partitions, in order, their records cut to whole batches so that the
+    answer carries at most `max_bytes` of them (a request's overall limit; each partition's
+    own limit was applied by the read), as Kafka's ReplicaManager.readFromLog: only the first
+    batch of the first partition with records may go over it (so that a batch larger than
+    the limit is still read, KIP-74); a partition past the limit keeps its high watermark and
+    error, with no records. The records are cut without copying (a memoryview)."""
+    left = max(max_bytes, 0)
+    first = True  # no partition has given records yet
+    for r in results:
+        records = r.records
+        if records:
+            keep = whole_batches_within(records, left)
+            if keep == 0 and first:
+                keep = _first_batch_size(records)
+            if keep < len(records):
+                r = dataclasses.replace(r, records=memoryview(records)[:keep])  # type: ignore[arg-type]
+            if keep:
+                first = False
+                left = max(left - keep, 0)
+        yield r
+
+
+def _first_batch_size(records: bytes | memoryview) -> int:
+    if len(records) < _BATCH_OVERHEAD:
+        return len(records)
+    (length,) = _BATCH_LENGTH.unpack_from(records, 8)
+    return min(_BATCH_OVERHEAD + max(length, 0), len(records))
 
 
 def api_versions_response(version: int, error: ErrorCode) -> Any:

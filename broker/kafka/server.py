@@ -48,6 +48,7 @@ _SIZE = struct.Struct(">i")
 DEFAULT_MAX_IN_FLIGHT = 100
 
 Handler = Callable[[codec.Request], Awaitable[Any]]
+Frame = list[bytes | bytearray | memoryview]  # a response frame's pieces, written in order
 
 
 class KafkaListener:
@@ -134,8 +135,8 @@ class Connection:
         self._writer = writer
         peer = writer.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        # The answers owed, in request order: each a task giving the frame to send (NO_RESPONSE:
-        # none; CLOSE_CONNECTION: close after the ones before it).
+        # The answers owed, in request order: each a task giving the frame to send, as pieces
+        # (NO_RESPONSE: none; CLOSE_CONNECTION: close after the ones before it).
         self._answers: asyncio.Queue[asyncio.Task[Any] | None] = asyncio.Queue(
             listener._max_in_flight
         )
@@ -211,7 +212,7 @@ class Connection:
                     return self._refuse("unsupported version", str(err))
                 # Kafka answers an ApiVersions it cannot read at v0, with its versions.
                 body = api_versions_response(0, ErrorCode.UNSUPPORTED_VERSION)
-                frame_out = codec.encode_response(API_VERSIONS, 0, err.correlation_id, body)
+                frame_out = codec.encode_response_pieces(API_VERSIONS, 0, err.correlation_id, body)
                 self._owed += 1
                 await self._answers.put(_done(frame_out))
                 continue
@@ -232,7 +233,7 @@ class Connection:
         body = await self._listener._handler(request)
         if body is NO_RESPONSE or body is CLOSE_CONNECTION:
             return body
-        return codec.encode_response(
+        return codec.encode_response_pieces(
             request.api_key, request.api_version, request.correlation_id, body
         )
 
@@ -258,7 +259,11 @@ class Connection:
                     self._listener._closed("acks=0 produce failed")
                     return
                 if frame is not NO_RESPONSE:
-                    self._writer.write(frame)
+                    # Piece by piece: a Fetch answer's record bytes go to the socket as read
+                    # from the log, not copied into one frame first.
+                    write = self._writer.write
+                    for piece in frame:
+                        write(piece)
                     await self._writer.drain()
                 self._last_active = asyncio.get_running_loop().time()
         finally:
@@ -307,7 +312,7 @@ def _give_back(budget: Any, size: int) -> Callable[[asyncio.Task[Any]], None]:
     return give_back
 
 
-def _done(frame: bytes) -> asyncio.Task[Any]:
+def _done(frame: Frame) -> asyncio.Task[Any]:
     async def ready() -> Any:
         return frame
 

@@ -476,7 +476,8 @@ def test_kcat_produces_lists_and_consumes(cluster: LocalCluster) -> None:
 
 
 def test_bench_kafka_reports_both_paths(cluster: LocalCluster) -> None:
-    """`minibroker bench kafka` on the module's cluster: four rows, every record counted."""
+    """`minibroker bench kafka` on the module's cluster: four rows (the median of two runs
+    each), every record counted, the Kafka/gRPC ratios and the load average."""
     result = subprocess.run(
         [
             sys.executable,
@@ -490,13 +491,16 @@ def test_bench_kafka_reports_both_paths(cluster: LocalCluster) -> None:
             "300",
             "--record-size",
             "1024",
+            "--runs",
+            "2",
             "--json",
         ],
         check=True,
         capture_output=True,
         timeout=300,
     )
-    rows = json.loads(result.stdout)["rows"]
+    report = json.loads(result.stdout)
+    rows = report["rows"]
     assert [(r["phase"], r["client"], r["port"]) for r in rows] == [
         ("produce", "confluent-kafka", "kafka"),
         ("produce", "minibroker", "grpc"),
@@ -504,6 +508,10 @@ def test_bench_kafka_reports_both_paths(cluster: LocalCluster) -> None:
         ("consume", "minibroker", "grpc"),
     ]
     assert all(r["records"] == 300 and r["records_per_s"] > 0 for r in rows)
+    assert all(r["runs"] == 2 and len(r["records_per_s_each_run"]) == 2 for r in rows)
+    assert set(report["kafka_over_grpc"]) == {"produce", "consume"}
+    assert all(ratio > 0 for ratio in report["kafka_over_grpc"].values())
+    assert len(report["load_average"]) == 3
 
 
 def requests_seen(cluster: LocalCluster) -> dict[tuple[str, int], float]:
