@@ -210,7 +210,8 @@ class Producer:
 
 
 class Consumer:
-    """Blocking Kafka-shaped consumer with manual assignment (see AsyncConsumer for options).
+    """Blocking Kafka-shaped consumer: manual `assign`, or `subscribe` with a `group_id` (see
+    AsyncConsumer for options).
 
     Iterating over a Consumer yields records forever (poll in a loop).
     """
@@ -238,6 +239,33 @@ class Consumer:
 
     def assignment(self) -> set[TopicPartition]:
         return self._lt.call(self._async.assignment)
+
+    def subscribe(
+        self,
+        topics: Iterable[str],
+        on_assign: Callable[[set[TopicPartition]], Any] | None = None,
+        on_revoke: Callable[[set[TopicPartition]], Any] | None = None,
+    ) -> None:
+        """Join the consumer group for `topics` (needs group_id); poll() does the joining.
+        The callbacks run on the client's event-loop thread: they must not call this Consumer."""
+        topic_list = [topics] if isinstance(topics, str) else list(topics)
+        self._lt.call(self._async.subscribe, topic_list, on_assign, on_revoke)
+
+    def subscription(self) -> set[str]:
+        return self._lt.call(self._async.subscription)
+
+    def unsubscribe(self) -> None:
+        self._lt.run(self._async.unsubscribe())
+
+    def commit(self, offsets: Mapping[TopicPartition, int | tuple[int, str]] | None = None) -> None:
+        """Commit positions (or the given offsets) synchronously."""
+        self._lt.run(self._async.commit(dict(offsets) if offsets is not None else None))
+
+    def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        return self._lt.run(self._async.committed(list(partitions)))
+
+    def member_id(self) -> str | None:
+        return self._lt.call(self._async.member_id)
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self._lt.call(self._async.seek, tp, offset)

@@ -37,6 +37,8 @@ PURE = [
     "client/topic_name.py",
     "client/accumulator.py",
     "client/subscription.py",
+    "client/groups/assignors.py",
+    "client/groups/protocol.py",
     "client/completed_fetch.py",
     "client/producer_record.py",
     "client/metadata_cache.py",
