@@ -31,6 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from minibroker.broker.config import BrokerConfig
 from minibroker.broker.controller_link import ControllerLink, FatalRegistrationError
+from minibroker.broker.groups.coordinator import GroupConfig, GroupCoordinator
 from minibroker.broker.kafka.handlers import KafkaHandlers
 from minibroker.broker.kafka.server import start_listener as start_kafka_listener
 from minibroker.broker.metrics import BrokerMetrics
@@ -152,7 +153,9 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
     # Kafka's protocol on its own port (kafka.listeners; broker/kafka/server.py), registered
     # with the controller so that Kafka clients' Metadata answers give its address. The same
     # handlers serve the group APIs to minibroker's own client (BrokerService.KafkaGroupCall).
-    kafka_handlers = KafkaHandlers(rm)
+    # The group coordinator (broker/groups/): it follows the leaderships of __consumer_offsets.
+    coordinator = GroupCoordinator(rm, GroupConfig.from_config(config.values))
+    kafka_handlers = KafkaHandlers(rm, coordinator)
     try:
         kafka, kafka_host, kafka_port = await start_kafka_listener(config, rm, kafka_handlers)
     except OSError as err:
@@ -199,6 +202,8 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
             loaded=rm.metadata_loaded,
         ),
     )
+    if kafka_handlers.groups is not None:
+        kafka_handlers.groups.access = servicer.security.access
     pb_grpc.add_BrokerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -262,6 +267,7 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
                 await task
         if kafka is not None:
             await kafka.stop()
+        await coordinator.stop()
         # Before the logs close: every round aborted, the threads joined while this loop
         # still answers them.
         await rm.cleaner.stop()

@@ -59,6 +59,86 @@ BROKER_ALIASES: dict[str, str] = {
     "log.cleaner.delete.retention.ms": "delete.retention.ms",
 }
 
+# The group coordinator's settings (broker/groups/): Kafka's names and defaults.
+GROUP_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey(
+        "offsets.topic.num.partitions",
+        int,
+        50,
+        "partitions of __consumer_offsets when it is created (a group's coordinator is the "
+        "leader of partition abs(hash(group)) % this)",
+        at_least(1),
+    ),
+    ConfigKey(
+        "offsets.topic.replication.factor",
+        int,
+        3,
+        "replication factor of __consumer_offsets; until this many brokers are alive it is "
+        "not created and FindCoordinator answers COORDINATOR_NOT_AVAILABLE",
+        at_least(1),
+    ),
+    ConfigKey(
+        "offsets.topic.segment.bytes",
+        int,
+        104857600,
+        "segment.bytes of __consumer_offsets (small, for fast compaction and loading)",
+        at_least(14),
+    ),
+    ConfigKey(
+        "offsets.retention.minutes",
+        int,
+        10080,
+        "committed offsets of a group that has been Empty this long (or of a simple commit "
+        "this old) are deleted",
+        at_least(1),
+    ),
+    ConfigKey(
+        "offsets.retention.check.interval.ms",
+        int,
+        600000,
+        "how often expired offsets are looked for",
+        at_least(1),
+    ),
+    ConfigKey(
+        "offsets.commit.timeout.ms",
+        int,
+        5000,
+        "how long an offset commit (or group metadata write) waits for all in-sync replicas",
+        at_least(1),
+    ),
+    ConfigKey(
+        "group.min.session.timeout.ms",
+        int,
+        6000,
+        "the smallest session timeout a group member may ask for",
+        at_least(0),
+    ),
+    ConfigKey(
+        "group.max.session.timeout.ms",
+        int,
+        1800000,
+        "the largest session timeout a group member may ask for",
+        at_least(0),
+    ),
+    ConfigKey(
+        "group.initial.rebalance.delay.ms",
+        int,
+        3000,
+        "how long a new (Empty) group waits for more members before its first rebalance",
+        at_least(0),
+    ),
+    ConfigKey(
+        "group.max.size", int, 2147483647, "the most members a consumer group may have", at_least(1)
+    ),
+    ConfigKey(
+        "offset.metadata.max.bytes",
+        int,
+        4096,
+        "the longest metadata string an offset commit may carry",
+        at_least(0),
+    ),
+)
+
 # Kafka's SkimpyOffsetMap entry: an MD5 hash (16 bytes) and an offset (8 bytes).
 CLEANER_MAP_ENTRY_BYTES = 24
 
@@ -257,6 +337,7 @@ BROKER_KEYS: tuple[ConfigKey, ...] = (
         at_least(1),
     ),
     *CLEANER_KEYS,
+    *GROUP_KEYS,
     *LIMIT_KEYS,
     *NETWORK_FAULT_KEYS,
     *SERVER_SSL_KEYS,

@@ -34,6 +34,7 @@ _FIXED = {
     "int32": 4,
     "uint32": 4,
     "timedelta_i32": 4,
+    "timedelta_i64": 8,  # OffsetCommit v2-v4 retention_time
     "int64": 8,
     "float64": 8,
     "datetime_i64": 8,

@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Any
 from minibroker.broker import wire
 from minibroker.broker.kafka import codec
 from minibroker.broker.kafka.codec import make, nested
+from minibroker.broker.kafka.group_handlers import GroupHandlers
 from minibroker.client.errors import ErrorCode
 from minibroker.client.topic_name import invalid_topic_name
 from minibroker.client.types import NO_LEADER
 from minibroker.proto import minibroker_pb2 as pb
 
 if TYPE_CHECKING:
+    from minibroker.broker.groups.coordinator import GroupCoordinator
     from minibroker.broker.replicas.manager import ReplicaManager
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
@@ -59,7 +61,16 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     INIT_PRODUCER_ID: (0, 4),
     OFFSET_FOR_LEADER_EPOCH: (2, 4),
     DESCRIBE_CLUSTER: (0, 1),
+    # G1's group APIs (broker/kafka/group_handlers.py): OffsetCommit from v2 (Kafka-stored
+    # offsets), to v8 (v9 is KIP-848's member epoch); OffsetFetch v8 batches groups.
+    FIND_COORDINATOR: (0, 4),
+    OFFSET_COMMIT: (2, 8),
+    OFFSET_FETCH: (1, 8),
+    LIST_GROUPS: (0, 4),
+    DELETE_GROUPS: (0, 2),
 }
+
+OFFSETS_TOPIC = "__consumer_offsets"
 
 # Kafka's codes that minibroker's own client never sees (so not in client/errors.py).
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
@@ -79,7 +90,9 @@ class KafkaHandlers:
     """Dispatch by api key. `advertised`: this broker's Kafka address per broker id comes from
     the metadata image (each broker registers its own, broker/controller_link.py)."""
 
-    def __init__(self, replica_manager: ReplicaManager) -> None:
+    def __init__(
+        self, replica_manager: ReplicaManager, coordinator: GroupCoordinator | None = None
+    ) -> None:
         self._rm = replica_manager
         self._by_key: dict[int, Callable[[codec.Request], Awaitable[Any]]] = {
             PRODUCE: self.produce,
@@ -93,10 +106,27 @@ class KafkaHandlers:
             OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             DESCRIBE_CLUSTER: self.describe_cluster,
         }
+        # The group APIs take the caller's principal too (None on the Kafka port).
+        self._group_by_key: dict[int, Callable[[codec.Request, Any], Awaitable[Any]]] = {}
+        self.groups: GroupHandlers | None = None
+        if coordinator is not None:
+            self.groups = GroupHandlers(coordinator)
+            self._group_by_key.update(
+                {
+                    FIND_COORDINATOR: self.groups.find_coordinator,
+                    OFFSET_COMMIT: self.groups.offset_commit,
+                    OFFSET_FETCH: self.groups.offset_fetch,
+                    LIST_GROUPS: self.groups.list_groups,
+                    DELETE_GROUPS: self.groups.delete_groups,
+                }
+            )
 
     async def handle(self, request: codec.Request, principal: Any = None) -> Any:
         """The kio response for `request` (NO_RESPONSE: send nothing). `principal`: who sent
         it when known (KafkaGroupCall's caller); None on the Kafka port (PLAINTEXT)."""
+        group_handler = self._group_by_key.get(request.api_key)
+        if group_handler is not None:
+            return await group_handler(request, principal)
         return await self._by_key[request.api_key](request)
 
     # -- ApiVersions -------------------------------------------------------------------------
@@ -174,7 +204,7 @@ class KafkaHandlers:
                     error_code=ErrorCode.NONE,
                     name=name,
                     topic_id=topic.topic_id,
-                    is_internal=False,
+                    is_internal=name == OFFSETS_TOPIC,
                     partitions=tuple(partitions),
                     topic_authorized_operations=-2147483648,
                 )

@@ -165,6 +165,9 @@ class ReplicaManager:
         )
         # Topics whose compact policy this broker warned about (only while its cleaner is off).
         self._compact_warned: set[str] = set()
+        # Called with each RoleChanged and ReplicaRemoved after it is carried out (the group
+        # coordinator loads and unloads __consumer_offsets partitions on them).
+        self.role_listeners: list[Callable[[Output], None]] = []
         self.metadata = MetadataApplier(self)
         self.producing = ProduceHandler(self)
         self.fetching = FetchHandler(self)
@@ -437,6 +440,9 @@ class ReplicaManager:
                 self.fetching.forget(output.tp)
             else:
                 self._log_output(output)
+                if self.role_listeners and isinstance(output, RoleChanged | ReplicaRemoved):
+                    for listener in self.role_listeners:
+                        listener(output)
 
     def _on_appended(self, output: Appended) -> None:
         if output.as_leader:

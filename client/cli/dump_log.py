@@ -46,6 +46,7 @@ from minibroker.client.batch import (
     parse_header,
     read_header,
 )
+from minibroker.client.consumer_offsets import describe as describe_offsets_record
 from minibroker.client.log_format import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
@@ -83,6 +84,12 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--print-data-log", action="store_true", help="also print every record of every batch"
     )
+    parser.add_argument(
+        "--offsets-decoder",
+        action="store_true",
+        help="decode the records as __consumer_offsets keys and values (implies "
+        "--print-data-log), as Kafka's kafka-dump-log.sh does",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.set_defaults(func=run)
 
@@ -117,9 +124,10 @@ def run(args: argparse.Namespace) -> int:
                 end = dump_segment(
                     path,
                     out,
-                    print_data_log=args.print_data_log,
+                    print_data_log=args.print_data_log or args.offsets_decoder,
                     as_json=args.json,
                     expected=expected,
+                    offsets_decoder=args.offsets_decoder,
                 )
                 if end is not None and expected is not None:
                     ends[path.parent] = (base_offset_of(path), end)
@@ -203,10 +211,12 @@ def dump_segment(
     print_data_log: bool = False,
     as_json: bool = False,
     expected: int | None = None,
+    offsets_decoder: bool = False,
 ) -> int | None:
     """Print the batches of segment `path`; a batch starting above `expected` (then above the
     previous batch's next offset) is preceded by the gap. Returns the next offset of the last
-    batch (`expected` when the segment is empty)."""
+    batch (`expected` when the segment is empty). `offsets_decoder`: records are shown as
+    __consumer_offsets keys and values (client/consumer_offsets.py)."""
     with path.open("rb") as stream:
         if not as_json:
             # A copied segment may have lost its offset-bearing name; its batches still print.
@@ -236,11 +246,11 @@ def dump_segment(
             expected = header.last_offset + 1
             batch = DecodedBatch(pos, header, records or [])
             if as_json:
-                out.write(_batch_json(batch, True, records is not None) + "\n")
+                out.write(_batch_json(batch, True, records is not None, offsets_decoder) + "\n")
             else:
                 out.write(_batch_line(header, pos, True) + "\n")
                 if records is not None:
-                    out.writelines(_record_line(batch, r) + "\n" for r in records)
+                    out.writelines(_record_line(batch, r, offsets_decoder) + "\n" for r in records)
     return expected
 
 
@@ -289,7 +299,7 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def _record_line(batch: DecodedBatch, record: DecodedRecord) -> str:
+def _record_line(batch: DecodedBatch, record: DecodedRecord, offsets: bool = False) -> str:
     header = batch.header
     parts = [
         f"| offset: {record.offset} {_timestamp_type(header)}: {record.timestamp} "
@@ -300,6 +310,9 @@ def _record_line(batch: DecodedBatch, record: DecodedRecord) -> str:
     ]
     if header.is_control:
         parts.append(_control_description(record))
+    elif offsets:
+        key, value = describe_offsets_record(record.key, record.value)
+        parts.append(f" key: {key} payload: {value}")
     else:
         if record.key is not None:
             parts.append(f" key: {_text(record.key)}")
@@ -327,7 +340,9 @@ def _b64(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode("ascii")
 
 
-def _batch_json(batch: DecodedBatch, crc_valid: bool, with_records: bool) -> str:
+def _batch_json(
+    batch: DecodedBatch, crc_valid: bool, with_records: bool, offsets: bool = False
+) -> str:
     header = batch.header
     obj: dict[str, Any] = {
         "position": batch.position,
@@ -353,6 +368,9 @@ def _batch_json(batch: DecodedBatch, crc_valid: bool, with_records: bool) -> str
             }
             for r in batch.records
         ]
+        if offsets and not header.is_control:
+            for row, r in zip(obj["records"], batch.records, strict=True):
+                row["decoded_key"], row["decoded_value"] = describe_offsets_record(r.key, r.value)
     return json.dumps(obj)
 
 

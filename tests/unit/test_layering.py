@@ -35,6 +35,8 @@ PURE = [
     "client/log_format.py",
     "client/partitioner.py",
     "client/topic_name.py",
+    "client/consumer_offsets.py",
+    "broker/groups/records.py",
     "client/accumulator.py",
     "client/subscription.py",
     "client/groups/assignors.py",

@@ -1,0 +1,1 @@
+"""Consumer groups: Kafka's group coordinator (offsets, membership)."""

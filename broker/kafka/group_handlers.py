@@ -1,0 +1,322 @@
+"""The group APIs of Kafka's protocol: a kio request in, a kio response out, through the
+broker's GroupCoordinator (broker/groups/coordinator.py).
+
+I/O shell, event-loop thread only. One handler serves every version of its API (`codec.make`
+keeps the fields a version has). Authorization, when the caller is known (`principal`: minibroker's
+own client over KafkaGroupCall) and the broker has an authorizer (`access`), follows Kafka's
+KafkaApis: GROUP READ for OffsetCommit and OffsetFetch, GROUP DESCRIBE for FindCoordinator and
+ListGroups (which leaves out the groups not describable), GROUP DELETE for DeleteGroups, and
+TOPIC READ on each committed or fetched topic.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from minibroker.broker.groups.coordinator import GroupCoordinator
+from minibroker.broker.groups.records import OffsetCommitValue
+from minibroker.broker.kafka import codec
+from minibroker.broker.kafka.codec import make, nested
+from minibroker.metadata.acl import AclOperation, ResourceType
+
+if TYPE_CHECKING:
+    from minibroker.client.common.security import Access
+
+OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 8, 9, 10
+LIST_GROUPS, DELETE_GROUPS = 16, 42
+GROUP_KEY_TYPE = 0
+
+
+def _ms(value: Any) -> int:
+    """A kio duration (or int) in ms."""
+    if hasattr(value, "total_seconds"):
+        return round(value.total_seconds() * 1000)
+    return int(value)
+
+
+class GroupHandlers:
+    """The group APIs; `access`: the broker's authorizer (set by broker/app.py once built)."""
+
+    def __init__(self, coordinator: GroupCoordinator) -> None:
+        self.coordinator = coordinator
+        self.access: Access | None = None
+
+    # -- authorization -------------------------------------------------------------------
+
+    def _allowed(self, who: Any, operation: AclOperation, kind: ResourceType, name: str) -> bool:
+        if who is None or self.access is None or not self.access.enabled:
+            return True
+        return self.access.allows(who, operation, kind, name)
+
+    def _group_ok(self, who: Any, operation: AclOperation, group: str) -> bool:
+        return self._allowed(who, operation, ResourceType.GROUP, group)
+
+    def _topic_ok(self, who: Any, topic: str) -> bool:
+        return self._allowed(who, AclOperation.READ, ResourceType.TOPIC, topic)
+
+    # -- FindCoordinator (v0-v4; v4 batches keys) ------------------------------------------
+
+    async def find_coordinator(self, request: codec.Request, principal: Any = None) -> Any:
+        version = request.api_version
+        body = request.body
+        cls = codec.response_class(FIND_COORDINATOR, version)
+        key_type = int(getattr(body, "key_type", GROUP_KEY_TYPE))
+        keys = list(body.coordinator_keys) if version >= 4 else [body.key]
+        answers = [self._coordinator_answer(key, key_type, principal) for key in keys]
+        if version >= 4:
+            coordinator_cls = nested(
+                codec.response_module(FIND_COORDINATOR, version), "Coordinator"
+            )
+            assert coordinator_cls is not None
+            return make(
+                cls,
+                throttle_time=0,
+                coordinators=tuple(
+                    make(coordinator_cls, key=k, **a) for k, a in zip(keys, answers, strict=True)
+                ),
+            )
+        return make(cls, throttle_time=0, **answers[0])
+
+    def _coordinator_answer(self, key: str, key_type: int, who: Any) -> dict[str, Any]:
+        def refused(code: ErrorCode, message: str) -> dict[str, Any]:
+            return {
+                "error_code": code,
+                "error_message": message,
+                "node_id": -1,
+                "host": "",
+                "port": -1,
+            }
+
+        if key_type != GROUP_KEY_TYPE:
+            return refused(ErrorCode.invalid_request, "transactions are not supported")
+        if not self._group_ok(who, AclOperation.DESCRIBE, key):
+            return refused(ErrorCode.group_authorization_failed, f"not authorized on group {key}")
+        code, node = self.coordinator.coordinator_of(key)
+        broker = self.coordinator.rm.image.brokers.get(node) if code == ErrorCode.none else None
+        if code == ErrorCode.none and (broker is None or broker.fenced or broker.kafka_port <= 0):
+            code = ErrorCode.coordinator_not_available
+        if code != ErrorCode.none or broker is None:
+            return refused(code, code.name)
+        return {
+            "error_code": ErrorCode.none,
+            "error_message": None,
+            "node_id": node,
+            "host": broker.kafka_host,
+            "port": broker.kafka_port,
+        }
+
+    # -- OffsetCommit (v2-v8) ---------------------------------------------------------------
+
+    async def offset_commit(self, request: codec.Request, principal: Any = None) -> Any:
+        version = request.api_version
+        body = request.body
+        module = codec.response_module(OFFSET_COMMIT, version)
+        partition_cls = nested(module, "OffsetCommitResponsePartition")
+        topic_cls = nested(module, "OffsetCommitResponseTopic")
+        assert partition_cls and topic_cls
+        coordinator = self.coordinator
+        group = body.group_id
+        asked = [(t.name, p) for t in body.topics for p in t.partitions]
+        errors: dict[tuple[str, int], ErrorCode] = {}
+
+        def answer() -> Any:
+            by_topic: dict[str, list[Any]] = {}
+            for name, p in asked:
+                by_topic.setdefault(name, []).append(
+                    make(
+                        partition_cls,
+                        partition_index=p.partition_index,
+                        error_code=errors.get((name, p.partition_index), ErrorCode.none),
+                    )
+                )
+            return make(
+                codec.response_class(OFFSET_COMMIT, version),
+                throttle_time=0,
+                topics=tuple(
+                    make(topic_cls, name=n, partitions=tuple(ps)) for n, ps in by_topic.items()
+                ),
+            )
+
+        def fail_all(code: ErrorCode) -> Any:
+            for name, p in asked:
+                errors[(name, p.partition_index)] = code
+            return answer()
+
+        if not self._group_ok(principal, AclOperation.READ, group):
+            return fail_all(ErrorCode.group_authorization_failed)
+        code = coordinator.check(group)
+        if code != ErrorCode.none:
+            return fail_all(code)
+        code = coordinator.membership.validate_commit(
+            group,
+            body.member_id or "",
+            int(body.generation_id_or_member_epoch),
+            getattr(body, "group_instance_id", None),
+        )
+        if code != ErrorCode.none:
+            return fail_all(code)
+        now = coordinator.clock()
+        retention = _ms(getattr(body, "retention_time", -1))
+        image = coordinator.rm.image
+        max_metadata = coordinator.config.offset_metadata_max_bytes
+        offsets: dict[tuple[str, int], OffsetCommitValue] = {}
+        for name, p in asked:
+            tp = (name, int(p.partition_index))
+            metadata = p.committed_metadata or ""
+            topic = image.topic(name)
+            if not self._topic_ok(principal, name):
+                errors[tp] = ErrorCode.topic_authorization_failed
+            elif topic is None or tp[1] not in topic.partitions:
+                errors[tp] = ErrorCode.unknown_topic_or_partition
+            elif len(metadata.encode()) > max_metadata:
+                errors[tp] = ErrorCode.offset_metadata_too_large
+            else:
+                offsets[tp] = OffsetCommitValue(
+                    offset=int(p.committed_offset),
+                    metadata=metadata,
+                    commit_timestamp=now,
+                    leader_epoch=int(getattr(p, "committed_leader_epoch", -1)),
+                    expire_timestamp=now + retention if retention >= 0 else -1,
+                )
+        code = await coordinator.commit_offsets(group, offsets)
+        for tp in offsets:
+            errors[tp] = code
+        return answer()
+
+    # -- OffsetFetch (v1-v8; v8 batches groups) ----------------------------------------------
+
+    async def offset_fetch(self, request: codec.Request, principal: Any = None) -> Any:
+        version = request.api_version
+        body = request.body
+        module = codec.response_module(OFFSET_FETCH, version)
+        cls = codec.response_class(OFFSET_FETCH, version)
+        if version >= 8:
+            group_cls = nested(module, "OffsetFetchResponseGroup")
+            topic_cls = nested(module, "OffsetFetchResponseTopics")
+            partition_cls = nested(module, "OffsetFetchResponsePartitions")
+            assert group_cls and topic_cls and partition_cls
+            groups = []
+            for g in body.groups:
+                code, topics = self._fetch_group(
+                    g.group_id, g.topics, principal, topic_cls, partition_cls
+                )
+                groups.append(make(group_cls, group_id=g.group_id, topics=topics, error_code=code))
+            return make(cls, throttle_time=0, groups=tuple(groups))
+        topic_cls = nested(module, "OffsetFetchResponseTopic")
+        partition_cls = nested(module, "OffsetFetchResponsePartition")
+        assert topic_cls and partition_cls
+        code, topics = self._fetch_group(
+            body.group_id, body.topics, principal, topic_cls, partition_cls
+        )
+        if version < 2 and code != ErrorCode.none:
+            # v1 has no top-level error: each asked partition carries it.
+            topics = tuple(
+                make(
+                    topic_cls,
+                    name=t.name,
+                    partitions=tuple(
+                        make(
+                            partition_cls,
+                            partition_index=i,
+                            committed_offset=-1,
+                            metadata="",
+                            error_code=code,
+                        )
+                        for i in t.partition_indexes
+                    ),
+                )
+                for t in body.topics or ()
+            )
+        return make(cls, throttle_time=0, topics=topics, error_code=code)
+
+    def _fetch_group(
+        self, group: str, asked: Any, who: Any, topic_cls: type, partition_cls: type
+    ) -> tuple[ErrorCode, tuple[Any, ...]]:
+        coordinator = self.coordinator
+        if not self._group_ok(who, AclOperation.READ, group):
+            return ErrorCode.group_authorization_failed, ()
+        code = coordinator.check(group)
+        if code != ErrorCode.none:
+            return code, ()
+        committed = coordinator.committed(group)
+        wanted: list[tuple[str, list[int]]]
+        if asked is None:  # every committed partition (the topics the caller may read)
+            by_topic: dict[str, list[int]] = {}
+            for topic, partition in sorted(committed):
+                by_topic.setdefault(topic, []).append(partition)
+            wanted = [(t, ps) for t, ps in by_topic.items() if self._topic_ok(who, t)]
+        else:
+            wanted = [(t.name, list(t.partition_indexes)) for t in asked]
+        topics = []
+        for name, partitions in wanted:
+            allowed = self._topic_ok(who, name)
+            rows = []
+            for index in partitions:
+                value = committed.get((name, int(index))) if allowed else None
+                rows.append(
+                    make(
+                        partition_cls,
+                        partition_index=index,
+                        committed_offset=value.offset if value else -1,
+                        committed_leader_epoch=value.leader_epoch if value else -1,
+                        metadata=value.metadata if value else "",
+                        error_code=(
+                            ErrorCode.none if allowed else ErrorCode.topic_authorization_failed
+                        ),
+                    )
+                )
+            topics.append(make(topic_cls, name=name, partitions=tuple(rows)))
+        return ErrorCode.none, tuple(topics)
+
+    # -- ListGroups (v0-v4) ----------------------------------------------------------------
+
+    async def list_groups(self, request: codec.Request, principal: Any = None) -> Any:
+        version = request.api_version
+        module = codec.response_module(LIST_GROUPS, version)
+        listed_cls = nested(module, "ListedGroup")
+        assert listed_cls is not None
+        coordinator = self.coordinator
+        states = {s.lower() for s in getattr(request.body, "states_filter", ()) or ()}
+        code = (
+            ErrorCode.coordinator_load_in_progress
+            if "loading" in coordinator.partitions.values()
+            else ErrorCode.none
+        )
+        groups = []
+        for group in coordinator.known_groups():
+            if not self._group_ok(principal, AclOperation.DESCRIBE, group):
+                continue
+            described = coordinator.membership.state(group)
+            state, protocol_type = described if described is not None else ("Empty", "")
+            if states and state.lower() not in states:
+                continue
+            groups.append(
+                make(listed_cls, group_id=group, protocol_type=protocol_type, group_state=state)
+            )
+        return make(
+            codec.response_class(LIST_GROUPS, version),
+            throttle_time=0,
+            error_code=code,
+            groups=tuple(groups),
+        )
+
+    # -- DeleteGroups (v0-v2) --------------------------------------------------------------
+
+    async def delete_groups(self, request: codec.Request, principal: Any = None) -> Any:
+        version = request.api_version
+        result_cls = nested(codec.response_module(DELETE_GROUPS, version), "DeletableGroupResult")
+        assert result_cls is not None
+        results = []
+        for group in request.body.groups_names:
+            if not self._group_ok(principal, AclOperation.DELETE, group):
+                code = ErrorCode.group_authorization_failed
+            else:
+                code = self.coordinator.check(group)
+                if code == ErrorCode.none:
+                    code = await self.coordinator.delete_group(group)
+            results.append(make(result_cls, group_id=group, error_code=code))
+        return make(
+            codec.response_class(DELETE_GROUPS, version), throttle_time=0, results=tuple(results)
+        )
