@@ -37,6 +37,8 @@ from minibroker.client.admin import (
 from minibroker.client.common.runtime import new_event_loop
 from minibroker.client.consumer import AsyncConsumer
 from minibroker.client.errors import MiniBrokerError, RequestTimedOutError
+from minibroker.client.groups.admin import GroupDescription, GroupListing
+from minibroker.client.groups.coordinator import CommittedOffset
 from minibroker.client.metadata_cache import TopicInfo
 from minibroker.client.produce_result import FutureRecordMetadata, SentRecords
 from minibroker.client.producer import AsyncProducer
@@ -411,6 +413,26 @@ class Admin:
 
     def delete_acls(self, filters: Iterable[AclBindingFilter]) -> list[list[AclBinding]]:
         return self._lt.run(self._async.delete_acls(filters))
+
+    def list_groups(self, states: Iterable[str] = ()) -> list[GroupListing]:
+        return self._lt.run(self._async.list_groups(list(states)))
+
+    def describe_groups(self, group_ids: Iterable[str]) -> dict[str, GroupDescription]:
+        return self._lt.run(self._async.describe_groups(list(group_ids)))
+
+    def list_group_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, CommittedOffset]:
+        wanted = list(partitions) if partitions is not None else None
+        return self._lt.run(self._async.list_group_offsets(group_id, wanted))
+
+    def alter_group_offsets(
+        self, group_id: str, offsets: Mapping[TopicPartition, int | CommittedOffset]
+    ) -> None:
+        self._lt.run(self._async.alter_group_offsets(group_id, dict(offsets)))
+
+    def delete_groups(self, group_ids: Iterable[str]) -> dict[str, MiniBrokerError | None]:
+        return self._lt.run(self._async.delete_groups(list(group_ids)))
 
     def describe_acls(self, flt: AclBindingFilter = ANY_ACL) -> list[AclBinding]:
         return self._lt.run(self._async.describe_acls(flt))

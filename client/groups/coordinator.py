@@ -476,20 +476,26 @@ class GroupMember:
             raise err
 
     async def fetch_committed(
-        self, partitions: Iterable[TopicPartition], deadline_ms: int
+        self, partitions: Iterable[TopicPartition] | None, deadline_ms: int
     ) -> dict[TopicPartition, CommittedOffset | None]:
-        """OffsetFetch (require_stable): each partition's committed offset, None if none."""
+        """OffsetFetch (require_stable): each partition's committed offset, None if none
+        (`partitions` None: every partition the group has committed)."""
         by_topic: dict[str, list[int]] = {}
-        for tp in sorted(set(partitions)):
+        for tp in sorted(set(partitions or ())):
             by_topic.setdefault(tp.topic, []).append(tp.partition)
-        if not by_topic:
+        if partitions is not None and not by_topic:
             return {}
+        topics = (
+            None
+            if partitions is None
+            else [{"name": t, "partition_indexes": ps} for t, ps in by_topic.items()]
+        )
         while True:
             answer = await self.coordinator_call(
                 api.OFFSET_FETCH,
                 {
                     "group_id": self.settings.group_id,
-                    "topics": [{"name": t, "partition_indexes": ps} for t, ps in by_topic.items()],
+                    "topics": topics,
                     "require_stable": True,
                 },
                 deadline_ms,

@@ -136,7 +136,9 @@ def build(cls: type, values: Mapping[str, Any]) -> Any:
         if spec is None:
             continue
         kafka_type, element = spec
-        if element is not None:
+        if value is None:
+            kwargs[name] = None
+        elif element is not None:
             kwargs[name] = tuple(build(element, v) if isinstance(v, Mapping) else v for v in value)
         elif isinstance(value, list):
             kwargs[name] = tuple(value)
