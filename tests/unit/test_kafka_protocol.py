@@ -225,9 +225,9 @@ def test_unknown_keys_versions_and_malformed_bytes_are_refused() -> None:
     with pytest.raises(codec.UnsupportedVersion) as err:
         codec.parse_request(struct.pack(">hhi", PRODUCE, 2, 9) + b"\0\0", SUPPORTED)
     assert (err.value.api_key, err.value.version, err.value.correlation_id) == (0, 2, 9)
-    # A known API that this broker does not serve (JoinGroup) is not supported either.
+    # A known API that this broker does not serve (DeleteRecords) is not supported either.
     with pytest.raises(codec.UnsupportedVersion):
-        codec.parse_request(struct.pack(">hhi", 11, 5, 1), SUPPORTED)
+        codec.parse_request(struct.pack(">hhi", 21, 0, 1), SUPPORTED)
     good = request_bytes(METADATA, 12, 1, metadata_all(12))
     with pytest.raises(codec.KafkaProtocolError, match="malformed"):
         codec.parse_request(good[:-3], SUPPORTED)
@@ -498,8 +498,7 @@ def check_answer(api_key: int, version: int, body: Any, rm: FakeReplicaManager) 
         )
 
 
-# The group APIs are answered by GroupHandlers with a coordinator: tests/unit/test_group_handlers.py
-# reads back each of their versions.
+# The group APIs' versions: tests/unit/test_group_handlers.py (they need a coordinator).
 VERSIONS = [
     (key, v)
     for key, (low, high) in SUPPORTED.items()
