@@ -97,6 +97,15 @@ class GroupAdmin:
                 return answer
             await member._backoff(deadline, group_error(code, api.api_name(api_key)))
 
+    async def coordinator_of(self, group_id: str) -> tuple[int, str]:
+        """(node id, gRPC address) of the group's coordinator."""
+        address = await self._member(group_id).ensure_coordinator(self._deadline())
+        node = next(
+            (b.node_id for b in self.cluster.metadata.brokers.values() if b.address == address),
+            -1,
+        )
+        return node, address
+
     async def list_groups(self, states: Iterable[str] = ()) -> list[GroupListing]:
         await self.cluster.refresh_metadata()
         timeout_s = self.request_timeout_ms / 1000

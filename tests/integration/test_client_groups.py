@@ -7,9 +7,6 @@ partitions taken over, a group mixing our consumer with a confluent-kafka one (r
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +15,7 @@ from typing import Any
 
 import confluent_kafka
 import pytest
-from cluster_harness import LocalCluster, local_cluster, wait_until
+from cluster_harness import LocalCluster, local_cluster
 
 from minibroker.client import Admin, Consumer, Producer, TopicPartition
 
@@ -55,8 +52,15 @@ def make_topic(cluster: LocalCluster, name: str, partitions: int, records: int) 
 
 def cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "minibroker.deploy.cli", "consumer-groups", *args,
-         "--bootstrap-server", cluster.bootstrap],
+        [
+            sys.executable,
+            "-m",
+            "minibroker.deploy.cli",
+            "consumer-groups",
+            *args,
+            "--bootstrap-server",
+            cluster.bootstrap,
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -66,14 +70,18 @@ def cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
 def test_commit_and_committed_survive_a_coordinator_sigkill(cluster: LocalCluster) -> None:
     make_topic(cluster, "c-orders", 3, 0)
     tps = [TopicPartition("c-orders", p) for p in range(3)]
-    with Consumer(cluster.bootstrap, group_id="c-commits", enable_auto_commit=False, **GROUP_SETTINGS) as consumer:
+    with Consumer(
+        cluster.bootstrap, group_id="c-commits", enable_auto_commit=False, **GROUP_SETTINGS
+    ) as consumer:
         consumer.assign(tps)
         consumer.commit({tp: 5 + tp.partition for tp in tps})
         assert consumer.committed(tps) == {tp: 5 + tp.partition for tp in tps}
     coordinator = coordinator_of(cluster, "c-commits")
     cluster.kill(coordinator)  # SIGKILL
     try:
-        with Consumer(cluster.bootstrap, group_id="c-commits", enable_auto_commit=False, **GROUP_SETTINGS) as consumer:
+        with Consumer(
+            cluster.bootstrap, group_id="c-commits", enable_auto_commit=False, **GROUP_SETTINGS
+        ) as consumer:
             assert consumer.committed(tps) == {tp: 5 + tp.partition for tp in tps}
             consumer.assign(tps)
             consumer.commit({tps[0]: 42})
@@ -91,3 +99,150 @@ def coordinator_of(cluster: LocalCluster, group: str) -> int:
 
     p = partition_for(group, OFFSETS_PARTITIONS)
     return next(d.leader for d in topic.partitions if d.partition == p)
+
+
+def drain(consumers: list[Consumer], want: int, timeout_s: float = 40) -> dict[int, list[Any]]:
+    """Poll every consumer in turn until `want` records arrived in all and every consumer holds
+    partitions (or the time is up)."""
+    got: dict[int, list[Any]] = {i: [] for i in range(len(consumers))}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for i, c in enumerate(consumers):
+            got[i].extend(c.poll(50))
+        settled = all(c.assignment() for c in consumers)
+        if settled and sum(len(v) for v in got.values()) >= want:
+            break
+    return got
+
+
+def test_three_consumers_share_a_topic_and_take_over_a_closed_ones_partitions(
+    cluster: LocalCluster,
+) -> None:
+    topic, n = "g-share", 60
+    make_topic(cluster, topic, 6, n)
+    consumers = [
+        Consumer(cluster.bootstrap, group_id="g-share", client_id=f"ours-{i}", **GROUP_SETTINGS)
+        for i in range(3)
+    ]
+    try:
+        for c in consumers:
+            c.subscribe([topic])
+        got = drain(consumers, n)
+        # Each partition owned by exactly one member, every record consumed once.
+        owned = [c.assignment() for c in consumers]
+        assert all(owned)
+        assert sum(len(a) for a in owned) == 6
+        assert set().union(*owned) == {TopicPartition(topic, p) for p in range(6)}
+        values = sorted(r.value for rs in got.values() for r in rs)
+        assert values == sorted(f"v{i}".encode() for i in range(n))
+        for c in consumers:
+            c.commit()
+        # A member leaves: the others take its partitions over, from the committed offsets.
+        gone = consumers.pop()
+        gone.close()
+        with Producer(cluster.bootstrap) as producer:
+            for i in range(n, n + 12):
+                producer.send(topic, f"v{i}".encode(), partition=i % 6)
+            producer.flush()
+        later = drain(consumers, 12)
+        assert sorted(r.value for rs in later.values() for r in rs) == sorted(
+            f"v{i}".encode() for i in range(n, n + 12)
+        )
+        owned = [c.assignment() for c in consumers]
+        assert set().union(*owned) == {TopicPartition(topic, p) for p in range(6)}
+        assert not owned[0] & owned[1]
+    finally:
+        for c in consumers:
+            c.close()
+
+
+def test_our_consumer_and_a_confluent_consumer_split_partitions(cluster: LocalCluster) -> None:
+    topic, group, n = "g-mixed", "g-mixed", 40
+    make_topic(cluster, topic, 4, n)
+    ours = Consumer(
+        cluster.bootstrap,
+        group_id=group,
+        partition_assignment_strategy=["range"],
+        **GROUP_SETTINGS,
+    )
+    theirs = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "group.id": group,
+            "partition.assignment.strategy": "range",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 300,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        ours.subscribe([topic])
+        theirs.subscribe([topic])
+        mine: list[Any] = []
+        their_values: list[bytes] = []
+        their_parts: set[int] = set()
+        deadline = time.monotonic() + 45
+        while len(mine) + len(their_values) < n and time.monotonic() < deadline:
+            mine.extend(ours.poll(100))
+            msg = theirs.poll(0.1)
+            if msg is not None and msg.error() is None:
+                their_values.append(msg.value())
+                their_parts.add(msg.partition())
+        # Both members hold partitions, none twice, and the records were consumed once in all.
+        their_assignment = {tp.partition for tp in theirs.assignment()}
+        our_assignment = {tp.partition for tp in ours.assignment()}
+        assert our_assignment and their_assignment
+        assert not our_assignment & their_assignment
+        assert our_assignment | their_assignment == {0, 1, 2, 3}
+        values = sorted([r.value for r in mine] + their_values)
+        assert values == sorted(f"v{i}".encode() for i in range(n))
+    finally:
+        theirs.close()
+        ours.close()
+
+
+def test_cli_describe_shows_lag_and_reset_to_earliest_rewinds(cluster: LocalCluster) -> None:
+    topic, group, n = "g-cli", "g-cli", 30
+    make_topic(cluster, topic, 3, n)
+    with Consumer(
+        cluster.bootstrap, group_id=group, enable_auto_commit=False, **GROUP_SETTINGS
+    ) as consumer:
+        consumer.subscribe([topic])
+        got = drain([consumer], n)
+        assert len(got[0]) == n
+        # Commit 5 records short of the end on partition 0: a lag of 5 there.
+        tp0 = TopicPartition(topic, 0)
+        consumer.commit({TopicPartition(topic, p): 10 for p in (1, 2)} | {tp0: 5})
+        live = cli(cluster, "--describe", "--group", group)
+        assert live.returncode == 0, live.stderr
+        assert "CONSUMER-ID" in live.stdout and consumer.member_id() in live.stdout
+    # The group is Empty once the consumer left.
+    out = cli(cluster, "--describe", "--group", group)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith(group)]
+    by_partition = {int(r[2]): r for r in rows}
+    assert by_partition[0][3:6] == ["5", "10", "5"]  # CURRENT-OFFSET LOG-END-OFFSET LAG
+    assert by_partition[1][3:6] == ["10", "10", "0"]
+    listed = cli(cluster, "--list")
+    assert group in listed.stdout.split()
+    dry = cli(
+        cluster, "--reset-offsets", "--group", group, "--all-topics", "--to-earliest", "--dry-run"
+    )
+    assert dry.returncode == 0, dry.stderr
+    with Admin(cluster.bootstrap) as admin:
+        assert admin.list_group_offsets(group)[tp0].offset == 5  # a dry run changes nothing
+    done = cli(
+        cluster, "--reset-offsets", "--group", group, "--topic", topic, "--to-earliest", "--execute"
+    )
+    assert done.returncode == 0, done.stderr
+    with Admin(cluster.bootstrap) as admin:
+        assert {tp.partition: c.offset for tp, c in admin.list_group_offsets(group).items()} == {
+            0: 0,
+            1: 0,
+            2: 0,
+        }
+    bad = cli(cluster, "--reset-offsets", "--group", group, "--to-earliest", "--execute")
+    assert bad.returncode == 1 and "--topic" in bad.stderr
+    deleted = cli(cluster, "--delete", "--group", group)
+    assert deleted.returncode == 0, deleted.stderr
+    assert group not in cli(cluster, "--list").stdout.split()
