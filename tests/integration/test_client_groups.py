@@ -204,7 +204,7 @@ def test_our_consumer_and_a_confluent_consumer_split_partitions(cluster: LocalCl
 
 
 def test_cli_describe_shows_lag_and_reset_to_earliest_rewinds(cluster: LocalCluster) -> None:
-    topic, group, n = "g-cli", "g-cli", 30
+    topic, group, n = "g-cli", "cli-group", 30
     make_topic(cluster, topic, 3, n)
     with Consumer(
         cluster.bootstrap, group_id=group, enable_auto_commit=False, **GROUP_SETTINGS
@@ -222,6 +222,27 @@ def test_cli_describe_shows_lag_and_reset_to_earliest_rewinds(cluster: LocalClus
         # CURRENT-OFFSET LOG-END-OFFSET LAG CONSUMER-ID
         assert by_partition[0][3:7] == ["5", "10", "5", consumer.member_id()]
         assert by_partition[1][3:6] == ["10", "10", "0"]
+        # watch shows the group, its state, members and total lag (HW - committed: 5).
+        watched = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "minibroker.deploy.cli",
+                "watch",
+                "--once",
+                "--bootstrap-server",
+                cluster.bootstrap,
+                "--topic",
+                topic,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        line = next(
+            (x.split() for x in watched.stdout.splitlines() if x.strip().startswith(group)), None
+        )
+        assert line == [group, "Stable", "1", "range", "5"], watched.stdout[-3000:]
         refused = cli(
             cluster,
             "--reset-offsets",
