@@ -444,8 +444,13 @@ class AsyncConsumer:
         return group.state is MemberState.STABLE
 
     def _partition_counts_cached(self, topics: Iterable[str]) -> dict[str, int]:
+        """Partition counts from the metadata cache: 0 for a topic the cluster says does not
+        exist (deleted), nothing for a topic not fetched yet."""
         known = self.cluster.metadata.topics
-        return {t: known[t].num_partitions for t in topics if t in known}
+        errors = self.cluster.metadata.topic_errors
+        out = {t: known[t].num_partitions for t in topics if t in known}
+        out.update({t: 0 for t in topics if t not in known and t in errors})
+        return out
 
     async def _partition_counts(self, topics: Iterable[str]) -> dict[str, int]:
         """Partition counts of `topics` for the leader's assignment (unknown ones left out)."""
@@ -453,7 +458,8 @@ class AsyncConsumer:
         self.cluster.metadata.add_interest(wanted)
         with contextlib.suppress(MiniBrokerError):
             await self.cluster.refresh_metadata()
-        return self._partition_counts_cached(wanted)
+        known = self.cluster.metadata.topics
+        return {t: known[t].num_partitions for t in wanted if t in known}
 
     async def _revoke(self) -> None:
         owned = set(self._subscriptions.states)

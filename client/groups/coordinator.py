@@ -330,10 +330,13 @@ class GroupMember:
 
     def metadata_changed(self, counts: Mapping[str, int]) -> bool:
         """The leader's check: a subscribed topic's partition count differs from the one it
-        assigned with (created, deleted, or partitions added)."""
+        assigned with (created: unknown then, deleted: 0 now, or partitions added). Topics
+        absent from `counts` (metadata not fetched) are no evidence of a change."""
         if not self.is_leader or self.state is not MemberState.STABLE:
             return False
-        return any(counts.get(t) != self.assigned_counts.get(t) for t in self.group_topics)
+        return any(
+            counts[t] != self.assigned_counts.get(t, 0) for t in self.group_topics if t in counts
+        )
 
     # -- heartbeats ----------------------------------------------------------------------------
 

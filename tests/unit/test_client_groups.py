@@ -551,7 +551,8 @@ def test_leader_sees_partition_count_changes() -> None:
     assert member.is_leader
     assert not member.metadata_changed({"t": 2})
     assert member.metadata_changed({"t": 3})
-    assert member.metadata_changed({})
+    assert member.metadata_changed({"t": 0})  # deleted
+    assert not member.metadata_changed({})  # not fetched: no evidence
 
 
 def test_a_subscribed_member_commits_only_when_stable() -> None:
@@ -584,3 +585,88 @@ def test_subscription_v1_owned_partitions_read() -> None:
         ),
     )
     assert decode_subscription(buffer.getvalue()).owned_partitions == (TP("t", 2),)
+
+
+# -- the consumer's side of a rebalance (AsyncConsumer with a fake coordinator) -----------------
+
+
+def test_consumer_commits_before_revoking_and_starts_at_committed_offsets() -> None:
+    from minibroker.client.consumer import AsyncConsumer
+
+    async def scenario() -> tuple[list[int], dict[TP, int | None], list[set[TP]]]:
+        fake = FakeCoordinator()
+        fake.now = 10**9
+        consumer = AsyncConsumer(
+            "127.0.0.1:1",
+            group_id="g",
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=500,
+            auto_offset_reset="none",
+        )
+        group = consumer._group
+        assert group is not None
+        group.transport = fake
+        group.sleep = fake.sleep
+
+        async def partition_counts(topics: Any) -> dict[str, int]:
+            return {t: 2 for t in topics}
+
+        consumer._partition_counts = partition_counts  # type: ignore[method-assign]
+
+        async def no_validation() -> None:
+            return None
+
+        consumer._validate_assignment = no_validation  # type: ignore[method-assign]
+        fake.script(api.JOIN_GROUP, join_answer(gen=1), join_answer(gen=2))
+        fake.script(
+            api.SYNC_GROUP,
+            sync_answer(tps=[TP("t", 0), TP("t", 1)]),
+            sync_answer(tps=[TP("t", 1)]),
+        )
+
+        def offsets(values: Mapping[str, Any]) -> Any:
+            parts = [
+                SimpleNamespace(partition_index=p, committed_offset=o, metadata="", error_code=0)
+                for p, o in ((0, 7), (1, -1))
+            ]
+            return SimpleNamespace(
+                error_code=0, topics=[SimpleNamespace(name="t", partitions=parts)]
+            )
+
+        fake.script(api.OFFSET_FETCH, offsets)
+        ok = SimpleNamespace(topics=[SimpleNamespace(partitions=[SimpleNamespace(error_code=0)])])
+        fake.script(api.OFFSET_COMMIT, ok)
+        fake.script(api.HEARTBEAT, SimpleNamespace(error_code=0))
+        fake.script(api.LEAVE_GROUP, SimpleNamespace(error_code=0, members=[]))
+        revoked: list[set[TP]] = []
+        consumer.subscribe(["t"], on_revoke=revoked.append)
+        try:
+            await consumer.poll(0)
+            await asyncio.wait_for(consumer._join or asyncio.sleep(0), 5)
+            await consumer.poll(0)
+            positions = {tp: consumer._state(tp).position for tp in consumer.assignment()}
+            # A rebalance: the positions are committed before the partitions are revoked.
+            consumer._state(TP("t", 0)).seek(9)
+            group.request_rejoin("test")
+            await consumer.poll(0)
+            if consumer._join is not None:
+                await asyncio.wait_for(consumer._join, 5)
+            kinds = [k for _a, k, _v in fake.sent]
+            commit = next(v for _a, k, v in fake.sent if k == api.OFFSET_COMMIT)
+            committed_offsets = [
+                p["committed_offset"] for t in commit["topics"] for p in t["partitions"]
+            ]
+            assert kinds.index(api.OFFSET_COMMIT) < len(kinds) - 1 - kinds[::-1].index(
+                api.JOIN_GROUP
+            )
+            assert consumer.assignment() == {TP("t", 1)}
+            return committed_offsets, positions, revoked
+        finally:
+            consumer.enable_auto_commit = False
+            await consumer.close()
+
+    committed_offsets, positions, revoked = run(scenario())
+    # t-0 started at its committed offset 7; t-1 has none (and auto_offset_reset "none").
+    assert positions == {TP("t", 0): 7, TP("t", 1): None}
+    assert committed_offsets == [9]  # only t-0 had a position
+    assert revoked == [{TP("t", 0), TP("t", 1)}]
