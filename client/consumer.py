@@ -415,7 +415,12 @@ class AsyncConsumer:
         assert group is not None
         while not self._closed:
             await asyncio.sleep(group.settings.heartbeat_interval_ms / 1000)
-            await group.heartbeat_once()
+            try:
+                await group.heartbeat_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bad answer must not end the heartbeats
+                group.mark_coordinator_unknown()
 
     async def _poll_group(self, deadline: int) -> bool:
         """The group's part of poll(): True when records may be handed out."""
