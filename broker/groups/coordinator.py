@@ -19,8 +19,9 @@ Offsets expiry follows Kafka 2.1+ (KIP-211): an Empty group's offsets expire
 offsets.retention.minutes after the group became Empty (its current state timestamp); offsets
 of a group that is unknown to the membership (simple commits, generation -1) expire that long
 after their commit (or at the expire timestamp a v2-v4 OffsetCommit asked for); a group with
-members never has its offsets expired. An Empty group left with no offsets gets a tombstone too
-and is forgotten (Kafka deletes it).
+members never has its offsets expired. Offsets of deleted topics go at the next pass whatever the
+group's state. An Empty group left with no offsets gets a tombstone too and is forgotten (Kafka
+deletes it).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kio.schema.errors import ErrorCode
 
 from minibroker.broker import wire
+from minibroker.broker.groups import membership
 from minibroker.broker.groups.records import (
     GroupMetadataKey,
     GroupMetadataValue,
@@ -185,57 +187,16 @@ def expired_offsets(
     return sorted(expired)
 
 
-class _SimpleOnly:
-    """The membership when broker/groups/membership.py is not there (before G2's part lands):
-    no group ever has members, so only simple commits (generation -1) are accepted."""
-
-    def __init__(self, coordinator: GroupCoordinator, config: GroupConfig) -> None:
-        del coordinator, config
-
-    def loaded(self, group_id: str, value: GroupMetadataValue) -> None:
-        pass
-
-    def unloaded(self, group_ids: Iterable[str]) -> None:
-        pass
-
-    def validate_commit(
-        self, group_id: str, member_id: str, generation: int, instance_id: str | None
-    ) -> ErrorCode:
-        if generation < 0 and not member_id:
-            return ErrorCode.none
-        return ErrorCode.illegal_generation
-
-    def state(self, group_id: str) -> tuple[str, str] | None:
-        return None
-
-    def deletable(self, group_id: str) -> ErrorCode:
-        return ErrorCode.none
-
-    def delete(self, group_id: str) -> None:
-        pass
-
-    def groups(self) -> Iterable[str]:
-        return ()
-
-
-def _membership_class() -> Callable[[GroupCoordinator, GroupConfig], MembershipApi]:
+def _membership(coordinator: GroupCoordinator, config: GroupConfig) -> MembershipApi:
     """G2's Membership, given its config (broker/groups/membership.py's GroupConfig) from
-    ours; _SimpleOnly when that module is not there."""
-    try:
-        from minibroker.broker.groups import membership
-    except ImportError:
-        return _SimpleOnly
-
-    def build(coordinator: GroupCoordinator, config: GroupConfig) -> MembershipApi:
-        settings = membership.GroupConfig(
-            min_session_timeout_ms=config.group_min_session_timeout_ms,
-            max_session_timeout_ms=config.group_max_session_timeout_ms,
-            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
-            max_size=config.group_max_size,
-        )
-        return membership.Membership(coordinator, settings)  # type: ignore[arg-type,return-value,unused-ignore]
-
-    return build
+    ours."""
+    settings = membership.GroupConfig(
+        min_session_timeout_ms=config.group_min_session_timeout_ms,
+        max_session_timeout_ms=config.group_max_session_timeout_ms,
+        initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+        max_size=config.group_max_size,
+    )
+    return membership.Membership(coordinator, settings)  # type: ignore[return-value,unused-ignore]
 
 
 class GroupCoordinator:
@@ -260,7 +221,7 @@ class GroupCoordinator:
         self.group_values: dict[str, GroupMetadataValue] = {}
         self._creating: asyncio.Task[None] | None = None
         self._expiry: asyncio.Task[None] | None = None
-        self.membership: MembershipApi = (membership or _membership_class())(self, config)
+        self.membership: MembershipApi = (membership or _membership)(self, config)
         rm.role_listeners.append(self.on_role_output)
 
     # -- where groups live ---------------------------------------------------------------
@@ -375,11 +336,8 @@ class GroupCoordinator:
                 if tp not in self.rm.partitions:
                     return
                 info = partition_log.read(position, LOAD_READ_BYTES)
-                if not info.records:
-                    if info.next_offset >= partition_log.leo:
-                        break
-                    position = info.next_offset
-                    continue
+                if not info.records:  # the end (a read returns a batch while there is one)
+                    break
                 for batch in iter_decoded_batches(info.records):
                     if batch.header.is_control:
                         continue
@@ -531,6 +489,9 @@ class GroupCoordinator:
                 self.config.offsets_retention_ms,
                 now,
             )
+            # Offsets of partitions that no longer exist go too, whatever the group's state
+            # (Kafka removes them when a topic is deleted).
+            expired = sorted(set(expired) | set(self._deleted_partitions(offsets)))
             # An Empty group left without offsets is deleted too (a simple-commit group that
             # has a metadata record as well).
             drop_group = (
@@ -555,6 +516,17 @@ class GroupCoordinator:
                     self.membership.delete(group_id)
             log.info("offsets_expired", group=group_id, partitions=len(expired), deleted=drop_group)
         return removed
+
+    def _deleted_partitions(
+        self, offsets: dict[tuple[str, int], OffsetCommitValue]
+    ) -> list[tuple[str, int]]:
+        image = self.rm.image
+        gone = []
+        for topic, partition in offsets:
+            record = image.topic(topic)
+            if record is None or partition not in record.partitions:
+                gone.append((topic, partition))
+        return gone
 
     async def stop(self) -> None:
         for task in [*self._loads.values(), self._expiry, self._creating]:

@@ -6,12 +6,14 @@ keeps the fields a version has). Authorization, when the caller is known (`princ
 own client over KafkaGroupCall) and the broker has an authorizer (`access`), follows Kafka's
 KafkaApis: GROUP READ for OffsetCommit and OffsetFetch, GROUP DESCRIBE for FindCoordinator and
 ListGroups (which leaves out the groups not describable), GROUP DELETE for DeleteGroups, and
-TOPIC READ on each committed or fetched topic.
+TOPIC READ on each committed or fetched topic; GROUP READ for JoinGroup, SyncGroup, Heartbeat and
+LeaveGroup, GROUP DESCRIBE for DescribeGroups (G2's section, at the end, over the coordinator's
+membership: broker/groups/membership.py).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kio.schema.errors import ErrorCode
 
@@ -24,6 +26,7 @@ from minibroker.client.common.security import CallIdentity
 from minibroker.metadata.acl import AclOperation, ResourceType
 
 if TYPE_CHECKING:
+    from minibroker.broker.groups.membership import Membership
     from minibroker.client.common.security import Access
 
 OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 8, 9, 10
@@ -325,22 +328,19 @@ class GroupHandlers:
             codec.response_class(DELETE_GROUPS, version), throttle_time=0, results=tuple(results)
         )
 
-    # -- G2's gate (the coordinator's check, then GROUP ACLs) --------------------------------
+    # == G2: membership (JoinGroup, SyncGroup, Heartbeat, LeaveGroup, DescribeGroups) ========
+    # Each asks coordinator.check(group_id) and answers its code, after the ACL when a caller
+    # is known and an authorizer is on: GROUP READ (DESCRIBE for DescribeGroups).
 
-    def _refused(self, principal: Any, operation: AclOperation, group_id: str) -> bool:
-        if principal is None or not isinstance(principal, CallIdentity):
-            return False
-        if self.access is None or not self.access.enabled:
-            return False
-        return not self.access.allows(principal, operation, ResourceType.GROUP, group_id)
+    def _membership(self) -> Membership:
+        """The coordinator's membership, G2's (its Protocol names only what G1 uses)."""
+        return cast("Membership", self.coordinator.membership)
 
     def _gate(self, principal: Any, operation: AclOperation, group_id: str) -> int:
         """The code that answers the request before membership sees it (NONE: go on)."""
-        if self._refused(principal, operation, group_id):
+        if not self._group_ok(principal, operation, group_id):
             return Code.GROUP_AUTHORIZATION_FAILED
         return int(self.coordinator.check(group_id))
-
-    # == G2: membership (JoinGroup, SyncGroup, Heartbeat, LeaveGroup, DescribeGroups) ========
 
     async def join_group(self, request: codec.Request, principal: Any = None) -> Any:
         body, version = request.body, request.api_version
@@ -353,7 +353,7 @@ class GroupHandlers:
             if version == 0:
                 rebalance = session
             host = principal.host if isinstance(principal, CallIdentity) else ""
-            result = await self.coordinator.membership.join(
+            result = await self._membership().join(
                 JoinRequest(
                     group_id=body.group_id,
                     member_id=body.member_id,
@@ -401,7 +401,7 @@ class GroupHandlers:
         error = self._gate(principal, AclOperation.READ, body.group_id)
         if error != Code.NONE:
             return make(cls, throttle_time=0, error_code=error, assignment=b"")
-        result = await self.coordinator.membership.sync(
+        result = await self._membership().sync(
             body.group_id,
             body.member_id,
             int(body.generation_id),
@@ -424,7 +424,7 @@ class GroupHandlers:
         cls = codec.response_class(HEARTBEAT, request.api_version)
         error = self._gate(principal, AclOperation.READ, body.group_id)
         if error == Code.NONE:
-            error = await self.coordinator.membership.heartbeat(
+            error = await self._membership().heartbeat(
                 body.group_id,
                 body.member_id,
                 int(body.generation_id),
@@ -444,7 +444,7 @@ class GroupHandlers:
         error = self._gate(principal, AclOperation.READ, body.group_id)
         codes: list[int] = []
         if error == Code.NONE:
-            error, codes = await self.coordinator.membership.leave(body.group_id, leaving)
+            error, codes = await self._membership().leave(body.group_id, leaving)
         if not batch:
             if error == Code.NONE and codes:
                 error = codes[0]
@@ -484,7 +484,7 @@ class GroupHandlers:
                     )
                 )
                 continue
-            d = await self.coordinator.membership.describe(group_id)
+            d = await self._membership().describe(group_id)
             code = d.error
             message = None
             if d.state == "Dead" and version >= 6:

@@ -68,9 +68,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     OFFSET_FETCH: (1, 8),
     LIST_GROUPS: (0, 4),
     DELETE_GROUPS: (0, 2),
-    # G2: the classic group membership APIs (librdkafka 2.x sends JoinGroup v5, SyncGroup v3,
-    # Heartbeat v3, LeaveGroup v1, DescribeGroups v4; kafka-python JoinGroup v7, SyncGroup v5,
-    # Heartbeat v4, LeaveGroup v5, DescribeGroups v6).
+    # G2's group APIs, membership (librdkafka 2.x sends JoinGroup v5, SyncGroup v3, Heartbeat
+    # v3, LeaveGroup v1, DescribeGroups v4; kafka-python JoinGroup v7, SyncGroup v5, Heartbeat
+    # v4, LeaveGroup v5, DescribeGroups v6; aiokafka JoinGroup v5, SyncGroup v3).
     JOIN_GROUP: (0, 9),
     SYNC_GROUP: (0, 5),
     HEARTBEAT: (0, 4),
@@ -126,7 +126,6 @@ class KafkaHandlers:
                     OFFSET_FETCH: self.groups.offset_fetch,
                     LIST_GROUPS: self.groups.list_groups,
                     DELETE_GROUPS: self.groups.delete_groups,
-                    # G2: membership
                     JOIN_GROUP: self.groups.join_group,
                     SYNC_GROUP: self.groups.sync_group,
                     HEARTBEAT: self.groups.heartbeat,

@@ -252,3 +252,25 @@ async def test_replica_removed_unloads() -> None:
     assert c.check(g) == KafkaError.not_coordinator
     assert membership.unloaded_groups == [g]
     assert set(c.partitions) == {p for p in range(PARTITIONS) if p != 2}
+
+
+async def test_offsets_of_deleted_topics_go_even_for_groups_with_members() -> None:
+    rm = FakeReplicaManager()
+    rm.create_offsets_topic()
+    c, membership = coordinator(rm, Clock(0), offsets_retention_ms=RETENTION)
+    await lead_all(rm, c)
+    g = group_in(1)
+    await c.commit_offsets(
+        g,
+        {("events", 0): OffsetCommitValue(1, "", 0), ("events", 1): OffsetCommitValue(2, "", 0)},
+    )
+    membership.states[g] = ("Stable", "consumer")
+    assert await c.expire_once() == 0
+    # Partition 1 of events goes away (as if the topic were recreated with one partition).
+    topic = rm.image.topic("events")
+    assert topic is not None
+    del topic.partitions[1]
+    assert await c.expire_once() == 1
+    assert c.committed(g) == {("events", 0): OffsetCommitValue(1, "", 0)}
+    last = list(iter_records(rm.produced[-1][2][0].records))
+    assert [(r.key, r.value) for r in last] == [(encode_key(OffsetCommitKey(g, "events", 1)), None)]

@@ -322,3 +322,24 @@ async def test_acls() -> None:
     # The Kafka port (no principal) is not checked, as the other Kafka APIs.
     body = await round_trip(handlers, DELETE_GROUPS, 2, sample(DELETE_GROUPS, 2))
     assert body.results[0].error_code == KafkaError.none
+
+
+async def test_metadata_calls_the_offsets_topic_internal() -> None:
+    _rm, _c, handlers = await setup()
+    topic_cls = __import__(
+        codec.request_class(3, 12).__module__, fromlist=["_"]
+    ).MetadataRequestTopic
+    body = req(
+        3,
+        12,
+        topics=tuple(
+            codec.make(topic_cls, name=n, topic_id=None) for n in ("__consumer_offsets", "events")
+        ),
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
+    answer = await round_trip(handlers, 3, 12, body)
+    assert [(t.name, t.is_internal) for t in answer.topics] == [
+        ("__consumer_offsets", True),
+        ("events", False),
+    ]

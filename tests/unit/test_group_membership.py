@@ -66,6 +66,7 @@ class Driver:
         self.now = 0
         self.replies: dict[Any, JoinResult | SyncResult] = {}
         self.stores: list[Store] = []
+        self.stored_generations: set[int] = set()  # generations whose assignment was stored
 
     def collect(self) -> None:
         for e in self.c.drain():
@@ -99,6 +100,8 @@ class Driver:
 
     def store_ok(self, error: int = Code.NONE) -> Store:
         s = self.stores.pop(0)
+        if error == Code.NONE and s.value.members:
+            self.stored_generations.add(s.value.generation)
         self.c.stored(s.token, error, self.now)
         self.collect()
         return s
@@ -639,6 +642,7 @@ class Sim:
         self.last_gen = group.generation
         assert set(group.static_members.values()) <= set(group.members)
         if group.state is State.STABLE:
+            assert group.generation in self.d.stored_generations, "Stable before the store"
             # Stable only after a leader's sync was stored: the stored assignment is the
             # members' own, each partition owned by exactly one member
             owners: dict[int, str] = {}

@@ -15,6 +15,7 @@ import pytest
 from minibroker.broker.groups.membership import Code, GroupConfig, Membership
 from minibroker.broker.groups.records import GroupMetadataValue
 from minibroker.broker.kafka import codec
+from minibroker.broker.kafka.group_handlers import GroupHandlers
 from minibroker.broker.kafka.handlers import (
     DESCRIBE_GROUPS,
     HEARTBEAT,
@@ -65,10 +66,9 @@ class DenyGroups:
 
 
 def kafka(coordinator: StandInCoordinator, access: Access | None = None) -> KafkaHandlers:
-    # Merged (g3): KafkaHandlers builds G1's GroupHandlers from the coordinator.
     handlers = KafkaHandlers(None, coordinator)  # type: ignore[arg-type]
-    assert handlers.groups is not None
-    handlers.groups.access = access or Access(None)
+    assert isinstance(handlers.groups, GroupHandlers)
+    handlers.groups.access = access
     return handlers
 
 

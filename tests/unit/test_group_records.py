@@ -268,3 +268,48 @@ def test_dump_log_offsets_decoder(tmp_path: pathlib.Path) -> None:
     dump_segment(segment, out, print_data_log=True, as_json=True, offsets_decoder=True)
     row = json.loads(out.getvalue())["records"][0]
     assert json.loads(row["decoded_value"])["data"]["offset"] == 9
+
+
+@given(offset_values, i64, st.integers(0, 4))
+def test_offset_value_every_version_keeps_its_fields(
+    value: OffsetCommitValue, expire: int, version: int
+) -> None:
+    value = OffsetCommitValue(
+        value.offset, value.metadata, value.commit_timestamp, value.leader_epoch, expire
+    )
+    expected = OffsetCommitValue(
+        value.offset,
+        value.metadata,
+        value.commit_timestamp,
+        value.leader_epoch if version >= 3 else -1,
+        expire if version == 1 else -1,
+    )
+    assert decode_offset_value(encode_offset_value(value, version)) == expected
+
+
+@given(group_values, st.integers(0, 4))
+def test_group_value_every_version_keeps_its_fields(
+    value: GroupMetadataValue, version: int
+) -> None:
+    members = tuple(
+        MemberMetadata(
+            m.member_id,
+            m.group_instance_id if version >= 3 else None,
+            m.client_id,
+            m.client_host,
+            m.rebalance_timeout if version >= 1 else m.session_timeout,
+            m.session_timeout,
+            m.subscription,
+            m.assignment,
+        )
+        for m in value.members
+    )
+    expected = GroupMetadataValue(
+        value.protocol_type,
+        value.generation,
+        value.protocol,
+        value.leader,
+        value.current_state_timestamp if version >= 2 else -1,
+        members,
+    )
+    assert decode_group_value(encode_group_value(value, version)) == expected

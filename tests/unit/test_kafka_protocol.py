@@ -498,7 +498,8 @@ def check_answer(api_key: int, version: int, body: Any, rm: FakeReplicaManager) 
         )
 
 
-# The group APIs' versions: tests/unit/test_group_handlers.py (they need a coordinator).
+# The group APIs are answered by GroupHandlers with a coordinator: tests/unit/test_group_handlers.py
+# and test_group_membership_handlers.py read back each of their versions.
 VERSIONS = [
     (key, v)
     for key, (low, high) in SUPPORTED.items()
