@@ -433,6 +433,8 @@ class AsyncConsumer:
                 self._auto_commit = asyncio.ensure_future(self._auto_commit_once())
         if not self._topics:
             return True
+        # The leader compares the group's topics with metadata (the fetch loop refreshes it
+        # every metadata_max_age_ms).
         if group.metadata_changed(self._partition_counts_cached(group.group_topics)):
             group.request_rejoin("the partition count of a subscribed topic changed")
         rejoin = group.rejoin_needed or group.state is not MemberState.STABLE

@@ -276,3 +276,24 @@ def test_cli_describe_shows_lag_and_reset_to_earliest_rewinds(cluster: LocalClus
     assert deleted.returncode == 0, deleted.stderr
     with Admin(cluster.bootstrap) as admin:
         assert group not in {g.group_id for g in admin.list_groups()}
+
+
+def test_the_leader_rejoins_when_a_subscribed_topic_gains_partitions(cluster: LocalCluster) -> None:
+    topic = "g-grow"
+    make_topic(cluster, topic, 2, 4)
+    with Consumer(
+        cluster.bootstrap, group_id="g-grow", metadata_max_age_ms=500, **GROUP_SETTINGS
+    ) as consumer:
+        consumer.subscribe([topic])
+        got = drain([consumer], 4)
+        assert len(got[0]) == 4 and len(consumer.assignment()) == 2
+        with Admin(cluster.bootstrap) as admin:
+            admin.create_partitions({topic: 3})
+        with Producer(cluster.bootstrap) as producer:
+            producer.send(topic, b"new", partition=2).result()
+        records: list[Any] = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(r.value == b"new" for r in records):
+            records.extend(consumer.poll(100))
+        assert TopicPartition(topic, 2) in consumer.assignment()
+        assert [r.value for r in records] == [b"new"]
