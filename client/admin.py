@@ -1,6 +1,8 @@
 """AsyncAdmin: topics, cluster description, leader elections, broker unregistration and
 decommissioning, partition reassignments (KIP-455), CreatePartitions, dynamic configs
-(IncrementalAlterConfigs, DescribeConfigs) and ACLs (CreateAcls, DeleteAcls, DescribeAcls).
+(IncrementalAlterConfigs, DescribeConfigs), ACLs (CreateAcls, DeleteAcls, DescribeAcls) and
+consumer groups (ListGroups, DescribeGroups, OffsetFetch, OffsetCommit, DeleteGroups over
+KafkaGroupCall: client/groups/admin.py).
 
 Does network I/O through `ClusterClient`. Metadata comes from any broker (BrokerService.Metadata);
 the Metadata response names the controller's address, and topic creation and deletion, cluster
@@ -34,6 +36,12 @@ from minibroker.client.errors import (
     TopicAlreadyExistsError,
     UnknownServerError,
 )
+from minibroker.client.groups.admin import (
+    GroupAdmin,
+    GroupDescription,
+    GroupListing,
+)
+from minibroker.client.groups.coordinator import CommittedOffset
 from minibroker.client.scram_admin import (
     ScramCredentialInfo,
     UserScramCredentialDeletion,
@@ -307,6 +315,7 @@ class AsyncAdmin:
         # brokers' metadata, which may lag an election), and the newest quorum epoch seen.
         self._controller_hint: LeaderHint | None = None
         self._controller_epoch = -1
+        self._groups: GroupAdmin | None = None
 
     async def __aenter__(self) -> AsyncAdmin:
         return self
@@ -832,6 +841,45 @@ class AsyncAdmin:
             raise error
 
     # -- broker calls --------------------------------------------------------------------------
+
+    # -- consumer groups (client/groups/admin.py) -----------------------------------------------
+
+    @property
+    def groups(self) -> GroupAdmin:
+        if self._groups is None:
+            self._groups = GroupAdmin(
+                self.cluster,
+                request_timeout_ms=self.cluster.request_timeout_ms,
+                retry_backoff_ms=self.cluster.retry_backoff_ms,
+                default_api_timeout_ms=self.default_api_timeout_ms,
+            )
+        return self._groups
+
+    async def list_groups(self, states: Iterable[str] = ()) -> list[GroupListing]:
+        """Every group of every broker (Kafka's listConsumerGroups), optionally by state."""
+        self._check_open()
+        return await self.groups.list_groups(states)
+
+    async def describe_groups(self, group_ids: Iterable[str]) -> dict[str, GroupDescription]:
+        self._check_open()
+        return await self.groups.describe_groups(list(group_ids))
+
+    async def list_group_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, CommittedOffset]:
+        self._check_open()
+        return await self.groups.list_group_offsets(group_id, partitions)
+
+    async def alter_group_offsets(
+        self, group_id: str, offsets: Mapping[TopicPartition, int | CommittedOffset]
+    ) -> None:
+        """OffsetCommit with generation -1 (the group must be Empty), as --reset-offsets."""
+        self._check_open()
+        await self.groups.alter_group_offsets(group_id, offsets)
+
+    async def delete_groups(self, group_ids: Iterable[str]) -> dict[str, MiniBrokerError | None]:
+        self._check_open()
+        return await self.groups.delete_groups(list(group_ids))
 
     async def list_topics(self) -> list[str]:
         self._check_open()

@@ -29,12 +29,23 @@ class ErrorCode(enum.IntEnum):
     BROKER_NOT_AVAILABLE = 8
     REPLICA_NOT_AVAILABLE = 9
     MESSAGE_TOO_LARGE = 10
+    OFFSET_METADATA_TOO_LARGE = 12
     NETWORK_EXCEPTION = 13
+    COORDINATOR_LOAD_IN_PROGRESS = 14
+    COORDINATOR_NOT_AVAILABLE = 15
+    NOT_COORDINATOR = 16
     INVALID_TOPIC_EXCEPTION = 17
     RECORD_LIST_TOO_LARGE = 18
     NOT_ENOUGH_REPLICAS = 19
     NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
     INVALID_REQUIRED_ACKS = 21
+    ILLEGAL_GENERATION = 22
+    INCONSISTENT_GROUP_PROTOCOL = 23
+    INVALID_GROUP_ID = 24
+    UNKNOWN_MEMBER_ID = 25
+    INVALID_SESSION_TIMEOUT = 26
+    REBALANCE_IN_PROGRESS = 27
+    INVALID_COMMIT_OFFSET_SIZE = 28
     TOPIC_AUTHORIZATION_FAILED = 29
     GROUP_AUTHORIZATION_FAILED = 30
     CLUSTER_AUTHORIZATION_FAILED = 31
@@ -66,7 +77,9 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_LEADER_EPOCH = 75
     STALE_BROKER_EPOCH = 77
     OFFSET_NOT_AVAILABLE = 78
+    MEMBER_ID_REQUIRED = 79
     PREFERRED_LEADER_NOT_AVAILABLE = 80
+    FENCED_INSTANCE_ID = 82
     ELIGIBLE_LEADERS_NOT_AVAILABLE = 83
     ELECTION_NOT_NEEDED = 84
     NO_REASSIGNMENT_IN_PROGRESS = 85
@@ -94,6 +107,9 @@ RETRIABLE: frozenset[ErrorCode] = frozenset(
         ErrorCode.BROKER_NOT_AVAILABLE,
         ErrorCode.REPLICA_NOT_AVAILABLE,
         ErrorCode.NETWORK_EXCEPTION,
+        ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+        ErrorCode.COORDINATOR_NOT_AVAILABLE,
+        ErrorCode.NOT_COORDINATOR,
         ErrorCode.NOT_ENOUGH_REPLICAS,
         ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
         ErrorCode.NOT_CONTROLLER,
@@ -544,6 +560,96 @@ class LogTruncationError(OffsetOutOfRangeError):
     ) -> None:
         super().__init__(message)
         self.divergent_offsets: dict[TopicPartition, int | None] = dict(divergent_offsets)
+
+
+# -- consumer groups (Kafka's group coordinator codes) ---------------------------------------
+
+
+class OffsetMetadataTooLargeError(MiniBrokerError):
+    """A committed offset's metadata is longer than offset.metadata.max.bytes."""
+
+    code = ErrorCode.OFFSET_METADATA_TOO_LARGE
+
+
+class CoordinatorLoadInProgressError(RetriableError):
+    """The group coordinator is still loading the group's offsets partition."""
+
+    code = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+
+
+class CoordinatorNotAvailableError(RetriableError):
+    """The group coordinator is not available (no leader for its offsets partition yet)."""
+
+    code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
+class NotCoordinatorError(RetriableError):
+    """This broker is not the group's coordinator: find the coordinator again."""
+
+    code = ErrorCode.NOT_COORDINATOR
+
+
+class IllegalGenerationError(MiniBrokerError):
+    """The group's generation moved on: rejoin the group."""
+
+    code = ErrorCode.ILLEGAL_GENERATION
+
+
+class InconsistentGroupProtocolError(MiniBrokerError):
+    """The member's protocols share none with the group's (or its protocol type differs)."""
+
+    code = ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+
+
+class InvalidGroupIdError(MiniBrokerError):
+    """The group id is empty or invalid."""
+
+    code = ErrorCode.INVALID_GROUP_ID
+
+
+class UnknownMemberIdError(MiniBrokerError):
+    """The coordinator does not know this member id: rejoin with an empty one."""
+
+    code = ErrorCode.UNKNOWN_MEMBER_ID
+
+
+class InvalidSessionTimeoutError(MiniBrokerError):
+    """session.timeout.ms is outside group.min/max.session.timeout.ms of the broker."""
+
+    code = ErrorCode.INVALID_SESSION_TIMEOUT
+
+
+class RebalanceInProgressError(MiniBrokerError):
+    """The group is rebalancing: rejoin."""
+
+    code = ErrorCode.REBALANCE_IN_PROGRESS
+
+
+class InvalidCommitOffsetSizeError(MiniBrokerError):
+    """The offset commit request is too large."""
+
+    code = ErrorCode.INVALID_COMMIT_OFFSET_SIZE
+
+
+class MemberIdRequiredError(MiniBrokerError):
+    """The coordinator gave the member an id: join again with it (KIP-394)."""
+
+    code = ErrorCode.MEMBER_ID_REQUIRED
+
+
+class FencedInstanceIdError(MiniBrokerError):
+    """Another member with the same group.instance.id joined."""
+
+    code = ErrorCode.FENCED_INSTANCE_ID
+
+
+class GroupError(MiniBrokerError):
+    """A group coordinator answer whose Kafka code this module has no class for (such as
+    NON_EMPTY_GROUP 68 or GROUP_ID_NOT_FOUND 69); `kafka_code` holds it."""
+
+    def __init__(self, message: str = "", *, kafka_code: int = -1) -> None:
+        super().__init__(message)
+        self.kafka_code = kafka_code
 
 
 def error_for(code: int, message: str = "") -> MiniBrokerError:

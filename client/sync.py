@@ -37,6 +37,8 @@ from minibroker.client.admin import (
 from minibroker.client.common.runtime import new_event_loop
 from minibroker.client.consumer import AsyncConsumer
 from minibroker.client.errors import MiniBrokerError, RequestTimedOutError
+from minibroker.client.groups.admin import GroupDescription, GroupListing
+from minibroker.client.groups.coordinator import CommittedOffset
 from minibroker.client.metadata_cache import TopicInfo
 from minibroker.client.produce_result import FutureRecordMetadata, SentRecords
 from minibroker.client.producer import AsyncProducer
@@ -210,7 +212,8 @@ class Producer:
 
 
 class Consumer:
-    """Blocking Kafka-shaped consumer with manual assignment (see AsyncConsumer for options).
+    """Blocking Kafka-shaped consumer: manual `assign`, or `subscribe` with a `group_id` (see
+    AsyncConsumer for options).
 
     Iterating over a Consumer yields records forever (poll in a loop).
     """
@@ -238,6 +241,33 @@ class Consumer:
 
     def assignment(self) -> set[TopicPartition]:
         return self._lt.call(self._async.assignment)
+
+    def subscribe(
+        self,
+        topics: Iterable[str],
+        on_assign: Callable[[set[TopicPartition]], Any] | None = None,
+        on_revoke: Callable[[set[TopicPartition]], Any] | None = None,
+    ) -> None:
+        """Join the consumer group for `topics` (needs group_id); poll() does the joining.
+        The callbacks run on the client's event-loop thread: they must not call this Consumer."""
+        topic_list = [topics] if isinstance(topics, str) else list(topics)
+        self._lt.call(self._async.subscribe, topic_list, on_assign, on_revoke)
+
+    def subscription(self) -> set[str]:
+        return self._lt.call(self._async.subscription)
+
+    def unsubscribe(self) -> None:
+        self._lt.run(self._async.unsubscribe())
+
+    def commit(self, offsets: Mapping[TopicPartition, int | tuple[int, str]] | None = None) -> None:
+        """Commit positions (or the given offsets) synchronously."""
+        self._lt.run(self._async.commit(dict(offsets) if offsets is not None else None))
+
+    def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        return self._lt.run(self._async.committed(list(partitions)))
+
+    def member_id(self) -> str | None:
+        return self._lt.call(self._async.member_id)
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self._lt.call(self._async.seek, tp, offset)
@@ -383,6 +413,26 @@ class Admin:
 
     def delete_acls(self, filters: Iterable[AclBindingFilter]) -> list[list[AclBinding]]:
         return self._lt.run(self._async.delete_acls(filters))
+
+    def list_groups(self, states: Iterable[str] = ()) -> list[GroupListing]:
+        return self._lt.run(self._async.list_groups(list(states)))
+
+    def describe_groups(self, group_ids: Iterable[str]) -> dict[str, GroupDescription]:
+        return self._lt.run(self._async.describe_groups(list(group_ids)))
+
+    def list_group_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, CommittedOffset]:
+        wanted = list(partitions) if partitions is not None else None
+        return self._lt.run(self._async.list_group_offsets(group_id, wanted))
+
+    def alter_group_offsets(
+        self, group_id: str, offsets: Mapping[TopicPartition, int | CommittedOffset]
+    ) -> None:
+        self._lt.run(self._async.alter_group_offsets(group_id, dict(offsets)))
+
+    def delete_groups(self, group_ids: Iterable[str]) -> dict[str, MiniBrokerError | None]:
+        return self._lt.run(self._async.delete_groups(list(group_ids)))
 
     def describe_acls(self, flt: AclBindingFilter = ANY_ACL) -> list[AclBinding]:
         return self._lt.run(self._async.describe_acls(flt))

@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "minibroker.client.cli.topics",
     "minibroker.client.cli.produce",
     "minibroker.client.cli.consume",
+    "minibroker.client.cli.consumer_groups",
     "minibroker.client.cli.leader_election",
     "minibroker.client.cli.brokers",
     "minibroker.client.cli.reassign",

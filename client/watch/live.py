@@ -59,6 +59,7 @@ from minibroker.proto import minibroker_pb2_grpc as pb_grpc
 CLUSTER_FILE = "cluster.json"
 FAULTS_FILE = "faults.json"  # the launcher's network faults (deploy/netfaults.py)
 RECONNECT_DELAY_S = 0.25
+GROUPS_POLL_MS = 2_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +231,10 @@ class Watcher:
         self._controller_address_fixed = False
         # The quorum's voters: from cluster.json, or as the leader's DescribeQuorum names them.
         self._voter_addresses: list[str] = []
+        # Consumer groups: a client of their own (group calls over KafkaGroupCall), polled
+        # every GROUPS_POLL_MS at most.
+        self._group_admin: Any = None
+        self._groups_polled_ms = -GROUPS_POLL_MS
 
     async def __aenter__(self) -> Watcher:
         return self
@@ -238,6 +243,8 @@ class Watcher:
         await self.close()
 
     async def close(self) -> None:
+        if self._group_admin is not None:
+            await self._group_admin.cluster.close()
         channels, self._channels = self._channels, {}
         for channel in channels.values():
             await channel.close()
@@ -416,7 +423,52 @@ class Watcher:
             await self._discover_from_brokers()
         await self._poll_quorum()
         await asyncio.gather(
-            self._poll_controller(), *(self._poll_broker(b) for b in self.model.broker_ids())
+            self._poll_controller(),
+            self._poll_groups(),
+            *(self._poll_broker(b) for b in self.model.broker_ids()),
+        )
+
+    async def _poll_groups(self) -> None:
+        """ListGroups, DescribeGroups and OffsetFetch of every group; a failure keeps the last
+        view (groups are not what watch is for when the cluster is in trouble)."""
+        now = self._clock()
+        if now - self._groups_polled_ms < GROUPS_POLL_MS:
+            return
+        self._groups_polled_ms = now
+        from minibroker.client.errors import MiniBrokerError
+        from minibroker.client.groups.admin import GroupAdmin
+        from minibroker.client.transport import ClusterClient
+        from minibroker.client.wire import CallFailed
+
+        if self._group_admin is None:
+            timeout_ms = int(self.options.rpc_timeout_s * 1000)
+            cluster = ClusterClient(
+                list(self.options.bootstrap), request_timeout_ms=timeout_ms, tls=self.options.tls
+            )
+            self._group_admin = GroupAdmin(
+                cluster,
+                request_timeout_ms=timeout_ms,
+                retry_backoff_ms=100,
+                default_api_timeout_ms=2 * timeout_ms,
+            )
+        admin = self._group_admin
+        try:
+            listed = await admin.list_groups()
+            ids = [g.group_id for g in listed]
+            described = await admin.describe_groups(ids) if ids else {}
+            offsets = {}
+            for g in ids:
+                committed = await admin.list_group_offsets(g)
+                offsets[g] = {(tp.topic, tp.partition): c.offset for tp, c in committed.items()}
+        except (MiniBrokerError, CallFailed, ValueError):
+            return
+        self.model.observe_groups(
+            {
+                g: (d.state, len(d.members), d.protocol)
+                for g, d in described.items()
+                if d.state != "Dead"
+            },
+            offsets,
         )
 
     async def poll(self, stop: asyncio.Event) -> None:

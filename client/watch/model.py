@@ -56,8 +56,10 @@ from minibroker.client.watch.observations import (
 )
 from minibroker.client.watch.rows import (
     BrokerRow,
+    GroupRow,
     PartitionRow,
     broker_rows,
+    group_lag,
     int_or_none,
     partition_rows,
 )
@@ -90,6 +92,9 @@ class WatchModel:
         self._last_led: tuple[int, int] | None = None  # the last (leader, epoch) with a leader
         self._elections_shown: set[tuple[int, int]] = set()
         self.faults: FaultsInfo | None = None  # None: not a local cluster (or no look yet)
+        # Consumer groups as last listed: (state, members, protocol) and committed offsets.
+        self.groups: dict[str, tuple[str, int, str]] = {}
+        self.group_offsets: dict[str, dict[tuple[str, int], int]] = {}
         self._fault_events_shown: set[tuple[int, str]] = set()
 
     # -- timeline -----------------------------------------------------------------------------
@@ -378,6 +383,23 @@ class WatchModel:
 
     def broker_rows(self) -> list[BrokerRow]:
         return broker_rows(self)
+
+    def observe_groups(
+        self,
+        groups: Mapping[str, tuple[str, int, str]],
+        offsets: Mapping[str, dict[tuple[str, int], int]],
+    ) -> None:
+        """Replace the groups (from ListGroups, DescribeGroups and OffsetFetch)."""
+        self.groups = dict(groups)
+        self.group_offsets = {g: dict(o) for g, o in offsets.items()}
+
+    def group_rows(self) -> list[GroupRow]:
+        """Each group with its total lag against the partitions' HWs the brokers report."""
+        hws = {(r.topic, r.partition): r.high_watermark for r in self.partition_rows()}
+        return [
+            GroupRow(g, state, members, protocol, group_lag(self.group_offsets.get(g, {}), hws))
+            for g, (state, members, protocol) in sorted(self.groups.items())
+        ]
 
     def partition_rows(self, topic: str | None = None) -> list[PartitionRow]:
         return partition_rows(self, topic)

@@ -20,7 +20,7 @@ from minibroker.client.types import NO_LEADER
 from minibroker.client.watch.events import ClusterEvent, EventKind
 from minibroker.client.watch.model import WatchModel
 from minibroker.client.watch.observations import Reachability
-from minibroker.client.watch.rows import BrokerRow, PartitionRow, ReplicaCell
+from minibroker.client.watch.rows import BrokerRow, GroupRow, PartitionRow, ReplicaCell
 
 DEFAULT_EVENT_ROWS = 15
 
@@ -292,6 +292,31 @@ def _events_table(events: list[ClusterEvent], rows: int) -> Table:
     return table
 
 
+def _groups_table(rows: list[GroupRow]) -> Table:
+    table = Table(
+        title="consumer groups (lag: HW - committed offset)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("GROUP", no_wrap=True)
+    table.add_column("STATE", no_wrap=True)
+    table.add_column("MEMBERS", justify="right")
+    table.add_column("STRATEGY")
+    table.add_column("LAG", justify="right")
+    for row in rows:
+        state_style = "" if row.state in ("Stable", "Empty") else "yellow"
+        lag = "-" if row.total_lag is None else str(row.total_lag)
+        table.add_row(
+            row.group_id,
+            Text(row.state or "-", style=state_style),
+            str(row.members),
+            row.protocol or "-",
+            Text(lag, style="yellow" if row.total_lag else ""),
+        )
+    return table
+
+
 def render(
     model: WatchModel,
     now_ms: int,
@@ -299,18 +324,23 @@ def render(
     event_rows: int = DEFAULT_EVENT_ROWS,
     max_partition_rows: int | None = None,
 ) -> RenderableType:
-    """One frame: header, brokers, partitions (of `topic` only when given), recent events."""
+    """One frame: header, brokers, partitions (of `topic` only when given), consumer groups
+    (state, members, total lag) when there are any, recent events."""
     rows = model.partition_rows(topic)
     events = model.events
     if topic is not None:
         # Broker-wide events (fencing, restarts) explain what happens to the topic's partitions.
         events = [e for e in events if e.topic is None or e.topic == topic]
-    return Group(
+    parts: list[RenderableType] = [
         _header(model, now_ms, rows),
         _brokers_table(model.broker_rows(), now_ms),
         _partitions_table(rows, max_partition_rows),
-        _events_table(events, event_rows),
-    )
+    ]
+    groups = model.group_rows()
+    if groups:  # shown once a group exists
+        parts.append(_groups_table(groups))
+    parts.append(_events_table(events, event_rows))
+    return Group(*parts)
 
 
 __all__ = ["format_time", "render"]

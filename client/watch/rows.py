@@ -279,3 +279,32 @@ def int_or_none(value: str | None) -> int | None:
         return None if value is None else int(value)
     except ValueError:
         return None
+
+
+# -- consumer groups ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRow:
+    """One consumer group: state, members, and its total lag over the committed partitions
+    (None: no committed partition whose high watermark is known)."""
+
+    group_id: str
+    state: str
+    members: int
+    protocol: str
+    total_lag: int | None
+
+
+def group_lag(
+    committed: dict[tuple[str, int], int], high_watermarks: dict[tuple[str, int], int | None]
+) -> int | None:
+    """Sum over the committed partitions of max(0, HW - committed offset) (Kafka's LAG, which
+    the log end of a read_uncommitted consumer is the HW); partitions without a known HW are
+    left out, and None when none is left."""
+    lags = [
+        max(0, hw - offset)
+        for tp, offset in committed.items()
+        if (hw := high_watermarks.get(tp)) is not None
+    ]
+    return sum(lags) if lags else None

@@ -39,6 +39,8 @@ PURE = [
     "broker/groups/records.py",
     "client/accumulator.py",
     "client/subscription.py",
+    "client/groups/assignors.py",
+    "client/groups/protocol.py",
     "client/completed_fetch.py",
     "client/producer_record.py",
     "client/metadata_cache.py",
