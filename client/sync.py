@@ -233,8 +233,31 @@ class Consumer:
         self.close()
 
     def __iter__(self) -> Iterator[Record]:
+        """Records one at a time, for ever. The position follows what was yielded, as
+        kafka-python's iterator does: leaving the loop early (break) seeks each partition back
+        to its first record not yet yielded, so a commit (or close's auto-commit) never marks
+        as consumed a record the loop did not see."""
         while True:
-            yield from self.poll(1000)
+            records = self.poll(1000)
+            for i, record in enumerate(records):
+                try:
+                    yield record
+                except GeneratorExit:
+                    self._rewind(records[i + 1 :])
+                    raise
+
+    def _rewind(self, unseen: Sequence[Record]) -> None:
+        first: dict[TopicPartition, int] = {}
+        for record in unseen:
+            tp = TopicPartition(record.topic, record.partition)
+            if tp not in first or record.offset < first[tp]:
+                first[tp] = record.offset
+        if self._closed:
+            return
+        assigned = self.assignment()
+        for tp, offset in first.items():
+            if tp in assigned:  # else revoked by a rebalance since: no longer ours to rewind
+                self.seek(tp, offset)
 
     def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
         self._lt.call(self._async.assign, list(partitions))
