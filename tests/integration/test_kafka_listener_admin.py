@@ -2,11 +2,11 @@
 (test_kafka_clients.py has produce/consume and bad input): confluent-kafka's and kafka-python's
 admin clients grow a topic (CreatePartitions), read and change its configs (DescribeConfigs,
 IncrementalAlterConfigs) and run a preferred election (ElectLeaders); aiokafka produces and
-consumes; kcat reads records written by our own Producer; max.connections refuses a Kafka
+consumes with every codec; kcat reads records written by our own Producer; max.connections refuses a Kafka
 connection past it; a failed acks=0 produce closes its connection; a leader without a Kafka port
 is answered as leader -1 (last on the module cluster: it restarts broker 3 without one); a
-kafka-python producer writes through a leader SIGKILL with nothing it was acknowledged lost (a
-cluster of its own)."""
+kafka-python producer and an aiokafka idempotent producer write through a leader SIGKILL with
+nothing they were acknowledged lost (each on a cluster of its own)."""
 
 from __future__ import annotations
 
@@ -162,10 +162,12 @@ def test_kafka_python_admin_partitions_configs_and_elections(
         client.close()
 
 
-def test_aiokafka_produces_and_consumes(cluster: LocalCluster) -> None:
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_aiokafka_produces_and_consumes(cluster: LocalCluster, codec: str) -> None:
     import aiokafka
 
-    create_topic(cluster, "aio", partitions=2)
+    topic = f"aio-{codec}"
+    create_topic(cluster, topic, partitions=2)
     count = 200
 
     async def run() -> list[Any]:
@@ -173,12 +175,12 @@ def test_aiokafka_produces_and_consumes(cluster: LocalCluster) -> None:
             bootstrap_servers=cluster.kafka_bootstrap,
             acks="all",
             enable_idempotence=True,
-            compression_type="gzip",
+            compression_type=codec,
         )
         await producer.start()
         try:
             for i in range(count):
-                await producer.send("aio", f"v{i}".encode(), key=f"k{i}".encode(), partition=i % 2)
+                await producer.send(topic, f"v{i}".encode(), key=f"k{i}".encode(), partition=i % 2)
             await producer.flush()
         finally:
             await producer.stop()
@@ -189,7 +191,7 @@ def test_aiokafka_produces_and_consumes(cluster: LocalCluster) -> None:
         )
         await consumer.start()
         try:
-            consumer.assign([aiokafka.TopicPartition("aio", p) for p in (0, 1)])
+            consumer.assign([aiokafka.TopicPartition(topic, p) for p in (0, 1)])
             out: list[Any] = []
             deadline = time.monotonic() + 60
             while len(out) < count:
@@ -206,7 +208,7 @@ def test_aiokafka_produces_and_consumes(cluster: LocalCluster) -> None:
     )
     # What aiokafka wrote, read by our own client over gRPC.
     with Consumer(cluster.bootstrap) as consumer:
-        tps = [TopicPartition("aio", p) for p in (0, 1)]
+        tps = [TopicPartition(topic, p) for p in (0, 1)]
         ends = consumer.end_offsets(tps)
         assert sum(ends.values()) == count
 
@@ -450,3 +452,73 @@ def test_kafka_python_producer_loses_nothing_acknowledged_through_a_leader_sigki
             assert time.monotonic() < deadline
             got.extend(r.value for r in consumer.poll(timeout_ms=500))
     assert set(acked) <= set(got), "an acknowledged record is missing"
+
+
+def test_aiokafka_producer_loses_nothing_acknowledged_through_a_leader_sigkill(
+    failover_cluster: LocalCluster,
+) -> None:
+    """aiokafka's idempotent producer through a SIGKILL of the partition's leader: every
+    send it acknowledged is in the log the survivors serve, and none failed."""
+    import aiokafka
+
+    cluster = failover_cluster
+    topic = "aio-failover"
+    create_topic(cluster, topic)
+    with Admin(cluster.bootstrap) as admin:
+        wait_until(
+            lambda: len(admin.describe_topics([topic])[0].partitions[0].isr) == 3,
+            20,
+            "a full ISR",
+        )
+        leader = admin.describe_topics([topic])[0].partitions[0].leader
+    acked: list[bytes] = []
+    total = 1200
+
+    async def run() -> list[BaseException]:
+        producer = aiokafka.AIOKafkaProducer(
+            bootstrap_servers=cluster.kafka_bootstrap,
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=2,
+            request_timeout_ms=5000,
+            retry_backoff_ms=100,
+        )
+        await producer.start()
+        futures: list[tuple[bytes, asyncio.Future[Any]]] = []
+        try:
+            for i in range(total):
+                value = f"a{i:06d}".encode()
+                futures.append((value, await producer.send(topic, value, partition=0)))
+                if i == 400:
+                    deadline = time.monotonic() + 30
+                    while sum(f.done() for _, f in futures) < 200:
+                        assert time.monotonic() < deadline, "200 acks before the kill"
+                        await asyncio.sleep(0.02)
+                    cluster.kill(leader)
+            results = await asyncio.gather(*(f for _, f in futures), return_exceptions=True)
+        finally:
+            await producer.stop()
+        failures: list[BaseException] = []
+        for (value, _), result in zip(futures, results, strict=True):
+            if isinstance(result, BaseException):
+                failures.append(result)
+            else:
+                acked.append(value)
+        return failures
+
+    failures = asyncio.run(run())
+    assert failures == [], failures[:3]
+    assert len(acked) == total
+    survivors = [b for b in cluster.state.brokers if b.node_id != leader]
+    with Consumer(",".join(b.address for b in survivors)) as consumer:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        end = consumer.end_offsets([tp])[tp]
+        got: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while len(got) < end:
+            assert time.monotonic() < deadline
+            got.extend(r.value for r in consumer.poll(timeout_ms=500))
+    assert set(acked) <= set(got), "an acknowledged record is missing"
+    assert len(got) == len(set(got)), "a record was written twice (idempotence)"
