@@ -369,7 +369,7 @@ class ClassicGroups:
         if group is None:
             if not unknown:
                 return JoinResult(Code.UNKNOWN_MEMBER_ID, req.member_id)
-            group = self.groups[req.group_id] = Group(req.group_id, now)
+            group = self.groups[req.group_id] = Group(req.group_id, now, state_timestamp=now)
         if not self._accept(group, req.member_id):
             group.remove(req.member_id)
             self._forget_if_unused(group)
@@ -967,6 +967,14 @@ class ClassicGroups:
             return None
         return group.state.value, group.protocol_type or ""
 
+    def state_timestamp(self, group_id: str) -> int | None:
+        """When the group entered its current state (ms), None if unknown (a loaded record
+        without it)."""
+        group = self.groups.get(group_id)
+        if group is None or group.state_timestamp < 0:
+            return None
+        return group.state_timestamp
+
     def deletable(self, group_id: str) -> int:
         group = self.groups.get(group_id)
         if group is None or group.state is State.EMPTY:
@@ -1029,12 +1037,16 @@ class Membership:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._stopped = False
 
     def _now(self) -> int:
         return int(self._coordinator.clock())
 
     def _after(self) -> None:
         """Deliver the core's effects and re-arm the timer for its earliest deadline."""
+        if self._stopped:
+            self.core.drain()
+            return
         for effect in self.core.drain():
             if isinstance(effect, Reply):
                 future = effect.waiter
@@ -1051,6 +1063,8 @@ class Membership:
             error = int(await self._coordinator.store_group(effect.group_id, effect.value))
         except Exception:  # any failure is the store's error
             error = Code.UNKNOWN_SERVER_ERROR
+        if self._stopped:
+            return
         self.core.stored(effect.token, error, self._now())
         self._after()
 
@@ -1080,7 +1094,32 @@ class Membership:
             return answer
         return await future
 
+    def stop(self) -> None:
+        """Cancel the timer and the stores in flight, answer every waiter NOT_COORDINATOR and
+        refuse everything after (every later call answers NOT_COORDINATOR)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = None
+        self._timer_at = None
+        for task in list(self._tasks):
+            task.cancel()
+        self._tasks.clear()
+        self.core.unloaded(list(self.core.groups))
+        for effect in self.core.drain():
+            if isinstance(effect, Reply):
+                future = effect.waiter
+                if isinstance(future, asyncio.Future) and not future.done():
+                    future.set_result(effect.result)
+
+    def state_timestamp(self, group_id: str) -> int | None:
+        return self.core.state_timestamp(group_id)
+
     async def join(self, request: JoinRequest) -> JoinResult:
+        if self._stopped:
+            return JoinResult(Code.NOT_COORDINATOR, request.member_id)
         future: asyncio.Future[JoinResult] = asyncio.get_running_loop().create_future()
         answer = self.core.join(request, self._now(), future)
         result: JoinResult = await self._wait(answer, future)
@@ -1096,6 +1135,8 @@ class Membership:
         protocol_name: str | None,
         assignments: dict[str, bytes],
     ) -> SyncResult:
+        if self._stopped:
+            return SyncResult(Code.NOT_COORDINATOR)
         future: asyncio.Future[SyncResult] = asyncio.get_running_loop().create_future()
         answer = self.core.sync(
             group_id,
@@ -1114,6 +1155,8 @@ class Membership:
     async def heartbeat(
         self, group_id: str, member_id: str, generation: int, instance_id: str | None
     ) -> int:
+        if self._stopped:
+            return Code.NOT_COORDINATOR
         code = self.core.heartbeat(group_id, member_id, generation, instance_id, self._now())
         self._after()
         return code
@@ -1121,15 +1164,21 @@ class Membership:
     async def leave(
         self, group_id: str, members: Iterable[tuple[str, str | None]]
     ) -> tuple[int, list[int]]:
+        if self._stopped:
+            return Code.NOT_COORDINATOR, []
         answer = self.core.leave(group_id, members, self._now())
         self._after()
         return answer
 
     async def describe(self, group_id: str) -> Described:
+        if self._stopped:
+            return Described(Code.NOT_COORDINATOR, State.DEAD.value, "", "", ())
         return self.core.describe(group_id)
 
     # G1's calls (synchronous, event-loop thread)
     def loaded(self, group_id: str, value: GroupMetadataValue) -> None:
+        if self._stopped:
+            return
         self.core.loaded(group_id, value, self._now())
         self._after_sync()
 
@@ -1148,6 +1197,8 @@ class Membership:
     def validate_commit(
         self, group_id: str, member_id: str, generation: int, instance_id: str | None
     ) -> int:
+        if self._stopped:
+            return Code.NOT_COORDINATOR
         return self.core.validate_commit(group_id, member_id, generation, instance_id)
 
     def state(self, group_id: str) -> tuple[str, str] | None:

@@ -487,7 +487,7 @@ class GroupHandlers:
             d = await self._membership().describe(group_id)
             code = d.error
             message = None
-            if d.state == "Dead" and version >= 6:
+            if d.state == "Dead" and code == Code.NONE and version >= 6:
                 code = Code.GROUP_ID_NOT_FOUND  # Kafka's answer from v6 on
                 message = f"Group {group_id} not found."
             described.append(

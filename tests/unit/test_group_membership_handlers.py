@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from minibroker.broker.groups.membership import Code, GroupConfig, Membership
+from minibroker.broker.groups.membership import Code, GroupConfig, JoinRequest, Membership
 from minibroker.broker.groups.records import GroupMetadataValue
 from minibroker.broker.kafka import codec
 from minibroker.broker.kafka.group_handlers import GroupHandlers
@@ -330,3 +330,66 @@ async def test_two_members_rebalance_and_one_times_out_on_the_event_loop() -> No
         call(h, JOIN_GROUP, 5, **join_fields(leader.member_id, session_timeout=300)), 5
     )
     assert rejoin.generation_id == 2 and [m.member_id for m in rejoin.members] == [leader.member_id]
+
+
+async def test_stop_answers_every_waiter_not_coordinator_and_refuses_after() -> None:
+    c = StandInCoordinator(
+        GroupConfig(initial_rebalance_delay_ms=60_000, min_session_timeout_ms=100)
+    )
+    m = c.membership
+
+    waiting = asyncio.ensure_future(
+        m.join(
+            JoinRequest(
+                G,
+                "",
+                None,
+                "consumer",
+                (("range", b"m"),),
+                10_000,
+                10_000,
+                requires_known_member_id=False,
+            )
+        )
+    )
+    await asyncio.sleep(0.01)
+    assert not waiting.done() and m._timer is not None  # the initial delay is armed
+    m.stop()
+    result = await asyncio.wait_for(waiting, 1)
+    assert result.error == Code.NOT_COORDINATOR
+    assert m._timer is None and not m._tasks
+    assert m.state(G) is None
+    again = await m.join(
+        JoinRequest(
+            G,
+            "",
+            None,
+            "consumer",
+            (("range", b"m"),),
+            10_000,
+            10_000,
+            requires_known_member_id=False,
+        )
+    )
+    assert again.error == Code.NOT_COORDINATOR
+    assert await m.heartbeat(G, "x", 1, None) == Code.NOT_COORDINATOR
+    m.loaded("other", GroupMetadataValue("consumer", 1, None, None, 0, ()))
+    assert m.state("other") is None and m._timer is None
+    d = await call(kafka(c), DESCRIBE_GROUPS, 6, groups=(G,), include_authorized_operations=False)
+    assert int(d.groups[0].error_code) == Code.NOT_COORDINATOR
+
+
+async def test_state_timestamp_is_when_the_group_entered_its_state() -> None:
+    c = StandInCoordinator()
+    m = c.membership
+    assert m.state_timestamp(G) is None
+    m.loaded("old", GroupMetadataValue("consumer", 1, None, None, -1, ()))
+    assert m.state_timestamp("old") is None  # a record without it
+    m.loaded("new", GroupMetadataValue("consumer", 1, None, None, 1234, ()))
+    assert m.state_timestamp("new") == 1234
+    h = kafka(c)
+    before = c.clock()
+    first = await call(h, JOIN_GROUP, 5, **join_fields())  # the group is made, Empty
+    assert int(first.error_code) == Code.MEMBER_ID_REQUIRED and m.state(G) == ("Empty", "")
+    ts = m.state_timestamp(G)
+    assert ts is not None and before <= ts <= c.clock()
