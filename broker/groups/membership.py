@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import heapq
+import itertools
+import logging
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -25,6 +28,13 @@ from minibroker.broker.groups.records import GroupMetadataValue, MemberMetadata
 
 if TYPE_CHECKING:
     from minibroker.broker.groups.coordinator import GroupCoordinator
+
+log = logging.getLogger(__name__)
+
+# The kinds of deadline, in the order they fire when due at the same time.
+_PENDING_JOIN, _HEARTBEAT, _JOIN, _SYNC = range(4)
+# At most this many deadlines fire per tick (the shell ticks again at once for the rest).
+_FIRES_PER_TICK = 10_000
 
 
 class Code(enum.IntEnum):
@@ -330,6 +340,34 @@ class ClassicGroups:
         self.groups: dict[str, Group] = {}
         self._new_id = new_id
         self._effects: list[Reply | Store] = []
+        # (deadline, kind, seq, group, member id): every deadline set, stale ones dropped when
+        # they reach the top (lazy deletion), so setting one costs O(log n).
+        self._deadlines: list[tuple[int, int, int, Group, str]] = []
+        self._seq = itertools.count()
+
+    def _watch(self, deadline: int, kind: int, group: Group, member_id: str = "") -> None:
+        heapq.heappush(self._deadlines, (deadline, kind, next(self._seq), group, member_id))
+
+    def _live(self, entry: tuple[int, int, int, Group, str]) -> bool:
+        deadline, kind, _, group, member_id = entry
+        if self.groups.get(group.group_id) is not group:
+            return False
+        if kind == _PENDING_JOIN:
+            return group.pending_join.get(member_id) == deadline
+        if kind == _HEARTBEAT:
+            member = group.members.get(member_id)
+            return member is not None and member.heartbeat_deadline == deadline
+        if kind == _JOIN:
+            return group.join_deadline is not None and group.join_deadline[0] == deadline
+        return group.sync_deadline is not None and group.sync_deadline[0] == deadline
+
+    def _set_join_deadline(self, group: Group, deadline: tuple[int, int, int]) -> None:
+        group.join_deadline = deadline
+        self._watch(deadline[0], _JOIN, group)
+
+    def _set_sync_deadline(self, group: Group, deadline: tuple[int, int]) -> None:
+        group.sync_deadline = deadline
+        self._watch(deadline[0], _SYNC, group)
 
     def drain(self) -> list[Reply | Store]:
         out, self._effects = self._effects, []
@@ -349,8 +387,11 @@ class ClassicGroups:
             return True
         return False
 
-    def _reschedule(self, member: Member, now: int, timeout: int | None = None) -> None:
+    def _reschedule(
+        self, group: Group, member: Member, now: int, timeout: int | None = None
+    ) -> None:
         member.heartbeat_deadline = now + (member.session_timeout if timeout is None else timeout)
+        self._watch(member.heartbeat_deadline, _HEARTBEAT, group, member.member_id)
 
     # -- JoinGroup ------------------------------------------------------------------------
 
@@ -410,6 +451,7 @@ class ClassicGroups:
             return self._add_member(group, req, new_id, now, waiter)
         if req.requires_known_member_id:
             group.pending_join[new_id] = now + req.session_timeout
+            self._watch(now + req.session_timeout, _PENDING_JOIN, group, new_id)
             return JoinResult(Code.MEMBER_ID_REQUIRED, new_id)
         return self._add_member(group, req, new_id, now, waiter)
 
@@ -465,7 +507,7 @@ class ClassicGroups:
         if group.state is State.PREPARING_REBALANCE and group.previous_state is State.EMPTY:
             group.new_member_added = True
         group.add(member)
-        self._reschedule(member, now, self.config.new_member_join_timeout_ms)
+        self._reschedule(group, member, now, self.config.new_member_join_timeout_ms)
         self._rebalance_or_complete(group, now)
         return None
 
@@ -517,7 +559,7 @@ class ClassicGroups:
         if old_id in group.pending_sync:
             group.pending_sync.discard(old_id)
             group.pending_sync.add(new_id)
-        self._reschedule(member, now)
+        self._reschedule(group, member, now)
         if group.state is State.STABLE:
             if group.protocol_name == group.select_protocol():
                 token = ("static", group.group_id, group.generation, new_id, old, req)
@@ -548,7 +590,7 @@ class ClassicGroups:
             group.static_members[req.instance_id] = old.member_id
             if group.leader_id == new_id:
                 group.leader_id = old.member_id
-            self._reschedule(old, now)
+            self._reschedule(group, old, now)
             self._effects.append(
                 Reply(
                     waiter,
@@ -604,13 +646,13 @@ class ClassicGroups:
         if initial:
             delay = self.config.initial_rebalance_delay_ms
             remaining = max(group.rebalance_timeout() - delay, 0)
-            group.join_deadline = (now + delay, delay, remaining)
+            self._set_join_deadline(group, (now + delay, delay, remaining))
         group.transition(State.PREPARING_REBALANCE, now)
         if not initial:
             if group.all_joined():
                 self._complete_join_phase(group, now)
             else:
-                group.join_deadline = (now + group.rebalance_timeout(), -1, 0)
+                self._set_join_deadline(group, (now + group.rebalance_timeout(), -1, 0))
 
     def _initial_delay_expired(self, group: Group, delay: int, remaining: int, now: int) -> None:
         """Kafka's InitialDelayedJoin: while new members keep coming, wait another delay, up to
@@ -619,7 +661,7 @@ class ClassicGroups:
             group.new_member_added = False
             new_delay = min(self.config.initial_rebalance_delay_ms, remaining)
             new_remaining = max(remaining - delay, 0)
-            group.join_deadline = (now + new_delay, new_delay, new_remaining)
+            self._set_join_deadline(group, (now + new_delay, new_delay, new_remaining))
         else:
             self._complete_join_phase(group, now)
 
@@ -631,7 +673,7 @@ class ClassicGroups:
         if group.state is State.DEAD:
             return
         if not self._elect_joined_leader(group) and group.members:
-            group.join_deadline = (now + group.rebalance_timeout(), -1, 0)
+            self._set_join_deadline(group, (now + group.rebalance_timeout(), -1, 0))
             return
         group.generation += 1
         if group.members:
@@ -658,10 +700,10 @@ class ClassicGroups:
                     members=group.join_members() if is_leader else (),
                 ),
             )
-            self._reschedule(member, now)
+            self._reschedule(group, member, now)
             member.is_new = False
             group.pending_sync.add(member.member_id)
-        group.sync_deadline = (now + group.rebalance_timeout(), group.generation)
+        self._set_sync_deadline(group, (now + group.rebalance_timeout(), group.generation))
 
     def _elect_joined_leader(self, group: Group) -> bool:
         if group.leader_id is None:
@@ -693,7 +735,7 @@ class ClassicGroups:
                 ),
             )
             if answered:
-                self._reschedule(member, now)
+                self._reschedule(group, member, now)
 
     # -- SyncGroup ------------------------------------------------------------------------
 
@@ -786,7 +828,7 @@ class ClassicGroups:
             return Code.ILLEGAL_GENERATION
         if group.state is State.EMPTY:
             return Code.UNKNOWN_MEMBER_ID
-        self._reschedule(group.members[member_id], now)
+        self._reschedule(group, group.members[member_id], now)
         if group.state is State.PREPARING_REBALANCE:
             return Code.REBALANCE_IN_PROGRESS
         return Code.NONE
@@ -834,50 +876,46 @@ class ClassicGroups:
     # -- timers ---------------------------------------------------------------------------
 
     def next_deadline(self) -> int | None:
-        best: int | None = None
-        for group in self.groups.values():
-            for d in _deadlines(group):
-                if best is None or d < best:
-                    best = d
-        return best
+        heap = self._deadlines
+        while heap and not self._live(heap[0]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
 
     def tick(self, now: int) -> None:
         """Fire every deadline at or before `now` (also those that firing sets at or before
-        `now`, such as a zero initial delay extended)."""
-        for _ in range(1000):
-            deadline = self.next_deadline()
-            if deadline is None or deadline > now:
-                return
-            self._tick_once(now)
+        `now`, such as a zero initial delay extended), up to _FIRES_PER_TICK of them."""
+        heap = self._deadlines
+        fired = 0
+        while heap and heap[0][0] <= now and fired < _FIRES_PER_TICK:
+            entry = heapq.heappop(heap)
+            if self._live(entry):
+                fired += 1
+                self._fire(entry, now)
 
-    def _tick_once(self, now: int) -> None:
-        for group_id in list(self.groups):
-            group = self.groups.get(group_id)
-            if group is None:
-                continue
-            for member_id, deadline in list(group.pending_join.items()):
-                if deadline <= now and member_id in group.pending_join:
-                    group.remove(member_id)
-                    if group.state is State.PREPARING_REBALANCE and group.all_joined():
-                        self._complete_join_phase(group, now)
-            for member in list(group.members.values()):
-                d = member.heartbeat_deadline
-                if d is None or d > now or member.member_id not in group.members:
-                    continue
-                member.heartbeat_deadline = None
-                if not member.satisfied_heartbeat():
-                    self._expire_member(group, member, now)
-            if group.join_deadline is not None and group.join_deadline[0] <= now:
-                _, delay, remaining = group.join_deadline
-                group.join_deadline = None
-                if delay >= 0:
-                    self._initial_delay_expired(group, delay, remaining, now)
-                else:
-                    self._complete_join_phase(group, now)
-            if group.sync_deadline is not None and group.sync_deadline[0] <= now:
-                _, generation = group.sync_deadline
-                group.sync_deadline = None
-                self._expire_pending_sync(group, generation, now)
+    def _fire(self, entry: tuple[int, int, int, Group, str], now: int) -> None:
+        _, kind, _, group, member_id = entry
+        if kind == _PENDING_JOIN:
+            group.remove(member_id)
+            if group.state is State.PREPARING_REBALANCE and group.all_joined():
+                self._complete_join_phase(group, now)
+        elif kind == _HEARTBEAT:
+            member = group.members[member_id]
+            member.heartbeat_deadline = None
+            if not member.satisfied_heartbeat():
+                self._expire_member(group, member, now)
+        elif kind == _JOIN:
+            assert group.join_deadline is not None
+            _, delay, remaining = group.join_deadline
+            group.join_deadline = None
+            if delay >= 0:
+                self._initial_delay_expired(group, delay, remaining, now)
+            else:
+                self._complete_join_phase(group, now)
+        else:
+            assert group.sync_deadline is not None
+            _, generation = group.sync_deadline
+            group.sync_deadline = None
+            self._expire_pending_sync(group, generation, now)
 
     def _expire_member(self, group: Group, member: Member, now: int) -> None:
         self._complete_join(member, JoinResult(Code.UNKNOWN_MEMBER_ID, UNKNOWN_MEMBER))
@@ -919,7 +957,7 @@ class ClassicGroups:
             group.members[m.member_id] = member
             if m.group_instance_id is not None:
                 group.static_members[m.group_instance_id] = m.member_id
-            self._reschedule(member, now)
+            self._reschedule(group, member, now)
         if group.members:
             group.state = State.STABLE
             group.previous_state = State.COMPLETING_REBALANCE
@@ -1014,17 +1052,6 @@ def _inconsistent(asked: str | None, current: str | None) -> bool:
     return asked is not None and asked != current
 
 
-def _deadlines(group: Group) -> Iterable[int]:
-    yield from group.pending_join.values()
-    for m in group.members.values():
-        if m.heartbeat_deadline is not None:
-            yield m.heartbeat_deadline
-    if group.join_deadline is not None:
-        yield group.join_deadline[0]
-    if group.sync_deadline is not None:
-        yield group.sync_deadline[0]
-
-
 # -- the shell ----------------------------------------------------------------------------
 
 
@@ -1038,6 +1065,7 @@ class Membership:
         self._timer_at: int | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopped = False
+        self._arm_pending = False
 
     def _now(self) -> int:
         return int(self._coordinator.clock())
@@ -1180,7 +1208,20 @@ class Membership:
         if self._stopped:
             return
         self.core.loaded(group_id, value, self._now())
-        self._after_sync()
+        self.core.drain()  # nothing waits on a loaded group
+        # Armed once after a partition's load, not once per group.
+        if not self._arm_pending:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # no loop (tests): no timer
+            self._arm_pending = True
+            loop.call_soon(self._arm_later)
+
+    def _arm_later(self) -> None:
+        self._arm_pending = False
+        if not self._stopped:
+            self._arm()
 
     def unloaded(self, group_ids: Iterable[str]) -> None:
         self.core.unloaded(group_ids)

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import sys
 import time
 from typing import Any
 
 import pytest
 
 from minibroker.broker.groups.membership import Code, GroupConfig, JoinRequest, Membership
-from minibroker.broker.groups.records import GroupMetadataValue
+from minibroker.broker.groups.records import GroupMetadataValue, MemberMetadata
 from minibroker.broker.kafka import codec
 from minibroker.broker.kafka.group_handlers import GroupHandlers
 from minibroker.broker.kafka.handlers import (
@@ -393,3 +394,48 @@ async def test_state_timestamp_is_when_the_group_entered_its_state() -> None:
     assert int(first.error_code) == Code.MEMBER_ID_REQUIRED and m.state(G) == ("Empty", "")
     ts = m.state_timestamp(G)
     assert ts is not None and before <= ts <= c.clock()
+
+
+class _TooMuchWork(Exception):
+    pass
+
+
+async def test_loading_and_heartbeating_many_groups_is_linear_work() -> None:
+    """20,000 loaded groups and 20,000 heartbeats: Python calls counted (never timed), with a
+    budget per group; the quadratic re-arm (a scan of every group per change) blows it."""
+    c = StandInCoordinator()
+    m = c.membership
+    n = 20_000
+    values = [
+        GroupMetadataValue(
+            "consumer",
+            5,
+            "range",
+            f"m{i}",
+            0,
+            (MemberMetadata(f"m{i}", None, "c", "h", 30_000, 10_000, b"x", b"y"),),
+        )
+        for i in range(n)
+    ]
+    budget = 25 * 2 * n  # about 11 calls per load or heartbeat now
+    calls = 0
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        if event == "call":
+            calls += 1
+            if calls > budget:
+                raise _TooMuchWork
+
+    sys.setprofile(count)
+    try:
+        for i, v in enumerate(values):
+            m.loaded(f"g{i}", v)
+        await asyncio.sleep(0)  # the timer is armed once, after the load
+        for i in range(n):
+            assert await m.heartbeat(f"g{i}", f"m{i}", 5, None) == Code.NONE
+    except _TooMuchWork:
+        pytest.fail(f"more than {budget} calls")
+    finally:
+        sys.setprofile(None)
+    assert m._timer is not None and len(m.groups()) == n
