@@ -344,9 +344,15 @@ class ClassicGroups:
         # they reach the top (lazy deletion), so setting one costs O(log n).
         self._deadlines: list[tuple[int, int, int, Group, str]] = []
         self._seq = itertools.count()
+        self._compact_at = 1024
 
     def _watch(self, deadline: int, kind: int, group: Group, member_id: str = "") -> None:
         heapq.heappush(self._deadlines, (deadline, kind, next(self._seq), group, member_id))
+        if len(self._deadlines) > 2 * self._compact_at:
+            # Stale entries (each heartbeat leaves one) are dropped in one pass, amortized O(1).
+            self._deadlines = [e for e in self._deadlines if self._live(e)]
+            heapq.heapify(self._deadlines)
+            self._compact_at = max(len(self._deadlines), 1024)
 
     def _live(self, entry: tuple[int, int, int, Group, str]) -> bool:
         deadline, kind, _, group, member_id = entry

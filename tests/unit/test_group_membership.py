@@ -712,3 +712,14 @@ def test_a_static_leader_that_does_not_rejoin_stays_but_loses_the_lead() -> None
     r = d.replies["b2"]
     assert isinstance(r, JoinResult) and r.error == Code.NONE and r.generation == 2
     assert r.leader == rb.member_id and len(r.members) == 2  # the static one is kept
+
+
+def test_stale_deadlines_do_not_pile_up() -> None:
+    """Each heartbeat moves a member's deadline; the old heap entries are dropped, the heap
+    stays bounded by the live deadlines (the timer heap's lazy deletion)."""
+    d, members, generation = stable_group(3)
+    for _ in range(20_000):
+        d.now += 1
+        for m in members:
+            assert d.c.heartbeat(G, m, generation, None, d.now) == Code.NONE
+    assert len(d.c._deadlines) <= 2 * 1024 + 1
