@@ -976,12 +976,15 @@ class ClassicGroups:
     def unloaded(self, group_ids: Iterable[str]) -> None:
         for group_id in group_ids:
             group = self.groups.pop(group_id, None)
-            if group is None:
-                continue
-            for member in group.members.values():
-                self._complete_join(member, JoinResult(Code.NOT_COORDINATOR, member.member_id))
-                self._complete_sync(member, SyncResult(Code.NOT_COORDINATOR))
-            group.state = State.DEAD
+            if group is not None:
+                self._dead(group, Code.NOT_COORDINATOR)
+
+    def _dead(self, group: Group, error: int) -> None:
+        """The group is gone from here: every JoinGroup and SyncGroup waiting is told `error`."""
+        for member in group.members.values():
+            self._complete_join(member, JoinResult(error, member.member_id))
+            self._complete_sync(member, SyncResult(error))
+        group.state = State.DEAD
 
     def validate_commit(
         self, group_id: str, member_id: str, generation: int, instance_id: str | None
@@ -1028,7 +1031,8 @@ class ClassicGroups:
     def delete(self, group_id: str) -> None:
         group = self.groups.pop(group_id, None)
         if group is not None:
-            group.state = State.DEAD
+            # Kafka's answer to a Dead group: find the coordinator again and rejoin.
+            self._dead(group, Code.COORDINATOR_NOT_AVAILABLE)
 
     def describe(self, group_id: str) -> Described:
         group = self.groups.get(group_id)

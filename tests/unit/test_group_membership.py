@@ -538,6 +538,34 @@ def test_unload_answers_waiters_not_coordinator() -> None:
     assert isinstance(r, JoinResult) and r.error == Code.NOT_COORDINATOR
 
 
+def test_delete_answers_every_waiter_coordinator_not_available() -> None:
+    d = Driver(core())
+    d.new_member("a")
+    b = d.new_member("b")
+    d.advance(0)
+    assert d.sync(b, 1, "sb") is None  # the follower waits for the leader
+    d.c.delete(G)
+    d.collect()
+    assert d.replies["sb"] == SyncResult(Code.COORDINATOR_NOT_AVAILABLE)
+    d2 = Driver(core(delay=3000))
+    d2.new_member("x")  # waits for the initial delay
+    d2.c.delete(G)
+    d2.collect()
+    r = d2.replies["x"]
+    assert isinstance(r, JoinResult) and r.error == Code.COORDINATOR_NOT_AVAILABLE
+
+
+def test_unload_answers_a_waiting_sync_not_coordinator() -> None:
+    d = Driver(core())
+    d.new_member("a")
+    b = d.new_member("b")
+    d.advance(0)
+    assert d.sync(b, 1, "sb") is None
+    d.c.unloaded([G])
+    d.collect()
+    assert d.replies["sb"] == SyncResult(Code.NOT_COORDINATOR)
+
+
 # -- invariants: hypothesis and a seeded simulation -----------------------------------------
 
 
