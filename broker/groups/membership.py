@@ -1122,8 +1122,12 @@ class Membership:
     def _fire(self) -> None:
         self._timer = None
         self._timer_at = None
-        self.core.tick(self._now())
-        self._after()
+        try:
+            self.core.tick(self._now())
+        except Exception:  # one bad deadline must not stop every session timer
+            log.exception("group timer failed")
+        finally:
+            self._after()
 
     async def _wait(self, answer: Any, future: asyncio.Future[Any]) -> Any:
         self._after()

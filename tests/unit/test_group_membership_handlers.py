@@ -439,3 +439,35 @@ async def test_loading_and_heartbeating_many_groups_is_linear_work() -> None:
     finally:
         sys.setprofile(None)
     assert m._timer is not None and len(m.groups()) == n
+
+
+async def test_an_exception_in_the_timer_is_logged_and_the_timer_rearmed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    c = StandInCoordinator()
+    m = c.membership
+    m.loaded(
+        G,
+        GroupMetadataValue(
+            "consumer",
+            1,
+            "range",
+            "a",
+            0,
+            (MemberMetadata("a", None, "c", "h", 200, 200, b"", b""),),
+        ),
+    )
+    tick = m.core.tick
+    calls = 0
+
+    def failing_once(now: int) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("boom")
+        tick(now)
+
+    m.core.tick = failing_once  # type: ignore[method-assign]
+    await until(lambda: calls >= 1)
+    await until(lambda: m.state(G) == ("Empty", "consumer"))  # the session still expires
+    assert "group timer failed" in caplog.text
