@@ -775,6 +775,9 @@ class ClassicGroups:
             return SyncResult(Code.REBALANCE_IN_PROGRESS)
         member = group.members[member_id]
         if group.state is State.COMPLETING_REBALANCE:
+            if member.sync_waiter is not None and member.sync_waiter is not waiter:
+                # A resent SyncGroup replaces the waiting one, told to rejoin (as JoinGroup).
+                self._complete_sync(member, SyncResult(Code.REBALANCE_IN_PROGRESS))
             member.sync_waiter = waiter
             self._remove_pending_sync(group, member_id)
             if group.leader_id == member_id:

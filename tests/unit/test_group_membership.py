@@ -334,6 +334,20 @@ def test_sync_waits_for_the_leader_and_the_store() -> None:
     assert isinstance(res, SyncResult) and res.assignment == b"B"
 
 
+def test_a_resent_sync_answers_the_replaced_one_rebalance_in_progress() -> None:
+    d = Driver(core())
+    a = d.new_member("a")
+    b = d.new_member("b")
+    d.advance(0)
+    assert d.sync(b, 1, "sb1") is None
+    assert d.sync(b, 1, "sb2") is None  # resent: the first is answered, the second waits
+    assert d.replies["sb1"] == SyncResult(Code.REBALANCE_IN_PROGRESS)
+    assert d.sync(a, 1, "sa", {a: b"A", b: b"B"}) is None
+    d.store_ok()
+    rb = d.replies["sb2"]
+    assert isinstance(rb, SyncResult) and (rb.error, rb.assignment) == (Code.NONE, b"B")
+
+
 def test_a_failed_store_answers_its_error_and_rebalances() -> None:
     d = Driver(core())
     a = d.new_member("a")
