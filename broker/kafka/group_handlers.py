@@ -349,9 +349,8 @@ class GroupHandlers:
             result = JoinResult(error, body.member_id)
         else:
             session = _ms(body.session_timeout)
-            rebalance = _ms(getattr(body, "rebalance_timeout", None) or session)
-            if version == 0:
-                rebalance = session
+            # v0 has no rebalance timeout: the session's; from v1 on it is taken as sent (0 too)
+            rebalance = session if version == 0 else _ms(body.rebalance_timeout)
             host = principal.host if isinstance(principal, CallIdentity) else ""
             result = await self._membership().join(
                 JoinRequest(

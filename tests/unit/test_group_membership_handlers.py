@@ -471,3 +471,24 @@ async def test_an_exception_in_the_timer_is_logged_and_the_timer_rearmed(
     await until(lambda: calls >= 1)
     await until(lambda: m.state(G) == ("Empty", "consumer"))  # the session still expires
     assert "group timer failed" in caplog.text
+
+
+async def test_join_v1_keeps_a_zero_rebalance_timeout() -> None:
+    c = StandInCoordinator()
+    h = kafka(c)
+    asked: list[JoinRequest] = []
+    real = c.membership.join
+
+    async def spy(request: JoinRequest) -> Any:
+        asked.append(request)
+        return await real(request)
+
+    c.membership.join = spy  # type: ignore[method-assign]
+    await call(h, JOIN_GROUP, 1, **join_fields(rebalance_timeout=0, session_timeout=10_000))
+    v0 = join_fields(session_timeout=7_000)
+    v0["group_id"] = "other"
+    await call(h, JOIN_GROUP, 0, **v0)
+    assert [(r.session_timeout, r.rebalance_timeout) for r in asked] == [
+        (10_000, 0),
+        (7_000, 7_000),  # v0: the session timeout
+    ]
