@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 from kio.schema.errors import ErrorCode
 
 from minibroker.broker.groups.coordinator import GroupCoordinator
-from minibroker.broker.groups.membership import Code, JoinRequest, JoinResult
+from minibroker.broker.groups.membership import Code, Described, JoinRequest, JoinResult
 from minibroker.broker.groups.records import OffsetCommitValue
 from minibroker.broker.kafka import codec
 from minibroker.broker.kafka.codec import make, nested
@@ -484,6 +484,9 @@ class GroupHandlers:
                 )
                 continue
             d = await self._membership().describe(group_id)
+            if d.state == "Dead" and d.error == Code.NONE and self.coordinator.committed(group_id):
+                # Offsets only (simple commits): Kafka has an Empty classic group for them.
+                d = Described(Code.NONE, "Empty", "", "", ())
             code = d.error
             message = None
             if d.state == "Dead" and code == Code.NONE and version >= 6:

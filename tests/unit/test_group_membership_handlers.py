@@ -40,6 +40,7 @@ class StandInCoordinator:
         self.stored: list[tuple[str, GroupMetadataValue | None]] = []
         self.store_error = Code.NONE
         self.checks: dict[str, int] = {}
+        self.offsets: dict[str, dict[tuple[str, int], Any]] = {}
         self.clock = lambda: int(time.monotonic() * 1000)
         self.membership = Membership(
             self,  # type: ignore[arg-type]
@@ -48,6 +49,9 @@ class StandInCoordinator:
 
     def check(self, group_id: str) -> int:
         return self.checks.get(group_id, Code.NONE)
+
+    def committed(self, group_id: str) -> dict[tuple[str, int], Any]:
+        return self.offsets.get(group_id, {})
 
     async def store_group(self, group_id: str, value: GroupMetadataValue | None) -> int:
         await asyncio.sleep(0)
@@ -492,3 +496,25 @@ async def test_join_v1_keeps_a_zero_rebalance_timeout() -> None:
         (10_000, 0),
         (7_000, 7_000),  # v0: the session timeout
     ]
+
+
+async def test_describe_a_group_with_only_committed_offsets_is_empty() -> None:
+    c = StandInCoordinator()
+    h = kafka(c)
+    c.offsets["simple"] = {("t", 0): object()}
+    for version in (0, 6):
+        r = await call(
+            h,
+            DESCRIBE_GROUPS,
+            version,
+            groups=("simple", "none"),
+            include_authorized_operations=False,
+        )
+        simple, none = r.groups
+        assert (int(simple.error_code), simple.group_state, simple.protocol_type) == (
+            0,
+            "Empty",
+            "",
+        )
+        assert simple.members == ()
+        assert none.group_state == "Dead"
