@@ -351,7 +351,9 @@ class GroupHandlers:
             session = _ms(body.session_timeout)
             # v0 has no rebalance timeout: the session's; from v1 on it is taken as sent (0 too)
             rebalance = session if version == 0 else _ms(body.rebalance_timeout)
-            host = principal.host if isinstance(principal, CallIdentity) else ""
+            host = request.client_host
+            if not host and isinstance(principal, CallIdentity) and principal.host:
+                host = f"/{principal.host}"
             result = await self._membership().join(
                 JoinRequest(
                     group_id=body.group_id,

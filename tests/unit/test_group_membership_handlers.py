@@ -518,3 +518,18 @@ async def test_describe_a_group_with_only_committed_offsets_is_empty() -> None:
         )
         assert simple.members == ()
         assert none.group_state == "Dead"
+
+
+async def test_a_members_client_host_is_the_peer_as_kafka_writes_it() -> None:
+    c = StandInCoordinator()
+    h = kafka(c)
+    cls = codec.request_class(JOIN_GROUP, 1)
+    module = __import__(cls.__module__, fromlist=["_"])
+    fields = join_fields()
+    fields["protocols"] = (codec.make(module.JoinGroupRequestProtocol, name="range", metadata=b""),)
+    frame = request_bytes(JOIN_GROUP, 1, 7, codec.make(cls, **fields))
+    request = codec.parse_request(frame, SUPPORTED, "/10.1.2.3")
+    answer = await h.handle(request, None)  # the Kafka port: no principal
+    assert int(answer.error_code) == Code.NONE
+    d = await call(h, DESCRIBE_GROUPS, 0, groups=(G,), include_authorized_operations=False)
+    assert [m.client_host for m in d.groups[0].members] == ["/10.1.2.3"]
