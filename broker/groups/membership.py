@@ -52,6 +52,7 @@ class Code(enum.IntEnum):
     INVALID_SESSION_TIMEOUT = 26
     REBALANCE_IN_PROGRESS = 27
     GROUP_AUTHORIZATION_FAILED = 30
+    INVALID_REQUEST = 42
     NON_EMPTY_GROUP = 68
     GROUP_ID_NOT_FOUND = 69
     MEMBER_ID_REQUIRED = 79
@@ -78,6 +79,23 @@ _VALID_PREVIOUS: dict[State, frozenset[State]] = {
 
 UNKNOWN_MEMBER = ""
 NO_LEADER = ""
+# The longest string the group record holds (a classic STRING: int16 length, UTF-8 bytes).
+MAX_STRING_BYTES = 32767
+# What a generated member id keeps of its prefix (the client id or group instance id).
+_MAX_MEMBER_ID_PREFIX_BYTES = 255
+
+
+def _too_long(text: str | None) -> bool:
+    if text is None or len(text) <= MAX_STRING_BYTES // 4:
+        return False  # at most 4 UTF-8 bytes a character: short enough without encoding
+    return len(text.encode("utf-8", "surrogatepass")) > MAX_STRING_BYTES
+
+
+def _cap(prefix: str, limit: int = _MAX_MEMBER_ID_PREFIX_BYTES) -> str:
+    raw = prefix.encode("utf-8", "surrogatepass")
+    if len(raw) <= limit:
+        return prefix
+    return raw[:limit].decode("utf-8", "ignore")  # cut at a character boundary
 
 
 @dataclass(frozen=True)
@@ -405,6 +423,13 @@ class ClassicGroups:
         """The answer now, or None: it comes later as a Reply to `waiter`."""
         if not req.group_id:
             return JoinResult(Code.INVALID_GROUP_ID, req.member_id)
+        if (
+            any(_too_long(t) for t in (req.group_id, req.member_id, req.instance_id))
+            or any(_too_long(t) for t in (req.protocol_type, req.client_id, req.client_host))
+            or any(_too_long(name) for name, _ in req.protocols)
+        ):
+            # The group's record could not be written: refused before anything changes.
+            return JoinResult(Code.INVALID_REQUEST, UNKNOWN_MEMBER)
         if not (
             self.config.min_session_timeout_ms
             <= req.session_timeout
@@ -449,7 +474,9 @@ class ClassicGroups:
         return member is not None or len(group.members) < limit
 
     def _join_new(self, group: Group, req: JoinRequest, now: int, waiter: Any) -> JoinResult | None:
-        new_id = self._new_id(req.instance_id if req.instance_id is not None else req.client_id)
+        new_id = self._new_id(
+            _cap(req.instance_id if req.instance_id is not None else req.client_id)
+        )
         if req.instance_id is not None:
             existing = group.static_members.get(req.instance_id)
             if existing is not None:

@@ -765,3 +765,39 @@ def test_stale_deadlines_do_not_pile_up() -> None:
         for m in members:
             assert d.c.heartbeat(G, m, generation, None, d.now) == Code.NONE
     assert len(d.c._deadlines) <= 2 * 1024 + 1
+
+
+def test_strings_the_group_record_cannot_hold_are_refused_at_join() -> None:
+    long = "x" * 32768
+    for kw in (
+        {"instance_id": long},
+        {"member_id": long},
+        {"ptype": long},
+        {"protocols": ((long, b""),)},
+        {"client": long},
+    ):
+        d = Driver(core())
+        r = d.join(req(**kw), "w")  # type: ignore[arg-type]
+        assert r is not None and r.error == Code.INVALID_REQUEST, kw
+        assert G not in d.c.groups
+    d = Driver(core())
+    r = d.c.join(
+        JoinRequest("é" * 16384, "", None, "consumer", (("range", b""),), SESSION, REBALANCE),
+        0,
+        "w",
+    )
+    assert r is not None and r.error == Code.INVALID_REQUEST  # 32768 UTF-8 bytes
+    ok = "é" * 16383  # 32766 bytes: fits
+    r = d.c.join(JoinRequest(ok, "", None, "consumer", (("range", b""),), SESSION, 1), 0, "w")
+    assert r is not None and r.error == Code.MEMBER_ID_REQUIRED
+
+
+def test_a_member_id_keeps_a_capped_prefix_of_a_long_client_or_instance_id() -> None:
+    d = Driver(core())
+    first = d.join(req(client="é" * 16000), "w")
+    assert first is not None and first.error == Code.MEMBER_ID_REQUIRED
+    assert len(first.member_id.encode()) <= 300 and first.member_id.startswith("é")
+    d = Driver(core())
+    assert d.join(req(instance_id="i" * 32767), "s") is None
+    (member,) = d.c.groups[G].members.values()
+    assert len(member.member_id.encode()) <= 32767
