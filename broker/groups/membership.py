@@ -1252,20 +1252,18 @@ class Membership:
         if self._stopped:
             return
         self.core.loaded(group_id, value, self._now())
-        self.core.drain()  # nothing waits on a loaded group
-        # Armed once after a partition's load, not once per group.
+        # Armed (and any effect delivered) once after a partition's load, not once per group.
         if not self._arm_pending:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
                 return  # no loop (tests): no timer
             self._arm_pending = True
-            loop.call_soon(self._arm_later)
+            loop.call_soon(self._after_load)
 
-    def _arm_later(self) -> None:
+    def _after_load(self) -> None:
         self._arm_pending = False
-        if not self._stopped:
-            self._arm()
+        self._after()
 
     def unloaded(self, group_ids: Iterable[str]) -> None:
         self.core.unloaded(group_ids)

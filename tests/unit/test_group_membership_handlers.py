@@ -13,7 +13,14 @@ from typing import Any
 
 import pytest
 
-from minibroker.broker.groups.membership import Code, GroupConfig, JoinRequest, Membership
+from minibroker.broker.groups.membership import (
+    Code,
+    GroupConfig,
+    JoinRequest,
+    Membership,
+    Reply,
+    SyncResult,
+)
 from minibroker.broker.groups.records import GroupMetadataValue, MemberMetadata
 from minibroker.broker.kafka import codec
 from minibroker.broker.kafka.group_handlers import GroupHandlers
@@ -533,3 +540,13 @@ async def test_a_members_client_host_is_the_peer_as_kafka_writes_it() -> None:
     assert int(answer.error_code) == Code.NONE
     d = await call(h, DESCRIBE_GROUPS, 0, groups=(G,), include_authorized_operations=False)
     assert [m.client_host for m in d.groups[0].members] == ["/10.1.2.3"]
+
+
+async def test_loaded_drops_no_effect_waiting_delivery() -> None:
+    c = StandInCoordinator()
+    m = c.membership
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    m.core._effects.append(Reply(future, SyncResult(Code.NONE)))  # one not yet delivered
+    m.loaded(G, GroupMetadataValue("consumer", 1, None, None, 0, ()))
+    await asyncio.sleep(0)
+    assert future.done() and future.result() == SyncResult(Code.NONE)
