@@ -157,7 +157,8 @@ class BrokerServicer(pb_grpc.BrokerServiceServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "this broker serves no group APIs")
         served = {key: SUPPORTED[key] for key in GROUP_APIS if key in SUPPORTED}
         try:
-            parsed = codec.parse_request(request.frame, served)
+            host = caller().host
+            parsed = codec.parse_request(request.frame, served, f"/{host}" if host else "")
         except codec.KafkaProtocolError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         assert self._kafka is not None

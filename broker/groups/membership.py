@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import heapq
+import itertools
+import logging
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -25,6 +28,13 @@ from minibroker.broker.groups.records import GroupMetadataValue, MemberMetadata
 
 if TYPE_CHECKING:
     from minibroker.broker.groups.coordinator import GroupCoordinator
+
+log = logging.getLogger(__name__)
+
+# The kinds of deadline, in the order they fire when due at the same time.
+_PENDING_JOIN, _HEARTBEAT, _JOIN, _SYNC = range(4)
+# At most this many deadlines fire per tick (the shell ticks again at once for the rest).
+_FIRES_PER_TICK = 10_000
 
 
 class Code(enum.IntEnum):
@@ -42,6 +52,7 @@ class Code(enum.IntEnum):
     INVALID_SESSION_TIMEOUT = 26
     REBALANCE_IN_PROGRESS = 27
     GROUP_AUTHORIZATION_FAILED = 30
+    INVALID_REQUEST = 42
     NON_EMPTY_GROUP = 68
     GROUP_ID_NOT_FOUND = 69
     MEMBER_ID_REQUIRED = 79
@@ -68,6 +79,23 @@ _VALID_PREVIOUS: dict[State, frozenset[State]] = {
 
 UNKNOWN_MEMBER = ""
 NO_LEADER = ""
+# The longest string the group record holds (a classic STRING: int16 length, UTF-8 bytes).
+MAX_STRING_BYTES = 32767
+# What a generated member id keeps of its prefix (the client id or group instance id).
+_MAX_MEMBER_ID_PREFIX_BYTES = 255
+
+
+def _too_long(text: str | None) -> bool:
+    if text is None or len(text) <= MAX_STRING_BYTES // 4:
+        return False  # at most 4 UTF-8 bytes a character: short enough without encoding
+    return len(text.encode("utf-8", "surrogatepass")) > MAX_STRING_BYTES
+
+
+def _cap(prefix: str, limit: int = _MAX_MEMBER_ID_PREFIX_BYTES) -> str:
+    raw = prefix.encode("utf-8", "surrogatepass")
+    if len(raw) <= limit:
+        return prefix
+    return raw[:limit].decode("utf-8", "ignore")  # cut at a character boundary
 
 
 @dataclass(frozen=True)
@@ -330,6 +358,40 @@ class ClassicGroups:
         self.groups: dict[str, Group] = {}
         self._new_id = new_id
         self._effects: list[Reply | Store] = []
+        # (deadline, kind, seq, group, member id): every deadline set, stale ones dropped when
+        # they reach the top (lazy deletion), so setting one costs O(log n).
+        self._deadlines: list[tuple[int, int, int, Group, str]] = []
+        self._seq = itertools.count()
+        self._compact_at = 1024
+
+    def _watch(self, deadline: int, kind: int, group: Group, member_id: str = "") -> None:
+        heapq.heappush(self._deadlines, (deadline, kind, next(self._seq), group, member_id))
+        if len(self._deadlines) > 2 * self._compact_at:
+            # Stale entries (each heartbeat leaves one) are dropped in one pass, amortized O(1).
+            self._deadlines = [e for e in self._deadlines if self._live(e)]
+            heapq.heapify(self._deadlines)
+            self._compact_at = max(len(self._deadlines), 1024)
+
+    def _live(self, entry: tuple[int, int, int, Group, str]) -> bool:
+        deadline, kind, _, group, member_id = entry
+        if self.groups.get(group.group_id) is not group:
+            return False
+        if kind == _PENDING_JOIN:
+            return group.pending_join.get(member_id) == deadline
+        if kind == _HEARTBEAT:
+            member = group.members.get(member_id)
+            return member is not None and member.heartbeat_deadline == deadline
+        if kind == _JOIN:
+            return group.join_deadline is not None and group.join_deadline[0] == deadline
+        return group.sync_deadline is not None and group.sync_deadline[0] == deadline
+
+    def _set_join_deadline(self, group: Group, deadline: tuple[int, int, int]) -> None:
+        group.join_deadline = deadline
+        self._watch(deadline[0], _JOIN, group)
+
+    def _set_sync_deadline(self, group: Group, deadline: tuple[int, int]) -> None:
+        group.sync_deadline = deadline
+        self._watch(deadline[0], _SYNC, group)
 
     def drain(self) -> list[Reply | Store]:
         out, self._effects = self._effects, []
@@ -349,8 +411,11 @@ class ClassicGroups:
             return True
         return False
 
-    def _reschedule(self, member: Member, now: int, timeout: int | None = None) -> None:
+    def _reschedule(
+        self, group: Group, member: Member, now: int, timeout: int | None = None
+    ) -> None:
         member.heartbeat_deadline = now + (member.session_timeout if timeout is None else timeout)
+        self._watch(member.heartbeat_deadline, _HEARTBEAT, group, member.member_id)
 
     # -- JoinGroup ------------------------------------------------------------------------
 
@@ -358,6 +423,13 @@ class ClassicGroups:
         """The answer now, or None: it comes later as a Reply to `waiter`."""
         if not req.group_id:
             return JoinResult(Code.INVALID_GROUP_ID, req.member_id)
+        if (
+            any(_too_long(t) for t in (req.group_id, req.member_id, req.instance_id))
+            or any(_too_long(t) for t in (req.protocol_type, req.client_id, req.client_host))
+            or any(_too_long(name) for name, _ in req.protocols)
+        ):
+            # The group's record could not be written: refused before anything changes.
+            return JoinResult(Code.INVALID_REQUEST, UNKNOWN_MEMBER)
         if not (
             self.config.min_session_timeout_ms
             <= req.session_timeout
@@ -369,7 +441,7 @@ class ClassicGroups:
         if group is None:
             if not unknown:
                 return JoinResult(Code.UNKNOWN_MEMBER_ID, req.member_id)
-            group = self.groups[req.group_id] = Group(req.group_id, now)
+            group = self.groups[req.group_id] = Group(req.group_id, now, state_timestamp=now)
         if not self._accept(group, req.member_id):
             group.remove(req.member_id)
             self._forget_if_unused(group)
@@ -402,7 +474,9 @@ class ClassicGroups:
         return member is not None or len(group.members) < limit
 
     def _join_new(self, group: Group, req: JoinRequest, now: int, waiter: Any) -> JoinResult | None:
-        new_id = self._new_id(req.instance_id if req.instance_id is not None else req.client_id)
+        new_id = self._new_id(
+            _cap(req.instance_id if req.instance_id is not None else req.client_id)
+        )
         if req.instance_id is not None:
             existing = group.static_members.get(req.instance_id)
             if existing is not None:
@@ -410,6 +484,7 @@ class ClassicGroups:
             return self._add_member(group, req, new_id, now, waiter)
         if req.requires_known_member_id:
             group.pending_join[new_id] = now + req.session_timeout
+            self._watch(now + req.session_timeout, _PENDING_JOIN, group, new_id)
             return JoinResult(Code.MEMBER_ID_REQUIRED, new_id)
         return self._add_member(group, req, new_id, now, waiter)
 
@@ -465,7 +540,7 @@ class ClassicGroups:
         if group.state is State.PREPARING_REBALANCE and group.previous_state is State.EMPTY:
             group.new_member_added = True
         group.add(member)
-        self._reschedule(member, now, self.config.new_member_join_timeout_ms)
+        self._reschedule(group, member, now, self.config.new_member_join_timeout_ms)
         self._rebalance_or_complete(group, now)
         return None
 
@@ -517,7 +592,7 @@ class ClassicGroups:
         if old_id in group.pending_sync:
             group.pending_sync.discard(old_id)
             group.pending_sync.add(new_id)
-        self._reschedule(member, now)
+        self._reschedule(group, member, now)
         if group.state is State.STABLE:
             if group.protocol_name == group.select_protocol():
                 token = ("static", group.group_id, group.generation, new_id, old, req)
@@ -548,7 +623,7 @@ class ClassicGroups:
             group.static_members[req.instance_id] = old.member_id
             if group.leader_id == new_id:
                 group.leader_id = old.member_id
-            self._reschedule(old, now)
+            self._reschedule(group, old, now)
             self._effects.append(
                 Reply(
                     waiter,
@@ -604,13 +679,13 @@ class ClassicGroups:
         if initial:
             delay = self.config.initial_rebalance_delay_ms
             remaining = max(group.rebalance_timeout() - delay, 0)
-            group.join_deadline = (now + delay, delay, remaining)
+            self._set_join_deadline(group, (now + delay, delay, remaining))
         group.transition(State.PREPARING_REBALANCE, now)
         if not initial:
             if group.all_joined():
                 self._complete_join_phase(group, now)
             else:
-                group.join_deadline = (now + group.rebalance_timeout(), -1, 0)
+                self._set_join_deadline(group, (now + group.rebalance_timeout(), -1, 0))
 
     def _initial_delay_expired(self, group: Group, delay: int, remaining: int, now: int) -> None:
         """Kafka's InitialDelayedJoin: while new members keep coming, wait another delay, up to
@@ -619,7 +694,7 @@ class ClassicGroups:
             group.new_member_added = False
             new_delay = min(self.config.initial_rebalance_delay_ms, remaining)
             new_remaining = max(remaining - delay, 0)
-            group.join_deadline = (now + new_delay, new_delay, new_remaining)
+            self._set_join_deadline(group, (now + new_delay, new_delay, new_remaining))
         else:
             self._complete_join_phase(group, now)
 
@@ -631,7 +706,7 @@ class ClassicGroups:
         if group.state is State.DEAD:
             return
         if not self._elect_joined_leader(group) and group.members:
-            group.join_deadline = (now + group.rebalance_timeout(), -1, 0)
+            self._set_join_deadline(group, (now + group.rebalance_timeout(), -1, 0))
             return
         group.generation += 1
         if group.members:
@@ -658,10 +733,10 @@ class ClassicGroups:
                     members=group.join_members() if is_leader else (),
                 ),
             )
-            self._reschedule(member, now)
+            self._reschedule(group, member, now)
             member.is_new = False
             group.pending_sync.add(member.member_id)
-        group.sync_deadline = (now + group.rebalance_timeout(), group.generation)
+        self._set_sync_deadline(group, (now + group.rebalance_timeout(), group.generation))
 
     def _elect_joined_leader(self, group: Group) -> bool:
         if group.leader_id is None:
@@ -693,7 +768,7 @@ class ClassicGroups:
                 ),
             )
             if answered:
-                self._reschedule(member, now)
+                self._reschedule(group, member, now)
 
     # -- SyncGroup ------------------------------------------------------------------------
 
@@ -727,6 +802,9 @@ class ClassicGroups:
             return SyncResult(Code.REBALANCE_IN_PROGRESS)
         member = group.members[member_id]
         if group.state is State.COMPLETING_REBALANCE:
+            if member.sync_waiter is not None and member.sync_waiter is not waiter:
+                # A resent SyncGroup replaces the waiting one, told to rejoin (as JoinGroup).
+                self._complete_sync(member, SyncResult(Code.REBALANCE_IN_PROGRESS))
             member.sync_waiter = waiter
             self._remove_pending_sync(group, member_id)
             if group.leader_id == member_id:
@@ -786,7 +864,7 @@ class ClassicGroups:
             return Code.ILLEGAL_GENERATION
         if group.state is State.EMPTY:
             return Code.UNKNOWN_MEMBER_ID
-        self._reschedule(group.members[member_id], now)
+        self._reschedule(group, group.members[member_id], now)
         if group.state is State.PREPARING_REBALANCE:
             return Code.REBALANCE_IN_PROGRESS
         return Code.NONE
@@ -834,50 +912,46 @@ class ClassicGroups:
     # -- timers ---------------------------------------------------------------------------
 
     def next_deadline(self) -> int | None:
-        best: int | None = None
-        for group in self.groups.values():
-            for d in _deadlines(group):
-                if best is None or d < best:
-                    best = d
-        return best
+        heap = self._deadlines
+        while heap and not self._live(heap[0]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
 
     def tick(self, now: int) -> None:
         """Fire every deadline at or before `now` (also those that firing sets at or before
-        `now`, such as a zero initial delay extended)."""
-        for _ in range(1000):
-            deadline = self.next_deadline()
-            if deadline is None or deadline > now:
-                return
-            self._tick_once(now)
+        `now`, such as a zero initial delay extended), up to _FIRES_PER_TICK of them."""
+        heap = self._deadlines
+        fired = 0
+        while heap and heap[0][0] <= now and fired < _FIRES_PER_TICK:
+            entry = heapq.heappop(heap)
+            if self._live(entry):
+                fired += 1
+                self._fire(entry, now)
 
-    def _tick_once(self, now: int) -> None:
-        for group_id in list(self.groups):
-            group = self.groups.get(group_id)
-            if group is None:
-                continue
-            for member_id, deadline in list(group.pending_join.items()):
-                if deadline <= now and member_id in group.pending_join:
-                    group.remove(member_id)
-                    if group.state is State.PREPARING_REBALANCE and group.all_joined():
-                        self._complete_join_phase(group, now)
-            for member in list(group.members.values()):
-                d = member.heartbeat_deadline
-                if d is None or d > now or member.member_id not in group.members:
-                    continue
-                member.heartbeat_deadline = None
-                if not member.satisfied_heartbeat():
-                    self._expire_member(group, member, now)
-            if group.join_deadline is not None and group.join_deadline[0] <= now:
-                _, delay, remaining = group.join_deadline
-                group.join_deadline = None
-                if delay >= 0:
-                    self._initial_delay_expired(group, delay, remaining, now)
-                else:
-                    self._complete_join_phase(group, now)
-            if group.sync_deadline is not None and group.sync_deadline[0] <= now:
-                _, generation = group.sync_deadline
-                group.sync_deadline = None
-                self._expire_pending_sync(group, generation, now)
+    def _fire(self, entry: tuple[int, int, int, Group, str], now: int) -> None:
+        _, kind, _, group, member_id = entry
+        if kind == _PENDING_JOIN:
+            group.remove(member_id)
+            if group.state is State.PREPARING_REBALANCE and group.all_joined():
+                self._complete_join_phase(group, now)
+        elif kind == _HEARTBEAT:
+            member = group.members[member_id]
+            member.heartbeat_deadline = None
+            if not member.satisfied_heartbeat():
+                self._expire_member(group, member, now)
+        elif kind == _JOIN:
+            assert group.join_deadline is not None
+            _, delay, remaining = group.join_deadline
+            group.join_deadline = None
+            if delay >= 0:
+                self._initial_delay_expired(group, delay, remaining, now)
+            else:
+                self._complete_join_phase(group, now)
+        else:
+            assert group.sync_deadline is not None
+            _, generation = group.sync_deadline
+            group.sync_deadline = None
+            self._expire_pending_sync(group, generation, now)
 
     def _expire_member(self, group: Group, member: Member, now: int) -> None:
         self._complete_join(member, JoinResult(Code.UNKNOWN_MEMBER_ID, UNKNOWN_MEMBER))
@@ -919,7 +993,7 @@ class ClassicGroups:
             group.members[m.member_id] = member
             if m.group_instance_id is not None:
                 group.static_members[m.group_instance_id] = m.member_id
-            self._reschedule(member, now)
+            self._reschedule(group, member, now)
         if group.members:
             group.state = State.STABLE
             group.previous_state = State.COMPLETING_REBALANCE
@@ -932,12 +1006,15 @@ class ClassicGroups:
     def unloaded(self, group_ids: Iterable[str]) -> None:
         for group_id in group_ids:
             group = self.groups.pop(group_id, None)
-            if group is None:
-                continue
-            for member in group.members.values():
-                self._complete_join(member, JoinResult(Code.NOT_COORDINATOR, member.member_id))
-                self._complete_sync(member, SyncResult(Code.NOT_COORDINATOR))
-            group.state = State.DEAD
+            if group is not None:
+                self._dead(group, Code.NOT_COORDINATOR)
+
+    def _dead(self, group: Group, error: int) -> None:
+        """The group is gone from here: every JoinGroup and SyncGroup waiting is told `error`."""
+        for member in group.members.values():
+            self._complete_join(member, JoinResult(error, member.member_id))
+            self._complete_sync(member, SyncResult(error))
+        group.state = State.DEAD
 
     def validate_commit(
         self, group_id: str, member_id: str, generation: int, instance_id: str | None
@@ -967,6 +1044,14 @@ class ClassicGroups:
             return None
         return group.state.value, group.protocol_type or ""
 
+    def state_timestamp(self, group_id: str) -> int | None:
+        """When the group entered its current state (ms), None if unknown (a loaded record
+        without it)."""
+        group = self.groups.get(group_id)
+        if group is None or group.state_timestamp < 0:
+            return None
+        return group.state_timestamp
+
     def deletable(self, group_id: str) -> int:
         group = self.groups.get(group_id)
         if group is None or group.state is State.EMPTY:
@@ -976,7 +1061,8 @@ class ClassicGroups:
     def delete(self, group_id: str) -> None:
         group = self.groups.pop(group_id, None)
         if group is not None:
-            group.state = State.DEAD
+            # Kafka's answer to a Dead group: find the coordinator again and rejoin.
+            self._dead(group, Code.COORDINATOR_NOT_AVAILABLE)
 
     def describe(self, group_id: str) -> Described:
         group = self.groups.get(group_id)
@@ -1006,17 +1092,6 @@ def _inconsistent(asked: str | None, current: str | None) -> bool:
     return asked is not None and asked != current
 
 
-def _deadlines(group: Group) -> Iterable[int]:
-    yield from group.pending_join.values()
-    for m in group.members.values():
-        if m.heartbeat_deadline is not None:
-            yield m.heartbeat_deadline
-    if group.join_deadline is not None:
-        yield group.join_deadline[0]
-    if group.sync_deadline is not None:
-        yield group.sync_deadline[0]
-
-
 # -- the shell ----------------------------------------------------------------------------
 
 
@@ -1029,12 +1104,17 @@ class Membership:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._stopped = False
+        self._arm_pending = False
 
     def _now(self) -> int:
         return int(self._coordinator.clock())
 
     def _after(self) -> None:
         """Deliver the core's effects and re-arm the timer for its earliest deadline."""
+        if self._stopped:
+            self.core.drain()
+            return
         for effect in self.core.drain():
             if isinstance(effect, Reply):
                 future = effect.waiter
@@ -1051,6 +1131,8 @@ class Membership:
             error = int(await self._coordinator.store_group(effect.group_id, effect.value))
         except Exception:  # any failure is the store's error
             error = Code.UNKNOWN_SERVER_ERROR
+        if self._stopped:
+            return
         self.core.stored(effect.token, error, self._now())
         self._after()
 
@@ -1070,8 +1152,12 @@ class Membership:
     def _fire(self) -> None:
         self._timer = None
         self._timer_at = None
-        self.core.tick(self._now())
-        self._after()
+        try:
+            self.core.tick(self._now())
+        except Exception:  # one bad deadline must not stop every session timer
+            log.exception("group timer failed")
+        finally:
+            self._after()
 
     async def _wait(self, answer: Any, future: asyncio.Future[Any]) -> Any:
         self._after()
@@ -1080,7 +1166,32 @@ class Membership:
             return answer
         return await future
 
+    def stop(self) -> None:
+        """Cancel the timer and the stores in flight, answer every waiter NOT_COORDINATOR and
+        refuse everything after (every later call answers NOT_COORDINATOR)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = None
+        self._timer_at = None
+        for task in list(self._tasks):
+            task.cancel()
+        self._tasks.clear()
+        self.core.unloaded(list(self.core.groups))
+        for effect in self.core.drain():
+            if isinstance(effect, Reply):
+                future = effect.waiter
+                if isinstance(future, asyncio.Future) and not future.done():
+                    future.set_result(effect.result)
+
+    def state_timestamp(self, group_id: str) -> int | None:
+        return self.core.state_timestamp(group_id)
+
     async def join(self, request: JoinRequest) -> JoinResult:
+        if self._stopped:
+            return JoinResult(Code.NOT_COORDINATOR, request.member_id)
         future: asyncio.Future[JoinResult] = asyncio.get_running_loop().create_future()
         answer = self.core.join(request, self._now(), future)
         result: JoinResult = await self._wait(answer, future)
@@ -1096,6 +1207,8 @@ class Membership:
         protocol_name: str | None,
         assignments: dict[str, bytes],
     ) -> SyncResult:
+        if self._stopped:
+            return SyncResult(Code.NOT_COORDINATOR)
         future: asyncio.Future[SyncResult] = asyncio.get_running_loop().create_future()
         answer = self.core.sync(
             group_id,
@@ -1114,6 +1227,8 @@ class Membership:
     async def heartbeat(
         self, group_id: str, member_id: str, generation: int, instance_id: str | None
     ) -> int:
+        if self._stopped:
+            return Code.NOT_COORDINATOR
         code = self.core.heartbeat(group_id, member_id, generation, instance_id, self._now())
         self._after()
         return code
@@ -1121,17 +1236,34 @@ class Membership:
     async def leave(
         self, group_id: str, members: Iterable[tuple[str, str | None]]
     ) -> tuple[int, list[int]]:
+        if self._stopped:
+            return Code.NOT_COORDINATOR, []
         answer = self.core.leave(group_id, members, self._now())
         self._after()
         return answer
 
     async def describe(self, group_id: str) -> Described:
+        if self._stopped:
+            return Described(Code.NOT_COORDINATOR, State.DEAD.value, "", "", ())
         return self.core.describe(group_id)
 
     # G1's calls (synchronous, event-loop thread)
     def loaded(self, group_id: str, value: GroupMetadataValue) -> None:
+        if self._stopped:
+            return
         self.core.loaded(group_id, value, self._now())
-        self._after_sync()
+        # Armed (and any effect delivered) once after a partition's load, not once per group.
+        if not self._arm_pending:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # no loop (tests): no timer
+            self._arm_pending = True
+            loop.call_soon(self._after_load)
+
+    def _after_load(self) -> None:
+        self._arm_pending = False
+        self._after()
 
     def unloaded(self, group_ids: Iterable[str]) -> None:
         self.core.unloaded(group_ids)
@@ -1148,6 +1280,8 @@ class Membership:
     def validate_commit(
         self, group_id: str, member_id: str, generation: int, instance_id: str | None
     ) -> int:
+        if self._stopped:
+            return Code.NOT_COORDINATOR
         return self.core.validate_commit(group_id, member_id, generation, instance_id)
 
     def state(self, group_id: str) -> tuple[str, str] | None:

@@ -97,6 +97,7 @@ class Request:
     client_id: str | None
     body: Any  # the version's kio request class
     flexible: bool
+    client_host: str = ""  # the peer, as Kafka reports a member's host: "/<ip>" ("" unknown)
 
 
 def peek_header(frame: bytes | memoryview) -> tuple[int, int, int]:
@@ -109,7 +110,9 @@ def peek_header(frame: bytes | memoryview) -> tuple[int, int, int]:
     return api_key, version, correlation_id
 
 
-def parse_request(frame: bytes, supported: Mapping[int, tuple[int, int]]) -> Request:
+def parse_request(
+    frame: bytes, supported: Mapping[int, tuple[int, int]], client_host: str = ""
+) -> Request:
     """Read one request (a frame without its size prefix). `supported`: api key -> (min, max)
     version served. Raises UnsupportedVersion for a known API at a version outside its range
     (and for an API not served), KafkaProtocolError for anything unreadable."""
@@ -137,7 +140,7 @@ def parse_request(frame: bytes, supported: Mapping[int, tuple[int, int]]) -> Req
         ) from None
     # Bytes past the request's end are ignored, as Kafka's parser does (librdkafka 2.16's
     # all-topics Metadata v12 request carries 3 of them).
-    return Request(api_key, version, correlation_id, header.client_id, body, flexible)
+    return Request(api_key, version, correlation_id, header.client_id, body, flexible, client_host)
 
 
 # A written value at least this long (record batches) is kept as its own piece of a frame,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 from kio.schema.errors import ErrorCode
 
 from minibroker.broker.groups.coordinator import GroupCoordinator
-from minibroker.broker.groups.membership import Code, JoinRequest, JoinResult
+from minibroker.broker.groups.membership import Code, Described, JoinRequest, JoinResult
 from minibroker.broker.groups.records import OffsetCommitValue
 from minibroker.broker.kafka import codec
 from minibroker.broker.kafka.codec import make, nested
@@ -349,10 +349,11 @@ class GroupHandlers:
             result = JoinResult(error, body.member_id)
         else:
             session = _ms(body.session_timeout)
-            rebalance = _ms(getattr(body, "rebalance_timeout", None) or session)
-            if version == 0:
-                rebalance = session
-            host = principal.host if isinstance(principal, CallIdentity) else ""
+            # v0 has no rebalance timeout: the session's; from v1 on it is taken as sent (0 too)
+            rebalance = session if version == 0 else _ms(body.rebalance_timeout)
+            host = request.client_host
+            if not host and isinstance(principal, CallIdentity) and principal.host:
+                host = f"/{principal.host}"
             result = await self._membership().join(
                 JoinRequest(
                     group_id=body.group_id,
@@ -485,9 +486,12 @@ class GroupHandlers:
                 )
                 continue
             d = await self._membership().describe(group_id)
+            if d.state == "Dead" and d.error == Code.NONE and self.coordinator.committed(group_id):
+                # Offsets only (simple commits): Kafka has an Empty classic group for them.
+                d = Described(Code.NONE, "Empty", "", "", ())
             code = d.error
             message = None
-            if d.state == "Dead" and version >= 6:
+            if d.state == "Dead" and code == Code.NONE and version >= 6:
                 code = Code.GROUP_ID_NOT_FOUND  # Kafka's answer from v6 on
                 message = f"Group {group_id} not found."
             described.append(

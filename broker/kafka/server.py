@@ -135,6 +135,7 @@ class Connection:
         self._writer = writer
         peer = writer.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._client_host = f"/{peer[0]}" if isinstance(peer, tuple) else ""  # Kafka's form
         # The answers owed, in request order: each a task giving the frame to send, as pieces
         # (NO_RESPONSE: none; CLOSE_CONNECTION: close after the ones before it).
         self._answers: asyncio.Queue[asyncio.Task[Any] | None] = asyncio.Queue(
@@ -206,7 +207,7 @@ class Connection:
                 return self._refuse("truncated frame", f"{len(err.partial)} of {size} bytes")
             self._last_active = asyncio.get_running_loop().time()
             try:
-                request = codec.parse_request(frame, SUPPORTED)
+                request = codec.parse_request(frame, SUPPORTED, self._client_host)
             except codec.UnsupportedVersion as err:
                 if err.api_key != API_VERSIONS:
                     return self._refuse("unsupported version", str(err))

@@ -334,6 +334,20 @@ def test_sync_waits_for_the_leader_and_the_store() -> None:
     assert isinstance(res, SyncResult) and res.assignment == b"B"
 
 
+def test_a_resent_sync_answers_the_replaced_one_rebalance_in_progress() -> None:
+    d = Driver(core())
+    a = d.new_member("a")
+    b = d.new_member("b")
+    d.advance(0)
+    assert d.sync(b, 1, "sb1") is None
+    assert d.sync(b, 1, "sb2") is None  # resent: the first is answered, the second waits
+    assert d.replies["sb1"] == SyncResult(Code.REBALANCE_IN_PROGRESS)
+    assert d.sync(a, 1, "sa", {a: b"A", b: b"B"}) is None
+    d.store_ok()
+    rb = d.replies["sb2"]
+    assert isinstance(rb, SyncResult) and (rb.error, rb.assignment) == (Code.NONE, b"B")
+
+
 def test_a_failed_store_answers_its_error_and_rebalances() -> None:
     d = Driver(core())
     a = d.new_member("a")
@@ -538,6 +552,34 @@ def test_unload_answers_waiters_not_coordinator() -> None:
     assert isinstance(r, JoinResult) and r.error == Code.NOT_COORDINATOR
 
 
+def test_delete_answers_every_waiter_coordinator_not_available() -> None:
+    d = Driver(core())
+    d.new_member("a")
+    b = d.new_member("b")
+    d.advance(0)
+    assert d.sync(b, 1, "sb") is None  # the follower waits for the leader
+    d.c.delete(G)
+    d.collect()
+    assert d.replies["sb"] == SyncResult(Code.COORDINATOR_NOT_AVAILABLE)
+    d2 = Driver(core(delay=3000))
+    d2.new_member("x")  # waits for the initial delay
+    d2.c.delete(G)
+    d2.collect()
+    r = d2.replies["x"]
+    assert isinstance(r, JoinResult) and r.error == Code.COORDINATOR_NOT_AVAILABLE
+
+
+def test_unload_answers_a_waiting_sync_not_coordinator() -> None:
+    d = Driver(core())
+    d.new_member("a")
+    b = d.new_member("b")
+    d.advance(0)
+    assert d.sync(b, 1, "sb") is None
+    d.c.unloaded([G])
+    d.collect()
+    assert d.replies["sb"] == SyncResult(Code.NOT_COORDINATOR)
+
+
 # -- invariants: hypothesis and a seeded simulation -----------------------------------------
 
 
@@ -712,3 +754,50 @@ def test_a_static_leader_that_does_not_rejoin_stays_but_loses_the_lead() -> None
     r = d.replies["b2"]
     assert isinstance(r, JoinResult) and r.error == Code.NONE and r.generation == 2
     assert r.leader == rb.member_id and len(r.members) == 2  # the static one is kept
+
+
+def test_stale_deadlines_do_not_pile_up() -> None:
+    """Each heartbeat moves a member's deadline; the old heap entries are dropped, the heap
+    stays bounded by the live deadlines (the timer heap's lazy deletion)."""
+    d, members, generation = stable_group(3)
+    for _ in range(20_000):
+        d.now += 1
+        for m in members:
+            assert d.c.heartbeat(G, m, generation, None, d.now) == Code.NONE
+    assert len(d.c._deadlines) <= 2 * 1024 + 1
+
+
+def test_strings_the_group_record_cannot_hold_are_refused_at_join() -> None:
+    long = "x" * 32768
+    for kw in (
+        {"instance_id": long},
+        {"member_id": long},
+        {"ptype": long},
+        {"protocols": ((long, b""),)},
+        {"client": long},
+    ):
+        d = Driver(core())
+        r = d.join(req(**kw), "w")  # type: ignore[arg-type]
+        assert r is not None and r.error == Code.INVALID_REQUEST, kw
+        assert G not in d.c.groups
+    d = Driver(core())
+    r = d.c.join(
+        JoinRequest("é" * 16384, "", None, "consumer", (("range", b""),), SESSION, REBALANCE),
+        0,
+        "w",
+    )
+    assert r is not None and r.error == Code.INVALID_REQUEST  # 32768 UTF-8 bytes
+    ok = "é" * 16383  # 32766 bytes: fits
+    r = d.c.join(JoinRequest(ok, "", None, "consumer", (("range", b""),), SESSION, 1), 0, "w")
+    assert r is not None and r.error == Code.MEMBER_ID_REQUIRED
+
+
+def test_a_member_id_keeps_a_capped_prefix_of_a_long_client_or_instance_id() -> None:
+    d = Driver(core())
+    first = d.join(req(client="é" * 16000), "w")
+    assert first is not None and first.error == Code.MEMBER_ID_REQUIRED
+    assert len(first.member_id.encode()) <= 300 and first.member_id.startswith("é")
+    d = Driver(core())
+    assert d.join(req(instance_id="i" * 32767), "s") is None
+    (member,) = d.c.groups[G].members.values()
+    assert len(member.member_id.encode()) <= 32767

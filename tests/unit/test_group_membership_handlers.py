@@ -7,13 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import sys
 import time
 from typing import Any
 
 import pytest
 
-from minibroker.broker.groups.membership import Code, GroupConfig, Membership
-from minibroker.broker.groups.records import GroupMetadataValue
+from minibroker.broker.groups.membership import (
+    Code,
+    GroupConfig,
+    JoinRequest,
+    Membership,
+    Reply,
+    SyncResult,
+)
+from minibroker.broker.groups.records import GroupMetadataValue, MemberMetadata
 from minibroker.broker.kafka import codec
 from minibroker.broker.kafka.group_handlers import GroupHandlers
 from minibroker.broker.kafka.handlers import (
@@ -39,6 +47,7 @@ class StandInCoordinator:
         self.stored: list[tuple[str, GroupMetadataValue | None]] = []
         self.store_error = Code.NONE
         self.checks: dict[str, int] = {}
+        self.offsets: dict[str, dict[tuple[str, int], Any]] = {}
         self.clock = lambda: int(time.monotonic() * 1000)
         self.membership = Membership(
             self,  # type: ignore[arg-type]
@@ -47,6 +56,9 @@ class StandInCoordinator:
 
     def check(self, group_id: str) -> int:
         return self.checks.get(group_id, Code.NONE)
+
+    def committed(self, group_id: str) -> dict[tuple[str, int], Any]:
+        return self.offsets.get(group_id, {})
 
     async def store_group(self, group_id: str, value: GroupMetadataValue | None) -> int:
         await asyncio.sleep(0)
@@ -330,3 +342,211 @@ async def test_two_members_rebalance_and_one_times_out_on_the_event_loop() -> No
         call(h, JOIN_GROUP, 5, **join_fields(leader.member_id, session_timeout=300)), 5
     )
     assert rejoin.generation_id == 2 and [m.member_id for m in rejoin.members] == [leader.member_id]
+
+
+async def test_stop_answers_every_waiter_not_coordinator_and_refuses_after() -> None:
+    c = StandInCoordinator(
+        GroupConfig(initial_rebalance_delay_ms=60_000, min_session_timeout_ms=100)
+    )
+    m = c.membership
+
+    waiting = asyncio.ensure_future(
+        m.join(
+            JoinRequest(
+                G,
+                "",
+                None,
+                "consumer",
+                (("range", b"m"),),
+                10_000,
+                10_000,
+                requires_known_member_id=False,
+            )
+        )
+    )
+    await asyncio.sleep(0.01)
+    assert not waiting.done() and m._timer is not None  # the initial delay is armed
+    m.stop()
+    result = await asyncio.wait_for(waiting, 1)
+    assert result.error == Code.NOT_COORDINATOR
+    assert m._timer is None and not m._tasks
+    assert m.state(G) is None
+    again = await m.join(
+        JoinRequest(
+            G,
+            "",
+            None,
+            "consumer",
+            (("range", b"m"),),
+            10_000,
+            10_000,
+            requires_known_member_id=False,
+        )
+    )
+    assert again.error == Code.NOT_COORDINATOR
+    assert await m.heartbeat(G, "x", 1, None) == Code.NOT_COORDINATOR
+    m.loaded("other", GroupMetadataValue("consumer", 1, None, None, 0, ()))
+    assert m.state("other") is None and m._timer is None
+    d = await call(kafka(c), DESCRIBE_GROUPS, 6, groups=(G,), include_authorized_operations=False)
+    assert int(d.groups[0].error_code) == Code.NOT_COORDINATOR
+
+
+async def test_state_timestamp_is_when_the_group_entered_its_state() -> None:
+    c = StandInCoordinator()
+    m = c.membership
+    assert m.state_timestamp(G) is None
+    m.loaded("old", GroupMetadataValue("consumer", 1, None, None, -1, ()))
+    assert m.state_timestamp("old") is None  # a record without it
+    m.loaded("new", GroupMetadataValue("consumer", 1, None, None, 1234, ()))
+    assert m.state_timestamp("new") == 1234
+    h = kafka(c)
+    before = c.clock()
+    first = await call(h, JOIN_GROUP, 5, **join_fields())  # the group is made, Empty
+    assert int(first.error_code) == Code.MEMBER_ID_REQUIRED and m.state(G) == ("Empty", "")
+    ts = m.state_timestamp(G)
+    assert ts is not None and before <= ts <= c.clock()
+
+
+class _TooMuchWork(Exception):
+    pass
+
+
+async def test_loading_and_heartbeating_many_groups_is_linear_work() -> None:
+    """20,000 loaded groups and 20,000 heartbeats: Python calls counted (never timed), with a
+    budget per group; the quadratic re-arm (a scan of every group per change) blows it."""
+    c = StandInCoordinator()
+    m = c.membership
+    n = 20_000
+    values = [
+        GroupMetadataValue(
+            "consumer",
+            5,
+            "range",
+            f"m{i}",
+            0,
+            (MemberMetadata(f"m{i}", None, "c", "h", 30_000, 10_000, b"x", b"y"),),
+        )
+        for i in range(n)
+    ]
+    budget = 25 * 2 * n  # about 11 calls per load or heartbeat now
+    calls = 0
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        if event == "call":
+            calls += 1
+            if calls > budget:
+                raise _TooMuchWork
+
+    sys.setprofile(count)
+    try:
+        for i, v in enumerate(values):
+            m.loaded(f"g{i}", v)
+        await asyncio.sleep(0)  # the timer is armed once, after the load
+        for i in range(n):
+            assert await m.heartbeat(f"g{i}", f"m{i}", 5, None) == Code.NONE
+    except _TooMuchWork:
+        pytest.fail(f"more than {budget} calls")
+    finally:
+        sys.setprofile(None)
+    assert m._timer is not None and len(m.groups()) == n
+
+
+async def test_an_exception_in_the_timer_is_logged_and_the_timer_rearmed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    c = StandInCoordinator()
+    m = c.membership
+    m.loaded(
+        G,
+        GroupMetadataValue(
+            "consumer",
+            1,
+            "range",
+            "a",
+            0,
+            (MemberMetadata("a", None, "c", "h", 200, 200, b"", b""),),
+        ),
+    )
+    tick = m.core.tick
+    calls = 0
+
+    def failing_once(now: int) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("boom")
+        tick(now)
+
+    m.core.tick = failing_once  # type: ignore[method-assign]
+    await until(lambda: calls >= 1)
+    await until(lambda: m.state(G) == ("Empty", "consumer"))  # the session still expires
+    assert "group timer failed" in caplog.text
+
+
+async def test_join_v1_keeps_a_zero_rebalance_timeout() -> None:
+    c = StandInCoordinator()
+    h = kafka(c)
+    asked: list[JoinRequest] = []
+    real = c.membership.join
+
+    async def spy(request: JoinRequest) -> Any:
+        asked.append(request)
+        return await real(request)
+
+    c.membership.join = spy  # type: ignore[method-assign]
+    await call(h, JOIN_GROUP, 1, **join_fields(rebalance_timeout=0, session_timeout=10_000))
+    v0 = join_fields(session_timeout=7_000)
+    v0["group_id"] = "other"
+    await call(h, JOIN_GROUP, 0, **v0)
+    assert [(r.session_timeout, r.rebalance_timeout) for r in asked] == [
+        (10_000, 0),
+        (7_000, 7_000),  # v0: the session timeout
+    ]
+
+
+async def test_describe_a_group_with_only_committed_offsets_is_empty() -> None:
+    c = StandInCoordinator()
+    h = kafka(c)
+    c.offsets["simple"] = {("t", 0): object()}
+    for version in (0, 6):
+        r = await call(
+            h,
+            DESCRIBE_GROUPS,
+            version,
+            groups=("simple", "none"),
+            include_authorized_operations=False,
+        )
+        simple, none = r.groups
+        assert (int(simple.error_code), simple.group_state, simple.protocol_type) == (
+            0,
+            "Empty",
+            "",
+        )
+        assert simple.members == ()
+        assert none.group_state == "Dead"
+
+
+async def test_a_members_client_host_is_the_peer_as_kafka_writes_it() -> None:
+    c = StandInCoordinator()
+    h = kafka(c)
+    cls = codec.request_class(JOIN_GROUP, 1)
+    module = __import__(cls.__module__, fromlist=["_"])
+    fields = join_fields()
+    fields["protocols"] = (codec.make(module.JoinGroupRequestProtocol, name="range", metadata=b""),)
+    frame = request_bytes(JOIN_GROUP, 1, 7, codec.make(cls, **fields))
+    request = codec.parse_request(frame, SUPPORTED, "/10.1.2.3")
+    answer = await h.handle(request, None)  # the Kafka port: no principal
+    assert int(answer.error_code) == Code.NONE
+    d = await call(h, DESCRIBE_GROUPS, 0, groups=(G,), include_authorized_operations=False)
+    assert [m.client_host for m in d.groups[0].members] == ["/10.1.2.3"]
+
+
+async def test_loaded_drops_no_effect_waiting_delivery() -> None:
+    c = StandInCoordinator()
+    m = c.membership
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    m.core._effects.append(Reply(future, SyncResult(Code.NONE)))  # one not yet delivered
+    m.loaded(G, GroupMetadataValue("consumer", 1, None, None, 0, ()))
+    await asyncio.sleep(0)
+    assert future.done() and future.result() == SyncResult(Code.NONE)
