@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -221,6 +221,10 @@ class GroupCoordinator:
         self.group_values: dict[str, GroupMetadataValue] = {}
         self._creating: asyncio.Task[None] | None = None
         self._expiry: asyncio.Task[None] | None = None
+        # group -> [its lock, how many hold or wait for it]: each group's check -> append ->
+        # apply runs under it, so a commit, an expiry pass, a delete and a metadata store of
+        # one group never interleave around an append's await.
+        self._locks: dict[str, list[Any]] = {}
         self.membership: MembershipApi = (membership or _membership)(self, config)
         rm.role_listeners.append(self.on_role_output)
 
@@ -372,6 +376,21 @@ class GroupCoordinator:
 
     # -- writes --------------------------------------------------------------------------
 
+    @contextlib.asynccontextmanager
+    async def _group_lock(self, group_id: str) -> AsyncIterator[None]:
+        """Hold `group_id`'s lock: its writes and the table changes after them in order."""
+        entry = self._locks.get(group_id)
+        if entry is None:
+            entry = self._locks[group_id] = [asyncio.Lock(), 0]
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._locks[group_id]
+
     async def append(
         self, group_id: str, records: Sequence[tuple[bytes, bytes | None]]
     ) -> ErrorCode:
@@ -395,10 +414,12 @@ class GroupCoordinator:
 
     async def store_group(self, group_id: str, value: GroupMetadataValue | None) -> ErrorCode:
         key = encode_key(GroupMetadataKey(group_id))
-        code = await self.append(
-            group_id, [(key, None if value is None else encode_group_value(value))]
-        )
-        if code == ErrorCode.none:
+        async with self._group_lock(group_id):
+            code = await self.append(
+                group_id, [(key, None if value is None else encode_group_value(value))]
+            )
+            if code != ErrorCode.none:
+                return code
             if value is None:
                 self.group_values.pop(group_id, None)
             else:
@@ -418,9 +439,10 @@ class GroupCoordinator:
             )
             for (topic, partition), value in offsets.items()
         ]
-        code = await self.append(group_id, records)
-        if code == ErrorCode.none and self.check(group_id) == ErrorCode.none:
-            self.offsets.setdefault(group_id, {}).update(offsets)
+        async with self._group_lock(group_id):
+            code = await self.append(group_id, records)
+            if code == ErrorCode.none and self.check(group_id) == ErrorCode.none:
+                self.offsets.setdefault(group_id, {}).update(offsets)
         return code
 
     def committed(self, group_id: str) -> dict[tuple[str, int], OffsetCommitValue]:
@@ -438,15 +460,34 @@ class GroupCoordinator:
         state = self.membership.state(group_id)
         if state is None and group_id not in self.offsets and group_id not in self.group_values:
             return ErrorCode.group_id_not_found
-        code = self.membership.deletable(group_id)
-        if code != ErrorCode.none:
-            return code
-        code = await self.append(group_id, self._tombstones(group_id, self.committed(group_id)))
-        if code == ErrorCode.none:
-            self.offsets.pop(group_id, None)
+        async with self._group_lock(group_id):
+            # Under the lock: no commit of this group is between its append and its apply, so
+            # the tombstones cover every offset the table (and a reload) has.
+            code = self.membership.deletable(group_id)
+            if code != ErrorCode.none:
+                return code
+            tombstoned = list(self.committed(group_id))
+            code = await self.append(group_id, self._tombstones(group_id, tombstoned))
+            if code != ErrorCode.none:
+                return code
+            if self.check(group_id) != ErrorCode.none:
+                return ErrorCode.not_coordinator  # unloaded meanwhile: the tables went with it
+            self._forget_offsets(group_id, tombstoned)
             self.group_values.pop(group_id, None)
-            self.membership.delete(group_id)
+            # The group may have come back to life during the write (a JoinGroup): it stays.
+            code = self.membership.deletable(group_id)
+            if code == ErrorCode.none:
+                self.membership.delete(group_id)
         return code
+
+    def _forget_offsets(self, group_id: str, tps: Iterable[tuple[str, int]]) -> None:
+        kept = self.offsets.get(group_id)
+        if kept is None:
+            return
+        for tp in tps:
+            kept.pop(tp, None)
+        if not kept:
+            self.offsets.pop(group_id, None)
 
     def _tombstones(
         self, group_id: str, offsets: Iterable[tuple[str, int]], group: bool = True
@@ -476,46 +517,50 @@ class GroupCoordinator:
         now = self.clock()
         removed = 0
         for group_id in self.known_groups():
-            if self.check(group_id) != ErrorCode.none:
-                continue
-            state_pair = self.membership.state(group_id)
-            state = None if state_pair is None else state_pair[0]
-            value = self.group_values.get(group_id)
-            offsets = self.committed(group_id)
-            expired = expired_offsets(
-                offsets,
-                state,
-                value.current_state_timestamp if value is not None else -1,
-                self.config.offsets_retention_ms,
-                now,
-            )
-            # Offsets of partitions that no longer exist go too, whatever the group's state
-            # (Kafka removes them when a topic is deleted).
-            expired = sorted(set(expired) | set(self._deleted_partitions(offsets)))
-            # An Empty group left without offsets is deleted too (a simple-commit group that
-            # has a metadata record as well).
-            drop_group = (
-                state in (None, "Empty")
-                and len(expired) == len(offsets)
-                and (state is not None or group_id in self.group_values)
-            )
-            if not expired and not drop_group:
-                continue
-            records = self._tombstones(group_id, expired, group=drop_group)
-            if await self.append(group_id, records) != ErrorCode.none:
-                continue
-            kept = self.offsets.get(group_id, {})
-            for tp in expired:
-                kept.pop(tp, None)
-            removed += len(expired)
-            if not kept:
-                self.offsets.pop(group_id, None)
-            if drop_group:
-                self.group_values.pop(group_id, None)
-                if state is not None:
-                    self.membership.delete(group_id)
-            log.info("offsets_expired", group=group_id, partitions=len(expired), deleted=drop_group)
+            async with self._group_lock(group_id):
+                removed += await self._expire_group(group_id, now)
         return removed
+
+    async def _expire_group(self, group_id: str, now: int) -> int:
+        """One group's expiry, under its lock (its state read after any write in flight)."""
+        if self.check(group_id) != ErrorCode.none:
+            return 0
+        state_pair = self.membership.state(group_id)
+        state = None if state_pair is None else state_pair[0]
+        value = self.group_values.get(group_id)
+        offsets = self.committed(group_id)
+        expired = expired_offsets(
+            offsets,
+            state,
+            value.current_state_timestamp if value is not None else -1,
+            self.config.offsets_retention_ms,
+            now,
+        )
+        # Offsets of partitions that no longer exist go too, whatever the group's state
+        # (Kafka removes them when a topic is deleted).
+        expired = sorted(set(expired) | set(self._deleted_partitions(offsets)))
+        # An Empty group left without offsets is deleted too (a simple-commit group that
+        # has a metadata record as well).
+        drop_group = (
+            state in (None, "Empty")
+            and len(expired) == len(offsets)
+            and (state is not None or group_id in self.group_values)
+        )
+        if not expired and not drop_group:
+            return 0
+        records = self._tombstones(group_id, expired, group=drop_group)
+        if await self.append(group_id, records) != ErrorCode.none:
+            return 0
+        if self.check(group_id) != ErrorCode.none:
+            return 0  # unloaded meanwhile: the tables went with it
+        self._forget_offsets(group_id, expired)
+        if drop_group:
+            self.group_values.pop(group_id, None)
+            # Deleted only while still deletable: a JoinGroup during the write revived it.
+            if state is not None and self.membership.deletable(group_id) == ErrorCode.none:
+                self.membership.delete(group_id)
+        log.info("offsets_expired", group=group_id, partitions=len(expired), deleted=drop_group)
+        return len(expired)
 
     def _deleted_partitions(
         self, offsets: dict[tuple[str, int], OffsetCommitValue]

@@ -94,6 +94,9 @@ class FakeReplicaManager:
         self.produced: list[tuple[int, int, list[wire.ProducePartition]]] = []
         self.produce_error: ErrorCode = ErrorCode.NONE
         self.tasks: set[asyncio.Task[Any]] = set()
+        # When set: each produce appends at once, then waits for it before answering (the
+        # acks=all wait), so writes can overlap.
+        self.hold: asyncio.Event | None = None
 
     def create_offsets_topic(self, leader: int = 1) -> None:
         self.image.apply_record(TopicRecord(OFFSETS_TOPIC, OFFSETS_TOPIC_ID))
@@ -118,6 +121,8 @@ class FakeReplicaManager:
                 continue
             base = self.logs[p.partition].append(p.records)
             results.append(wire.ProduceResult(p.topic, p.partition, base_offset=base))
+        if self.hold is not None:
+            await self.hold.wait()
         return results
 
     def role(self, coordinator: GroupCoordinator, partition: int, role: Role) -> None:

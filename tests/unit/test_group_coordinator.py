@@ -4,6 +4,9 @@ become visible only once acknowledged, what a failed write answers, and offsets 
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 from kio.schema.errors import ErrorCode as KafkaError
 
@@ -274,3 +277,88 @@ async def test_offsets_of_deleted_topics_go_even_for_groups_with_members() -> No
     assert c.committed(g) == {("events", 0): OffsetCommitValue(1, "", 0)}
     last = list(iter_records(rm.produced[-1][2][0].records))
     assert [(r.key, r.value) for r in last] == [(encode_key(OffsetCommitKey(g, "events", 1)), None)]
+
+
+async def overlapped(rm: FakeReplicaManager, *coros: Any) -> list[Any]:
+    """Run the writes so that each appends before any is acknowledged (in the given order)."""
+    hold = rm.hold = asyncio.Event()
+    tasks = []
+    for coro in coros:
+        tasks.append(asyncio.ensure_future(coro))
+        for _ in range(5):
+            await asyncio.sleep(0)
+    hold.set()
+    rm.hold = None
+    return list(await asyncio.gather(*tasks))
+
+
+async def test_commit_overlapping_an_expiry_pass_survives() -> None:
+    rm = FakeReplicaManager()
+    rm.create_offsets_topic()
+    clock = Clock(0)
+    c, _ = coordinator(rm, clock, offsets_retention_ms=RETENTION)
+    await lead_all(rm, c)
+    g = group_in(1)
+    await c.commit_offsets(g, {("events", 0): OffsetCommitValue(1, "", 0)})
+    clock.now = 5000  # the old commit is due
+    fresh = OffsetCommitValue(500, "", 5000)
+    code, removed = await overlapped(
+        rm, c.commit_offsets(g, {("events", 0): fresh}), c.expire_once()
+    )
+    assert code == KafkaError.none and removed == 0
+    assert c.committed(g) == {("events", 0): fresh}  # the acknowledged commit is kept
+
+
+async def test_commit_overlapping_a_delete_is_tombstoned_too() -> None:
+    rm = FakeReplicaManager()
+    rm.create_offsets_topic()
+    c, _ = coordinator(rm)
+    await lead_all(rm, c)
+    g = group_in(1)
+    await c.commit_offsets(g, {("events", 0): OffsetCommitValue(1, "", 0)})
+    codes = await overlapped(
+        rm,
+        c.commit_offsets(g, {("events", 1): OffsetCommitValue(2, "", 0)}),
+        c.delete_group(g),
+    )
+    assert codes == [KafkaError.none, KafkaError.none]
+    assert c.committed(g) == {}
+    # And a reload agrees: no offset of the deleted group comes back.
+    c2, _ = coordinator(rm)
+    await lead_all(rm, c2)
+    assert c2.committed(g) == {}
+
+
+async def test_delete_spares_a_group_revived_during_the_write() -> None:
+    rm = FakeReplicaManager()
+    rm.create_offsets_topic()
+    c, membership = coordinator(rm)
+    await lead_all(rm, c)
+    g = group_in(1)
+    await c.store_group(g, GroupMetadataValue("consumer", 1, None, None, 0, ()))
+    membership.states[g] = ("Empty", "consumer")
+
+    async def join() -> None:
+        membership.states[g] = ("PreparingRebalance", "consumer")
+
+    code, _ = await overlapped(rm, c.delete_group(g), join())
+    assert code == KafkaError.non_empty_group
+    assert membership.deleted == [] and membership.state(g) is not None
+
+
+async def test_expiry_spares_a_group_revived_during_the_write() -> None:
+    rm = FakeReplicaManager()
+    rm.create_offsets_topic()
+    clock = Clock(0)
+    c, membership = coordinator(rm, clock, offsets_retention_ms=RETENTION)
+    await lead_all(rm, c)
+    g = group_in(1)
+    await c.store_group(g, GroupMetadataValue("consumer", 1, None, None, 0, ()))
+    membership.states[g] = ("Empty", "consumer")
+    clock.now = 5000
+
+    async def join() -> None:
+        membership.states[g] = ("PreparingRebalance", "consumer")
+
+    await overlapped(rm, c.expire_once(), join())
+    assert membership.deleted == [] and membership.state(g) is not None
