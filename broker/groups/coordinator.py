@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -139,6 +140,8 @@ class MembershipApi(Protocol):
     def deletable(self, group_id: str) -> ErrorCode: ...
     def delete(self, group_id: str) -> None: ...
     def groups(self) -> Iterable[str]: ...
+    def state_timestamp(self, group_id: str) -> int | None: ...
+    def stop(self) -> Awaitable[None] | None: ...
 
 
 def produce_error(code: int) -> ErrorCode:
@@ -246,6 +249,8 @@ class GroupCoordinator:
             return ErrorCode.invalid_group_id
         if self.rm.image.topic(OFFSETS_TOPIC) is None:
             return ErrorCode.coordinator_not_available
+        if self.rm.log_dir_failure is not None:
+            return ErrorCode.not_coordinator  # the data dir is offline: nothing is served here
         state = self.partitions.get(self.partition_for(group_id))
         if state == "loaded":
             return ErrorCode.none
@@ -321,7 +326,8 @@ class GroupCoordinator:
         if self.partitions.pop(p, None) is None:
             return
         n = self.num_partitions()
-        gone = [g for g in set(self.offsets) | set(self.group_values) if partition_for(g, n) == p]
+        names = set(self.offsets) | set(self.group_values) | set(self.membership.groups())
+        gone = sorted(g for g in names if partition_for(g, n) == p)
         for g in gone:
             self.offsets.pop(g, None)
             self.group_values.pop(g, None)
@@ -337,7 +343,10 @@ class GroupCoordinator:
             partition_log = self.rm.partitions[tp].log
             position = partition_log.log_start_offset
             while True:
-                if tp not in self.rm.partitions:
+                if tp not in self.rm.partitions:  # the replica went (or its dir failed)
+                    if self.partitions.get(p) == "loading":  # not unloaded: forget it here
+                        self._loads.pop(p, None)
+                        self.partitions.pop(p, None)
                     return
                 info = partition_log.read(position, LOAD_READ_BYTES)
                 if not info.records:  # the end (a read returns a batch while there is one)
@@ -418,8 +427,8 @@ class GroupCoordinator:
             code = await self.append(
                 group_id, [(key, None if value is None else encode_group_value(value))]
             )
-            if code != ErrorCode.none:
-                return code
+            if code != ErrorCode.none or self.check(group_id) != ErrorCode.none:
+                return code  # failed, or unloaded meanwhile (the table went with it)
             if value is None:
                 self.group_values.pop(group_id, None)
             else:
@@ -527,12 +536,17 @@ class GroupCoordinator:
             return 0
         state_pair = self.membership.state(group_id)
         state = None if state_pair is None else state_pair[0]
-        value = self.group_values.get(group_id)
+        # When the group entered its state: the live group's (its Empty record may have failed
+        # to write), else the stored one.
+        timestamp = None if state is None else self.membership.state_timestamp(group_id)
+        if timestamp is None:
+            value = self.group_values.get(group_id)
+            timestamp = value.current_state_timestamp if value is not None else -1
         offsets = self.committed(group_id)
         expired = expired_offsets(
             offsets,
             state,
-            value.current_state_timestamp if value is not None else -1,
+            timestamp,
             self.config.offsets_retention_ms,
             now,
         )
@@ -574,9 +588,19 @@ class GroupCoordinator:
         return gone
 
     async def stop(self) -> None:
-        for task in [*self._loads.values(), self._expiry, self._creating]:
-            if task is not None and not task.done():
+        """The membership first (its timers and waiters end, no more stores), then our own
+        loads, expiry and topic creation are cancelled and awaited."""
+        stopped = self.membership.stop()  # whether G2 made it a coroutine or not
+        if inspect.isawaitable(stopped):
+            await stopped
+        tasks = [t for t in [*self._loads.values(), self._expiry, self._creating] if t is not None]
+        for task in tasks:
+            if not task.done():
                 task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._loads.clear()
 
 
 def _apply_record(

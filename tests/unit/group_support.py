@@ -97,6 +97,7 @@ class FakeReplicaManager:
         # When set: each produce appends at once, then waits for it before answering (the
         # acks=all wait), so writes can overlap.
         self.hold: asyncio.Event | None = None
+        self.log_dir_failure: Any = None
 
     def create_offsets_topic(self, leader: int = 1) -> None:
         self.image.apply_record(TopicRecord(OFFSETS_TOPIC, OFFSETS_TOPIC_ID))
@@ -149,6 +150,8 @@ class StandInMembership:
         self.loaded_values: dict[str, GroupMetadataValue] = {}
         self.unloaded_groups: list[str] = []
         self.deleted: list[str] = []
+        self.timestamps: dict[str, int] = {}
+        self.stopped = False
 
     def loaded(self, group_id: str, value: GroupMetadataValue) -> None:
         self.loaded_values[group_id] = value
@@ -184,6 +187,12 @@ class StandInMembership:
 
     def groups(self) -> Iterable[str]:
         return list(self.states)
+
+    def state_timestamp(self, group_id: str) -> int | None:
+        return self.timestamps.get(group_id) if group_id in self.states else None
+
+    def stop(self) -> None:
+        self.stopped = True
 
 
 class Clock:

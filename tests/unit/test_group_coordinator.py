@@ -30,6 +30,7 @@ from minibroker.broker.groups.records import (
 from minibroker.broker.replication.events import Role
 from minibroker.client.errors import ErrorCode
 from minibroker.client.records import encode_batch, iter_records
+from minibroker.client.types import TopicPartition
 from tests.unit.group_support import (
     PARTITIONS,
     Clock,
@@ -362,3 +363,82 @@ async def test_expiry_spares_a_group_revived_during_the_write() -> None:
 
     await overlapped(rm, c.expire_once(), join())
     assert membership.deleted == [] and membership.state(g) is not None
+
+
+async def test_unload_tells_the_membership_of_groups_it_alone_has() -> None:
+    rm = FakeReplicaManager()
+    rm.create_offsets_topic()
+    c, membership = coordinator(rm)
+    await lead_all(rm, c)
+    g = group_in(1)
+    membership.states[g] = ("PreparingRebalance", "consumer")  # joining, nothing stored yet
+    rm.role(c, 1, Role.FOLLOWER)
+    assert membership.unloaded_groups == [g]
+
+
+async def test_empty_group_expiry_counts_from_the_live_state_timestamp() -> None:
+    rm = FakeReplicaManager()
+    rm.create_offsets_topic()
+    clock = Clock(0)
+    c, membership = coordinator(rm, clock, offsets_retention_ms=RETENTION)
+    await lead_all(rm, c)
+    g = group_in(1)
+    await c.commit_offsets(g, {("events", 0): OffsetCommitValue(1, "", 0)})
+    # Stored as Stable long ago; it became Empty at 10000 but that record failed to write.
+    await c.store_group(g, GroupMetadataValue("consumer", 1, None, None, 0, ()))
+    membership.states[g] = ("Empty", "consumer")
+    membership.timestamps[g] = 10000
+    clock.now = 10500
+    assert await c.expire_once() == 0
+    clock.now = 11000
+    assert await c.expire_once() == 1
+
+
+async def test_failed_data_dir_is_not_coordinated_and_an_abandoned_load_is_forgotten() -> None:
+    rm = FakeReplicaManager()
+    rm.create_offsets_topic()
+    c, _ = coordinator(rm)
+    await lead_all(rm, c)
+    g = group_in(1)
+    assert c.check(g) == KafkaError.none
+    rm.log_dir_failure = object()
+    assert c.check(g) == KafkaError.not_coordinator
+    rm.log_dir_failure = None
+    # A load that finds its replica gone stops and leaves no "loading" partition behind.
+    await c.commit_offsets(g, {("events", 0): OffsetCommitValue(1, "", 0)})
+    await c.commit_offsets(g, {("events", 0): OffsetCommitValue(2, "", 0)})
+    rm.role(c, 1, Role.FOLLOWER)
+    rm.role(c, 1, Role.LEADER)
+    await asyncio.sleep(0)  # the load read its first batch
+    assert c.partitions[1] == "loading"
+    del rm.partitions[TopicPartition(OFFSETS_TOPIC, 1)]
+    await settle(c)
+    assert 1 not in c.partitions and 1 not in c._loads
+    assert c.check(g) == KafkaError.not_coordinator
+
+
+async def test_store_group_acknowledged_after_an_unload_is_not_kept() -> None:
+    rm = FakeReplicaManager()
+    rm.create_offsets_topic()
+    c, _ = coordinator(rm)
+    await lead_all(rm, c)
+    g = group_in(1)
+
+    async def unload() -> None:
+        rm.role(c, 1, Role.FOLLOWER)
+
+    await overlapped(
+        rm, c.store_group(g, GroupMetadataValue("consumer", 1, None, None, 0, ())), unload()
+    )
+    assert g not in c.group_values
+
+
+async def test_stop_stops_the_membership_and_the_tasks() -> None:
+    rm = FakeReplicaManager()
+    rm.create_offsets_topic()
+    c, membership = coordinator(rm)
+    await lead_all(rm, c)
+    expiry = c._expiry
+    assert expiry is not None and not expiry.done()
+    await c.stop()
+    assert membership.stopped and expiry.done()
