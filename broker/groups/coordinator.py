@@ -65,6 +65,9 @@ log = get_logger("minibroker.broker.groups")
 OFFSETS_TOPIC = "__consumer_offsets"
 # How much of a partition one read of the load takes (the loop runs other work in between).
 LOAD_READ_BYTES = 1 << 20
+# The first wait before a failed load is tried again, and the longest (doubling between).
+LOAD_RETRY_S = 0.5
+LOAD_RETRY_MAX_S = 30.0
 # How long the creation of __consumer_offsets may wait for the controller.
 CREATE_TIMEOUT_MS = 30000
 
@@ -334,7 +337,9 @@ class GroupCoordinator:
         self.membership.unloaded(gone)
         log.info("offsets_partition_unloaded", partition=p, groups=len(gone))
 
-    async def _load(self, p: int) -> None:
+    async def _load(self, p: int, delay: float = 0.0) -> None:
+        if delay:
+            await asyncio.sleep(delay)  # a retry (cancelled by an unload)
         tp = TopicPartition(OFFSETS_TOPIC, p)
         offsets: dict[str, dict[tuple[str, int], OffsetCommitValue]] = {}
         groups: dict[str, GroupMetadataValue | None] = {}
@@ -363,9 +368,13 @@ class GroupCoordinator:
                 await asyncio.sleep(0)
         except asyncio.CancelledError:
             raise
-        except Exception as err:  # a damaged partition: not coordinated here
-            log.error("offsets_partition_load_failed", partition=p, error=str(err))
-            self.partitions.pop(p, None)
+        except Exception as err:  # a damaged read: tried again later, loading meanwhile
+            retry = min(max(2 * delay, LOAD_RETRY_S), LOAD_RETRY_MAX_S)
+            log.error("offsets_partition_load_failed", partition=p, error=str(err), retry_s=retry)
+            if self.partitions.get(p) == "loading":
+                self._loads[p] = self.rm.spawn(self._load(p, retry), f"load-offsets-{p}")
+            else:
+                self._loads.pop(p, None)
             return
         if self.partitions.get(p) != "loading":
             return
@@ -518,8 +527,10 @@ class GroupCoordinator:
     async def _expiry_loop(self) -> None:
         while self.partitions:
             await asyncio.sleep(self.config.offsets_retention_check_interval_ms / 1000)
-            with contextlib.suppress(Exception):
+            try:
                 await self.expire_once()
+            except Exception as err:  # the next pass tries again
+                log.error("offsets_expiry_failed", error=repr(err), exc_info=True)
 
     async def expire_once(self) -> int:
         """One expiry pass over the loaded groups; the number of offsets removed."""

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode as KafkaError
 
+from minibroker.broker.groups import coordinator as coordinator_module
 from minibroker.broker.groups.coordinator import (
     OFFSETS_TOPIC,
     expired_offsets,
@@ -442,3 +443,65 @@ async def test_stop_stops_the_membership_and_the_tasks() -> None:
     assert expiry is not None and not expiry.done()
     await c.stop()
     assert membership.stopped and expiry.done()
+
+
+async def test_a_failed_load_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(coordinator_module, "LOAD_RETRY_S", 0.001)
+    rm = FakeReplicaManager()
+    rm.create_offsets_topic()
+    c, _ = coordinator(rm)
+    g = group_in(1)
+    rm.logs[1].append(
+        encode_batch(
+            [
+                (
+                    0,
+                    encode_key(OffsetCommitKey(g, "events", 0)),
+                    encode_offset_value(OffsetCommitValue(7, "", 0), 3),
+                    (),
+                )
+            ]
+        )
+    )
+    read, failures = rm.logs[1].read, [OSError("damaged")]
+
+    def flaky(offset: int, max_bytes: int) -> Any:
+        if failures:
+            raise failures.pop()
+        return read(offset, max_bytes)
+
+    monkeypatch.setattr(rm.logs[1], "read", flaky)
+    rm.role(c, 1, Role.LEADER)
+    for _ in range(200):
+        if c.partitions.get(1) == "loaded":
+            break
+        await asyncio.sleep(0.001)
+    assert c.check(g) == KafkaError.none and c.committed(g)[("events", 0)].offset == 7
+    assert 1 not in c._loads
+
+
+async def test_the_expiry_loop_logs_a_failed_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    rm = FakeReplicaManager()
+    rm.create_offsets_topic()
+    c, _ = coordinator(rm, offsets_retention_check_interval_ms=1)
+    logged: list[str] = []
+
+    class Log:
+        def error(self, event: str, **kw: Any) -> None:
+            logged.append(event)
+
+        def __getattr__(self, name: str) -> Any:
+            return lambda *a, **k: None
+
+    async def boom() -> int:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(coordinator_module, "log", Log())
+    monkeypatch.setattr(c, "expire_once", boom)
+    await lead_all(rm, c)
+    for _ in range(100):
+        if logged:
+            break
+        await asyncio.sleep(0.002)
+    assert "offsets_expiry_failed" in logged
+    await c.stop()
