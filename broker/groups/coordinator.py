@@ -169,6 +169,30 @@ def produce_error(code: int) -> ErrorCode:
     return ErrorCode.unknown_server_error
 
 
+def group_write_error(code: int) -> ErrorCode:
+    """A failed group-metadata append's code (Kafka's appendGroupMetadataErrorToResponseError):
+    not the offset commits' mapping, and codes it does not name are passed through."""
+    if code in (
+        ErrorCode.unknown_topic_or_partition,
+        ErrorCode.not_enough_replicas,
+        ErrorCode.not_enough_replicas_after_append,
+        ErrorCode.request_timed_out,
+    ):
+        return ErrorCode.coordinator_not_available
+    if code in (ErrorCode.not_leader_or_follower, ErrorCode.kafka_storage_error):
+        return ErrorCode.not_coordinator
+    if code in (
+        ErrorCode.message_too_large,
+        ErrorCode.record_list_too_large,
+        ErrorCode.invalid_fetch_size,
+    ):
+        return ErrorCode.unknown_server_error
+    try:
+        return ErrorCode(code)
+    except ValueError:
+        return ErrorCode.unknown_server_error
+
+
 def expired_offsets(
     offsets: dict[tuple[str, int], OffsetCommitValue],
     state: str | None,
@@ -410,9 +434,13 @@ class GroupCoordinator:
                 del self._locks[group_id]
 
     async def append(
-        self, group_id: str, records: Sequence[tuple[bytes, bytes | None]]
+        self,
+        group_id: str,
+        records: Sequence[tuple[bytes, bytes | None]],
+        errors: Callable[[int], ErrorCode] = produce_error,
     ) -> ErrorCode:
-        """Append key/value records to the group's partition with acks=all."""
+        """Append key/value records to the group's partition with acks=all; a failure's code
+        as `errors` maps it (the offset commits' mapping unless told)."""
         now = self.clock()
         batch = encode_batch([(now, key, value, ()) for key, value in records])
         results = await self.rm.produce(
@@ -420,7 +448,7 @@ class GroupCoordinator:
             self.config.offsets_commit_timeout_ms,
             [wire.ProducePartition(OFFSETS_TOPIC, self.partition_for(group_id), batch)],
         )
-        code = produce_error(int(results[0].error)) if results else ErrorCode.unknown_server_error
+        code = errors(int(results[0].error)) if results else ErrorCode.unknown_server_error
         if code != ErrorCode.none:
             log.warning(
                 "group_write_failed",
@@ -434,7 +462,9 @@ class GroupCoordinator:
         key = encode_key(GroupMetadataKey(group_id))
         async with self._group_lock(group_id):
             code = await self.append(
-                group_id, [(key, None if value is None else encode_group_value(value))]
+                group_id,
+                [(key, None if value is None else encode_group_value(value))],
+                group_write_error,
             )
             if code != ErrorCode.none or self.check(group_id) != ErrorCode.none:
                 return code  # failed, or unloaded meanwhile (the table went with it)

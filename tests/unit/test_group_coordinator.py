@@ -14,6 +14,7 @@ from minibroker.broker.groups import coordinator as coordinator_module
 from minibroker.broker.groups.coordinator import (
     OFFSETS_TOPIC,
     expired_offsets,
+    group_write_error,
     java_string_hash,
     partition_for,
     produce_error,
@@ -505,3 +506,26 @@ async def test_the_expiry_loop_logs_a_failed_pass(monkeypatch: pytest.MonkeyPatc
         await asyncio.sleep(0.002)
     assert "offsets_expiry_failed" in logged
     await c.stop()
+
+
+def test_group_metadata_write_errors_map_as_kafkas() -> None:
+    assert group_write_error(ErrorCode.MESSAGE_TOO_LARGE) == KafkaError.unknown_server_error
+    assert group_write_error(ErrorCode.RECORD_LIST_TOO_LARGE) == KafkaError.unknown_server_error
+    assert group_write_error(ErrorCode.NOT_LEADER_OR_FOLLOWER) == KafkaError.not_coordinator
+    assert group_write_error(ErrorCode.REQUEST_TIMED_OUT) == KafkaError.coordinator_not_available
+    assert group_write_error(ErrorCode.NOT_ENOUGH_REPLICAS) == KafkaError.coordinator_not_available
+    assert group_write_error(ErrorCode.CORRUPT_MESSAGE) == KafkaError.corrupt_message
+
+
+async def test_store_group_answers_the_group_metadata_mapping() -> None:
+    rm = FakeReplicaManager()
+    rm.create_offsets_topic()
+    c, _ = coordinator(rm)
+    await lead_all(rm, c)
+    rm.produce_error = ErrorCode.MESSAGE_TOO_LARGE
+    value = GroupMetadataValue("consumer", 1, None, None, 0, ())
+    assert await c.store_group(group_in(1), value) == KafkaError.unknown_server_error
+    g = group_in(2)
+    assert await c.commit_offsets(g, {("events", 0): OffsetCommitValue(1, "", 0)}) == (
+        KafkaError.invalid_commit_offset_size
+    )
