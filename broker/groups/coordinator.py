@@ -68,8 +68,15 @@ LOAD_READ_BYTES = 1 << 20
 # The first wait before a failed load is tried again, and the longest (doubling between).
 LOAD_RETRY_S = 0.5
 LOAD_RETRY_MAX_S = 30.0
+# The longest string a record's field holds (a Kafka string: int16 length of UTF-8 bytes).
+MAX_STRING_BYTES = 32767
 # How long the creation of __consumer_offsets may wait for the controller.
 CREATE_TIMEOUT_MS = 30000
+
+
+def utf16_length(text: str) -> int:
+    """Java's String.length(): UTF-16 code units (a character beyond the BMP counts two)."""
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
 def java_string_hash(text: str) -> int:
@@ -272,8 +279,8 @@ class GroupCoordinator:
 
     def check(self, group_id: str) -> ErrorCode:
         """Whether this broker coordinates `group_id` now."""
-        if not group_id:
-            return ErrorCode.invalid_group_id
+        if not group_id or len(group_id.encode("utf-8", "surrogatepass")) > MAX_STRING_BYTES:
+            return ErrorCode.invalid_group_id  # a longer one could not be written
         if self.rm.image.topic(OFFSETS_TOPIC) is None:
             return ErrorCode.coordinator_not_available
         if self.rm.log_dir_failure is not None:

@@ -529,3 +529,21 @@ async def test_store_group_answers_the_group_metadata_mapping() -> None:
     assert await c.commit_offsets(g, {("events", 0): OffsetCommitValue(1, "", 0)}) == (
         KafkaError.invalid_commit_offset_size
     )
+
+
+def test_offset_metadata_max_bytes_is_capped_at_what_a_record_holds(tmp_path: Any) -> None:
+    from minibroker.broker.config import build_config
+    from minibroker.client.common.config import ConfigError
+
+    base = {"node.id": 1, "log.dirs": str(tmp_path)}
+    assert build_config({**base, "offset.metadata.max.bytes": 32767})
+    with pytest.raises(ConfigError, match=r"offset\.metadata\.max\.bytes"):
+        build_config({**base, "offset.metadata.max.bytes": 32768})
+
+
+def test_a_group_id_longer_than_a_record_holds_is_invalid() -> None:
+    rm = FakeReplicaManager()
+    rm.create_offsets_topic()
+    c, _ = coordinator(rm)
+    assert c.check("\u00e9" * 16384) == KafkaError.invalid_group_id  # 32768 UTF-8 bytes
+    assert c.check("\u00e9" * 16383) == KafkaError.not_coordinator
