@@ -262,16 +262,22 @@ class GroupCoordinator:
         # apply runs under it, so a commit, an expiry pass, a delete and a metadata store of
         # one group never interleave around an append's await.
         self._locks: dict[str, list[Any]] = {}
+        self._partition_count: int | None = None  # __consumer_offsets' once first seen
         self.membership: MembershipApi = (membership or _membership)(self, config)
         rm.role_listeners.append(self.on_role_output)
 
     # -- where groups live ---------------------------------------------------------------
 
     def num_partitions(self) -> int:
-        """The partitions __consumer_offsets has (the config until it exists)."""
+        """The partitions __consumer_offsets has (the config until it exists), fixed when this
+        coordinator first sees the topic, as Kafka fixes it at startup: groups never move
+        between partitions under their members."""
+        if self._partition_count is not None:
+            return self._partition_count
         topic = self.rm.image.topic(OFFSETS_TOPIC)
         if topic is not None and topic.partitions:
-            return len(topic.partitions)
+            self._partition_count = len(topic.partitions)
+            return self._partition_count
         return self.config.offsets_topic_num_partitions
 
     def partition_for(self, group_id: str) -> int:

@@ -33,7 +33,9 @@ from minibroker.broker.replication.events import Role
 from minibroker.client.errors import ErrorCode
 from minibroker.client.records import encode_batch, iter_records
 from minibroker.client.types import TopicPartition
+from minibroker.metadata.records import PartitionRecord
 from tests.unit.group_support import (
+    OFFSETS_TOPIC_ID,
     PARTITIONS,
     Clock,
     FakeReplicaManager,
@@ -547,3 +549,13 @@ def test_a_group_id_longer_than_a_record_holds_is_invalid() -> None:
     c, _ = coordinator(rm)
     assert c.check("\u00e9" * 16384) == KafkaError.invalid_group_id  # 32768 UTF-8 bytes
     assert c.check("\u00e9" * 16383) == KafkaError.not_coordinator
+
+
+async def test_the_partition_count_is_fixed_when_first_seen() -> None:
+    rm = FakeReplicaManager()
+    c, _ = coordinator(rm)
+    rm.create_offsets_topic()
+    assert c.num_partitions() == PARTITIONS
+    # A partition added later (CreatePartitions) does not move the groups.
+    rm.image.apply_record(PartitionRecord(OFFSETS_TOPIC_ID, PARTITIONS, (1, 2), (1, 2), 1, 1, 1))
+    assert c.num_partitions() == PARTITIONS
