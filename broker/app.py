@@ -269,12 +269,14 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
                 await task
         if kafka is not None:
             await kafka.stop()
+        # The gRPC server before the replica manager: its calls in flight (fetches, admin)
+        # end while the replicas still answer them.
+        await server.stop(grace=1.0)
         await coordinator.stop()
         # Before the logs close: every round aborted, the threads joined while this loop
         # still answers them.
         await rm.cleaner.stop()
         await rm.stop()
-        await server.stop(grace=1.0)
         await link.close()
         if faults is not None:
             faults.close()

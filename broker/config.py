@@ -17,6 +17,7 @@ from minibroker.client.common.config import (
     ConfigError,
     ConfigKey,
     at_least,
+    between,
     parse_problem,
     resolve,
 )
@@ -134,8 +135,9 @@ GROUP_KEYS: tuple[ConfigKey, ...] = (
         "offset.metadata.max.bytes",
         int,
         4096,
-        "the longest metadata string an offset commit may carry",
-        at_least(0),
+        "the longest metadata string an offset commit may carry (at most 32767: the record's "
+        "string field holds no more)",
+        between(0, 32767),
     ),
 )
 

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable, Sequence
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -64,8 +65,18 @@ log = get_logger("minibroker.broker.groups")
 OFFSETS_TOPIC = "__consumer_offsets"
 # How much of a partition one read of the load takes (the loop runs other work in between).
 LOAD_READ_BYTES = 1 << 20
+# The first wait before a failed load is tried again, and the longest (doubling between).
+LOAD_RETRY_S = 0.5
+LOAD_RETRY_MAX_S = 30.0
+# The longest string a record's field holds (a Kafka string: int16 length of UTF-8 bytes).
+MAX_STRING_BYTES = 32767
 # How long the creation of __consumer_offsets may wait for the controller.
 CREATE_TIMEOUT_MS = 30000
+
+
+def utf16_length(text: str) -> int:
+    """Java's String.length(): UTF-16 code units (a character beyond the BMP counts two)."""
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
 def java_string_hash(text: str) -> int:
@@ -139,6 +150,8 @@ class MembershipApi(Protocol):
     def deletable(self, group_id: str) -> ErrorCode: ...
     def delete(self, group_id: str) -> None: ...
     def groups(self) -> Iterable[str]: ...
+    def state_timestamp(self, group_id: str) -> int | None: ...
+    def stop(self) -> Awaitable[None] | None: ...
 
 
 def produce_error(code: int) -> ErrorCode:
@@ -161,6 +174,30 @@ def produce_error(code: int) -> ErrorCode:
     ):
         return ErrorCode.invalid_commit_offset_size
     return ErrorCode.unknown_server_error
+
+
+def group_write_error(code: int) -> ErrorCode:
+    """A failed group-metadata append's code (Kafka's appendGroupMetadataErrorToResponseError):
+    not the offset commits' mapping, and codes it does not name are passed through."""
+    if code in (
+        ErrorCode.unknown_topic_or_partition,
+        ErrorCode.not_enough_replicas,
+        ErrorCode.not_enough_replicas_after_append,
+        ErrorCode.request_timed_out,
+    ):
+        return ErrorCode.coordinator_not_available
+    if code in (ErrorCode.not_leader_or_follower, ErrorCode.kafka_storage_error):
+        return ErrorCode.not_coordinator
+    if code in (
+        ErrorCode.message_too_large,
+        ErrorCode.record_list_too_large,
+        ErrorCode.invalid_fetch_size,
+    ):
+        return ErrorCode.unknown_server_error
+    try:
+        return ErrorCode(code)
+    except ValueError:
+        return ErrorCode.unknown_server_error
 
 
 def expired_offsets(
@@ -221,16 +258,26 @@ class GroupCoordinator:
         self.group_values: dict[str, GroupMetadataValue] = {}
         self._creating: asyncio.Task[None] | None = None
         self._expiry: asyncio.Task[None] | None = None
+        # group -> [its lock, how many hold or wait for it]: each group's check -> append ->
+        # apply runs under it, so a commit, an expiry pass, a delete and a metadata store of
+        # one group never interleave around an append's await.
+        self._locks: dict[str, list[Any]] = {}
+        self._partition_count: int | None = None  # __consumer_offsets' once first seen
         self.membership: MembershipApi = (membership or _membership)(self, config)
         rm.role_listeners.append(self.on_role_output)
 
     # -- where groups live ---------------------------------------------------------------
 
     def num_partitions(self) -> int:
-        """The partitions __consumer_offsets has (the config until it exists)."""
+        """The partitions __consumer_offsets has (the config until it exists), fixed when this
+        coordinator first sees the topic, as Kafka fixes it at startup: groups never move
+        between partitions under their members."""
+        if self._partition_count is not None:
+            return self._partition_count
         topic = self.rm.image.topic(OFFSETS_TOPIC)
         if topic is not None and topic.partitions:
-            return len(topic.partitions)
+            self._partition_count = len(topic.partitions)
+            return self._partition_count
         return self.config.offsets_topic_num_partitions
 
     def partition_for(self, group_id: str) -> int:
@@ -238,10 +285,12 @@ class GroupCoordinator:
 
     def check(self, group_id: str) -> ErrorCode:
         """Whether this broker coordinates `group_id` now."""
-        if not group_id:
-            return ErrorCode.invalid_group_id
+        if not group_id or len(group_id.encode("utf-8", "surrogatepass")) > MAX_STRING_BYTES:
+            return ErrorCode.invalid_group_id  # a longer one could not be written
         if self.rm.image.topic(OFFSETS_TOPIC) is None:
             return ErrorCode.coordinator_not_available
+        if self.rm.log_dir_failure is not None:
+            return ErrorCode.not_coordinator  # the data dir is offline: nothing is served here
         state = self.partitions.get(self.partition_for(group_id))
         if state == "loaded":
             return ErrorCode.none
@@ -317,14 +366,17 @@ class GroupCoordinator:
         if self.partitions.pop(p, None) is None:
             return
         n = self.num_partitions()
-        gone = [g for g in set(self.offsets) | set(self.group_values) if partition_for(g, n) == p]
+        names = set(self.offsets) | set(self.group_values) | set(self.membership.groups())
+        gone = sorted(g for g in names if partition_for(g, n) == p)
         for g in gone:
             self.offsets.pop(g, None)
             self.group_values.pop(g, None)
         self.membership.unloaded(gone)
         log.info("offsets_partition_unloaded", partition=p, groups=len(gone))
 
-    async def _load(self, p: int) -> None:
+    async def _load(self, p: int, delay: float = 0.0) -> None:
+        if delay:
+            await asyncio.sleep(delay)  # a retry (cancelled by an unload)
         tp = TopicPartition(OFFSETS_TOPIC, p)
         offsets: dict[str, dict[tuple[str, int], OffsetCommitValue]] = {}
         groups: dict[str, GroupMetadataValue | None] = {}
@@ -333,7 +385,10 @@ class GroupCoordinator:
             partition_log = self.rm.partitions[tp].log
             position = partition_log.log_start_offset
             while True:
-                if tp not in self.rm.partitions:
+                if tp not in self.rm.partitions:  # the replica went (or its dir failed)
+                    if self.partitions.get(p) == "loading":  # not unloaded: forget it here
+                        self._loads.pop(p, None)
+                        self.partitions.pop(p, None)
                     return
                 info = partition_log.read(position, LOAD_READ_BYTES)
                 if not info.records:  # the end (a read returns a batch while there is one)
@@ -350,9 +405,13 @@ class GroupCoordinator:
                 await asyncio.sleep(0)
         except asyncio.CancelledError:
             raise
-        except Exception as err:  # a damaged partition: not coordinated here
-            log.error("offsets_partition_load_failed", partition=p, error=str(err))
-            self.partitions.pop(p, None)
+        except Exception as err:  # a damaged read: tried again later, loading meanwhile
+            retry = min(max(2 * delay, LOAD_RETRY_S), LOAD_RETRY_MAX_S)
+            log.error("offsets_partition_load_failed", partition=p, error=str(err), retry_s=retry)
+            if self.partitions.get(p) == "loading":
+                self._loads[p] = self.rm.spawn(self._load(p, retry), f"load-offsets-{p}")
+            else:
+                self._loads.pop(p, None)
             return
         if self.partitions.get(p) != "loading":
             return
@@ -372,10 +431,29 @@ class GroupCoordinator:
 
     # -- writes --------------------------------------------------------------------------
 
+    @contextlib.asynccontextmanager
+    async def _group_lock(self, group_id: str) -> AsyncIterator[None]:
+        """Hold `group_id`'s lock: its writes and the table changes after them in order."""
+        entry = self._locks.get(group_id)
+        if entry is None:
+            entry = self._locks[group_id] = [asyncio.Lock(), 0]
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._locks[group_id]
+
     async def append(
-        self, group_id: str, records: Sequence[tuple[bytes, bytes | None]]
+        self,
+        group_id: str,
+        records: Sequence[tuple[bytes, bytes | None]],
+        errors: Callable[[int], ErrorCode] = produce_error,
     ) -> ErrorCode:
-        """Append key/value records to the group's partition with acks=all."""
+        """Append key/value records to the group's partition with acks=all; a failure's code
+        as `errors` maps it (the offset commits' mapping unless told)."""
         now = self.clock()
         batch = encode_batch([(now, key, value, ()) for key, value in records])
         results = await self.rm.produce(
@@ -383,7 +461,7 @@ class GroupCoordinator:
             self.config.offsets_commit_timeout_ms,
             [wire.ProducePartition(OFFSETS_TOPIC, self.partition_for(group_id), batch)],
         )
-        code = produce_error(int(results[0].error)) if results else ErrorCode.unknown_server_error
+        code = errors(int(results[0].error)) if results else ErrorCode.unknown_server_error
         if code != ErrorCode.none:
             log.warning(
                 "group_write_failed",
@@ -395,10 +473,14 @@ class GroupCoordinator:
 
     async def store_group(self, group_id: str, value: GroupMetadataValue | None) -> ErrorCode:
         key = encode_key(GroupMetadataKey(group_id))
-        code = await self.append(
-            group_id, [(key, None if value is None else encode_group_value(value))]
-        )
-        if code == ErrorCode.none:
+        async with self._group_lock(group_id):
+            code = await self.append(
+                group_id,
+                [(key, None if value is None else encode_group_value(value))],
+                group_write_error,
+            )
+            if code != ErrorCode.none or self.check(group_id) != ErrorCode.none:
+                return code  # failed, or unloaded meanwhile (the table went with it)
             if value is None:
                 self.group_values.pop(group_id, None)
             else:
@@ -418,9 +500,10 @@ class GroupCoordinator:
             )
             for (topic, partition), value in offsets.items()
         ]
-        code = await self.append(group_id, records)
-        if code == ErrorCode.none and self.check(group_id) == ErrorCode.none:
-            self.offsets.setdefault(group_id, {}).update(offsets)
+        async with self._group_lock(group_id):
+            code = await self.append(group_id, records)
+            if code == ErrorCode.none and self.check(group_id) == ErrorCode.none:
+                self.offsets.setdefault(group_id, {}).update(offsets)
         return code
 
     def committed(self, group_id: str) -> dict[tuple[str, int], OffsetCommitValue]:
@@ -438,15 +521,34 @@ class GroupCoordinator:
         state = self.membership.state(group_id)
         if state is None and group_id not in self.offsets and group_id not in self.group_values:
             return ErrorCode.group_id_not_found
-        code = self.membership.deletable(group_id)
-        if code != ErrorCode.none:
-            return code
-        code = await self.append(group_id, self._tombstones(group_id, self.committed(group_id)))
-        if code == ErrorCode.none:
-            self.offsets.pop(group_id, None)
+        async with self._group_lock(group_id):
+            # Under the lock: no commit of this group is between its append and its apply, so
+            # the tombstones cover every offset the table (and a reload) has.
+            code = self.membership.deletable(group_id)
+            if code != ErrorCode.none:
+                return code
+            tombstoned = list(self.committed(group_id))
+            code = await self.append(group_id, self._tombstones(group_id, tombstoned))
+            if code != ErrorCode.none:
+                return code
+            if self.check(group_id) != ErrorCode.none:
+                return ErrorCode.not_coordinator  # unloaded meanwhile: the tables went with it
+            self._forget_offsets(group_id, tombstoned)
             self.group_values.pop(group_id, None)
-            self.membership.delete(group_id)
+            # The group may have come back to life during the write (a JoinGroup): it stays.
+            code = self.membership.deletable(group_id)
+            if code == ErrorCode.none:
+                self.membership.delete(group_id)
         return code
+
+    def _forget_offsets(self, group_id: str, tps: Iterable[tuple[str, int]]) -> None:
+        kept = self.offsets.get(group_id)
+        if kept is None:
+            return
+        for tp in tps:
+            kept.pop(tp, None)
+        if not kept:
+            self.offsets.pop(group_id, None)
 
     def _tombstones(
         self, group_id: str, offsets: Iterable[tuple[str, int]], group: bool = True
@@ -468,54 +570,65 @@ class GroupCoordinator:
     async def _expiry_loop(self) -> None:
         while self.partitions:
             await asyncio.sleep(self.config.offsets_retention_check_interval_ms / 1000)
-            with contextlib.suppress(Exception):
+            try:
                 await self.expire_once()
+            except Exception as err:  # the next pass tries again
+                log.error("offsets_expiry_failed", error=repr(err), exc_info=True)
 
     async def expire_once(self) -> int:
         """One expiry pass over the loaded groups; the number of offsets removed."""
         now = self.clock()
         removed = 0
         for group_id in self.known_groups():
-            if self.check(group_id) != ErrorCode.none:
-                continue
-            state_pair = self.membership.state(group_id)
-            state = None if state_pair is None else state_pair[0]
-            value = self.group_values.get(group_id)
-            offsets = self.committed(group_id)
-            expired = expired_offsets(
-                offsets,
-                state,
-                value.current_state_timestamp if value is not None else -1,
-                self.config.offsets_retention_ms,
-                now,
-            )
-            # Offsets of partitions that no longer exist go too, whatever the group's state
-            # (Kafka removes them when a topic is deleted).
-            expired = sorted(set(expired) | set(self._deleted_partitions(offsets)))
-            # An Empty group left without offsets is deleted too (a simple-commit group that
-            # has a metadata record as well).
-            drop_group = (
-                state in (None, "Empty")
-                and len(expired) == len(offsets)
-                and (state is not None or group_id in self.group_values)
-            )
-            if not expired and not drop_group:
-                continue
-            records = self._tombstones(group_id, expired, group=drop_group)
-            if await self.append(group_id, records) != ErrorCode.none:
-                continue
-            kept = self.offsets.get(group_id, {})
-            for tp in expired:
-                kept.pop(tp, None)
-            removed += len(expired)
-            if not kept:
-                self.offsets.pop(group_id, None)
-            if drop_group:
-                self.group_values.pop(group_id, None)
-                if state is not None:
-                    self.membership.delete(group_id)
-            log.info("offsets_expired", group=group_id, partitions=len(expired), deleted=drop_group)
+            async with self._group_lock(group_id):
+                removed += await self._expire_group(group_id, now)
         return removed
+
+    async def _expire_group(self, group_id: str, now: int) -> int:
+        """One group's expiry, under its lock (its state read after any write in flight)."""
+        if self.check(group_id) != ErrorCode.none:
+            return 0
+        state_pair = self.membership.state(group_id)
+        state = None if state_pair is None else state_pair[0]
+        # When the group entered its state: the live group's (its Empty record may have failed
+        # to write), else the stored one.
+        timestamp = None if state is None else self.membership.state_timestamp(group_id)
+        if timestamp is None:
+            value = self.group_values.get(group_id)
+            timestamp = value.current_state_timestamp if value is not None else -1
+        offsets = self.committed(group_id)
+        expired = expired_offsets(
+            offsets,
+            state,
+            timestamp,
+            self.config.offsets_retention_ms,
+            now,
+        )
+        # Offsets of partitions that no longer exist go too, whatever the group's state
+        # (Kafka removes them when a topic is deleted).
+        expired = sorted(set(expired) | set(self._deleted_partitions(offsets)))
+        # An Empty group left without offsets is deleted too (a simple-commit group that
+        # has a metadata record as well).
+        drop_group = (
+            state in (None, "Empty")
+            and len(expired) == len(offsets)
+            and (state is not None or group_id in self.group_values)
+        )
+        if not expired and not drop_group:
+            return 0
+        records = self._tombstones(group_id, expired, group=drop_group)
+        if await self.append(group_id, records) != ErrorCode.none:
+            return 0
+        if self.check(group_id) != ErrorCode.none:
+            return 0  # unloaded meanwhile: the tables went with it
+        self._forget_offsets(group_id, expired)
+        if drop_group:
+            self.group_values.pop(group_id, None)
+            # Deleted only while still deletable: a JoinGroup during the write revived it.
+            if state is not None and self.membership.deletable(group_id) == ErrorCode.none:
+                self.membership.delete(group_id)
+        log.info("offsets_expired", group=group_id, partitions=len(expired), deleted=drop_group)
+        return len(expired)
 
     def _deleted_partitions(
         self, offsets: dict[tuple[str, int], OffsetCommitValue]
@@ -529,9 +642,19 @@ class GroupCoordinator:
         return gone
 
     async def stop(self) -> None:
-        for task in [*self._loads.values(), self._expiry, self._creating]:
-            if task is not None and not task.done():
+        """The membership first (its timers and waiters end, no more stores), then our own
+        loads, expiry and topic creation are cancelled and awaited."""
+        stopped = self.membership.stop()  # whether G2 made it a coroutine or not
+        if inspect.isawaitable(stopped):
+            await stopped
+        tasks = [t for t in [*self._loads.values(), self._expiry, self._creating] if t is not None]
+        for task in tasks:
+            if not task.done():
                 task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._loads.clear()
 
 
 def _apply_record(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from kio.schema.errors import ErrorCode
 
-from minibroker.broker.groups.coordinator import GroupCoordinator
+from minibroker.broker.groups.coordinator import MAX_STRING_BYTES, GroupCoordinator, utf16_length
 from minibroker.broker.groups.membership import Code, Described, JoinRequest, JoinResult
 from minibroker.broker.groups.records import OffsetCommitValue
 from minibroker.broker.kafka import codec
@@ -177,7 +177,10 @@ class GroupHandlers:
                 errors[tp] = ErrorCode.topic_authorization_failed
             elif topic is None or tp[1] not in topic.partitions:
                 errors[tp] = ErrorCode.unknown_topic_or_partition
-            elif len(metadata.encode()) > max_metadata:
+            elif (
+                utf16_length(metadata) > max_metadata  # Kafka counts String.length()
+                or len(metadata.encode("utf-8", "surrogatepass")) > MAX_STRING_BYTES
+            ):
                 errors[tp] = ErrorCode.offset_metadata_too_large
             else:
                 offsets[tp] = OffsetCommitValue(

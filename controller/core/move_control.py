@@ -48,6 +48,9 @@ from minibroker.metadata.image import TopicImage
 from minibroker.metadata.placement import BrokerSlot, PlacementError, place_replicas
 from minibroker.metadata.records import BrokerDecommissionRecord, PartitionRecord
 
+# The group coordinator's topic (broker/groups/coordinator.py OFFSETS_TOPIC).
+OFFSETS_TOPIC = "__consumer_offsets"
+
 
 class MoveControl(ControlBase):
     """Reassignment, partition creation and decommissioning commands."""
@@ -188,6 +191,13 @@ class MoveControl(ControlBase):
         topic = self.image.topic(t.name)
         if topic is None or not topic.partitions:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {t.name!r}"
+        if t.name == OFFSETS_TOPIC:
+            # Its partition count places the groups (abs(hash(group)) % count): more partitions
+            # would move them between coordinators under their members.
+            return (
+                ErrorCode.INVALID_REQUEST,
+                f"partitions cannot be added to {OFFSETS_TOPIC!r}: it places the consumer groups",
+            )
         existing = len(topic.partitions)
         if t.count <= existing:
             return (

@@ -94,6 +94,10 @@ class FakeReplicaManager:
         self.produced: list[tuple[int, int, list[wire.ProducePartition]]] = []
         self.produce_error: ErrorCode = ErrorCode.NONE
         self.tasks: set[asyncio.Task[Any]] = set()
+        # When set: each produce appends at once, then waits for it before answering (the
+        # acks=all wait), so writes can overlap.
+        self.hold: asyncio.Event | None = None
+        self.log_dir_failure: Any = None
 
     def create_offsets_topic(self, leader: int = 1) -> None:
         self.image.apply_record(TopicRecord(OFFSETS_TOPIC, OFFSETS_TOPIC_ID))
@@ -118,6 +122,8 @@ class FakeReplicaManager:
                 continue
             base = self.logs[p.partition].append(p.records)
             results.append(wire.ProduceResult(p.topic, p.partition, base_offset=base))
+        if self.hold is not None:
+            await self.hold.wait()
         return results
 
     def role(self, coordinator: GroupCoordinator, partition: int, role: Role) -> None:
@@ -144,6 +150,8 @@ class StandInMembership:
         self.loaded_values: dict[str, GroupMetadataValue] = {}
         self.unloaded_groups: list[str] = []
         self.deleted: list[str] = []
+        self.timestamps: dict[str, int] = {}
+        self.stopped = False
 
     def loaded(self, group_id: str, value: GroupMetadataValue) -> None:
         self.loaded_values[group_id] = value
@@ -179,6 +187,12 @@ class StandInMembership:
 
     def groups(self) -> Iterable[str]:
         return list(self.states)
+
+    def state_timestamp(self, group_id: str) -> int | None:
+        return self.timestamps.get(group_id) if group_id in self.states else None
+
+    def stop(self) -> None:
+        self.stopped = True
 
 
 class Clock:

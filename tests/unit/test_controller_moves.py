@@ -406,3 +406,13 @@ def test_image_round_trip_with_reassignments_broker_configs_and_decommission_mar
     again.replace_with_snapshot([record_from_pb(record_to_pb(r)) for r in image.to_records()], 10)
     assert again == image
     assert again.topic("t").configs[LEADER_THROTTLED_REPLICAS] == "*"  # type: ignore[union-attr]
+
+
+def test_create_partitions_refuses_the_offsets_topic():
+    h = Harness()
+    h.start(1, 2, 3)
+    h.create(name="__consumer_offsets", partitions=2, rf=2)
+    offset = h.core.image.next_offset
+    result = grow(h, 3, name="__consumer_offsets")
+    assert result.error == ErrorCode.INVALID_REQUEST and "consumer groups" in result.message
+    assert h.core.image.next_offset == offset

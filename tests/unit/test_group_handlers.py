@@ -343,3 +343,54 @@ async def test_metadata_calls_the_offsets_topic_internal() -> None:
         ("__consumer_offsets", True),
         ("events", False),
     ]
+
+
+async def commit_with_metadata(handlers: Any, group: str, metadata: str) -> int:
+    partition = nested_req(
+        OFFSET_COMMIT,
+        8,
+        "OffsetCommitRequestPartition",
+        partition_index=0,
+        committed_offset=1,
+        committed_leader_epoch=-1,
+        committed_metadata=metadata,
+    )
+    topic = nested_req(
+        OFFSET_COMMIT, 8, "OffsetCommitRequestTopic", name="events", partitions=(partition,)
+    )
+    request = req(
+        OFFSET_COMMIT,
+        8,
+        group_id=group,
+        generation_id_or_member_epoch=-1,
+        member_id="",
+        group_instance_id=None,
+        topics=(topic,),
+    )
+    body = await round_trip(handlers, OFFSET_COMMIT, 8, request)
+    return int(body.topics[0].partitions[0].error_code)
+
+
+async def test_metadata_size_counts_utf16_units_and_what_a_record_holds() -> None:
+    rm = FakeReplicaManager()
+    rm.create_offsets_topic()
+    c, _membership = coordinator(rm, offset_metadata_max_bytes=4)
+    await lead_all(rm, c)
+    handlers = KafkaHandlers(rm, c)  # type: ignore[arg-type]
+    # Four characters, eight UTF-8 bytes: within Kafka's String.length() limit.
+    assert await commit_with_metadata(handlers, GROUP, "\u00e9\u00e9\u00e9\u00e9") == 0
+    # A character beyond the BMP is two UTF-16 units.
+    assert await commit_with_metadata(handlers, GROUP, "ab\U0001f600x") == (
+        KafkaError.offset_metadata_too_large
+    )
+    c2, _ = coordinator(rm, offset_metadata_max_bytes=32767)
+    await lead_all(rm, c2)
+    handlers = KafkaHandlers(rm, c2)  # type: ignore[arg-type]
+    # 20000 characters but 40000 UTF-8 bytes: more than a record's string holds.
+    assert await commit_with_metadata(handlers, GROUP, "\u00e9" * 20000) == (
+        KafkaError.offset_metadata_too_large
+    )
+    # A group id a record cannot hold is refused, not thrown on.
+    assert await commit_with_metadata(handlers, "\u00e9" * 16384, "") == (
+        KafkaError.invalid_group_id
+    )
