@@ -546,7 +546,9 @@ async def test_loaded_drops_no_effect_waiting_delivery() -> None:
     c = StandInCoordinator()
     m = c.membership
     future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    m.core._effects.append(Reply(future, SyncResult(Code.NONE)))  # one not yet delivered
+    # (the group core's own queue; test_replication_core_api's rule is about the replica core)
+    group_core = m.core
+    group_core._effects.append(Reply(future, SyncResult(Code.NONE)))  # one not yet delivered
     m.loaded(G, GroupMetadataValue("consumer", 1, None, None, 0, ()))
     await asyncio.sleep(0)
     assert future.done() and future.result() == SyncResult(Code.NONE)
