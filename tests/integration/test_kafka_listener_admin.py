@@ -2,11 +2,11 @@
 (test_kafka_clients.py has produce/consume and bad input): confluent-kafka's and kafka-python's
 admin clients grow a topic (CreatePartitions), read and change its configs (DescribeConfigs,
 IncrementalAlterConfigs) and run a preferred election (ElectLeaders); aiokafka produces and
-consumes with every codec; kcat reads records written by our own Producer; max.connections refuses a Kafka
-connection past it; a failed acks=0 produce closes its connection; a leader without a Kafka port
-is answered as leader -1 (last on the module cluster: it restarts broker 3 without one); a
-kafka-python producer and an aiokafka idempotent producer write through a leader SIGKILL with
-nothing they were acknowledged lost (each on a cluster of its own)."""
+consumes with every codec; kcat reads records written by our own Producer; max.connections
+refuses a Kafka connection past it; a failed acks=0 produce closes its connection; a leader
+without a Kafka port is answered as leader -1 (last on the module cluster: it restarts broker 3
+without one); a kafka-python producer and an aiokafka idempotent producer write through a leader
+SIGKILL with nothing they were acknowledged lost (each on a cluster of its own)."""
 
 from __future__ import annotations
 
