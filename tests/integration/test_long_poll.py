@@ -288,10 +288,15 @@ def test_follower_long_polls_are_woken_by_leader_appends(tmp_path: pathlib.Path)
         Producer(cluster.bootstrap, acks="all", linger_ms=0) as producer,
     ):
         create_replicated(admin, topic, {"min.insync.replicas": "3"})
-        for i in range(4):
+        took: list[float] = []
+        for i in range(6):
             started = time.monotonic()
             acked = producer.send(topic, f"w{i}".encode(), partition=0).result(timeout=60)
-            took_s = time.monotonic() - started
+            took.append(time.monotonic() - started)
             assert acked.offset == i
-            assert took_s < 8.0, f"acks=all write {i} took {took_s:.1f}s: followers not woken"
+        # Followers woken only at their max wait hold every write after the first for ~10 s;
+        # one slow write is a machine starved of CPU (CI runs three suites on two cores: one
+        # write once took 9.9 s at a load average of 15), not the rule.
+        slow = [round(t, 1) for t in took if t >= 8.0]
+        assert len(slow) <= 1, f"acks=all writes took {[round(t, 1) for t in took]} s: not woken"
         assert len(describe(admin, topic).isr) == 3
