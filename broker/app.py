@@ -269,14 +269,18 @@ async def run(config: BrokerConfig, stop: asyncio.Event, *, port_file: str | Non
                 await task
         if kafka is not None:
             await kafka.stop()
-        # The gRPC server before the replica manager: its calls in flight (fetches, admin)
-        # end while the replicas still answer them.
-        await server.stop(grace=1.0)
+        # The group coordinator first: its waiting joins and syncs are answered
+        # NOT_COORDINATOR, its timers and loads end.
         await coordinator.stop()
         # Before the logs close: every round aborted, the threads joined while this loop
         # still answers them.
         await rm.cleaner.stop()
         await rm.stop()
+        # The gRPC server after the replica manager, as before the group coordinator came:
+        # stopping it first was followed once by gRPC's event engine aborting the process
+        # (SIGABRT, "epoll_wait error: Bad file descriptor") on a broker halting for a full
+        # disk (tests/integration/test_disk_failure.py).
+        await server.stop(grace=1.0)
         await link.close()
         if faults is not None:
             faults.close()
