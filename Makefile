@@ -25,8 +25,9 @@ $(STAMP): pyproject.toml setup.py $(wildcard client/records/*.c)
 # their sum: the real-process integration tests in two halves of about equal time (INTEGRATION_A
 # are the longest modules, about half of it: 12 of 24 minutes in one loaded run); in the third
 # the in-process tests (unit, the seeded simulations, packaging), then the Spark and Docker ones
-# (real processes too, but mostly waiting on the JVM, image builds and the disk). Each test
-# picks its own free ports, so the three never meet. The status is the first failure of any.
+# (real processes too, but mostly waiting on the JVM, image builds and the disk). Each picks
+# free ports from its own third of the range (MINIBROKER_PORT_SLICE, deploy/cluster.py), so a
+# port one keeps for a stopped process is never another's. The status is the first failure.
 INPROCESS := tests/unit tests/sim tests/test_packaging.py tests/spark \
 	tests/integration/test_docker.py tests/integration/test_compose.py
 INTEGRATION_A := $(addprefix tests/integration/,test_network_partitions.py test_verify.py \
@@ -34,9 +35,9 @@ INTEGRATION_A := $(addprefix tests/integration/,test_network_partitions.py test_
 	test_reassignment_process.py test_consumer_truncation.py test_controller_process.py \
 	test_quorum_cluster.py)
 test: install
-	@$(BIN)/python -m pytest $(INPROCESS) $(PYTEST_ARGS) & inprocess=$$!; \
-	$(BIN)/python -m pytest $(INTEGRATION_A) $(PYTEST_ARGS) & half=$$!; \
-	$(BIN)/python -m pytest tests/integration $(addprefix --ignore=,$(filter tests/integration/%,$(INPROCESS)) $(INTEGRATION_A)) \
+	@MINIBROKER_PORT_SLICE=0/3 $(BIN)/python -m pytest $(INPROCESS) $(PYTEST_ARGS) & inprocess=$$!; \
+	MINIBROKER_PORT_SLICE=1/3 $(BIN)/python -m pytest $(INTEGRATION_A) $(PYTEST_ARGS) & half=$$!; \
+	MINIBROKER_PORT_SLICE=2/3 $(BIN)/python -m pytest tests/integration $(addprefix --ignore=,$(filter tests/integration/%,$(INPROCESS)) $(INTEGRATION_A)) \
 	  $(PYTEST_ARGS); status=$$?; \
 	wait $$half || status=$$((status ? status : 1)); \
 	wait $$inprocess || status=$$((status ? status : 1)); exit $$status
