@@ -242,16 +242,24 @@ def test_max_connections_refuses_a_kafka_connection_past_it(cluster: LocalCluste
     address = (spec.host, spec.kafka_port)
     held = [socket.create_connection(address, timeout=5) for _ in range(MAX_CONNECTIONS + 5)]
     try:
-        time.sleep(0.5)
-        closed = 0
-        for sock in held:
-            sock.setblocking(False)
-            try:
-                closed += sock.recv(1) == b""
-            except BlockingIOError:
-                pass  # open: the broker waits for a request
-            except ConnectionResetError:
-                closed += 1
+        refused: set[int] = set()
+
+        def five_refused() -> bool:
+            for i, sock in enumerate(held):
+                if i in refused:
+                    continue
+                sock.setblocking(False)
+                try:
+                    if sock.recv(1) == b"":
+                        refused.add(i)
+                except BlockingIOError:
+                    pass  # open: the broker waits for a request
+                except ConnectionResetError:
+                    refused.add(i)
+            return len(refused) >= 5
+
+        wait_until(five_refused, 10, "the connections past max.connections refused")
+        closed = len(refused)
         # Kafka clients of the tests before may still hold a connection or two.
         assert 5 <= closed <= 5 + 3, f"{closed} of {len(held)} connections refused"
     finally:
