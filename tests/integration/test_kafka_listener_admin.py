@@ -403,6 +403,23 @@ def failover_cluster(tmp_path: pathlib.Path) -> Iterator[LocalCluster]:
         yield c
 
 
+def values_on_survivors(cluster: LocalCluster, killed: int, topic: str) -> list[bytes]:
+    """Every value of `topic`'s partition 0, read from its start to its end by our Consumer
+    from the brokers other than `killed`."""
+    survivors = [b for b in cluster.state.brokers if b.node_id != killed]
+    with Consumer(",".join(b.address for b in survivors)) as consumer:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        end = consumer.end_offsets([tp])[tp]
+        got: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while len(got) < end:
+            assert time.monotonic() < deadline, f"read {len(got)} of {end}"
+            got.extend(r.value for r in consumer.poll(timeout_ms=500) if r.value is not None)
+    return got
+
+
 def test_kafka_python_producer_loses_nothing_acknowledged_through_a_leader_sigkill(
     failover_cluster: LocalCluster,
 ) -> None:
@@ -447,18 +464,7 @@ def test_kafka_python_producer_loses_nothing_acknowledged_through_a_leader_sigki
     assert len(acked) == 1500 and acked_before_kill < 1500
     with Admin(",".join(b.address for b in cluster.state.brokers if b.node_id != leader)) as admin:
         assert admin.describe_topics(["kp-failover"])[0].partitions[0].leader != leader
-    survivors = [b for b in cluster.state.brokers if b.node_id != leader]
-    bootstrap = ",".join(b.address for b in survivors)
-    with Consumer(bootstrap) as consumer:
-        tp = TopicPartition("kp-failover", 0)
-        consumer.assign([tp])
-        consumer.seek_to_beginning(tp)
-        end = consumer.end_offsets([tp])[tp]
-        got: list[bytes] = []
-        deadline = time.monotonic() + 60
-        while len(got) < end:
-            assert time.monotonic() < deadline
-            got.extend(r.value for r in consumer.poll(timeout_ms=500))
+    got = values_on_survivors(cluster, leader, "kp-failover")
     assert set(acked) <= set(got), "an acknowledged record is missing"
 
 
@@ -517,16 +523,6 @@ def test_aiokafka_producer_loses_nothing_acknowledged_through_a_leader_sigkill(
     failures = asyncio.run(run())
     assert failures == [], failures[:3]
     assert len(acked) == total
-    survivors = [b for b in cluster.state.brokers if b.node_id != leader]
-    with Consumer(",".join(b.address for b in survivors)) as consumer:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        consumer.seek_to_beginning(tp)
-        end = consumer.end_offsets([tp])[tp]
-        got: list[bytes] = []
-        deadline = time.monotonic() + 60
-        while len(got) < end:
-            assert time.monotonic() < deadline
-            got.extend(r.value for r in consumer.poll(timeout_ms=500))
+    got = values_on_survivors(cluster, leader, topic)
     assert set(acked) <= set(got), "an acknowledged record is missing"
     assert len(got) == len(set(got)), "a record was written twice (idempotence)"
